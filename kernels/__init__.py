@@ -1,0 +1,10 @@
+"""The transport op: banded tail-refinement Sinkhorn with the exact one-reference-tile adjoint.
+
+``transport`` is the one public entry point; ``TransportConfig`` holds its settings. See
+``sinkhorn.py`` for the maths and ``band.py`` for the tiled layout.
+"""
+
+from pfamalign.kernels.api import Potentials, transport
+from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig
+
+__all__ = ["BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "transport"]

@@ -1,0 +1,134 @@
+"""The public transport op: ``O = P V`` under a banded, dustbin-augmented Sinkhorn plan."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pfamalign.kernels.band import make_geometry
+from pfamalign.kernels.config import DustbinTokens, TransportConfig
+from pfamalign.kernels.reference import reference_transport
+from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
+
+
+class Potentials(NamedTuple):
+    """Centered potentials after each of the T + R full steps (base then tail).
+
+    ``u[..., t, :Lq]`` are the query rows and ``u[..., t, Lq]`` the dustbin row (0 without a
+    dustbin); likewise ``v`` with the dustbin column at ``Lk``. Potentials are in units of the
+    step's own eps (``S = <q, k> / (sqrt(d) eps_t)``). No gradient flows through them.
+    """
+
+    u: jax.Array  # [B, H, T + R, Lq + 1]
+    v: jax.Array  # [B, H, T + R, Lk + 1]
+
+
+def _check_inputs(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig):
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q, k, v must be [B, H, L, d]; got shapes {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
+        raise ValueError(f"batch and head dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k feature dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v lengths differ: {k.shape[2]} vs {v.shape[2]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"empty sequence axis: Lq={q.shape[2]}, Lk={k.shape[2]}")
+    b = q.shape[0]
+    for name, lens, cap in (("q_len", q_len, q.shape[2]), ("k_len", k_len, k.shape[2])):
+        if jnp.ndim(lens) != 1 or jnp.shape(lens)[0] != b:
+            raise ValueError(f"{name} must have shape [B]=[{b}], got {jnp.shape(lens)}")
+        if not isinstance(lens, jax.core.Tracer):
+            arr = np.asarray(lens)
+            if arr.min(initial=0) < 0 or arr.max(initial=0) > cap:
+                raise ValueError(f"{name} must lie in [0, {cap}], got {arr.tolist()}")
+    if cfg.dustbin != "none":
+        if dustbin is None:
+            raise ValueError(f"dustbin={cfg.dustbin!r} needs DustbinTokens(q, k, v)")
+        h, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
+        want = ((h, d), (h, d), (h, dv))
+        got = tuple(tuple(t.shape) for t in dustbin)
+        if got != want:
+            raise ValueError(f"dustbin tokens must have shapes {want} ([H, d], [H, d], [H, dv]), got {got}")
+
+
+def _pad_flat(x, length):
+    """[B, H, L, m] -> [B * H, length, m], zero padded."""
+    b, h, l, m = x.shape
+    return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
+
+
+def _banded(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, history: bool):
+    b, h, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    n = b * h
+    lmax = max(lq, lk)
+    per_head = lambda lens: jnp.repeat(lens.astype(jnp.int32), h)  # [N]
+    if cfg.dustbin == "widened":
+        # The paper's bridge: the dustbin tokens become ordinary positions at index lmax and
+        # the band covers everything.
+        geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block)
+        has_dustbin, slot = False, lmax
+    else:
+        geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block)
+        has_dustbin, slot = cfg.dustbin == "spoke", None
+    lp = geom.length
+    pos = jnp.arange(lp)[None, :]
+    row_active = pos < per_head(q_len)[:, None]
+    col_active = pos < per_head(k_len)[:, None]
+    qf, kf, vf = _pad_flat(q, lp), _pad_flat(k, lp), _pad_flat(v, lp)
+    tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
+                        else jnp.tile(t.astype(q.dtype), (b, 1)))
+    tq, tk, tv = (tok(t, m) for t, m in zip(dustbin or (None,) * 3, (d, d, dv)))
+    if slot is not None:
+        qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
+        row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
+    flat = Flat(qf, kf, vf, tq, tk, tv, row_active, col_active)
+    spec = Spec(cfg, geom, has_dustbin, history)
+    out, hist = banded_transport(spec, flat)
+    out = out[:, :lq].reshape(b, h, lq, dv)
+    if not history:
+        return out, None
+    hu, hv = (jnp.moveaxis(x, 0, 1) for x in hist)  # [N, T + R, Lp + 1]
+    db = slot if slot is not None else lp
+    u = jnp.concatenate([hu[..., :lq], hu[..., db : db + 1]], -1)
+    vv = jnp.concatenate([hv[..., :lk], hv[..., db : db + 1]], -1)
+    if cfg.dustbin == "none":
+        u, vv = u.at[..., -1].set(0.0), vv.at[..., -1].set(0.0)
+    return out, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))
+
+
+def transport(q, k, v, q_len, k_len, dustbin: DustbinTokens | None = None, *,
+              config: TransportConfig | None = None, return_potentials: bool = False, **settings):
+    """Transport output ``O = P V`` for a batch of (query, key) pairs and heads.
+
+    P is the unit-target Sinkhorn plan on the banded support ``|i - j| <= W`` (plus the dustbin
+    spokes) after a stopped T-step base solve and an R-step differentiable tail; the gradient
+    is the exact adjoint of that tail (custom VJP on the ``xla`` and ``pallas`` paths).
+
+    Args:
+      q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
+      q_len, k_len: ``[B]`` true lengths; positions beyond them are inactive padding.
+      dustbin: learned tokens for the ``widened`` and ``spoke`` modes.
+      config: a TransportConfig; or pass its fields as keywords (``half_band=64, eps=0.5``).
+      return_potentials: also return the ``Potentials`` history (for the certificates).
+
+    Returns:
+      ``O [B, H, Lq, dv]`` (rows without support are 0), and the potentials when requested.
+    """
+    if config is None:
+        config = TransportConfig(**settings)
+    elif settings:
+        raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
+    _check_inputs(q, k, v, q_len, k_len, dustbin, config)
+    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    if config.impl == "reference":
+        out, hist = reference_transport(q, k, v, q_len, k_len, dustbin, config)
+        pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))
+    else:
+        out, pots = _banded(q, k, v, q_len, k_len, dustbin, config, return_potentials)
+    return (out, pots) if return_potentials else out

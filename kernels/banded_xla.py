@@ -1,0 +1,127 @@
+"""XLA banded backend: the score band is kept resident as tiles ``[n_diag, N, nI, b, b]``.
+
+Row reductions reduce each tile row across the block diagonals; column reductions reduce tile
+columns and fold the partial results back onto key blocks (block ``I + kb - wb``) with
+``n_diag`` static shifted slices. Nothing of size Lp x Lp is formed unless the band covers it.
+Masked entries hold ``-inf`` scores, so every plan entry outside the support is exactly 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pfamalign.kernels.band import BandGeometry
+
+
+class Band(NamedTuple):
+    """Resident band of masked scores (``-inf`` outside the support)."""
+
+    s: jax.Array  # [n_diag, N, nI, b, b]
+
+
+class XlaBandOps:
+    """Banded primitives on flattened problems ``[N, Lp, ...]`` (N = batch x heads)."""
+
+    def __init__(self, geom: BandGeometry):
+        self.g = geom
+
+    # ---- layout helpers -------------------------------------------------------------------
+    def _blocks(self, x):  # [N, Lp, ...] -> [N, nI, b, ...]
+        g = self.g
+        return x.reshape(x.shape[:1] + (g.n_blocks, g.block) + x.shape[2:])
+
+    def _ext_blocks(self, x, fill=0.0):  # [N, Lp, ...] -> [N, nI + 2 wb, b, ...] (padded keys)
+        g = self.g
+        pad = [(0, 0), (g.wb * g.block, g.wb * g.block)] + [(0, 0)] * (x.ndim - 2)
+        xe = jnp.pad(x, pad, constant_values=fill)
+        return xe.reshape(x.shape[:1] + (g.n_blocks + 2 * g.wb, g.block) + x.shape[2:])
+
+    def _windows(self, x, fill=0.0):  # [N, Lp] -> [n_diag, N, nI, b]: key vector per tile
+        xe = self._ext_blocks(x, fill)
+        return jnp.stack([xe[:, kb : kb + self.g.n_blocks] for kb in range(self.g.n_diag)])
+
+    def _fold(self, part, reduce):
+        """Partial column results per tile ``[n_diag, N, nI, b, ...]`` -> ``[N, Lp, ...]``.
+
+        Tile (I, kb) covers key block J = I + kb - wb; ``reduce`` combines the n_diag tiles
+        meeting each key block (tiles falling outside [0, nI) are dropped).
+        """
+        g = self.g
+        fill = -jnp.inf if reduce is jnp.maximum else 0.0
+        pad = [(0, 0), (0, 0), (g.wb, g.wb)] + [(0, 0)] * (part.ndim - 3)
+        pp = jnp.pad(part, pad, constant_values=fill)
+        out = None
+        for kb in range(g.n_diag):
+            start = 2 * g.wb - kb
+            piece = pp[kb, :, start : start + g.n_blocks]
+            out = piece if out is None else reduce(out, piece)
+        return out.reshape(out.shape[:1] + (g.length,) + out.shape[3:])
+
+    # ---- scores ---------------------------------------------------------------------------
+    def scores(self, q, k, row_active, col_active, scale) -> Band:
+        """Masked band of ``scale * <q_i, k_j>``; q, k ``[N, Lp, d]``, masks ``[N, Lp]``."""
+        g = self.g
+        qb = self._blocks(q)
+        ke = self._ext_blocks(k)
+        tiles = jnp.stack(
+            [jnp.einsum("nird,nicd->nirc", qb, ke[:, kb : kb + g.n_blocks]) for kb in range(g.n_diag)]
+        )
+        mask = (
+            jnp.asarray(g.band_mask())[:, None, None]
+            & self._blocks(row_active)[None, :, :, :, None]
+            & self._windows(col_active, False)[:, :, :, None, :]
+        )
+        return Band(jnp.where(mask, tiles * scale, -jnp.inf))
+
+    def rescale(self, band: Band, factor) -> Band:
+        return Band(band.s * factor)
+
+    # ---- log-sum-exp half steps -----------------------------------------------------------
+    def row_lse(self, band: Band, col_bias):
+        """``LSE_j (S_ij + col_bias_j)`` over each row's band; -inf for rows with none."""
+        x = band.s + self._windows(col_bias)[:, :, :, None, :]
+        mx = jnp.max(x, axis=(0, 4))  # [N, nI, b]
+        mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        ssum = jnp.sum(jnp.exp(x - mx_safe[None, ..., None]), axis=(0, 4))
+        return (jnp.log(ssum) + mx_safe).reshape(mx.shape[0], -1)
+
+    def col_lse(self, band: Band, row_bias):
+        """``LSE_i (S_ij + row_bias_i)`` over each column's band; -inf for columns with none."""
+        x = band.s + self._blocks(row_bias)[None, :, :, :, None]
+        mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]
+        mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        ssum = self._fold(jnp.sum(jnp.exp(x - self._windows(mx_safe)[:, :, :, None, :]), axis=3), jnp.add)
+        return jnp.log(ssum) + mx_safe
+
+    # ---- plans and their products ---------------------------------------------------------
+    def plan(self, band: Band, row_pot, col_pot) -> Band:
+        """``exp(S_ij + row_pot_i + col_pot_j)`` on the band (0 outside the support)."""
+        return Band(jnp.exp(band.s + self._blocks(row_pot)[None, :, :, :, None]
+                            + self._windows(col_pot)[:, :, :, None, :]))
+
+    def _modulated(self, plan: Band, kb, x, z):
+        """Plan tile kb times ``<x_i, z_j>`` (x on rows, z on columns) when given."""
+        tile = plan.s[kb]
+        if x is None:
+            return tile
+        ze = self._ext_blocks(z)[:, kb : kb + self.g.n_blocks]
+        return tile * jnp.einsum("nirm,nicm->nirc", self._blocks(x), ze)
+
+    def plan_rows(self, plan: Band, y, x=None, z=None):
+        """``out_i = sum_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` on columns."""
+        ye = self._ext_blocks(y)
+        out = 0.0
+        for kb in range(self.g.n_diag):
+            out = out + jnp.einsum("nirc,nicm->nirm", self._modulated(plan, kb, x, z),
+                                   ye[:, kb : kb + self.g.n_blocks])
+        return out.reshape(y.shape[0], self.g.length, y.shape[-1])
+
+    def plan_cols(self, plan: Band, y, x=None, z=None):
+        """``out_j = sum_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` on rows."""
+        yb = self._blocks(y)
+        part = jnp.stack([jnp.einsum("nirc,nirm->nicm", self._modulated(plan, kb, x, z), yb)
+                          for kb in range(self.g.n_diag)])
+        return self._fold(part, jnp.add)

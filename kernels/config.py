@@ -1,0 +1,107 @@
+"""Settings of the transport op: frozen (hashable, jit-static) and self-validating."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+
+DUSTBIN_MODES = ("none", "widened", "spoke")
+IMPLEMENTATIONS = ("reference", "xla", "pallas")
+ADJOINTS = ("one_reference", "four_plan")
+
+
+class DustbinTokens(NamedTuple):
+    """Learned dustbin tokens, one per head: the dustbin row's query, the dustbin column's key
+    and the dustbin column's value."""
+
+    q: jax.Array  # [H, d]
+    k: jax.Array  # [H, d]
+    v: jax.Array  # [H, dv]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile edge of the banded layout (rows and columns alike).
+
+    ``block=None`` picks a size from the problem: one dense tile when the band covers the
+    whole padded length, else 128 (TPU lane width; also a good CPU tile).
+    """
+
+    block: int | None = None
+
+    def __post_init__(self):
+        if self.block is not None and (self.block < 8 or self.block & (self.block - 1)):
+            raise ValueError(f"block must be a power of two >= 8, got {self.block}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportConfig:
+    """Everything that defines the transport plan, apart from the inputs.
+
+    Attributes:
+      half_band: W; key j is in query i's support iff |i - j| <= W.
+      eps: entropic temperature of the tail (and of the last base stage).
+      base_steps: T, full Sinkhorn steps of the stopped (no-gradient) base solve.
+      tail_steps: R, differentiable full steps after the base.
+      eps_schedule: optional ((eps_1, T_1), ..., (eps_S, T_S)) for the base solve, eps_1 >= ...
+        >= eps_S == eps and sum T_s == T. Potentials are carried across stages at fixed
+        eps * potential (the usual eps-scaling warm start).
+      dustbin: "none", "widened" (append the dustbin tokens and widen the band to the whole
+        sequence: dense cost) or "spoke" (band + dustbin row + dustbin column + corner).
+      impl: "reference" (dense autodiff), "xla" (banded, custom VJP) or "pallas".
+      adjoint: "one_reference" (every tail plan is a diagonal rescaling of one plan: one exp per
+        entry) or "four_plan" (each tail plan exponentiated on its own; the direct baseline).
+      blocks: tile sizes of the banded layout.
+      interpret: run Pallas kernels in interpret mode (default: when the backend is CPU).
+    """
+
+    half_band: int
+    eps: float = 1.0
+    base_steps: int = 15
+    tail_steps: int = 2
+    eps_schedule: tuple[tuple[float, int], ...] | None = None
+    dustbin: str = "none"
+    impl: str = "xla"
+    adjoint: str = "one_reference"
+    blocks: BlockSizes = BlockSizes()
+    interpret: bool | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.half_band, int) or self.half_band < 0:
+            raise ValueError(f"half_band (W) must be an integer >= 0, got {self.half_band!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps!r}")
+        if self.base_steps < 0:
+            raise ValueError(f"base_steps (T) must be >= 0, got {self.base_steps!r}")
+        if self.tail_steps < 0:
+            raise ValueError(f"tail_steps (R) must be >= 0, got {self.tail_steps!r}")
+        if self.dustbin not in DUSTBIN_MODES:
+            raise ValueError(f"dustbin must be one of {DUSTBIN_MODES}, got {self.dustbin!r}")
+        if self.impl not in IMPLEMENTATIONS:
+            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+        if self.adjoint not in ADJOINTS:
+            raise ValueError(f"adjoint must be one of {ADJOINTS}, got {self.adjoint!r}")
+        if self.eps_schedule is not None:
+            sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
+            object.__setattr__(self, "eps_schedule", sched)
+            if not sched:
+                raise ValueError("eps_schedule must not be empty (use None for a constant eps)")
+            if any(e <= 0 for e, _ in sched) or any(t < 0 for _, t in sched):
+                raise ValueError(f"eps_schedule needs eps > 0 and steps >= 0, got {sched}")
+            if any(a < b for (a, _), (b, _) in zip(sched, sched[1:])):
+                raise ValueError(f"eps_schedule must be non-increasing, got {sched}")
+            if abs(sched[-1][0] - self.eps) > 1e-12 * max(1.0, self.eps):
+                raise ValueError(f"eps_schedule must end at eps={self.eps}, got {sched}")
+            if sum(t for _, t in sched) != self.base_steps:
+                raise ValueError(
+                    f"eps_schedule steps sum to {sum(t for _, t in sched)}, "
+                    f"but base_steps (T) is {self.base_steps}"
+                )
+
+    def base_stages(self) -> tuple[tuple[float, int], ...]:
+        """The base solve as (eps, steps) stages."""
+        if self.eps_schedule is None:
+            return ((float(self.eps), self.base_steps),)
+        return self.eps_schedule

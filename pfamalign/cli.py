@@ -1,0 +1,56 @@
+"""The ``pfamalign`` command line: one click group, one module per command family."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# (module under pfamalign.commands, attribute) of each command; imported lazily so that
+# `pfamalign --help` stays fast and a command's heavy imports load only when it runs.
+_COMMANDS = {
+    "prepare": ("prepare", "prepare"),
+    "train": ("train", "train"),
+    "align": ("align", "align"),
+    "eval": ("evaluate", "evaluate"),
+    "barycenter": ("barycenter", "barycenter"),
+    "certify": ("certify", "certify"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(name for name in _COMMANDS if self._load(name) is not None)
+
+    def get_command(self, ctx, name):
+        return self._load(name)
+
+    @staticmethod
+    def _load(name):
+        if name not in _COMMANDS:
+            return None
+        module, attr = _COMMANDS[name]
+        try:
+            mod = importlib.import_module(f"pfamalign.commands.{module}")
+        except ModuleNotFoundError as err:
+            if err.name == f"pfamalign.commands.{module}":
+                return None  # command not built yet
+            raise
+        return getattr(mod, attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pfamalign")
+def main():
+    """Protein pairwise alignment with a differentiable banded Sinkhorn transport aligner.
+
+    \b
+    Typical use:
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/   # build a dataset
+      pfamalign train --data data/ --out runs/align_ce             # train an aligner
+      pfamalign align SEQ_A SEQ_B                                  # align two sequences
+    """
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per CLI command family; each exposes a click command or group."""

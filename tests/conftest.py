@@ -1,0 +1,36 @@
+"""Test-session setup: 8 simulated CPU devices, the --full flag for slow cases."""
+
+import os
+import pathlib
+
+# Must happen before JAX starts its backend: every test sees 8 CPU devices.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("CI", os.environ.get("CI", ""))
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "pfam"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="also run the cases marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --full")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_pfam():
+    """The shared real Pfam data directory, or skip when this machine does not have it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared Pfam data not found at {SHARED_DATA}")
+    return SHARED_DATA
