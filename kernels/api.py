@@ -26,7 +26,7 @@ class Potentials(NamedTuple):
     v: jax.Array  # [B, H, T + R, Lk + 1]
 
 
-def _check_inputs(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig):
+def _check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"q, k, v must be [B, H, L, d]; got shapes {q.shape}, {k.shape}, {v.shape}")
@@ -47,11 +47,11 @@ def _check_inputs(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig):
             if arr.min(initial=0) < 0 or arr.max(initial=0) > cap:
                 raise ValueError(f"{name} must lie in [0, {cap}], got {arr.tolist()}")
     if cfg.dustbin != "none":
-        if dustbin is None:
+        if tokens is None:
             raise ValueError(f"dustbin={cfg.dustbin!r} needs DustbinTokens(q, k, v)")
         h, d, dv = q.shape[1], q.shape[-1], v.shape[-1]
         want = ((h, d), (h, d), (h, dv))
-        got = tuple(tuple(t.shape) for t in dustbin)
+        got = tuple(tuple(t.shape) for t in tokens)
         if got != want:
             raise ValueError(f"dustbin tokens must have shapes {want} ([H, d], [H, d], [H, dv]), got {got}")
 
@@ -62,19 +62,20 @@ def _pad_flat(x, length):
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
 
 
-def _banded(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, history: bool):
+def _banded(q, k, v, q_len, k_len, tokens, cfg: TransportConfig, history: bool):
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
     n = b * h
     lmax = max(lq, lk)
     per_head = lambda lens: jnp.repeat(lens.astype(jnp.int32), h)  # [N]
+    pallas = cfg.impl == "pallas"  # kernel-legal tiles (see make_geometry)
     if cfg.dustbin == "widened":
         # The paper's bridge: the dustbin tokens become ordinary positions at index lmax and
         # the band covers everything.
-        geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block)
+        geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block, pallas=pallas)
         has_dustbin, slot = False, lmax
     else:
-        geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block)
+        geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block, pallas=pallas)
         has_dustbin, slot = cfg.dustbin == "spoke", None
     lp = geom.length
     pos = jnp.arange(lp)[None, :]
@@ -83,7 +84,7 @@ def _banded(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, history: bool)
     qf, kf, vf = _pad_flat(q, lp), _pad_flat(k, lp), _pad_flat(v, lp)
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
-    tq, tk, tv = (tok(t, m) for t, m in zip(dustbin or (None,) * 3, (d, d, dv)))
+    tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
     if slot is not None:
         qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
         row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
@@ -102,7 +103,7 @@ def _banded(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, history: bool)
     return out, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))
 
 
-def transport(q, k, v, q_len, k_len, dustbin: DustbinTokens | None = None, *,
+def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
               config: TransportConfig | None = None, return_potentials: bool = False, **settings):
     """Transport output ``O = P V`` for a batch of (query, key) pairs and heads.
 
@@ -113,7 +114,7 @@ def transport(q, k, v, q_len, k_len, dustbin: DustbinTokens | None = None, *,
     Args:
       q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
       q_len, k_len: ``[B]`` true lengths; positions beyond them are inactive padding.
-      dustbin: learned tokens for the ``widened`` and ``spoke`` modes.
+      tokens: learned dustbin tokens for the ``widened`` and ``spoke`` modes.
       config: a TransportConfig; or pass its fields as keywords (``half_band=64, eps=0.5``).
       return_potentials: also return the ``Potentials`` history (for the certificates).
 
@@ -124,11 +125,11 @@ def transport(q, k, v, q_len, k_len, dustbin: DustbinTokens | None = None, *,
         config = TransportConfig(**settings)
     elif settings:
         raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
-    _check_inputs(q, k, v, q_len, k_len, dustbin, config)
+    _check_inputs(q, k, v, q_len, k_len, tokens, config)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
     if config.impl == "reference":
-        out, hist = reference_transport(q, k, v, q_len, k_len, dustbin, config)
+        out, hist = reference_transport(q, k, v, q_len, k_len, tokens, config)
         pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))
     else:
-        out, pots = _banded(q, k, v, q_len, k_len, dustbin, config, return_potentials)
+        out, pots = _banded(q, k, v, q_len, k_len, tokens, config, return_potentials)
     return (out, pots) if return_potentials else out

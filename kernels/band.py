@@ -45,15 +45,21 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def make_geometry(length: int, half_band: int, block: int | None = None) -> BandGeometry:
+def make_geometry(length: int, half_band: int, block: int | None = None, *,
+                  pallas: bool = False) -> BandGeometry:
     """Tiling for a padded problem of at least ``length`` rows and columns.
 
     With ``block=None``: one dense tile when the band covers the whole problem (the band then
-    costs nothing extra), else 128-wide tiles (or the next power of two above the length).
+    costs nothing extra), else 128-wide tiles. With ``pallas=True`` the choice is legal for
+    both kernel wrappers: a single power-of-two tile (>= 16) when the length fits in 128
+    (Triton wants powers of two; Mosaic accepts a block equal to the full padded length), else
+    128 (the TPU lane width) even for a full band, since a dense tile must fit in VMEM.
     """
     length = max(int(length), 1)
     if block is None:
-        if half_band >= length - 1 or length <= 128:
+        if pallas:
+            block = max(16, 1 << (length - 1).bit_length()) if length <= 128 else 128
+        elif half_band >= length - 1 or length <= 128:
             block = _round_up(length, 8)
         else:
             block = 128

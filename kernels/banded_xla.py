@@ -80,21 +80,33 @@ class XlaBandOps:
         return Band(band.s * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
-    def row_lse(self, band: Band, col_bias):
-        """``LSE_j (S_ij + col_bias_j)`` over each row's band; -inf for rows with none."""
-        x = band.s + self._windows(col_bias)[:, :, :, None, :]
-        mx = jnp.max(x, axis=(0, 4))  # [N, nI, b]
-        mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
-        ssum = jnp.sum(jnp.exp(x - mx_safe[None, ..., None]), axis=(0, 4))
-        return (jnp.log(ssum) + mx_safe).reshape(mx.shape[0], -1)
+    def row_lse(self, band: Band, col_bias, shift=None):
+        """``LSE_j (S_ij + col_bias_j)`` over each row's band; -inf for rows with none.
 
-    def col_lse(self, band: Band, row_bias):
-        """``LSE_i (S_ij + row_bias_i)`` over each column's band; -inf for columns with none."""
+        ``shift [N, Lp]``, when given, is a per-row stabilizer close to the result (the
+        previous step's value): one pass over the band instead of a max pass and a sum pass.
+        The caller checks that ``result - shift`` stayed in a safe range.
+        """
+        x = band.s + self._windows(col_bias)[:, :, :, None, :]
+        if shift is None:
+            mx = jnp.max(x, axis=(0, 4))  # [N, nI, b]
+            shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        else:
+            shift = self._blocks(shift)
+        ssum = jnp.sum(jnp.exp(x - shift[None, ..., None]), axis=(0, 4))
+        return (jnp.log(ssum) + shift).reshape(shift.shape[0], -1)
+
+    def col_lse(self, band: Band, row_bias, shift=None):
+        """``LSE_i (S_ij + row_bias_i)`` over each column's band; -inf for columns with none.
+
+        ``shift``: as in ``row_lse``, a per-column stabilizer ``[N, Lp]``.
+        """
         x = band.s + self._blocks(row_bias)[None, :, :, :, None]
-        mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]
-        mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
-        ssum = self._fold(jnp.sum(jnp.exp(x - self._windows(mx_safe)[:, :, :, None, :]), axis=3), jnp.add)
-        return jnp.log(ssum) + mx_safe
+        if shift is None:
+            mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]
+            shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        ssum = self._fold(jnp.sum(jnp.exp(x - self._windows(shift)[:, :, :, None, :]), axis=3), jnp.add)
+        return jnp.log(ssum) + shift
 
     # ---- plans and their products ---------------------------------------------------------
     def plan(self, band: Band, row_pot, col_pot) -> Band:

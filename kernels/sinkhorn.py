@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.config import TransportConfig
@@ -62,6 +63,8 @@ class Spokes(NamedTuple):
 class Support(NamedTuple):
     rows: jax.Array  # [N, Lp + 1] bool: row has at least one entry
     cols: jax.Array  # [N, Lp + 1] bool
+    band_rows: jax.Array  # [N, Lp] bool: row has at least one band entry
+    band_cols: jax.Array  # [N, Lp] bool
 
 
 class Solution(NamedTuple):
@@ -109,12 +112,13 @@ def _band_has_entry(active, other, half_band):
 
 def support(flat: Flat, spec: Spec) -> Support:
     w = spec.geom.half_band
-    rows = _band_has_entry(flat.row_active, flat.col_active, w)
-    cols = _band_has_entry(flat.col_active, flat.row_active, w)
+    band_rows = _band_has_entry(flat.row_active, flat.col_active, w)
+    band_cols = _band_has_entry(flat.col_active, flat.row_active, w)
+    rows, cols = band_rows, band_cols
     db = jnp.full(rows.shape[:1] + (1,), spec.has_dustbin)
     if spec.has_dustbin:
         rows, cols = rows | flat.row_active, cols | flat.col_active
-    return Support(jnp.concatenate([rows, db], -1), jnp.concatenate([cols, db], -1))
+    return Support(jnp.concatenate([rows, db], -1), jnp.concatenate([cols, db], -1), band_rows, band_cols)
 
 
 def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
@@ -132,24 +136,44 @@ def _neg_lse_or_zero(lse):
     return jnp.where(jnp.isfinite(lse), -lse, 0.0)
 
 
-def _row_half(ops, band, spk: Spokes, v):
+# Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
+# [e^-60, e^60], far from float32 overflow and from underflow of its leading terms.
+_SAFE_LOG = 60.0
+
+
+def _band_lse(lse_fn, band, bias, shift, has_entry):
+    """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
+    falls back to the exact two-pass form when any line drifted out of the safe range."""
+    if shift is None:
+        return lse_fn(band, bias)
+    fast = lse_fn(band, bias, shift)
+    ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
+    return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
+
+
+def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     """û = -LSE_row(S + v) on the extended support."""
-    real = jnp.logaddexp(ops.row_lse(band, v[:, :-1]), spk.col + v[:, -1:])
+    band_lse = _band_lse(ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
+    real = jnp.logaddexp(band_lse, spk.col + v[:, -1:])
     db = jnp.logaddexp(jax.nn.logsumexp(spk.row + v[:, :-1], axis=-1), spk.corner + v[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 
-def _col_half(ops, band, spk: Spokes, u):
+def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
     """v̂ = -LSE_col(S + u) on the extended support."""
-    real = jnp.logaddexp(ops.col_lse(band, u[:, :-1]), spk.row + u[:, -1:])
+    band_lse = _band_lse(ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
+    real = jnp.logaddexp(band_lse, spk.row + u[:, -1:])
     db = jnp.logaddexp(jax.nn.logsumexp(spk.col + u[:, :-1], axis=-1), spk.corner + u[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 
-def _full_step(ops, band, spk, sup: Support, v):
-    """One centered Sinkhorn step: returns (û, u, v)."""
-    u_hat = _row_half(ops, band, spk, v)
-    v_hat = _col_half(ops, band, spk, u_hat)
+def _full_step(ops, band, spk, sup: Support, v, u_prev):
+    """One centered Sinkhorn step from (u_prev, v): returns (û, u, v).
+
+    The previous potentials only stabilize the log-sum-exps (the step depends on v alone).
+    """
+    u_hat = _row_half(ops, band, spk, sup, v, -u_prev[:, :-1])
+    v_hat = _col_half(ops, band, spk, sup, u_hat, -v[:, :-1])
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(sup.rows, u_hat, 0.0), -1, keepdims=True) / n_rows
     return u_hat, jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
@@ -162,61 +186,56 @@ def _scale(flat: Flat, eps):
     return 1.0 / (jnp.sqrt(jnp.asarray(flat.q.shape[-1], flat.q.dtype)) * eps)
 
 
+def step_eps(cfg: TransportConfig, tail_steps: int | None = None) -> np.ndarray:
+    """The eps of every full step: the base stages, then the tail at ``cfg.eps``."""
+    tail = cfg.tail_steps if tail_steps is None else tail_steps
+    return np.array([e for e, t in cfg.base_stages() for _ in range(t)] + [cfg.eps] * tail, np.float64)
+
+
+def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
+    """Full centered steps from (u, v), step t at temperature ``eps[t]``, in one scan.
+
+    ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
+    of eps at fixed eps * potential. Returns the per-step (û, u, v), each ``[len(eps), N, Lp+1]``.
+    """
+    ratio = np.concatenate([[1.0], eps[:-1] / eps[1:]]) if len(eps) else eps
+
+    def body(carry, xs):
+        u_c, v_c = carry
+        inv_eps, rescale = xs
+        band = ops.rescale(dots, inv_eps)
+        spk = Spokes(*(x * inv_eps for x in raw_spk))
+        u_hat, u_c, v_c = _full_step(ops, band, spk, sup, v_c * rescale, u_c * rescale)
+        return (u_c, v_c), (u_hat, u_c, v_c)
+
+    dtype = u.dtype
+    xs = (jnp.asarray(1.0 / eps, dtype), jnp.asarray(ratio, dtype))
+    _, out = jax.lax.scan(body, (u, v), xs)
+    return out
+
+
 def solve(spec: Spec, flat: Flat):
-    """Stopped base + tail. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes)."""
+    """Base + tail in one scan. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes).
+
+    No gradient is taken through this function on the banded paths (the custom VJP uses only
+    the stored tail potentials), which is what makes the base "stopped".
+    """
     ops, cfg = make_ops(spec), spec.cfg
     sup = support(flat, spec)
     dots = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, _scale(flat, 1.0))
     raw_spk = spoke_scores(flat, spec, _scale(flat, 1.0))
     n, lp1 = flat.q.shape[0], flat.q.shape[1] + 1
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
-
-    def scaled(eps):
-        return ops.rescale(dots, 1.0 / eps), Spokes(*(x / eps for x in raw_spk))
-
-    # Base: T steps under stop-gradient (no gradient is ever taken through it).
-    v, u = zeros, zeros
-    hist_u, hist_v, prev_eps = [], [], None
-    for eps_s, steps in cfg.base_stages():
-        if prev_eps is not None:
-            v = v * (prev_eps / eps_s)  # keep eps * potential across stages
-        prev_eps = eps_s
-        if steps == 0:
-            continue
-        band_s, spk_s = scaled(eps_s)
-
-        def body(carry, _, band_s=band_s, spk_s=spk_s):
-            _, u_c, v_c = _full_step(ops, band_s, spk_s, sup, carry[1])
-            return (u_c, v_c), (u_c, v_c) if spec.history else None
-
-        (u, v), hist = jax.lax.scan(body, (u, v), None, length=steps)
-        if spec.history:
-            hist_u.append(hist[0])
-            hist_v.append(hist[1])
-    v0 = jax.lax.stop_gradient(v)
-    u_base = jax.lax.stop_gradient(u)
-
-    band, spk = scaled(cfg.eps)
-    tail = []
-    v_prev = v0
-    for _ in range(cfg.tail_steps):
-        step = _full_step(ops, band, spk, sup, v_prev)
-        tail.append(step)
-        v_prev = step[2]
-    if tail:
-        u_hat, u_t, v_t = (jnp.stack(x) for x in zip(*tail))
-        u_final, v_final = u_t[-1], v_t[-1]
-        if spec.history:
-            hist_u.append(u_t)
-            hist_v.append(v_t)
-    else:
-        u_hat = u_t = v_t = jnp.zeros((0, n, lp1), flat.q.dtype)
-        u_final, v_final = u_base, v0
-    history = None
-    if spec.history:
-        cat = lambda xs: jnp.concatenate(xs, 0) if xs else jnp.zeros((0, n, lp1), flat.q.dtype)
-        history = (cat(hist_u), cat(hist_v))  # [T + R, N, Lp + 1]
-    return Solution(v0, u_hat, u_t, v_t, u_final, v_final), history, band, spk
+    t, r = cfg.base_steps, cfg.tail_steps
+    u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
+    v0 = v_all[t - 1] if t else zeros
+    u_final = u_all[-1] if t + r else zeros
+    v_final = v_all[-1] if t + r else zeros
+    sol = Solution(v0, u_hat[t:], u_all[t:], v_all[t:], u_final, v_final)
+    history = (u_all, v_all) if spec.history else None  # [T + R, N, Lp + 1]
+    band = ops.rescale(dots, 1.0 / cfg.eps)
+    spk = Spokes(*(x / cfg.eps for x in raw_spk))
+    return sol, history, band, spk
 
 
 # ---- plan products on the extended support --------------------------------------------------
@@ -284,35 +303,11 @@ def _balanced_exp(a, b, rows_ok, cols_ok):
     return jnp.where(rows_ok, jnp.exp(a - c), 0.0), jnp.where(cols_ok, jnp.exp(b + c), 0.0)
 
 
-class _TailPlans:
-    """Products with the tail plans A^r, B^r: rescalings of P, or exponentiated one by one."""
-
-    def __init__(self, ops, band, spk, sol: Solution, sup: Support, one_reference: bool):
-        self.ops, self.sup, self.one_ref = ops, sup, one_reference
-        self.p = _plan(ops, band, spk, sol.u_final, sol.v_final)
-        v_before = jnp.concatenate([sol.v0[None], sol.v[:-1]], 0)  # v^{r-1}
-        self.pots = {"A": (sol.u_hat, v_before), "B": (sol.u, sol.v)}
-        if one_reference:
-            self.scales = {
-                key: [_balanced_exp(a[r] - sol.u_final, b[r] - sol.v_final, sup.rows, sup.cols)
-                      for r in range(a.shape[0])]
-                for key, (a, b) in self.pots.items()
-            }
-        else:
-            self.plans = {key: [_plan(ops, band, spk, a[r], b[r]) for r in range(a.shape[0])]
-                          for key, (a, b) in self.pots.items()}
-
-    def rows(self, key, r, y):  # Σ_j plan_ij y_j, y [N, Lp + 1]
-        if self.one_ref:
-            ea, eb = self.scales[key][r]
-            return ea * _ext_rows(self.ops, self.p, (eb * y)[..., None])[..., 0]
-        return _ext_rows(self.ops, self.plans[key][r], y[..., None])[..., 0]
-
-    def cols(self, key, r, y):  # Σ_i plan_ij y_i
-        if self.one_ref:
-            ea, eb = self.scales[key][r]
-            return eb * _ext_cols(self.ops, self.p, (ea * y)[..., None])[..., 0]
-        return _ext_cols(self.ops, self.plans[key][r], y[..., None])[..., 0]
+def _products(ops, p: _ExtPlan):
+    """Row and column products ``P y`` and ``P^T y`` of a plan with vectors y ``[N, Lp + 1]``."""
+    rows = lambda y: _ext_rows(ops, p, y[..., None])[..., 0]
+    cols = lambda y: _ext_cols(ops, p, y[..., None])[..., 0]
+    return rows, cols
 
 
 def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
@@ -323,52 +318,62 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
     """
     ops, cfg = make_ops(spec), spec.cfg
     sup = support(flat, spec)
+    one_ref = cfg.adjoint == "one_reference"
     g_out = jnp.where(flat.row_active[..., None], g_out, 0.0)
     n = g_out.shape[0]
     g_ext = _ext(g_out, jnp.zeros((n, g_out.shape[-1]), g_out.dtype))  # dustbin row: no output
     v_ext = _ext(flat.v, flat.tv)
-    tails = _TailPlans(ops, band, spk, sol, sup, cfg.adjoint == "one_reference")
+    p = _plan(ops, band, spk, sol.u_final, sol.v_final)
+    p_rows, p_cols = _products(ops, p)
+    v_before = jnp.concatenate([sol.v0[None], sol.v[:-1]], 0)  # v^{r-1}, [R, N, Lp + 1]
+    if one_ref:  # A^r = diag(eA_u) P diag(eA_v), B^r = diag(eB_u) P diag(eB_v)
+        scales = (_balanced_exp(sol.u_hat - sol.u_final, v_before - sol.v_final, sup.rows, sup.cols)
+                  + _balanced_exp(sol.u - sol.u_final, sol.v - sol.v_final, sup.rows, sup.cols))
 
-    dv_ext = _ext_cols(ops, tails.p, g_ext)  # P^T dO
+    dv_ext = _ext_cols(ops, p, g_ext)  # P^T dO
     o_ext = _ext(out, jnp.zeros((n, out.shape[-1]), out.dtype))
     u_bar = jnp.sum(g_ext * o_ext, -1)  # row sums of P∘G
     v_bar = jnp.sum(v_ext * dv_ext, -1)  # column sums of P∘G
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
-    alphas, betas = [None] * cfg.tail_steps, [None] * cfg.tail_steps
-    for r in reversed(range(cfg.tail_steps)):
+
+    def step(carry, xs):  # tail step r, taken in reverse
+        u_bar, v_bar = carry
+        if one_ref:
+            ea_u, ea_v, eb_u, eb_v = xs
+            b_rows = lambda y: eb_u * p_rows(eb_v * y)
+            a_cols = lambda y: ea_v * p_cols(ea_u * y)
+        else:  # the direct schedule: exponentiate A^r and B^r themselves
+            u_hat, v_prev, u_r, v_r = xs
+            b_rows = _products(ops, _plan(ops, band, spk, u_r, v_r))[0]
+            a_cols = _products(ops, _plan(ops, band, spk, u_hat, v_prev))[1]
         c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
-            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)
+            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
         beta = v_bar
-        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - tails.rows("B", r, beta)
-        alphas[r], betas[r] = alpha, beta
-        v_bar = -tails.cols("A", r, alpha)
-        u_bar = jnp.zeros_like(u_bar)
-    eta = v_bar
+        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta)
+        return (jnp.zeros_like(u_bar), -a_cols(alpha)), (alpha, beta)
+
+    xs = scales if one_ref else (sol.u_hat, v_before, sol.u, sol.v)
+    (_, eta), (alphas, betas) = jax.lax.scan(step, (u_bar, v_bar), xs, reverse=True)
 
     scale = _scale(flat, cfg.eps)
     q_ext, k_ext = _ext(flat.q, flat.tq), _ext(flat.k, flat.tk)
-    if tails.one_ref:
-        # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r e^{a_u}, -e^{b_u}], Z = [V, e^{a_v}, β_r e^{b_v}].
-        xs, zs = [g_ext], [v_ext]
+    if one_ref:
+        # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
+        ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
+        al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
+        x = jnp.concatenate([g_ext, -al * ea_u, -eb_u], -1)
+        z = jnp.concatenate([v_ext, ea_v, be * eb_v], -1)
+        dq_ext = scale * _ext_rows(ops, p, k_ext, x, z)
+        dk_ext = scale * _ext_cols(ops, p, q_ext, x, z)
+    else:  # dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)], each plan exponentiated
+        dq_ext = _ext_rows(ops, p, k_ext, g_ext, v_ext)
+        dk_ext = _ext_cols(ops, p, q_ext, g_ext, v_ext)
         for r in range(cfg.tail_steps):
-            ea, eb = tails.scales["A"][r]
-            xs.append(-(alphas[r] * ea)[..., None])
-            zs.append(eb[..., None])
-            ea, eb = tails.scales["B"][r]
-            xs.append(-ea[..., None])
-            zs.append((betas[r] * eb)[..., None])
-        x, z = jnp.concatenate(xs, -1), jnp.concatenate(zs, -1)
-        dq_ext = scale * _ext_rows(ops, tails.p, k_ext, x, z)
-        dk_ext = scale * _ext_cols(ops, tails.p, q_ext, x, z)
-    else:  # the direct schedule: one exponentiated plan per tail half-step
-        dq_ext = _ext_rows(ops, tails.p, k_ext, g_ext, v_ext)
-        dk_ext = _ext_cols(ops, tails.p, q_ext, g_ext, v_ext)
-        for r in range(cfg.tail_steps):
-            a_plan, b_plan = tails.plans["A"][r], tails.plans["B"][r]
-            dq_ext -= alphas[r][..., None] * _ext_rows(ops, a_plan, k_ext)
-            dq_ext -= _ext_rows(ops, b_plan, betas[r][..., None] * k_ext)
-            dk_ext -= _ext_cols(ops, a_plan, alphas[r][..., None] * q_ext)
-            dk_ext -= betas[r][..., None] * _ext_cols(ops, b_plan, q_ext)
+            a_plan = _plan(ops, band, spk, sol.u_hat[r], v_before[r])
+            b_plan = _plan(ops, band, spk, sol.u[r], sol.v[r])
+            al, be = alphas[r][..., None], betas[r][..., None]
+            dq_ext -= al * _ext_rows(ops, a_plan, k_ext) + _ext_rows(ops, b_plan, be * k_ext)
+            dk_ext -= _ext_cols(ops, a_plan, al * q_ext) + be * _ext_cols(ops, b_plan, q_ext)
         dq_ext, dk_ext = scale * dq_ext, scale * dk_ext
     grads = (dq_ext[:, :-1], dk_ext[:, :-1], dv_ext[:, :-1], dq_ext[:, -1], dk_ext[:, -1], dv_ext[:, -1])
     if not spec.has_dustbin:

@@ -1,0 +1,145 @@
+"""Pallas backend of the banded primitives: the O(L)-memory schedule.
+
+``PallasBandOps`` implements the interface ``sinkhorn.py`` is written against (the same seven
+methods as ``XlaBandOps``), but keeps no score band: ``scores`` and ``plan`` return lazy
+handles of O(L) vectors, and every LSE or plan product recomputes its score tiles from q and
+k inside a kernel. Two kernels cover all five compute primitives:
+
+- ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
+- ``band_product(q, k, a, c, y, x, z)``: ``Σ_j exp(<q_i, k_j> + a_i + c_j) <x_i, z_j> y_j``.
+
+Activity masks become ``-inf`` offsets, the score scale is folded into q (one multiply per
+row instead of one per tile entry), and the column primitives are the row kernels on the
+transposed problem: the band ``|i - j| <= W`` is symmetric and the padded problem square, so
+swapping (q, k), the masks, the potentials and (x, z) turns rows into columns.
+
+Wrapper dispatch on ``jax.default_backend()``: "tpu" -> ``pallas_tpu`` (Mosaic), "gpu" /
+"cuda" / "rocm" -> ``pallas_gpu`` (Triton), "cpu" -> interpret mode of ``CPU_WRAPPER``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pfamalign.kernels import pallas_gpu, pallas_tpu
+from pfamalign.kernels.band import BandGeometry
+
+WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
+# On CPU both wrappers run through the same HLO interpreter (tests cover both). The Triton one
+# takes n_diag times fewer grid steps (its band loop is inside the kernel) and no pl.when
+# branches, so its interpret mode compiles and runs faster.
+CPU_WRAPPER = "gpu"
+
+
+class Scores(NamedTuple):
+    """Lazy score handle: ``S_ij = scale <q_i, k_j>`` on the masked band, never materialised."""
+
+    q: jax.Array  # [N, Lp, d]
+    k: jax.Array  # [N, Lp, d]
+    row_active: jax.Array  # [N, Lp] bool
+    col_active: jax.Array  # [N, Lp] bool
+    scale: jax.Array  # []
+
+
+class Plan(NamedTuple):
+    """Lazy plan handle: ``P_ij = exp(S_ij + row_pot_i + col_pot_j)`` on the support."""
+
+    scores: Scores
+    row_pot: jax.Array  # [N, Lp]
+    col_pot: jax.Array  # [N, Lp]
+
+
+def _offsets(active, values=None):
+    """``[N, Lp]`` additive offsets: ``values`` (or 0) where active, ``-inf`` elsewhere."""
+    return jnp.where(active, 0.0 if values is None else values, -jnp.inf).astype(jnp.float32)
+
+
+def _default_wrapper() -> str:
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return "tpu"
+    if backend in ("gpu", "cuda", "rocm"):
+        return "gpu"
+    return CPU_WRAPPER
+
+
+class PallasBandOps:
+    """Banded primitives on flattened problems ``[N, Lp, ...]`` (N = batch x heads), computed by
+    Pallas kernels that recompute score tiles from q and k.
+
+    Args:
+      geom: the band tiling (``make_geometry(..., pallas=True)`` gives kernel-legal tiles).
+      interpret: run the kernels in interpret mode; ``None`` means "iff the default backend is
+        CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
+      wrapper: "tpu" or "gpu" to force a kernel wrapper (default: from the backend).
+    """
+
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = None):
+        if wrapper is None:
+            wrapper = _default_wrapper()
+        if wrapper not in WRAPPERS:
+            raise ValueError(f"wrapper must be one of {sorted(WRAPPERS)}, got {wrapper!r}")
+        if interpret is None:
+            interpret = jax.default_backend() == "cpu"
+        self.g = geom
+        self.wrapper = wrapper
+        self.interpret = interpret
+        self._k = WRAPPERS[wrapper]
+
+    # ---- kernels on the (possibly transposed) problem ------------------------------------------
+    def _lse(self, q, k, q_active, k_active, scale, k_bias):
+        """``LSE_j (S_ij + k_bias_j)`` per q-row; -inf for rows with no active entry."""
+        lse = self._k.band_lse(q * scale, k, _offsets(k_active, k_bias), geom=self.g,
+                               interpret=self.interpret)
+        # A row offset is constant along the reduction: inactive rows get their -inf here, which
+        # spares the kernel a [N, Lp, 128] row-vector operand on TPU.
+        return lse + _offsets(q_active)
+
+    def _product(self, q, k, q_active, k_active, scale, q_pot, k_pot, y, x, z):
+        """``Σ_j exp(S_ij + q_pot_i + k_pot_j) <x_i, z_j> y_j`` per q-row."""
+        if (x is None) != (z is None):
+            raise ValueError("x and z must be given together")
+        return self._k.band_product(q * scale, k, _offsets(q_active, q_pot), _offsets(k_active, k_pot),
+                                    y, x, z, geom=self.g, interpret=self.interpret)
+
+    # ---- scores ---------------------------------------------------------------------------
+    def scores(self, q, k, row_active, col_active, scale) -> Scores:
+        """Handle for ``scale * <q_i, k_j>`` on the band; q, k ``[N, Lp, d]``, masks ``[N, Lp]``."""
+        return Scores(q, k, row_active, col_active, jnp.asarray(scale, jnp.float32))
+
+    def rescale(self, s: Scores, factor) -> Scores:
+        return s._replace(scale=s.scale * factor)
+
+    # ---- log-sum-exp half steps -----------------------------------------------------------
+    # ``shift`` (a per-line stabilizer that lets the XLA backend fuse its max and sum passes)
+    # is accepted for interface compatibility and unused: the kernels' online max/sum is
+    # already a single pass over the band, and exact whatever the shift.
+    def row_lse(self, s: Scores, col_bias, shift=None):
+        """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
+        del shift
+        return self._lse(s.q, s.k, s.row_active, s.col_active, s.scale, col_bias)
+
+    def col_lse(self, s: Scores, row_bias, shift=None):
+        """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``: the transposed row LSE."""
+        del shift
+        return self._lse(s.k, s.q, s.col_active, s.row_active, s.scale, row_bias)
+
+    # ---- plans and their products ---------------------------------------------------------
+    def plan(self, s: Scores, row_pot, col_pot) -> Plan:
+        """Handle for ``exp(S_ij + row_pot_i + col_pot_j)`` on the support (0 outside)."""
+        return Plan(s, row_pot, col_pot)
+
+    def plan_rows(self, p: Plan, y, x=None, z=None):
+        """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""
+        s = p.scores
+        return self._product(s.q, s.k, s.row_active, s.col_active, s.scale, p.row_pot, p.col_pot,
+                             y, x, z)
+
+    def plan_cols(self, p: Plan, y, x=None, z=None):
+        """``out_j = Σ_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` and x on rows, z on columns."""
+        s = p.scores
+        return self._product(s.k, s.q, s.col_active, s.row_active, s.scale, p.col_pot, p.row_pot,
+                             y, z, x)

@@ -1,0 +1,98 @@
+"""Per-tile maths of the banded Pallas kernels, shared by the TPU and Triton wrappers.
+
+Pure functions of arrays (no refs, no grid): a wrapper loads one row block and one key block,
+calls these, and decides where the running state lives (VMEM scratch across an "arbitrary"
+grid axis on TPU, a loop carry on GPU). Row-indexed vectors are columns ``[b, 1]``,
+key-indexed vectors are rows ``[1, bk]``, so everything broadcasts against a ``[b, bk]`` tile
+on both backends without transposes.
+
+Activity masks are folded into the additive offsets: a row offset ``a_i`` (or a key offset
+``c_j``) of ``-inf`` switches the row (key) off, and the band mask sets ``-inf`` outside
+``|i - j| <= W``. A masked logit is therefore ``-inf`` and its plan entry ``exp(-inf) = 0``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# f32 matmuls: Mosaic would otherwise round the inputs to bf16; Triton maps this to IEEE f32.
+_PRECISION = jax.lax.Precision.HIGHEST
+_NT = (((1,), (1,)), ((), ()))  # contract the feature axis of both operands: a @ b.T
+_NN = (((1,), (0,)), ((), ()))  # a @ b
+
+
+def dot_nt(a, b):
+    """``a @ b.T`` in f32: a ``[r, f]``, b ``[c, f]`` -> ``[r, c]``."""
+    return jax.lax.dot_general(a, b, _NT, precision=_PRECISION, preferred_element_type=jnp.float32)
+
+
+def dot_nn(a, b):
+    """``a @ b`` in f32: a ``[r, c]``, b ``[c, m]`` -> ``[r, m]``."""
+    return jax.lax.dot_general(a, b, _NN, precision=_PRECISION, preferred_element_type=jnp.float32)
+
+
+def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int):
+    """Masked logits of one tile: ``<q_i, k_j> + a_i + c_j`` on the band, ``-inf`` elsewhere.
+
+    Args:
+      q: ``[b, d]`` row block (already multiplied by the score scale).
+      k: ``[bk, d]`` key block.
+      row_off: ``[b, 1]`` additive row offsets (``-inf`` = inactive row), or None for none.
+      col_off: ``[1, bk]`` additive key offsets (``-inf`` = inactive key).
+      row0, col0: global index of the tile's first row / key (traced int32 scalars).
+      half_band: W.
+
+    Returns:
+      ``[b, bk]`` f32 logits.
+    """
+    s = dot_nt(q, k)  # [b, bk]
+    shape = s.shape
+    # i - j from the block offset plus in-tile offsets: small ints, no |.| on vectors needed.
+    diff = (row0 - col0) + (jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+                            - jax.lax.broadcasted_iota(jnp.int32, shape, 1))
+    inside = (diff <= half_band) & (diff >= -half_band)
+    x = s + col_off if row_off is None else s + row_off + col_off
+    return jnp.where(inside, x, -jnp.inf)
+
+
+def _finite_or_zero(m):
+    # A running max of -inf (no entry seen yet) must not produce -inf - -inf = nan.
+    return jnp.where(m == -jnp.inf, 0.0, m)
+
+
+def lse_init(rows: int):
+    """Empty online log-sum-exp state ``(max, sum)``, each ``[rows, 1]``."""
+    return jnp.full((rows, 1), -jnp.inf, jnp.float32), jnp.zeros((rows, 1), jnp.float32)
+
+
+def lse_update(m, l, x):
+    """Folds the logits ``x [b, bk]`` into the running row state ``m, l [b, 1]``.
+
+    Invariant: ``LSE(seen) = log(l) + m`` with ``m`` the largest logit seen (``-inf`` when
+    none is finite, and then ``l = 0``).
+    """
+    m_new = jnp.maximum(m, jnp.max(x, axis=1, keepdims=True))  # [b, 1]
+    shift = _finite_or_zero(m_new)
+    l_new = l * jnp.exp(m - shift) + jnp.sum(jnp.exp(x - shift), axis=1, keepdims=True)
+    return m_new, l_new
+
+
+def lse_finalize(m, l):
+    """``[b, 1]`` log-sum-exp of the state; ``-inf`` for rows that saw no finite logit."""
+    return jnp.log(l) + _finite_or_zero(m)
+
+
+def plan_tile(logits):
+    """Plan entries ``exp(S_ij + row_pot_i + col_pot_j)``: 0 wherever the logit is masked."""
+    return jnp.exp(logits)
+
+
+def modulate(p, x, z):
+    """``P_ij <x_i, z_j>``: p ``[b, bk]``, x ``[b, mx]`` on rows, z ``[bk, mx]`` on keys."""
+    return p * dot_nt(x, z)
+
+
+def accumulate(acc, p, y):
+    """``acc + p @ y``: acc ``[b, m]``, p ``[b, bk]``, y ``[bk, m]`` on keys."""
+    return acc + dot_nn(p, y)

@@ -1,0 +1,26 @@
+"""Model-independent alignment toolkit: MEA decoding of transport plans, substitution-matrix
+baselines, evaluation metrics, output formats, plots and certificates.
+
+Submodules (import what you need; ``plots`` pulls in matplotlib):
+
+* ``pairs``         -- ``PairAlignment``, pair / target conversions, the diagonal reference
+* ``residues``      -- sequence validation, BLOSUM62, residue mapping (U->C, O->K, J->X)
+* ``decode``        -- ``mea_decode``: maximum-expected-accuracy alignment of a plan
+* ``baselines``     -- Needleman-Wunsch, Smith-Waterman (BLOSUM62, 11/1), diagonal pairs
+* ``metrics``       -- aligned-pair P/R/F1 (micro, macro, bootstrap, identity bins), plan metrics
+* ``formats``       -- pair text, aligned FASTA, Stockholm, CIGAR, JSON
+* ``plots``         -- plan heatmap with marginals and path, barycenter plot
+* ``certificates``  -- contraction, receiver-mass, score-perturbation and tail-mass certificates
+"""
+
+from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
+from pfamalign.alignment.decode import mea_decode
+from pfamalign.alignment.formats import AlignmentRecord, format_alignment
+from pfamalign.alignment.metrics import PlanMetrics, alignment_counts, plan_metrics, prf_summary
+from pfamalign.alignment.pairs import PairAlignment, diagonal_target, pairs_from_target
+
+__all__ = [
+    "AlignmentRecord", "PairAlignment", "PlanMetrics", "alignment_counts", "diagonal_pairs",
+    "diagonal_target", "format_alignment", "mea_decode", "needleman_wunsch", "pairs_from_target",
+    "plan_metrics", "prf_summary", "smith_waterman",
+]

@@ -1,0 +1,330 @@
+"""Output formats of a pairwise alignment: EMBOSS-style pair text, aligned FASTA, Stockholm,
+CIGAR and JSON.
+
+Every format writes the *full* alignment: all residues of both sequences appear, unaligned ones
+opposite a gap (a local alignment's flanks too), so each output describes exactly ``pairs``.
+Between two aligned pairs the unaligned residues of ``seq_a`` come first, then those of
+``seq_b``.
+
+Conventions:
+
+* Match line (pair text): ``|`` identical residues, ``:`` BLOSUM62 score > 0, ``.`` other
+  aligned pairs, space opposite a gap. Identity / similarity are counted over *aligned pairs*
+  (``identical pairs / aligned pairs``), in the pair text header and the JSON alike.
+* Confidence symbols (pair text, Stockholm ``#=GC PP_cons``) follow HMMER's posterior
+  probability code: ``0`` for [0, 0.05), ``1`` for [0.05, 0.15), ..., ``9`` for [0.85, 0.95),
+  ``*`` for >= 0.95; ``.`` in gap columns.
+* CIGAR is relative to ``seq_a`` as the *reference* (SAM's view, ``seq_b`` the read): ``M`` an
+  aligned pair (identical or not), ``D`` a ``seq_a`` residue opposite a gap (deleted from
+  ``seq_b``), ``I`` a ``seq_b`` residue opposite a gap (inserted in ``seq_b``). The string starts
+  at residue 0 of both sequences (flanks are ``D``/``I``, never clipped), so
+  ``sum(M + D) = len(seq_a)`` and ``sum(M + I) = len(seq_b)``. ``extended=True`` writes ``=``
+  / ``X`` instead of ``M`` (identical / different residues).
+* JSON: ``pairs`` as 0-based ``[i, j]``, per-pair ``confidence`` (null for the baselines),
+  ``score``, lengths, ``identity``; ``from_json`` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import numpy as np
+
+from pfamalign.alignment.pairs import PairAlignment, check_pairs
+from pfamalign.alignment.residues import match_symbols, normalize_sequence
+
+JSON_FORMAT = "pfamalign.pairwise/1"
+_EMBOSS_RULE = "#" + "=" * 39
+_EMBOSS_END = "#" + "-" * 39
+_NAME_WIDTH = 13  # EMBOSS pair format: 13-character names, then a 6-wide coordinate
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AlignmentRecord:
+    """Two sequences, their ids and an alignment between them: what every writer takes.
+
+    Sequences are validated and upper-cased (``residues.normalize_sequence``); ids must be
+    non-empty and free of whitespace; ``pairs`` must be a proper alignment within the lengths.
+    """
+
+    seq_a: str
+    seq_b: str
+    pairs: np.ndarray  # [n, 2]
+    _: dataclasses.KW_ONLY
+    id_a: str = "seq_a"
+    id_b: str = "seq_b"
+    confidence: np.ndarray | None = None  # [n]
+    score: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "seq_a", normalize_sequence(self.seq_a, name="seq_a"))
+        object.__setattr__(self, "seq_b", normalize_sequence(self.seq_b, name="seq_b"))
+        for name in ("id_a", "id_b"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or re.search(r"\s", value):
+                raise ValueError(f"{name} must be a non-empty string without whitespace, "
+                                 f"got {value!r}")
+        pairs = check_pairs(self.pairs, len(self.seq_a), len(self.seq_b), proper=True)
+        object.__setattr__(self, "pairs", pairs)
+        if self.confidence is not None:
+            conf = np.asarray(self.confidence, dtype=np.float64)
+            if conf.shape != (len(pairs),):
+                raise ValueError(
+                    f"confidence must have shape ({len(pairs)},) to match pairs, got {conf.shape}")
+            object.__setattr__(self, "confidence", conf)
+        if self.score is not None:
+            object.__setattr__(self, "score", float(self.score))
+
+    @classmethod
+    def from_alignment(cls, seq_a: str, seq_b: str, alignment: PairAlignment, *,
+                       id_a: str = "seq_a", id_b: str = "seq_b") -> "AlignmentRecord":
+        """Wraps a decoder / baseline result (its lengths must match the sequences)."""
+        if (alignment.query_length, alignment.key_length) != (len(seq_a), len(seq_b)):
+            raise ValueError(
+                f"alignment is {alignment.query_length} x {alignment.key_length} but the "
+                f"sequences have lengths {len(seq_a)} and {len(seq_b)}")
+        return cls(seq_a, seq_b, alignment.pairs, id_a=id_a, id_b=id_b,
+                   confidence=alignment.confidence, score=alignment.score)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per alignment column, the residue index of ``seq_a`` and of ``seq_b`` (-1 = gap):
+        two ``[n_columns]`` int arrays."""
+        col_a, col_b = [], []
+        prev_i = prev_j = -1
+        for i, j in list(map(tuple, self.pairs)) + [(len(self.seq_a), len(self.seq_b))]:
+            run_a = range(prev_i + 1, i)
+            run_b = range(prev_j + 1, j)
+            col_a += list(run_a) + [-1] * len(run_b)
+            col_b += [-1] * len(run_a) + list(run_b)
+            if i < len(self.seq_a):  # a real pair, not the end sentinel
+                col_a.append(i)
+                col_b.append(j)
+            prev_i, prev_j = i, j
+        return np.asarray(col_a, dtype=np.int64), np.asarray(col_b, dtype=np.int64)
+
+    def gapped(self) -> tuple[str, str]:
+        """The two aligned rows with ``-`` for gaps."""
+        col_a, col_b = self.columns()
+        return _gapped_row(self.seq_a, col_a), _gapped_row(self.seq_b, col_b)
+
+    @property
+    def n_identical(self) -> int:
+        return match_symbols(self.seq_a, self.seq_b, self.pairs).count("|")
+
+    @property
+    def n_similar(self) -> int:
+        """Identical or BLOSUM62-positive pairs."""
+        return sum(s in "|:" for s in match_symbols(self.seq_a, self.seq_b, self.pairs))
+
+    @property
+    def identity(self) -> float:
+        """Identical pairs / aligned pairs (NaN without pairs)."""
+        return self.n_identical / len(self.pairs) if len(self.pairs) else float("nan")
+
+
+def _gapped_row(seq: str, cols: np.ndarray) -> str:
+    chars = np.frombuffer(seq.encode("ascii"), dtype="S1")
+    row = np.where(cols >= 0, chars[np.maximum(cols, 0)], b"-")
+    return row.tobytes().decode("ascii")
+
+
+def confidence_symbols(confidence) -> str:
+    """HMMER posterior-probability code of each value: ``0``-``9`` or ``*`` (>= 0.95)."""
+    conf = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
+    digits = np.floor(conf * 10 + 0.5).astype(np.int64)  # 0 on [0, .05), k on [k-.05, k+.05)
+    return "".join("*" if c >= 0.95 else str(min(d, 9)) for c, d in zip(conf, digits))
+
+
+def _column_text(rec: AlignmentRecord, per_pair: list[str], gap: str) -> str:
+    """One character per column: ``per_pair[k]`` in the k-th pair column, ``gap`` elsewhere."""
+    col_a, col_b = rec.columns()
+    out = np.full(len(col_a), gap, dtype="<U1")
+    out[(col_a >= 0) & (col_b >= 0)] = per_pair
+    return "".join(out.tolist())
+
+
+def _pct(num: int, den: int) -> str:
+    return f"{num}/{den} ({100.0 * num / den:.1f}%)" if den else f"{num}/{den} (nan%)"
+
+
+def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign") -> str:
+    """EMBOSS ``needle``-style pair text (readable by ``Bio.AlignIO.read(..., "emboss")``).
+
+    Blocks of ``width`` columns: ``seq_a`` line with 1-based start / end residue numbers, the
+    match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
+    of posterior-probability symbols. Names longer than 13 characters are truncated in the
+    blocks (as EMBOSS does); the header keeps them whole.
+    """
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    row_a, row_b = rec.gapped()
+    n_cols, n_pairs = len(row_a), len(rec.pairs)
+    markup = _column_text(rec, match_symbols(rec.seq_a, rec.seq_b, rec.pairs), " ")
+    conf = None if rec.confidence is None else _column_text(
+        rec, list(confidence_symbols(rec.confidence)), ".")
+    n_gaps = row_a.count("-") + row_b.count("-")
+    header = [
+        "#" * 40, f"# Program: {program}", "# Align_format: pair", "#" * 40, "",
+        _EMBOSS_RULE, "#", "# Aligned_sequences: 2", f"# 1: {rec.id_a}", f"# 2: {rec.id_b}",
+        "# Matrix: BLOSUM62 (match line)", "#", f"# Length: {n_cols}",
+        f"# Aligned_pairs: {n_pairs}",
+        f"# Identity:   {_pct(rec.n_identical, n_pairs)} of aligned pairs",
+        f"# Similarity: {_pct(rec.n_similar, n_pairs)} of aligned pairs",
+        f"# Gaps:       {_pct(n_gaps, n_cols)} of columns",
+    ]
+    if rec.score is not None:
+        header.append(f"# Score: {rec.score:.4f}")
+    if rec.confidence is not None and n_pairs:
+        header.append(f"# Mean_confidence: {rec.confidence.mean():.4f}")
+    header += ["#", _EMBOSS_RULE, ""]
+
+    lines = []
+    done_a = done_b = 0  # residues written so far
+    for start in range(0, n_cols, width):
+        chunk_a, chunk_b = row_a[start:start + width], row_b[start:start + width]
+        block = []
+        for name, chunk, done in ((rec.id_a, chunk_a, done_a), (rec.id_b, chunk_b, done_b)):
+            n_res = len(chunk) - chunk.count("-")
+            first = done + 1 if n_res else done
+            block.append(f"{name[:_NAME_WIDTH]:<{_NAME_WIDTH}} {first:>6} {chunk} "
+                         f"{done + n_res:>6}")
+        done_a += len(chunk_a) - chunk_a.count("-")
+        done_b += len(chunk_b) - chunk_b.count("-")
+        block.insert(1, (" " * 21 + markup[start:start + width]).rstrip())
+        if conf is not None:
+            block.append(f"{'confidence':<21}{conf[start:start + width]}")
+        lines += block + [""]
+    return "\n".join(header + lines + [_EMBOSS_END, _EMBOSS_END, ""])
+
+
+def to_fasta(rec: AlignmentRecord, *, width: int | None = 60) -> str:
+    """Aligned FASTA (``-`` for gaps), rows wrapped at ``width`` (None: one line each)."""
+    out = []
+    for name, row in zip((rec.id_a, rec.id_b), rec.gapped()):
+        out.append(f">{name}")
+        step = width or len(row)
+        out += [row[k:k + step] for k in range(0, len(row), step)]
+    return "\n".join(out) + "\n"
+
+
+def to_stockholm(rec: AlignmentRecord) -> str:
+    """Stockholm 1.0, one block; per-column confidences as ``#=GC PP_cons`` (HMMER code,
+    ``.`` in gap columns); the score as a ``#=GF CC`` comment. Ids must differ."""
+    if rec.id_a == rec.id_b:
+        raise ValueError(f"Stockholm needs distinct sequence names, both are {rec.id_a!r}")
+    row_a, row_b = rec.gapped()
+    tags = [rec.id_a, rec.id_b] + (["#=GC PP_cons"] if rec.confidence is not None else [])
+    pad = max(len(t) for t in tags) + 1
+    out = ["# STOCKHOLM 1.0", "#=GF AU pfamalign"]
+    if rec.score is not None:
+        out.append(f"#=GF CC score {rec.score:.6g}")
+    out += [f"{rec.id_a:<{pad}}{row_a}", f"{rec.id_b:<{pad}}{row_b}"]
+    if rec.confidence is not None:
+        conf = _column_text(rec, list(confidence_symbols(rec.confidence)), ".")
+        out.append(f"{'#=GC PP_cons':<{pad}}{conf}")
+    return "\n".join(out + ["//", ""])
+
+
+def pairs_to_cigar(pairs, length_a: int, length_b: int, *,
+                   column_ops: list[str] | None = None) -> str:
+    """CIGAR of an alignment (conventions in the module docstring).
+
+    ``column_ops`` optionally overrides the op of each *pair* (``=`` / ``X``), in pair order.
+    """
+    rec_pairs = check_pairs(pairs, length_a, length_b, proper=True)
+    ops = []  # (op, count) runs
+    prev_i = prev_j = -1
+
+    def push(op, n):
+        if n <= 0:
+            return
+        if ops and ops[-1][0] == op:
+            ops[-1][1] += n
+        else:
+            ops.append([op, n])
+
+    for k, (i, j) in enumerate(list(map(tuple, rec_pairs)) + [(length_a, length_b)]):
+        push("D", i - prev_i - 1)
+        push("I", j - prev_j - 1)
+        if k < len(rec_pairs):
+            push(column_ops[k] if column_ops is not None else "M", 1)
+        prev_i, prev_j = i, j
+    return "".join(f"{n}{op}" for op, n in ops)
+
+
+def to_cigar(rec: AlignmentRecord, *, extended: bool = False) -> str:
+    """CIGAR of the record, ``seq_a`` as the reference; ``extended`` uses ``=`` / ``X``."""
+    ops = None
+    if extended:
+        ops = ["=" if s == "|" else "X" for s in match_symbols(rec.seq_a, rec.seq_b, rec.pairs)]
+    return pairs_to_cigar(rec.pairs, len(rec.seq_a), len(rec.seq_b), column_ops=ops)
+
+
+def cigar_to_pairs(cigar: str) -> tuple[np.ndarray, int, int]:
+    """Decodes a CIGAR (ops ``M = X D I``) into ``(pairs [n, 2], length_a, length_b)``."""
+    if not re.fullmatch(r"(\d+[MX=DI])*", cigar):
+        raise ValueError(f"not a CIGAR of M/=/X/D/I operations: {cigar!r}")
+    i = j = 0
+    pairs = []
+    for count, op in re.findall(r"(\d+)([MX=DI])", cigar):
+        n = int(count)
+        if n == 0:
+            raise ValueError(f"CIGAR operation with length 0 in {cigar!r}")
+        if op in "MX=":
+            pairs += [(i + k, j + k) for k in range(n)]
+            i += n
+            j += n
+        elif op == "D":
+            i += n
+        else:
+            j += n
+    arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    return arr, i, j
+
+
+def _json_float(x: float | None):
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def to_json(rec: AlignmentRecord, *, indent: int | None = None) -> str:
+    """JSON document (format ``pfamalign.pairwise/1``)."""
+    doc = {
+        "format": JSON_FORMAT,
+        "id_a": rec.id_a, "id_b": rec.id_b,
+        "seq_a": rec.seq_a, "seq_b": rec.seq_b,
+        "length_a": len(rec.seq_a), "length_b": len(rec.seq_b),
+        "n_aligned": len(rec.pairs),
+        "pairs": rec.pairs.tolist(),
+        "confidence": None if rec.confidence is None else rec.confidence.tolist(),
+        "score": _json_float(rec.score),
+        "identity": _json_float(rec.identity),
+        "cigar": to_cigar(rec),
+    }
+    return json.dumps(doc, indent=indent)
+
+
+def from_json(text: str) -> AlignmentRecord:
+    """Reads ``to_json`` output back (validating it like any record)."""
+    doc = json.loads(text)
+    if doc.get("format") != JSON_FORMAT:
+        raise ValueError(f"not a {JSON_FORMAT} document: format={doc.get('format')!r}")
+    rec = AlignmentRecord(doc["seq_a"], doc["seq_b"], np.asarray(doc["pairs"]).reshape(-1, 2),
+                          id_a=doc["id_a"], id_b=doc["id_b"], confidence=doc["confidence"],
+                          score=doc["score"])
+    if (len(rec.seq_a), len(rec.seq_b)) != (doc["length_a"], doc["length_b"]):
+        raise ValueError("length_a / length_b disagree with the sequences")
+    return rec
+
+
+FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
+           "cigar": lambda rec: to_cigar(rec) + "\n", "json": lambda rec: to_json(rec) + "\n"}
+
+
+def format_alignment(rec: AlignmentRecord, fmt: str) -> str:
+    """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
+    ``json``) with default options."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
+    return FORMATS[fmt](rec)

@@ -1,0 +1,146 @@
+"""``pfamalign prepare``: build training datasets (the logic lives in pfamalign.pipelines)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+
+def _floats(text: str, name: str, n: int | None = None) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}",
+                                 param_hint=name) from None
+    if n is not None and len(values) != n:
+        raise click.BadParameter(f"expected {n} comma-separated numbers, got {text!r}",
+                                 param_hint=name)
+    return values
+
+
+@click.group()
+def prepare():
+    """Prepare datasets from Pfam alignments."""
+
+
+@prepare.command("shards")
+@click.option("--pfam", "inputs", multiple=True, required=True, type=click.Path(exists=True),
+              help="Stockholm input: a file (.gz ok; Pfam-A.seed.gz is streamed) or a directory "
+                   "of them. Repeat for several.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Dataset directory (created; a re-run resumes an unfinished one).")
+@click.option("--embedder", default="builtin/onehot", show_default=True,
+              help="builtin/onehot, builtin/onehot+blosum62, or an ESM-2 model such as "
+                   "esm2_t6_8M_UR50D[/layerN].")
+@click.option("--weights", type=click.Path(), default=None,
+              help="ESM-2 checkpoint (esm2_*.pt) or a directory holding it. Default: "
+                   "$PFAMALIGN_ESM_WEIGHTS, then the torch hub cache.")
+@click.option("--layer", type=int, default=None,
+              help="ESM-2 layer (negative counts from the top); same as '/layerN' in --embedder.")
+@click.option("--long-seqs", "long_policy", type=click.Choice(["refuse", "window"]),
+              default="refuse", show_default=True,
+              help="ESM-2 and sequences over 1022 residues: leave them out (refuse) or embed "
+                   "overlapping windows.")
+@click.option("--toks-per-batch", type=int, default=4096, show_default=True,
+              help="ESM-2 batch size in tokens.")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
+              show_default=True, help="Embedding storage type.")
+@click.option("--pairs-per-family", type=int, default=50, show_default=True)
+@click.option("--min-len", type=int, default=10, show_default=True,
+              help="Shortest sequence (residues) used.")
+@click.option("--max-len", type=int, default=1022, show_default=True,
+              help="Longest sequence (residues) used.")
+@click.option("--stratify-pid/--no-stratify-pid", default=False, show_default=True,
+              help="Sample pairs round-robin across percent-identity bins.")
+@click.option("--pid-bins", default="30,50", show_default=True,
+              help="Percent-identity bin edges for --stratify-pid.")
+@click.option("--inserts", type=click.Choice(["unaligned", "aligned"]), default="unaligned",
+              show_default=True,
+              help="Lower-case (insert-state) residues: never aligned (Pfam convention) or "
+                   "aligned by column like match states.")
+@click.option("--splits", "split_text", default="0.8,0.1,0.1", show_default=True,
+              help="train,val,test fractions (by family).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the family split and the pair sampling.")
+@click.option("--skip-bad", is_flag=True,
+              help="Report malformed families and continue instead of stopping.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Worker processes (the result does not depend on it).")
+@click.option("--engine", type=click.Choice(["local", "beam"]), default="local",
+              show_default=True, help="Run the stages locally or as an Apache Beam pipeline.")
+@click.option("--beam-arg", "beam_args", multiple=True,
+              help="Beam pipeline option, e.g. --beam-arg=--runner=FnApiRunner (repeatable).")
+@click.option("--records-per-shard", type=int, default=20000, show_default=True,
+              help="Pair records per shard file.")
+@click.option("--families-per-chunk", type=int, default=64, show_default=True,
+              help="Families per unit of ingest work (resume granularity).")
+@click.option("--seqs-per-part", type=int, default=2048, show_default=True,
+              help="Sequences per unit of embedding work (resume granularity).")
+@click.option("--reuse-embeddings", "reuse", multiple=True, type=click.Path(exists=True,
+              file_okay=False), help="A finished dataset with the same embedder, weights and "
+              "dtype whose embeddings are copied instead of recomputed (repeatable).")
+@click.option("--keep-work", is_flag=True, help="Keep OUT/work (intermediate files).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a dataset built with other options in --out.")
+@click.option("--device", default="cpu", show_default=True, help="torch device for ESM-2.")
+@click.option("--threads", type=int, default=None,
+              help="torch threads per process for ESM-2 (default: torch's choice; 1 is often "
+                   "fastest on a busy machine).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars and no summary.")
+def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, dtype,
+           pairs_per_family, min_len, max_len, stratify_pid, pid_bins, inserts, split_text,
+           seed, skip_bad, workers, engine, beam_args, records_per_shard, families_per_chunk,
+           seqs_per_part, reuse, keep_work,
+           overwrite, device, threads, quiet):
+    """Build train/val/test pair shards from Pfam Stockholm alignments.
+
+    \b
+    Example:
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/ \\
+          --embedder esm2_t6_8M_UR50D --weights ~/models/esm2_t6_8M_UR50D.pt
+
+    Re-running the same command resumes an interrupted run and never duplicates a record.
+    """
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.embed import EmbedderError
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+    from pfamalign.pipelines.progress import render_summary
+    from pfamalign.pipelines.stockholm import StockholmError
+
+    if layer is not None:
+        if "/" in embedder:
+            raise click.BadParameter("give the layer either in --embedder or with --layer",
+                                     param_hint="--layer")
+        embedder = f"{embedder}/layer{layer}"
+    try:
+        sampling = SamplingConfig(pairs_per_family=pairs_per_family, min_len=min_len,
+                                  max_len=max_len, stratify_pid=stratify_pid,
+                                  pid_bins=_floats(pid_bins, "--pid-bins"),
+                                  inserts_aligned=inserts == "aligned")
+        cfg = PrepareConfig(inputs=tuple(inputs), out=out, embedder=embedder, weights=weights,
+                            long_policy=long_policy, toks_per_batch=toks_per_batch, dtype=dtype,
+                            sampling=sampling,
+                            split_fractions=_floats(split_text, "--splits", 3),  # type: ignore
+                            seed=seed, skip_bad=skip_bad, workers=workers,
+                            records_per_shard=records_per_shard,
+                            families_per_chunk=families_per_chunk, seqs_per_part=seqs_per_part,
+                            reuse_embeddings=tuple(reuse), keep_work=keep_work,
+                            overwrite=overwrite, device=device, threads=threads, engine=engine,
+                            beam_args=tuple(beam_args))
+        result = run_prepare(cfg, quiet=quiet)
+    except StockholmError as err:
+        raise click.ClickException(f"{err}\nFix the file, or pass --skip-bad to report bad "
+                                   "families and continue.") from err
+    except (EmbedderError, PrepareError, ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from err
+    if not quiet:
+        from rich.console import Console
+
+        console = Console()
+        if result.already_complete:
+            console.print(f"{out}: already complete (config {result.manifest['config_hash']}); "
+                          "nothing to do.")
+        render_summary(result.summary, console)
+        console.print(f"dataset: {os.path.abspath(out)} (manifest.json)")

@@ -1,0 +1,399 @@
+"""Per-residue embedders behind one interface.
+
+    emb = get_embedder("builtin/onehot")                      # no weights needed
+    emb = get_embedder("esm2_t6_8M_UR50D/layer6", weights="~/models/esm2_t6_8M_UR50D.pt")
+    feats = emb.embed(["MKV...", "MST..."])                   # list of float32 [L, D]
+    emb.embedder_id, emb.dim                                  # canonical id, feature dim
+
+Embedder ids:
+
+* ``builtin/onehot`` (D=25) — one-hot over ``ACDEFGHIKLMNPQRSTVWY`` + ``XBZUO``. ``builtin``
+  alone means ``builtin/onehot``.
+* ``builtin/onehot+blosum62`` (D=50) — the one-hot, then the residue's BLOSUM62 row over the
+  same 25 letters, divided by 4 (U scored as C, O as K).
+* ``esm2_<name>[/layer<N>]`` — ESM-2 through fair-esm; ``N`` may be negative (from the top);
+  the canonical id names the absolute layer, e.g. ``esm2_t6_8M_UR50D/layer6`` (the default is
+  the last layer).
+
+Residues: letters, case folded. X, B, Z, U, O are ESM-2 tokens of their own (fair-esm's
+alphabet) and builtin columns of their own. The only other letter, J, is not in ESM-2's
+vocabulary (fair-esm raises ``KeyError``); both embedders read it as X. Anything else is a
+``ValueError`` naming the position.
+
+ESM-2 sequence limit: 1022 residues (1024 tokens with BOS/EOS). ``long_policy="refuse"``
+(default) raises for longer sequences — the prepare pipeline leaves such sequences out and
+counts them; ``long_policy="window"`` embeds windows of 1022 residues with stride 511 and
+takes each residue from the window where it is most central (at least 255 residues of
+context on each side away from the sequence ends).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import os
+import pathlib
+import re
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+AA_ALPHABET = "ACDEFGHIKLMNPQRSTVWYXBZUO"
+ESM_MAX_RESIDUES = 1022
+WEIGHTS_ENV = "PFAMALIGN_ESM_WEIGHTS"
+TRUST_ENV = "PFAMALIGN_TRUST_WEIGHTS"
+ESM_URL = "https://dl.fbaipublicfiles.com/fair-esm"
+
+_ESM_ID = re.compile(r"^(esm2_[A-Za-z0-9_]+?)(?:/layer(-?\d+))?$")
+_BUILTIN_FEATURES = ("onehot", "onehot+blosum62")
+_TO_ESM_VOCAB = str.maketrans({c: "X" for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                               if c not in AA_ALPHABET})
+
+
+class EmbedderError(ValueError):
+    """An embedder cannot be built or used (bad id, missing or unreadable weights, ...)."""
+
+
+class Embedder(abc.ABC):
+    """Turns residue strings into per-residue feature arrays."""
+
+    embedder_id: str  # canonical id, recorded in the dataset manifest
+    dim: int  # feature dimension D
+    max_residues: int | None  # longest sequence accepted (None: no limit)
+
+    @abc.abstractmethod
+    def embed(self, sequences: Sequence[str]) -> list[np.ndarray]:
+        """Returns one float32 array [len(seq), dim] per sequence, in order."""
+
+    def fingerprint(self) -> str:
+        """Identifies the weights (part of the dataset's config hash)."""
+        return self.embedder_id
+
+
+# ------------------------------------------------------------------------------------------
+# builtin
+# ------------------------------------------------------------------------------------------
+
+def _check_residues(seq: str) -> bytes:
+    raw = seq.upper().encode("ascii", errors="replace")
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    bad = np.nonzero((codes < ord("A")) | (codes > ord("Z")))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"invalid residue {seq[i]!r} at position {i + 1} (residues must be "
+                         "letters; remove gaps and other symbols)")
+    return raw
+
+
+def _builtin_table(features: str) -> np.ndarray:
+    """[256, D] float32 lookup table indexed by the upper-case ASCII code."""
+    n = len(AA_ALPHABET)
+    onehot = np.zeros((256, n), dtype=np.float32)
+    x = AA_ALPHABET.index("X")
+    for code in range(ord("A"), ord("Z") + 1):
+        onehot[code, AA_ALPHABET.find(chr(code)) if chr(code) in AA_ALPHABET else x] = 1.0
+    if features == "onehot":
+        return onehot
+    from Bio.Align import substitution_matrices
+
+    b62 = substitution_matrices.load("BLOSUM62")
+    alias = {"U": "C", "O": "K"}
+    rows = np.zeros((256, n), dtype=np.float32)
+    for code in range(ord("A"), ord("Z") + 1):
+        a = chr(code) if chr(code) in AA_ALPHABET else "X"
+        a = alias.get(a, a)
+        rows[code] = [b62[a, alias.get(b, b)] / 4.0 for b in AA_ALPHABET]
+    return np.concatenate([onehot, rows], axis=1)
+
+
+class BuiltinEmbedder(Embedder):
+    """Weight-free featurizer: one-hot of the residue alphabet, optionally + BLOSUM62 rows."""
+
+    max_residues = None
+
+    def __init__(self, features: str = "onehot"):
+        if features not in _BUILTIN_FEATURES:
+            raise EmbedderError(f"unknown builtin features {features!r}; choose one of "
+                                f"{', '.join('builtin/' + f for f in _BUILTIN_FEATURES)}")
+        self.features = features
+        self.embedder_id = f"builtin/{features}"
+        self._table = _builtin_table(features)
+        self.dim = int(self._table.shape[1])
+
+    def featurize(self, seq: str) -> np.ndarray:
+        """One sequence -> float32 [L, D]."""
+        return self._table[np.frombuffer(_check_residues(seq), dtype=np.uint8)]
+
+    def embed(self, sequences: Sequence[str]) -> list[np.ndarray]:
+        return [self.featurize(s) for s in sequences]
+
+
+# ------------------------------------------------------------------------------------------
+# ESM-2 (fair-esm)
+# ------------------------------------------------------------------------------------------
+
+def _weights_help(name: str) -> str:
+    hub = _torch_hub_checkpoints()
+    return (f"It needs the fair-esm checkpoint file '{name}.pt' ({ESM_URL}/models/{name}.pt; "
+            f"the optional '{name}-contact-regression.pt' from {ESM_URL}/regression/ may sit "
+            f"beside it). Put it at {hub / (name + '.pt')} (the torch hub cache), or pass "
+            f"--weights /path/to/{name}.pt (or a directory holding it), or set "
+            f"{WEIGHTS_ENV}=/path/to/{name}.pt. Keep the original file name: fair-esm derives "
+            "the architecture from it.")
+
+
+def _torch_hub_checkpoints() -> pathlib.Path:
+    try:
+        import torch
+
+        return pathlib.Path(torch.hub.get_dir()) / "checkpoints"
+    except ImportError:
+        home = os.environ.get("TORCH_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torch")
+        return pathlib.Path(home) / "hub" / "checkpoints"
+
+
+def resolve_esm_weights(name: str, weights: str | os.PathLike | None = None) -> pathlib.Path:
+    """Finds ``{name}.pt``: ``weights`` (file or directory), then ``$PFAMALIGN_ESM_WEIGHTS``,
+    then the torch hub cache. Raises :class:`EmbedderError` saying which file is needed."""
+    candidates: list[tuple[str, pathlib.Path]] = []
+    if weights is not None:
+        candidates.append(("--weights", pathlib.Path(weights).expanduser()))
+    if os.environ.get(WEIGHTS_ENV):
+        candidates.append((f"${WEIGHTS_ENV}", pathlib.Path(os.environ[WEIGHTS_ENV]).expanduser()))
+    candidates.append(("torch hub cache", _torch_hub_checkpoints() / f"{name}.pt"))
+    searched = []
+    for origin, path in candidates:
+        if path.is_dir():
+            path = path / f"{name}.pt"
+        elif not path.exists() and origin != "torch hub cache":
+            raise EmbedderError(f"{origin} points to {path}, which does not exist. "
+                                + _weights_help(name))
+        if path.is_file():
+            if path.stem != name:
+                raise EmbedderError(
+                    f"weights file {path} (from {origin}) does not match embedder {name!r}: "
+                    f"the file must be named '{name}.pt' because fair-esm derives the "
+                    "architecture from the file name (rename it or change --embedder)")
+            return path
+        searched.append(f"{path} ({origin})")
+    raise EmbedderError(f"ESM-2 weights for {name!r} not found (looked for: "
+                        f"{'; '.join(searched)}). " + _weights_help(name))
+
+
+def _fingerprint_file(path: pathlib.Path) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > (2 << 20):
+            f.seek(size - (1 << 20))
+            h.update(f.read(1 << 20))
+    return f"{path.name}:{size}:{h.hexdigest()[:16]}"
+
+
+def load_esm(path: pathlib.Path):
+    """Loads a fair-esm ESM-2 checkpoint (and its contact regression file when present).
+
+    torch >= 2.6 loads weights-only by default and fair-esm's own checkpoints hold an
+    ``argparse.Namespace``: it is allow-listed for these trusted files. Checkpoints needing
+    more can be loaded with ``PFAMALIGN_TRUST_WEIGHTS=1`` (full unpickling: trusted files only).
+    """
+    import argparse
+    import pickle
+
+    import esm
+    import torch
+
+    name = path.stem
+    regression = path.with_name(f"{name}-contact-regression.pt")
+    trust = os.environ.get(TRUST_ENV, "") not in ("", "0")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise EmbedderError(f"cannot read ESM-2 weights {path}: {err}") from err
+    if magic != b"PK\x03\x04" and magic[:1] != b"\x80":
+        raise EmbedderError(f"{path} is not a PyTorch checkpoint (corrupt or incomplete "
+                            "download?); download it again. " + _weights_help(name))
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # regression weights absent: contacts unused here
+            if regression.is_file() and not trust:
+                return esm.pretrained.load_model_and_alphabet_local(str(path))
+            model_data = torch.load(str(path), map_location="cpu", weights_only=not trust)
+            regression_data = (torch.load(str(regression), map_location="cpu",
+                                          weights_only=not trust)
+                               if regression.is_file() else None)
+            return esm.pretrained.load_model_and_alphabet_core(name, model_data, regression_data)
+    except pickle.UnpicklingError as err:
+        raise EmbedderError(
+            f"cannot load ESM-2 weights {path} in weights-only mode ({err}). If you trust the "
+            f"file, set {TRUST_ENV}=1 to allow full unpickling.") from err
+    except (PermissionError, FileNotFoundError) as err:
+        raise EmbedderError(f"cannot read ESM-2 weights {path}: {err}") from err
+    except Exception as err:  # corrupt zip, wrong keys, wrong shapes, ...
+        raise EmbedderError(
+            f"cannot read ESM-2 weights {path}: {type(err).__name__}: {err}. The file is "
+            "truncated or not a fair-esm ESM-2 checkpoint; download it again. "
+            + _weights_help(name)) from err
+
+
+def window_starts(length: int, window: int = ESM_MAX_RESIDUES) -> list[int]:
+    """Start offsets of windows of ``window`` residues, stride ``window // 2``, covering all."""
+    if length <= window:
+        return [0]
+    stride = window // 2
+    starts = list(range(0, length - window, stride))
+    return starts + [length - window]
+
+
+def stitch_windows(length: int, starts: Sequence[int], parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Each residue from the window where it is most central. ``parts[w]`` is [window, D]."""
+    idx = np.arange(length)
+    margins = np.full((len(starts), length), -1, dtype=np.int64)
+    for w, (s, part) in enumerate(zip(starts, parts)):
+        e = s + len(part)
+        inside = (idx >= s) & (idx < e)
+        margins[w, inside] = np.minimum(idx[inside] - s, e - 1 - idx[inside])
+    best = margins.argmax(axis=0)
+    out = np.empty((length, parts[0].shape[1]), dtype=np.float32)
+    for w, s in enumerate(starts):
+        sel = best == w
+        out[sel] = parts[w][idx[sel] - s]
+    return out
+
+
+class EsmEmbedder(Embedder):
+    """ESM-2 per-residue representations of one layer, batched by tokens, on CPU or GPU."""
+
+    def __init__(self, name: str, layer: int | None, weights: pathlib.Path, *,
+                 long_policy: str = "refuse", toks_per_batch: int = 4096,
+                 threads: int | None = None, device: str = "cpu"):
+        if long_policy not in ("refuse", "window"):
+            raise EmbedderError(f"long_policy must be 'refuse' or 'window', got {long_policy!r}")
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.name = name
+        self.weights = weights
+        self.model, self.alphabet = load_esm(weights)
+        self.model.eval().to(device)
+        self.device = device
+        n_layers = int(self.model.num_layers)
+        layer = n_layers if layer is None else int(layer)
+        if layer < 0:
+            layer += n_layers + 1
+        if not 0 <= layer <= n_layers:
+            raise EmbedderError(f"layer {layer} out of range for {name} ({n_layers} layers; "
+                                f"use 0..{n_layers} or -1 for the last)")
+        self.layer = layer
+        self.embedder_id = f"{name}/layer{layer}"
+        self.dim = int(self.model.embed_dim)
+        self.long_policy = long_policy
+        self.max_residues = ESM_MAX_RESIDUES if long_policy == "refuse" else None
+        self.toks_per_batch = int(toks_per_batch)
+        self._lut = np.full(256, self.alphabet.unk_idx, dtype=np.int64)
+        for c in AA_ALPHABET:
+            self._lut[ord(c)] = self.alphabet.get_idx(c)
+
+    def tokens(self, seqs: Sequence[str]):
+        """[b, max_len + 2] int64 tokens: <cls> residues <eos> <pad>..., the same tensor as
+        fair-esm's ``BatchConverter`` (which tokenizes ~100x slower, in Python)."""
+        import torch
+
+        a = self.alphabet
+        width = max(len(s) for s in seqs) + int(a.prepend_bos) + int(a.append_eos)
+        toks = np.full((len(seqs), width), a.padding_idx, dtype=np.int64)
+        for i, s in enumerate(seqs):
+            start = int(a.prepend_bos)
+            if a.prepend_bos:
+                toks[i, 0] = a.cls_idx
+            toks[i, start:start + len(s)] = self._lut[np.frombuffer(s.encode("ascii"), np.uint8)]
+            if a.append_eos:
+                toks[i, start + len(s)] = a.eos_idx
+        return torch.from_numpy(toks)
+
+    def fingerprint(self) -> str:
+        return f"{self.embedder_id}@{_fingerprint_file(self.weights)}"
+
+    def embed(self, sequences: Sequence[str]) -> list[np.ndarray]:
+        import esm
+        import torch
+
+        items: list[tuple[int, int, str]] = []  # (sequence index, window start, residues)
+        for si, seq in enumerate(sequences):
+            _check_residues(seq)
+            seq = seq.upper().translate(_TO_ESM_VOCAB)
+            if len(seq) > ESM_MAX_RESIDUES:
+                if self.long_policy == "refuse":
+                    raise EmbedderError(
+                        f"sequence {si} has {len(seq)} residues; ESM-2 takes at most "
+                        f"{ESM_MAX_RESIDUES} (long_policy='refuse'; use 'window' to embed "
+                        "overlapping windows, or leave such sequences out)")
+                items.extend((si, s, seq[s:s + ESM_MAX_RESIDUES])
+                             for s in window_starts(len(seq)))
+            else:
+                items.append((si, 0, seq))
+        data = esm.data.FastaBatchedDataset([str(i) for i in range(len(items))],
+                                            [it[2] for it in items])
+        batches = data.get_batch_indices(self.toks_per_batch, extra_toks_per_seq=2)
+        reps: list[np.ndarray | None] = [None] * len(items)
+        with torch.no_grad():
+            for batch in batches:
+                toks = self.tokens([items[i][2] for i in batch])
+                out = self.model(toks.to(self.device), repr_layers=[self.layer])
+                rep = out["representations"][self.layer]  # [b, T, D]
+                for row, i in enumerate(batch):
+                    n = len(items[i][2])
+                    reps[i] = rep[row, 1:n + 1].float().cpu().numpy()
+        result: list[list[tuple[int, np.ndarray]]] = [[] for _ in sequences]
+        for (si, start, _), r in zip(items, reps):
+            result[si].append((start, r))
+        out_list = []
+        for si, parts in enumerate(result):
+            if len(parts) == 1:
+                out_list.append(np.ascontiguousarray(parts[0][1], dtype=np.float32))
+            else:
+                out_list.append(stitch_windows(len(sequences[si]), [s for s, _ in parts],
+                                               [p for _, p in parts]))
+        return out_list
+
+
+# ------------------------------------------------------------------------------------------
+# Factory
+# ------------------------------------------------------------------------------------------
+
+def parse_embedder_id(embedder_id: str) -> tuple[str, str, int | None]:
+    """``(kind, name, layer)``: ``("builtin", features, None)`` or ``("esm2", name, layer)``."""
+    eid = embedder_id.strip()
+    if eid in ("builtin", "builtin/"):
+        return "builtin", "onehot", None
+    if eid.startswith("builtin/"):
+        return "builtin", eid.split("/", 1)[1], None
+    m = _ESM_ID.match(eid)
+    if m:
+        return "esm2", m.group(1), None if m.group(2) is None else int(m.group(2))
+    raise EmbedderError(f"unknown embedder {embedder_id!r}: use builtin/onehot, "
+                        "builtin/onehot+blosum62 or an ESM-2 model such as "
+                        "esm2_t6_8M_UR50D[/layerN]")
+
+
+def get_embedder(embedder_id: str, weights: str | os.PathLike | None = None, *,
+                 long_policy: str = "refuse", toks_per_batch: int = 4096,
+                 threads: int | None = None, device: str = "cpu") -> Embedder:
+    """Builds the embedder named by ``embedder_id`` (see the module docstring)."""
+    kind, name, layer = parse_embedder_id(embedder_id)
+    if kind == "builtin":
+        return BuiltinEmbedder(name)
+    try:
+        import esm  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as err:
+        raise EmbedderError(f"embedder {embedder_id!r} needs torch and fair-esm: pip install "
+                            "torch==2.13.0 && pip install 'pfamalign[embed]'") from err
+    path = resolve_esm_weights(name, weights)
+    return EsmEmbedder(name, layer, path, long_policy=long_policy,
+                       toks_per_batch=toks_per_batch, threads=threads, device=device)

@@ -1,0 +1,406 @@
+"""``prepare``: from Pfam Stockholm files to a training-ready dataset directory.
+
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.prepare import run_prepare
+    result = run_prepare(PrepareConfig(inputs=("Pfam-A.seed.gz",), out="data/"))
+    result.summary, result.manifest
+
+Engine: the stages of ``stages.py`` run in this process (``workers=1``) or in a pool of
+spawned worker processes; ``engine="beam"`` runs the ingest and embed stages as an Apache Beam
+pipeline instead (``beam.py``). Resume: every unit of work is a file committed atomically, so
+a re-run (after a crash, Ctrl-C or kill -9) redoes only the missing units and produces the
+same bytes as an uninterrupted run. ``manifest.json`` is written last: it marks completion.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import json
+import multiprocessing
+import os
+import pathlib
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from pfamalign.pipelines import records as rec
+from pfamalign.pipelines import stages
+from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_hash,
+                                        n_parts_for)
+from pfamalign.pipelines.embed import Embedder, get_embedder
+from pfamalign.pipelines.progress import bars, progress_enabled
+from pfamalign.pipelines.splits import SPLITS
+from pfamalign.pipelines.stockholm import RawFamily, expand_inputs, iter_raw_families
+
+# Entries of a dataset directory that prepare owns (and --overwrite removes).
+OWNED = ("manifest.json", "shards.tsv", "families.tsv", "embeddings", "work", *SPLITS)
+
+
+class PrepareError(RuntimeError):
+    """A user-facing prepare failure (the message says what to do)."""
+
+
+@dataclasses.dataclass
+class PrepareResult:
+    out: pathlib.Path
+    manifest: dict
+    summary: dict
+    already_complete: bool = False
+
+
+# ------------------------------------------------------------------------------------------
+# Worker pool
+# ------------------------------------------------------------------------------------------
+
+Unit = tuple[Callable, tuple, dict, float]  # fn, args, kwargs, progress weight
+
+
+def run_units(units: Iterable[Unit], workers: int, on_done: Callable[[object, float], None]
+              ) -> None:
+    """Runs units in this process (workers == 1) or in a spawned process pool, keeping at
+    most ``2 * workers`` in flight; the first failure cancels the rest and is re-raised."""
+    if workers <= 1:
+        for fn, args, kwargs, weight in units:
+            on_done(fn(*args, **kwargs), weight)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        pending: dict[cf.Future, float] = {}
+        try:
+            for fn, args, kwargs, weight in units:
+                pending[pool.submit(fn, *args, **kwargs)] = weight
+                while len(pending) >= 2 * workers:
+                    done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    for fut in done:
+                        on_done(fut.result(), pending.pop(fut))
+            for fut in cf.as_completed(list(pending)):
+                on_done(fut.result(), pending.pop(fut))
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+
+
+# ------------------------------------------------------------------------------------------
+# Setup: output directory state and the config hash
+# ------------------------------------------------------------------------------------------
+
+def _input_digests(files: list[pathlib.Path]) -> list[list[str]]:
+    return [[f.name, rec.file_sha256(f)] for f in files]
+
+
+def _remove_owned(out: pathlib.Path) -> None:
+    for name in OWNED:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | None:
+    """Returns the manifest if ``out`` already holds this exact dataset; raises when ``out``
+    holds something else (unless ``overwrite``)."""
+    manifest_path = out / "manifest.json"
+    work_config = out / "work" / "config.json"
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("config_hash") == chash:
+            return manifest
+        if not overwrite:
+            raise PrepareError(
+                f"{out} already holds a dataset built with a different configuration (config "
+                f"hash {manifest.get('config_hash')}, this run {chash}). Use another --out, or "
+                "pass --overwrite to replace it.")
+        _remove_owned(out)
+    elif work_config.exists():
+        old = json.loads(work_config.read_text()).get("config_hash")
+        if old != chash:
+            if not overwrite:
+                raise PrepareError(
+                    f"{out} holds an unfinished run with a different configuration (config hash "
+                    f"{old}, this run {chash}); it cannot be resumed with these options. Re-run "
+                    "with the original options to finish it, use another --out, or pass "
+                    "--overwrite to start over.")
+            _remove_owned(out)
+    elif out.exists() and {p.name for p in out.iterdir()} <= {"work"}:
+        shutil.rmtree(out / "work", ignore_errors=True)  # killed before its config was saved
+    elif out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise PrepareError(f"{out} is not empty and is not a pfamalign dataset; choose an "
+                               "empty or new --out directory (or pass --overwrite to replace the "
+                               "dataset files in it)")
+        _remove_owned(out)
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Stage drivers
+# ------------------------------------------------------------------------------------------
+
+def _chunk_units(files: list[pathlib.Path], cfg: PrepareConfig, work: stages.WorkDir,
+                 opts: stages.IngestOptions, chunk_paths: list[pathlib.Path],
+                 on_bytes: Callable[[int], None]) -> Iterator[Unit]:
+    """Streams the inputs and yields one unit per chunk whose file does not exist yet."""
+    seen: dict[str, str] = {}
+    offset = 0
+    for file_index, path in enumerate(files):
+        buf: list[tuple[RawFamily, str | None]] = []
+        current = None
+        base = offset
+
+        def flush(chunk_index: int, items: list, file_index: int = file_index) -> Unit | None:
+            target = work.chunks / stages.chunk_name(file_index, chunk_index)
+            chunk_paths.append(target)
+            if target.exists():
+                return None
+            return (stages.process_chunk, (items, target, opts), {}, 1.0)
+
+        for raw in iter_raw_families(path, input_index=file_index, skip_bad=cfg.skip_bad,
+                                     on_bytes=lambda pos, base=base: on_bytes(base + pos)):
+            chunk = raw.index // cfg.families_per_chunk
+            if current is not None and chunk != current:
+                unit = flush(current, buf)
+                if unit is not None:
+                    yield unit
+                buf = []
+            current = chunk
+            dup = None
+            if raw.error is None:
+                if raw.key in seen:
+                    dup = seen[raw.key]
+                else:
+                    seen[raw.key] = f"{raw.source}:{raw.start_line}"
+            buf.append((raw, dup))
+        if buf:
+            unit = flush(current, buf)
+            if unit is not None:
+                yield unit
+        offset += path.stat().st_size
+
+
+def _ingest_summary(chunk_paths: list[pathlib.Path]) -> dict:
+    totals = collections.Counter()
+    for p in chunk_paths:
+        h = stages.read_chunk_header(p)
+        for k, v in h.items():
+            if k != "kind":
+                totals[k] += v
+    return {"chunks": [p.name for p in chunk_paths], "n_families": totals["n_families"],
+            "n_seq_records": totals["n_seq_records"], "n_pairs": totals["n_pairs"],
+            "pairs": {s: totals[f"pairs_{s}"] for s in SPLITS}}
+
+
+def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash: str,
+              embedder: Embedder, plan: dict, fin: dict, summary: dict,
+              input_names: list[list[str]]) -> dict:
+    import pandas as pd
+
+    shard_rows = []
+    for split in SPLITS:
+        for path, n in fin["shard_files"][split]:
+            shard_rows.append({"kind": "pairs", "split": split, "path": str(path.relative_to(out)),
+                               "records": n})
+    for p, path in enumerate(fin["emb_files"]):
+        shard_rows.append({"kind": "embeddings", "split": "", "path": str(path.relative_to(out)),
+                           "records": plan["counts"][p]})
+    for row in shard_rows:
+        full = out / row["path"]
+        row["bytes"] = full.stat().st_size
+        row["sha256"] = rec.file_sha256(full)
+    pd.DataFrame(shard_rows, columns=["kind", "split", "path", "records", "bytes", "sha256"]
+                 ).to_csv(out / "shards.tsv", sep="\t", index=False)
+    fam_cols = ["key", "accession_base", "name", "split", "n_seqs", "n_usable", "n_pairs", "skip",
+                "error", "source", "start_line", "seq_skips", "pairs_no_aligned"]
+    pd.DataFrame(fin["families"], columns=fam_cols).to_csv(out / "families.tsv", sep="\t",
+                                                            index=False)
+    splits = {}
+    for split in SPLITS:
+        splits[split] = {
+            "families": summary["splits"][split]["families"],
+            "pairs": summary["splits"][split]["pairs"],
+            "residues": summary["splits"][split]["residues"],
+            "shards": [str(p.relative_to(out)) for p, _ in fin["shard_files"][split]],
+            "lengths": f"{split}/lengths.npy",
+        }
+    return {
+        "format_version": FORMAT_VERSION,
+        "config_hash": chash,
+        "config": output_config,
+        "inputs": input_names,
+        "embedder": {"id": embedder.embedder_id, "dim": embedder.dim, "dtype": cfg.dtype,
+                     "fingerprint": embedder.fingerprint()},
+        "splits": splits,
+        "embeddings": {"count": fin["n_embeddings"], "residues": plan["n_residues"],
+                       "shards": [str(p.relative_to(out)) for p in fin["emb_files"]],
+                       "index": "embeddings/index.tsv"},
+        "shards": shard_rows,
+        "families_table": "families.tsv",
+        # run-independent (a resumed run writes the same manifest as an uninterrupted one)
+        "summary": {**{k: v for k, v in summary.items() if k != "out"},
+                    "embeddings": {k: v for k, v in summary["embeddings"].items()
+                                   if k not in ("computed_this_run", "reused", "from_cache")}},
+    }
+
+
+def build_summary(out: pathlib.Path, families: list[dict], plan: dict, fin_residues: dict,
+                  embedder: Embedder, dtype: str, computed: int, notes: list[str], *,
+                  from_cache: int = 0) -> dict:
+    fam_skips = collections.Counter(f["skip"] for f in families if f["skip"])
+    seq_skips = collections.Counter()
+    for f in families:
+        seq_skips.update(json.loads(f["seq_skips"]))
+    pairs_split = collections.Counter()
+    fams_split = collections.Counter()
+    for f in families:
+        if f["n_pairs"]:
+            pairs_split[f["split"]] += f["n_pairs"]
+            fams_split[f["split"]] += 1
+    errors = [f["error"] for f in families if f["error"]]
+    return {
+        "out": str(out),
+        "families": {"read": len(families), "used": sum(fams_split.values())},
+        "sequences": {"total": sum(f["n_seqs"] for f in families),
+                      "usable": sum(f["n_usable"] for f in families),
+                      "used_unique": plan["n_unique"]},
+        "pairs": {"total": sum(pairs_split.values()), **{s: pairs_split[s] for s in SPLITS}},
+        "residues": {"embedded": plan["n_residues"], "in_pairs": sum(fin_residues.values())},
+        "splits": {s: {"families": fams_split[s], "pairs": pairs_split[s],
+                       "residues": fin_residues.get(s, 0)} for s in SPLITS},
+        "embeddings": {"embedder": embedder.embedder_id, "dim": embedder.dim, "dtype": dtype,
+                       "count": plan["n_unique"], "computed_this_run": computed,
+                       "from_cache": from_cache,
+                       "reused": plan["n_unique"] - computed - from_cache},
+        "skipped": {"families": dict(sorted(fam_skips.items())),
+                    "sequences": dict(sorted(seq_skips.items())),
+                    "pair candidates": ({"fewer than min_aligned aligned residues":
+                                         sum(f["pairs_no_aligned"] for f in families)}
+                                        if any(f["pairs_no_aligned"] for f in families) else {})},
+        "errors": errors,
+        "notes": notes,
+    }
+
+
+def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
+                embedder: Embedder | None = None) -> PrepareResult:
+    """Builds (or resumes, or recognizes as complete) the dataset described by ``cfg``."""
+    out = pathlib.Path(cfg.out)
+    files, notes = expand_inputs(cfg.inputs)
+    if not files:
+        raise PrepareError(f"no Stockholm files found in {', '.join(map(str, cfg.inputs))}")
+    threads = cfg.threads
+    if threads is None and cfg.workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // cfg.workers)
+    spec = None
+    if embedder is None:
+        embedder = get_embedder(cfg.embedder, cfg.weights, long_policy=cfg.long_policy,
+                                toks_per_batch=cfg.toks_per_batch, device=cfg.device,
+                                threads=cfg.threads)
+    else:
+        cfg = dataclasses.replace(cfg, embedder=embedder.embedder_id)
+    if cfg.workers > 1 or cfg.engine == "beam":
+        weights = getattr(embedder, "weights", None)
+        spec = stages.EmbedderSpec(embedder.embedder_id, str(weights) if weights else None,
+                                   cfg.long_policy,
+                                   cfg.toks_per_batch, threads, cfg.device)
+    input_names = _input_digests(files)
+    output_config = cfg.output_config(input_digests=input_names,
+                                      embedder_id=embedder.embedder_id,
+                                      embedder_fingerprint=embedder.fingerprint(),
+                                      dim=embedder.dim)
+    chash = config_hash(output_config)
+    done = _check_out_dir(out, chash, cfg.overwrite)
+    if done is not None:
+        if not cfg.keep_work and (out / "work").exists():  # killed after the manifest
+            shutil.rmtree(out / "work", ignore_errors=True)
+        summary = dict(done["summary"], out=str(out))
+        summary["embeddings"] = dict(summary["embeddings"], computed_this_run=0, from_cache=0,
+                                     reused=summary["embeddings"]["count"])
+        return PrepareResult(out, done, summary, already_complete=True)
+
+    work = stages.WorkDir(out / "work")
+    work.root.mkdir(parents=True, exist_ok=True)
+    if not work.config.exists():
+        rec.write_json(work.config, {"config_hash": chash, "config": output_config})
+    work.make()
+    for d in (work.root, work.chunks, work.plan, work.emb):
+        stages.clean_tmp(d)
+    opts = stages.IngestOptions(cfg.sampling, cfg.seed, cfg.split_fractions, cfg.skip_bad,
+                                embedder.max_residues)
+    cache = None
+    if cfg.reuse_embeddings:
+        cache = stages.EmbeddingCache(cfg.reuse_embeddings)
+        try:
+            cache.validate(embedder_id=embedder.embedder_id,
+                           fingerprint=embedder.fingerprint(), dtype=cfg.dtype)
+        except ValueError as err:
+            raise PrepareError(str(err)) from err
+    computed = from_cache = 0
+    with bars(progress_enabled(quiet)) as ui:
+        # -- stage 1: ingest ------------------------------------------------------------
+        if work.ingest.exists():
+            ingest = json.loads(work.ingest.read_text())
+            chunk_paths = [work.chunks / n for n in ingest["chunks"]]
+        else:
+            chunk_paths: list[pathlib.Path] = []
+            if cfg.engine == "beam":
+                from pfamalign.pipelines import beam as beam_engine
+
+                chunk_paths = beam_engine.run_ingest(files, cfg, work, opts)
+            else:
+                total = sum(f.stat().st_size for f in files)
+                set_bytes = ui.setter("reading families (bytes)", total)
+                units = _chunk_units(files, cfg, work, opts, chunk_paths, set_bytes)
+                run_units(units, cfg.workers, lambda r, w: None)
+                set_bytes(total)
+            ingest = _ingest_summary(chunk_paths)
+            rec.write_json(work.ingest, ingest)
+        # -- stage 2: plan ----------------------------------------------------------------
+        if work.plan_json.exists():
+            plan = json.loads(work.plan_json.read_text())
+        else:
+            plan = stages.plan_parts(work, chunk_paths,
+                                     n_parts_for(ingest["n_seq_records"], cfg.seqs_per_part))
+        # -- stage 3: embed ---------------------------------------------------------------
+        todo = [p for p in range(plan["n_parts"]) if not work.emb_file(p).exists()]
+        advance = ui.task(f"embedding ({embedder.embedder_id}, residues)", plan["n_residues"])
+        advance(sum(plan["residues"][p] for p in range(plan["n_parts"]) if p not in todo))
+        computed = sum(plan["counts"][p] for p in todo)
+        if cfg.engine == "beam" and todo:
+            from pfamalign.pipelines import beam as beam_engine
+
+            from_cache = beam_engine.run_embed(todo, cfg, work, spec, cache)
+            advance(sum(plan["residues"][p] for p in todo))
+        else:
+            def done(result: dict, weight: float) -> None:
+                nonlocal from_cache
+                from_cache += result["from_cache"]
+                advance(weight)
+
+            units = ((stages.embed_part, (work.plan_file(p), work.emb_file(p),
+                                          spec if cfg.workers > 1 else embedder),
+                      {"dtype": cfg.dtype, "cache": cache}, plan["residues"][p]) for p in todo)
+            run_units(units, cfg.workers, done)
+        computed -= from_cache
+        # -- stage 4: finalize ------------------------------------------------------------
+        advance_pairs = ui.task("writing shards (pairs)", ingest["n_pairs"])
+        fin = stages.finalize(work, out, chunk_paths, plan, pair_counts=ingest["pairs"],
+                              records_per_shard=cfg.records_per_shard, progress=advance_pairs)
+    summary = build_summary(out, fin["families"], plan, fin["pair_residues"], embedder,
+                            cfg.dtype, computed, notes, from_cache=from_cache)
+    if summary["pairs"]["total"] == 0:
+        summary["notes"].append("no pairs were produced: check the skipped table")
+    manifest = _manifest(cfg, out, output_config, chash, embedder, plan, fin, summary,
+                         input_names)
+    rec.write_json(out / "manifest.json", manifest)
+    if not cfg.keep_work:
+        shutil.rmtree(work.root, ignore_errors=True)
+    return PrepareResult(out, manifest, summary)
+
+
+def load_lengths(out: os.PathLike, split: str) -> np.ndarray:
+    """[N, 2] int32 (q_len, k_len) of a split's pairs, in record order."""
+    return np.load(pathlib.Path(out) / split / "lengths.npy")

@@ -1,0 +1,373 @@
+"""Reading a prepared dataset: random-access pair sources, padded batches, eval records.
+
+Training (see pipelines/README.md for the batch contract)::
+
+    from pfamalign.pipelines import reader
+    ds = reader.PairDataset("data/")                 # manifest: ds.embedder_id, ds.dim
+    it = reader.batch_iterator("data/", "train", batch_size=16, seed=0)
+    batch = next(it)          # dict of numpy arrays: q_feat [B, Lq_pad, D] float32, ...
+    state = it.get_state()    # save with the model checkpoint; later:
+    it = reader.batch_iterator("data/", "train", batch_size=16, seed=0)
+    it.set_state(state)       # continues with exactly the next batch
+
+Evaluation::
+
+    for pair in reader.iter_pairs("data/", "test"):   # unbatched, residues + target
+        pair["q_seq"], pair["k_seq"], pair["target"], pair["pid"]
+
+Batches are planned per epoch from ``lengths.npy`` without touching the records: the split is
+shuffled with ``(seed, epoch)``, cut into windows of ``bucket_window`` batches, each window is
+sorted by pair length and cut into batches (length bucketing), and the batch order is shuffled.
+Lengths are padded up to a multiple of ``pad_multiple`` (q and k to the same length when
+``same_length``), so a run sees at most ``max_len / pad_multiple`` distinct shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from pfamalign.pipelines import records as rec
+from pfamalign.pipelines.config import FORMAT_VERSION
+from pfamalign.pipelines.splits import SPLITS
+
+STRING_FIELDS = ("family", "q_id", "k_id", "q_seq", "k_seq")
+
+
+class PairDataset:
+    """A prepared dataset directory: manifest metadata and per-split sources."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.exists():
+            hint = (" (an unfinished run: re-run the same `pfamalign prepare shards` command to "
+                    "finish it)" if (self.path / "work").exists() else "")
+            raise FileNotFoundError(f"{manifest_path} not found: not a prepared dataset{hint}")
+        self.manifest = json.loads(manifest_path.read_text())
+        version = self.manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{self.path} has dataset format {version}; this pfamalign reads "
+                             f"format {FORMAT_VERSION} (re-run prepare)")
+
+    @property
+    def embedder_id(self) -> str:
+        return self.manifest["embedder"]["id"]
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["embedder"]["dim"])
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(s for s in SPLITS if s in self.manifest["splits"])
+
+    def num_pairs(self, split: str) -> int:
+        return int(self._split(split)["pairs"])
+
+    def lengths(self, split: str) -> np.ndarray:
+        """[N, 2] int32 (q_len, k_len) in record order."""
+        self._split(split)
+        return np.load(self.path / split / "lengths.npy")
+
+    def source(self, split: str, *, features: bool = True) -> PairSource:
+        return PairSource(self.path, split, features=features)
+
+    def _split(self, split: str) -> dict:
+        if split not in self.manifest["splits"]:
+            raise ValueError(f"unknown split {split!r}; {self.path} has {list(self.splits)}")
+        return self.manifest["splits"][split]
+
+
+class EmbeddingSource:
+    """Random access to the per-sequence embeddings: ``src[i]`` -> float32 [L, D]."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        manifest = json.loads((self.path / "manifest.json").read_text())
+        self._files = [str(self.path / f) for f in manifest["embeddings"]["shards"]]
+        self._len = int(manifest["embeddings"]["count"])
+        self._source = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _src(self):
+        if self._source is None:
+            import grain
+
+            self._source = grain.sources.ArrayRecordDataSource(self._files)
+        return self._source
+
+    def record(self, index: int) -> dict:
+        return rec.decode(self._src()[int(index)])
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.asarray(self.record(index)["emb"], dtype=np.float32)
+
+    @functools.cached_property
+    def _by_hash(self) -> dict[str, int]:
+        with open(self.path / "embeddings" / "index.tsv") as f:
+            next(f)
+            return {h: int(i) for h, _, i in (line.split("\t") for line in f)}
+
+    def by_hash(self, seq_hash: str) -> np.ndarray:
+        """The embedding of a residue string by its hash (``records.seq_hash``)."""
+        return self[self._by_hash[seq_hash]]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_source"] = None
+        state.pop("_by_hash", None)
+        return state
+
+
+class PairSource:
+    """A grain random-access source over one split's pair records.
+
+    ``src[i]`` is a dict: ``family``, ``family_id``, ``pair_index``, ``split``, ``q_id``,
+    ``k_id``, ``q_seq``, ``k_seq`` (str); ``q_len``, ``k_len``, ``n_aligned``, ``q_emb``,
+    ``k_emb`` (int); ``pid`` (float, percent); ``target`` int32 [q_len]; and with
+    ``features=True`` also ``q_feat`` [q_len, D], ``k_feat`` [k_len, D] float32.
+    Picklable (files reopen lazily in each process).
+    """
+
+    def __init__(self, path: str | os.PathLike, split: str, *, features: bool = True):
+        ds = PairDataset(path)
+        info = ds._split(split)
+        self.path = ds.path
+        self.split = split
+        self.features = features
+        self.dim = ds.dim
+        self._files = [str(ds.path / f) for f in info["shards"]]
+        self._len = int(info["pairs"])
+        self._source = None
+        self._emb = EmbeddingSource(ds.path) if features else None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _src(self):
+        if self._source is None:
+            import grain
+
+            self._source = grain.sources.ArrayRecordDataSource(self._files)
+        return self._source
+
+    def __getitem__(self, index: int) -> dict:
+        index = int(index)
+        if not 0 <= index < self._len:
+            raise IndexError(f"pair index {index} out of range for {self._len} pairs "
+                             f"in split {self.split!r}")
+        r = rec.decode(self._src()[index])
+        r["target"] = np.asarray(r["target"], dtype=np.int32)
+        if self.features:
+            r["q_feat"] = self._emb[r["q_emb"]]
+            r["k_feat"] = self._emb[r["k_emb"]]
+        return r
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_source"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"PairSource({str(self.path)!r}, {self.split!r}, n={self._len})"
+
+
+def iter_pairs(path: str | os.PathLike, split: str, *, features: bool = False) -> Iterator[dict]:
+    """Every pair record of a split in stored order (for evaluation)."""
+    src = PairSource(path, split, features=features)
+    for i in range(len(src)):
+        yield src[i]
+
+
+# ------------------------------------------------------------------------------------------
+# Batching
+# ------------------------------------------------------------------------------------------
+
+def round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-int(n) // multiple) * multiple)
+
+
+def collate(examples: Sequence[dict], *, batch_size: int | None = None, pad_multiple: int = 64,
+            same_length: bool = True, pad_to: int | None = None, dim: int | None = None,
+            with_strings: bool = True) -> dict[str, np.ndarray]:
+    """Pads pair examples (with features) into one batch of numpy arrays.
+
+    Returns ``q_feat`` [B, Lq_pad, D] and ``k_feat`` [B, Lk_pad, D] float32 (zero padding),
+    ``q_len``, ``k_len`` [B] int32, ``target`` [B, Lq_pad] int32 (-1 unaligned and padding),
+    ``pid`` [B] float32 (percent), ``valid`` [B] bool (False for filler rows when fewer than
+    ``batch_size`` examples are given), and with ``with_strings`` the numpy str arrays
+    ``family``, ``q_id``, ``k_id``, ``q_seq``, ``k_seq`` [B].
+    """
+    n = len(examples)
+    b = batch_size or n
+    if n > b:
+        raise ValueError(f"{n} examples do not fit batch_size={b}")
+    if dim is None:
+        dim = int(examples[0]["q_feat"].shape[1])
+    max_q = max((e["q_len"] for e in examples), default=1)
+    max_k = max((e["k_len"] for e in examples), default=1)
+    if pad_to is not None:
+        if max(max_q, max_k) > pad_to:
+            raise ValueError(f"a pair of lengths ({max_q}, {max_k}) exceeds pad_to={pad_to}")
+        lq = lk = pad_to
+    elif same_length:
+        lq = lk = round_up(max(max_q, max_k), pad_multiple)
+    else:
+        lq, lk = round_up(max_q, pad_multiple), round_up(max_k, pad_multiple)
+    out = {
+        "q_feat": np.zeros((b, lq, dim), np.float32),
+        "k_feat": np.zeros((b, lk, dim), np.float32),
+        "q_len": np.zeros((b,), np.int32),
+        "k_len": np.zeros((b,), np.int32),
+        "target": np.full((b, lq), -1, np.int32),
+        "pid": np.zeros((b,), np.float32),
+        "valid": np.zeros((b,), bool),
+    }
+    for i, e in enumerate(examples):
+        q, k = e["q_len"], e["k_len"]
+        out["q_feat"][i, :q] = e["q_feat"]
+        out["k_feat"][i, :k] = e["k_feat"]
+        out["q_len"][i], out["k_len"][i] = q, k
+        out["target"][i, :q] = e["target"]
+        out["pid"][i] = e["pid"]
+        out["valid"][i] = True
+    if with_strings:
+        for name in STRING_FIELDS:
+            out[name] = np.asarray([e[name] for e in examples] + [""] * (b - n), dtype=str)
+    return out
+
+
+class BatchPlan:
+    """Random-access source of batches as index lists: element ``i`` is the record indices of
+    batch ``i`` (epoch ``i // batches_per_epoch``). Deterministic in ``seed``."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, *, seed: int = 0,
+                 shuffle: bool = True, num_epochs: int | None = None, bucket_window: int = 32,
+                 drop_remainder: bool = True):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+        self.n = len(self.lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_epochs = num_epochs
+        self.bucket_window = max(1, int(bucket_window))
+        self.drop_remainder = drop_remainder
+        full, rest = divmod(self.n, batch_size)
+        self.batches_per_epoch = full + (1 if rest and not drop_remainder else 0)
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"{self.n} pairs give no batch of {batch_size} "
+                             f"(drop_remainder={drop_remainder})")
+
+    def __len__(self) -> int:
+        if self.num_epochs is None:
+            return (sys.maxsize // self.batches_per_epoch) * self.batches_per_epoch
+        return self.batches_per_epoch * self.num_epochs
+
+    def epoch(self, epoch: int) -> list[np.ndarray]:
+        """The batches (record index arrays) of one epoch."""
+        cached = self._cache
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.n) if self.shuffle else np.arange(self.n)
+        size = self.batch_size * self.bucket_window
+        key = self.lengths.max(axis=1)
+        batches: list[np.ndarray] = []
+        for start in range(0, self.n, size):
+            window = order[start:start + size]
+            if self.bucket_window > 1:
+                window = window[np.argsort(key[window], kind="stable")]
+            batches.extend(window[i:i + self.batch_size]
+                           for i in range(0, len(window), self.batch_size))
+        if self.drop_remainder:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        self._cache = (epoch, batches)
+        return batches
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        index = int(index)
+        if index < 0 or index >= len(self):
+            raise IndexError(index)
+        epoch, b = divmod(index, self.batches_per_epoch)
+        return self.epoch(epoch)[b]
+
+    def __getstate__(self):
+        return dict(self.__dict__, _cache=None)
+
+
+class _LoadBatch:
+    """Picklable grain map function: record indices -> padded batch dict."""
+
+    def __init__(self, source: PairSource, **collate_kw):
+        self.source = source
+        self.collate_kw = collate_kw
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        return collate([self.source[i] for i in indices], dim=self.source.dim,
+                       **self.collate_kw)
+
+
+def batch_dataset(path: str | os.PathLike, split: str, *, batch_size: int, seed: int = 0,
+                  shuffle: bool = True, num_epochs: int | None = None, pad_multiple: int = 64,
+                  same_length: bool = True, pad_to: int | None = None, bucket_window: int = 32,
+                  drop_remainder: bool = True, with_strings: bool = True):
+    """A ``grain.MapDataset`` whose element ``i`` is padded batch ``i`` (see :func:`collate`).
+
+    ``num_epochs=None`` repeats forever. With ``drop_remainder=False`` the last batch of an
+    epoch is filled to ``batch_size`` with rows whose ``valid`` is False.
+    """
+    import grain
+
+    source = PairSource(path, split, features=True)
+    plan = BatchPlan(PairDataset(path).lengths(split), batch_size, seed=seed, shuffle=shuffle,
+                     num_epochs=num_epochs, bucket_window=bucket_window,
+                     drop_remainder=drop_remainder)
+    load = _LoadBatch(source, batch_size=batch_size, pad_multiple=pad_multiple,
+                      same_length=same_length, pad_to=pad_to, with_strings=with_strings)
+    return grain.MapDataset.source(plan).map(load)
+
+
+def batch_iterator(path: str | os.PathLike, split: str, *, batch_size: int, seed: int = 0,
+                   shuffle: bool = True, num_epochs: int | None = None, pad_multiple: int = 64,
+                   same_length: bool = True, pad_to: int | None = None, bucket_window: int = 32,
+                   drop_remainder: bool = True, with_strings: bool = True,
+                   num_threads: int = 2, prefetch: int = 4, worker_count: int = 0):
+    """A checkpointable ``grain.DatasetIterator`` over padded batches.
+
+    ``it.get_state()`` / ``it.set_state(state)`` save and restore the position exactly (store
+    the state in the training checkpoint). ``num_threads``/``prefetch`` control grain's thread
+    prefetch; ``worker_count > 0`` adds multiprocess prefetch (``mp_prefetch``).
+    """
+    import grain
+
+    ds = batch_dataset(path, split, batch_size=batch_size, seed=seed, shuffle=shuffle,
+                       num_epochs=num_epochs, pad_multiple=pad_multiple, same_length=same_length,
+                       pad_to=pad_to, bucket_window=bucket_window, drop_remainder=drop_remainder,
+                       with_strings=with_strings)
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
+                                                 prefetch_buffer_size=prefetch))
+    if worker_count > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # grain's workers read absl flags (defaults suffice)
+            flags.FLAGS.mark_as_parsed()
+        it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return iter(it_ds)

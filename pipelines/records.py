@@ -1,0 +1,184 @@
+"""Record codec, sequence hashing and atomic ArrayRecord I/O shared by every stage.
+
+A record is a flat ``dict`` of JSON scalars (str, int, float, bool, None) and numpy arrays.
+On disk it is ``b"PFR1" + uint32 header length + JSON header + raw array bytes``; the header
+holds the scalars and, per array, its name, little-endian dtype, shape and byte offset. The
+encoding is canonical (sorted keys, fixed dtypes), so equal records give equal bytes: resumed
+and uninterrupted runs write byte-identical files. Decoding needs no pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+
+MAGIC = b"PFR1"
+_HEADER = struct.Struct("<I")
+
+# ArrayRecord options: one record per chunk, so a random read decodes only that record.
+# Pair shards and one-hot features use the default codec (zstd); float16 language-model
+# embeddings hardly compress (8 % smaller, 5x slower to read) and intermediate work files are
+# read back at once, so those are stored uncompressed.
+WRITER_OPTIONS = "group_size:1"
+UNCOMPRESSED_OPTIONS = "group_size:1,uncompressed"
+
+
+def seq_hash(residues: str) -> str:
+    """The cache key of a residue string: 32 hex chars of BLAKE2b-128 of its ASCII bytes."""
+    return hashlib.blake2b(residues.encode("ascii"), digest_size=16).hexdigest()
+
+
+def encode(record: Mapping[str, object]) -> bytes:
+    """Encodes a flat record (JSON scalars and numpy arrays) canonically to bytes."""
+    scalars: dict[str, object] = {}
+    arrays: list[list[object]] = []
+    blobs: list[bytes] = []
+    offset = 0
+    for name in sorted(record):
+        value = record[name]
+        if isinstance(value, np.ndarray):
+            arr = np.ascontiguousarray(value)
+            dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+            arr = arr.astype(dtype, copy=False)
+            blob = arr.tobytes()
+            arrays.append([name, dtype.str, list(arr.shape), offset, len(blob)])
+            blobs.append(blob)
+            offset += len(blob)
+        elif isinstance(value, np.generic):
+            scalars[name] = value.item()
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            scalars[name] = value
+        else:
+            raise TypeError(f"record field {name!r} has unsupported type {type(value).__name__}")
+    header = json.dumps({"a": arrays, "s": scalars}, sort_keys=True, separators=(",", ":"))
+    head = header.encode("utf-8")
+    return b"".join([MAGIC, _HEADER.pack(len(head)), head, *blobs])
+
+
+def decode(data: bytes) -> dict[str, object]:
+    """Decodes bytes written by :func:`encode` (arrays are read-only views of ``data``)."""
+    if data[:4] != MAGIC:
+        raise ValueError(f"not a pfamalign record (magic {data[:4]!r}, expected {MAGIC!r})")
+    (n,) = _HEADER.unpack_from(data, 4)
+    start = 8 + n
+    header = json.loads(data[8:start].decode("utf-8"))
+    out: dict[str, object] = dict(header["s"])
+    for name, dtype, shape, offset, nbytes in header["a"]:
+        arr = np.frombuffer(data, dtype=np.dtype(dtype), count=nbytes // np.dtype(dtype).itemsize,
+                            offset=start + offset)
+        out[name] = arr.reshape(shape)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Files: every committed file is written to a temporary name, fsynced and renamed, so a file
+# that exists under its final name is complete (a kill -9 leaves at most a *.tmp behind).
+# ------------------------------------------------------------------------------------------
+
+def _tmp_path(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _fsync(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(tmp: pathlib.Path, path: pathlib.Path) -> None:
+    """Makes ``tmp`` durable and renames it to ``path`` (atomic on POSIX filesystems)."""
+    _fsync(tmp)
+    _fault_point(path)
+    os.replace(tmp, path)
+
+
+def write_array_record(path: os.PathLike, records: Iterable[bytes], *,
+                       options: str = WRITER_OPTIONS) -> int:
+    """Atomically writes encoded records to an ArrayRecord file; returns how many."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    path = pathlib.Path(path)
+    tmp = _tmp_path(path)
+    writer = ArrayRecordWriter(str(tmp), options)
+    n = 0
+    try:
+        for rec in records:
+            writer.write(rec)
+            n += 1
+    finally:
+        writer.close()
+    commit(tmp, path)
+    return n
+
+
+def read_array_record(path: os.PathLike) -> Iterator[bytes]:
+    """Yields the raw records of one ArrayRecord file in order."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(path))
+    try:
+        n = reader.num_records()
+        step = 256
+        for start in range(0, n, step):
+            yield from reader.read(list(range(start, min(n, start + step))))
+    finally:
+        reader.close()
+
+
+def count_array_record(path: os.PathLike) -> int:
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(path))
+    try:
+        return reader.num_records()
+    finally:
+        reader.close()
+
+
+def write_text(path: os.PathLike, text: str) -> None:
+    """Atomically writes a text file."""
+    path = pathlib.Path(path)
+    tmp = _tmp_path(path)
+    tmp.write_text(text, encoding="utf-8")
+    commit(tmp, path)
+
+
+def write_json(path: os.PathLike, obj: object) -> None:
+    write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def file_sha256(path: os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------
+# Fault injection for the resume tests: PFAMALIGN_FAULT_KILL_AT=N kills this process with
+# SIGKILL right before the N-th commit (the temporary file is complete, the rename is not
+# done), exactly as a `kill -9` at that instant would. Counted per process.
+# ------------------------------------------------------------------------------------------
+
+_FAULT_COUNT = 0
+
+
+def _fault_point(path: pathlib.Path) -> None:
+    global _FAULT_COUNT
+    at = os.environ.get("PFAMALIGN_FAULT_KILL_AT")
+    if not at:
+        return
+    _FAULT_COUNT += 1
+    if _FAULT_COUNT >= int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,173 @@
+"""MEA decoder: brute force on tiny plans, an independent cell-by-cell DP on medium ones,
+hand-derived cases for thresholds / dustbins, and the large sizes it must handle."""
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from pfamalign.alignment.decode import allowed_pairs, mea_decode
+
+
+def _allowed_reference(plan, row_db, col_db, min_mass):
+    """The decoder's pair rule, restated from its specification."""
+    lq, lk = plan.shape
+    ok = np.zeros((lq, lk), bool)
+    for i in range(lq):
+        for j in range(lk):
+            ok[i, j] = plan[i, j] > 0 and plan[i, j] >= min_mass
+            if row_db is not None and row_db[i] > max(plan[i]):
+                ok[i, j] = False
+            if col_db is not None and col_db[j] > max(plan[:, j]):
+                ok[i, j] = False
+    return ok
+
+
+def _objective(plan, pairs, gap_cost):
+    lq, lk = plan.shape
+    return sum(plan[i, j] for i, j in pairs) - gap_cost * (lq + lk - 2 * len(pairs))
+
+
+def _brute_force(plan, ok, gap_cost):
+    """Best objective over every proper alignment of allowed pairs."""
+    lq, lk = plan.shape
+    best = -np.inf
+    for k in range(min(lq, lk) + 1):
+        for rows in itertools.combinations(range(lq), k):
+            for cols in itertools.combinations(range(lk), k):
+                pairs = list(zip(rows, cols))
+                if all(ok[i, j] for i, j in pairs):
+                    best = max(best, _objective(plan, pairs, gap_cost))
+    return best
+
+
+def _check_proper(aln, lq, lk):
+    p = aln.pairs
+    assert p.shape[1] == 2
+    if len(p):
+        assert p[:, 0].min() >= 0 and p[:, 0].max() < lq
+        assert p[:, 1].min() >= 0 and p[:, 1].max() < lk
+        assert np.all(np.diff(p[:, 0]) > 0) and np.all(np.diff(p[:, 1]) > 0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_brute_force_tiny(seed):
+    rng = np.random.default_rng(seed)
+    lq, lk = rng.integers(1, 6, size=2)
+    plan = rng.random((lq, lk)) * (rng.random((lq, lk)) < 0.7)  # some exact zeros
+    min_mass = [0.0, 0.3][seed % 2]
+    gap_cost = [0.0, 0.0, 0.1, 0.4][seed % 4]
+    row_db = rng.random(lq) if seed % 3 == 0 else None
+    col_db = rng.random(lk) * 0.8 if seed % 5 == 0 else None
+    aln = mea_decode(plan, row_dustbin=row_db, col_dustbin=col_db, min_mass=min_mass,
+                     gap_cost=gap_cost)
+    ok = _allowed_reference(plan, row_db, col_db, min_mass)
+    np.testing.assert_array_equal(
+        allowed_pairs(plan, row_dustbin=row_db, col_dustbin=col_db, min_mass=min_mass), ok)
+    _check_proper(aln, lq, lk)
+    assert all(ok[i, j] for i, j in aln.pairs)
+    best = _brute_force(plan, ok, gap_cost)
+    assert aln.score == pytest.approx(best, abs=1e-12)
+    assert aln.score == pytest.approx(_objective(plan, aln.pairs.tolist(), gap_cost), abs=1e-12)
+    np.testing.assert_allclose(aln.confidence, plan[aln.pairs[:, 0], aln.pairs[:, 1]])
+
+
+def _cellwise_dp(plan, gap_cost):
+    """Textbook O(Lq Lk) DP with explicit gap costs (no weight shift), scores only."""
+    lq, lk = plan.shape
+    m = np.zeros((lq + 1, lk + 1))
+    m[:, 0] = -gap_cost * np.arange(lq + 1)
+    m[0, :] = -gap_cost * np.arange(lk + 1)
+    for i in range(1, lq + 1):
+        for j in range(1, lk + 1):
+            diag = m[i - 1, j - 1] + plan[i - 1, j - 1] if plan[i - 1, j - 1] > 0 else -np.inf
+            m[i, j] = max(diag, m[i - 1, j] - gap_cost, m[i, j - 1] - gap_cost)
+    return m[lq, lk]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_cellwise_dp_medium(seed):
+    rng = np.random.default_rng(100 + seed)
+    lq, lk = rng.integers(20, 60, size=2)
+    plan = rng.random((lq, lk)) ** 6 * (rng.random((lq, lk)) < 0.5)
+    gap_cost = [0.0, 0.05, 0.3][seed % 3]
+    aln = mea_decode(plan, gap_cost=gap_cost)
+    _check_proper(aln, lq, lk)
+    assert aln.score == pytest.approx(_cellwise_dp(plan, gap_cost), abs=1e-9)
+
+
+def test_recovers_planted_path():
+    rng = np.random.default_rng(7)
+    lq, lk = 80, 95
+    rows = np.sort(rng.choice(lq, 60, replace=False))
+    cols = np.sort(rng.choice(lk, 60, replace=False))
+    plan = rng.random((lq, lk)) * 0.01
+    plan[rows, cols] = 0.9
+    aln = mea_decode(plan, min_mass=0.05)
+    np.testing.assert_array_equal(aln.pairs, np.stack([rows, cols], 1))
+    assert aln.score == pytest.approx(0.9 * 60)
+
+
+def test_non_crossing_beats_row_argmax():
+    # Row argmaxes (0,1) and (1,0) cross; the best proper alignment is (0,0),(1,1): 0.95 > 0.6.
+    plan = np.array([[0.5, 0.6], [0.6, 0.45]])
+    aln = mea_decode(plan)
+    assert aln.pairs.tolist() == [[0, 0], [1, 1]]
+    assert aln.score == pytest.approx(0.95)
+
+
+def test_min_mass_and_dustbin_rows_become_gaps():
+    plan = np.array([[0.8, 0.0, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, 0.7]])
+    assert mea_decode(plan).pairs.tolist() == [[0, 0], [1, 1], [2, 2]]
+    assert mea_decode(plan, min_mass=0.25).pairs.tolist() == [[0, 0], [2, 2]]
+    # row 1 sends 0.7 to the dustbin (> its best real entry 0.2): a gap
+    aln = mea_decode(plan, row_dustbin=np.array([0.1, 0.7, 0.2]))
+    assert aln.pairs.tolist() == [[0, 0], [2, 2]]
+    assert aln.confidence.tolist() == [0.8, 0.7]
+    # column 2 receives 0.9 from the dustbin row (> 0.7): a gap
+    aln = mea_decode(plan, col_dustbin=np.array([0.0, 0.0, 0.9]))
+    assert aln.pairs.tolist() == [[0, 0], [1, 1]]
+
+
+def test_empty_and_gap_cost_score():
+    aln = mea_decode(np.zeros((3, 4)), gap_cost=0.5)
+    assert aln.pairs.shape == (0, 2) and aln.confidence.shape == (0,)
+    assert aln.score == pytest.approx(-0.5 * 7)
+    # the lone positive pair is taken (it saves two gap costs): 0.1 - g * (4 - 2)
+    plan = np.zeros((2, 2))
+    plan[1, 0] = 0.1
+    aln = mea_decode(plan, gap_cost=0.5)
+    assert aln.pairs.tolist() == [[1, 0]]
+    assert aln.score == pytest.approx(0.1 - 0.5 * 2)
+
+
+def test_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="Lq, Lk"):
+        mea_decode(np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="empty"):
+        mea_decode(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="non-negative"):
+        mea_decode(np.array([[0.1, -0.2]]))
+    with pytest.raises(ValueError, match="non-negative"):
+        mea_decode(np.array([[0.1, np.nan]]))
+    with pytest.raises(ValueError, match="row_dustbin"):
+        mea_decode(np.ones((2, 2)), row_dustbin=np.ones(3))
+    with pytest.raises(ValueError, match="gap_cost"):
+        mea_decode(np.ones((2, 2)), gap_cost=-1.0)
+    with pytest.raises(ValueError, match="min_mass"):
+        mea_decode(np.ones((2, 2)), min_mass=-0.1)
+    with pytest.raises(TypeError):
+        mea_decode(np.ones((2, 2)), None, None)  # options are keyword-only
+
+
+@pytest.mark.parametrize("length,budget_s", [(500, 1.0), (2000, 5.0)])
+def test_large_plans_are_fast(length, budget_s):
+    rng = np.random.default_rng(length)
+    plan = rng.random((length, length)).astype(np.float32) ** 8
+    start = time.perf_counter()
+    aln = mea_decode(plan)
+    elapsed = time.perf_counter() - start
+    _check_proper(aln, length, length)
+    assert aln.score == pytest.approx(float(plan[aln.pairs[:, 0], aln.pairs[:, 1]].sum()))
+    assert elapsed < budget_s, f"{length} x {length} took {elapsed:.2f} s"

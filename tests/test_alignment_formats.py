@@ -1,0 +1,184 @@
+"""Output formats: Biopython reads FASTA, Stockholm and the EMBOSS-style pair text back to the
+same pairs; CIGAR decodes back; JSON loads back; hand-checked match line and CIGAR."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from Bio import Align, AlignIO
+
+from pfamalign.alignment.baselines import needleman_wunsch
+from pfamalign.alignment.decode import mea_decode
+from pfamalign.alignment.formats import (
+    AlignmentRecord, cigar_to_pairs, format_alignment, from_json, pairs_to_cigar, to_cigar,
+    to_fasta, to_json, to_pair_text, to_stockholm)
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+
+
+def _pairs_from_rows(row_a, row_b):
+    """Pairs of two gapped rows, by walking the columns."""
+    i = j = 0
+    pairs = []
+    for x, y in zip(row_a, row_b):
+        if x != "-" and y != "-":
+            pairs.append([i, j])
+        i += x != "-"
+        j += y != "-"
+    return pairs
+
+
+def _random_record(seed, *, with_confidence=True):
+    rng = np.random.default_rng(seed)
+    la, lb = rng.integers(1, 150, size=2)
+    seq_a = "".join(rng.choice(list(AA), la))
+    seq_b = "".join(rng.choice(list(AA), lb))
+    plan = rng.random((la, lb)) ** 30 * (rng.random((la, lb)) < 0.3)
+    aln = mea_decode(plan)
+    rec = AlignmentRecord.from_alignment(seq_a, seq_b, aln, id_a=f"query_{seed}/1-{la}",
+                                         id_b=f"key{seed}")
+    if not with_confidence:
+        rec = AlignmentRecord(seq_a, seq_b, rec.pairs, id_a=rec.id_a, id_b=rec.id_b)
+    return rec
+
+
+SEEDS = list(range(8))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fasta_roundtrip(seed):
+    rec = _random_record(seed)
+    text = to_fasta(rec)
+    assert max(len(line) for line in text.splitlines()) <= 60
+    aln = Align.read(io.StringIO(text), "fasta")
+    idx = np.asarray(aln.indices)
+    got = idx[:, (idx[0] >= 0) & (idx[1] >= 0)].T
+    np.testing.assert_array_equal(got.reshape(-1, 2), rec.pairs)
+    legacy = AlignIO.read(io.StringIO(text), "fasta")
+    assert [r.id for r in legacy] == [rec.id_a, rec.id_b]
+    assert str(legacy[0].seq).replace("-", "") == rec.seq_a
+    assert str(legacy[1].seq).replace("-", "") == rec.seq_b
+
+
+def _pp_code(c):
+    """HMMER PP code restated: 0 below .05, k in [k - .05, k + .05), * from .95."""
+    if c >= 0.95:
+        return "*"
+    return str(int(np.searchsorted(np.arange(0.05, 0.95, 0.1), c, side="right")))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_stockholm_roundtrip(seed):
+    rec = _random_record(seed)
+    text = to_stockholm(rec)
+    aln = Align.read(io.StringIO(text), "stockholm")
+    idx = np.asarray(aln.indices)
+    np.testing.assert_array_equal(idx[:, (idx[0] >= 0) & (idx[1] >= 0)].T.reshape(-1, 2),
+                                  rec.pairs)
+    legacy = AlignIO.read(io.StringIO(text), "stockholm")
+    rows = [str(r.seq) for r in legacy]
+    assert _pairs_from_rows(*rows) == rec.pairs.tolist()
+    pp = legacy.column_annotations["posterior_probability"]
+    assert len(pp) == len(rows[0])
+    paired = [k for k, (x, y) in enumerate(zip(*rows)) if x != "-" and y != "-"]
+    assert [pp[k] for k in paired] == [_pp_code(c) for c in rec.confidence]
+    assert set(pp[k] for k in range(len(pp)) if k not in set(paired)) <= {"."}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_pair_text_roundtrip(seed):
+    rec = _random_record(seed, with_confidence=seed % 2 == 0)
+    text = to_pair_text(rec)
+    aln = AlignIO.read(io.StringIO(text), "emboss")  # checks every start / end coordinate
+    rows = [str(r.seq) for r in aln]
+    assert _pairs_from_rows(*rows) == rec.pairs.tolist()
+    assert rows[0].replace("-", "") == rec.seq_a and rows[1].replace("-", "") == rec.seq_b
+    assert aln.annotations["identity"] == rec.n_identical
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            assert len(line) <= 21 + 60 + 7
+
+
+def test_pair_text_match_line_by_hand():
+    # M=M |, K=K |, V-I BLOSUM62 +3 :, W-C -2 ., then seq_a's A and seq_b's G unaligned
+    rec = AlignmentRecord("MKVWA", "MKICG", [[0, 0], [1, 1], [2, 2], [3, 3]], id_a="a",
+                          id_b="b", confidence=[1.0, 0.97, 0.5, 0.04], score=2.51)
+    text = to_pair_text(rec)
+    lines = text.splitlines()
+    k = next(n for n, line in enumerate(lines) if line.startswith("a   "))
+    assert lines[k] == "a                  1 MKVWA-      5"
+    assert lines[k + 1] == " " * 21 + "||:."
+    assert lines[k + 2] == "b                  1 MKIC-G      5"
+    assert lines[k + 3] == "confidence           **50.."
+    assert "# Identity:   2/4 (50.0%)" in text and "# Score: 2.5100" in text
+    assert to_cigar(rec) == "4M1D1I"
+    assert to_cigar(rec, extended=True) == "2=2X1D1I"
+
+
+def test_cigar_by_hand_and_roundtrip():
+    # pairs (0,0),(1,1),(3,2) of lengths 5, 4: MM, a[2] unaligned, M, a[4] and b[3] unaligned
+    assert pairs_to_cigar([[0, 0], [1, 1], [3, 2]], 5, 4) == "2M1D1M1D1I"
+    assert pairs_to_cigar(np.zeros((0, 2)), 2, 3) == "2D3I"
+    pairs, la, lb = cigar_to_pairs("2M1D1M1D1I")
+    assert pairs.tolist() == [[0, 0], [1, 1], [3, 2]] and (la, lb) == (5, 4)
+    assert cigar_to_pairs("2=1X")[0].tolist() == [[0, 0], [1, 1], [2, 2]]
+    for seed in SEEDS:
+        rec = _random_record(seed)
+        pairs, la, lb = cigar_to_pairs(to_cigar(rec))
+        np.testing.assert_array_equal(pairs, rec.pairs)
+        assert (la, lb) == (len(rec.seq_a), len(rec.seq_b))
+    with pytest.raises(ValueError, match="CIGAR"):
+        cigar_to_pairs("3M2S")
+    with pytest.raises(ValueError, match="length 0"):
+        cigar_to_pairs("0M")
+
+
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_json_roundtrip(seed):
+    rec = _random_record(seed, with_confidence=seed % 2 == 0)
+    doc = json.loads(to_json(rec))
+    assert doc["pairs"] == rec.pairs.tolist()
+    assert doc["length_a"] == len(rec.seq_a) and doc["n_aligned"] == len(rec.pairs)
+    back = from_json(to_json(rec))
+    np.testing.assert_array_equal(back.pairs.reshape(-1, 2), rec.pairs)
+    assert (back.seq_a, back.seq_b, back.id_a, back.id_b) == (rec.seq_a, rec.seq_b, rec.id_a,
+                                                              rec.id_b)
+    if rec.confidence is None:
+        assert back.confidence is None and doc["confidence"] is None
+    else:
+        np.testing.assert_array_equal(back.confidence, rec.confidence)
+    assert back.score == pytest.approx(rec.score)
+
+
+def test_json_identity_and_baseline_record():
+    aln = needleman_wunsch("MKVLLA", "MKALLA")
+    rec = AlignmentRecord.from_alignment("MKVLLA", "MKALLA", aln)
+    doc = json.loads(to_json(rec))
+    assert doc["identity"] == pytest.approx(5 / 6) and doc["confidence"] is None
+    assert doc["score"] == pytest.approx(aln.score)
+    empty = json.loads(to_json(AlignmentRecord("MK", "WW", np.zeros((0, 2), int))))
+    assert empty["identity"] is None and empty["pairs"] == [] and empty["cigar"] == "2D2I"
+
+
+def test_format_dispatch_and_validation():
+    rec = AlignmentRecord("mkv", "MKV", [[0, 0], [1, 1], [2, 2]])
+    assert rec.seq_a == "MKV"
+    for fmt in ("pair", "fasta", "stockholm", "cigar", "json"):
+        assert format_alignment(rec, fmt).endswith("\n")
+    with pytest.raises(ValueError, match="unknown format"):
+        format_alignment(rec, "clustal")
+    with pytest.raises(ValueError, match="non-protein"):
+        AlignmentRecord("MK-V", "MKV", [[0, 0]])
+    with pytest.raises(ValueError, match="proper"):
+        AlignmentRecord("MKV", "MKV", [[1, 1], [0, 2]])
+    with pytest.raises(ValueError, match="out of range"):
+        AlignmentRecord("MKV", "MK", [[0, 2]])
+    with pytest.raises(ValueError, match="whitespace"):
+        AlignmentRecord("MKV", "MKV", [[0, 0]], id_a="my seq")
+    with pytest.raises(ValueError, match="distinct"):
+        to_stockholm(AlignmentRecord("MKV", "MKV", [[0, 0]], id_a="x", id_b="x"))
+    with pytest.raises(ValueError, match="confidence"):
+        AlignmentRecord("MKV", "MKV", [[0, 0]], confidence=[0.1, 0.2])
+    with pytest.raises(ValueError, match="lengths"):
+        AlignmentRecord.from_alignment("MKV", "MK", needleman_wunsch("MKV", "MKV"))

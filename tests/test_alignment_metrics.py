@@ -1,0 +1,203 @@
+"""Pair P/R/F1 (micro, macro, bootstrap, identity bins) and the DESIGN §5 plan metrics,
+against hand-derived values and direct per-row loops."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pfamalign.alignment.metrics import (
+    PlanMetrics, alignment_counts, barycenters, diagonal_plan, diagonal_plan_metrics,
+    identity_bin, pair_counts, plan_metrics, prf, prf_by_identity, prf_summary)
+from pfamalign.alignment.pairs import (
+    PairAlignment, check_pairs, pairs_from_target, target_from_pairs)
+
+
+# --- pairs --------------------------------------------------------------------------------------
+
+def test_pairs_target_roundtrip_and_validation():
+    target = np.array([2, -1, 3, -1, 5])
+    pairs = pairs_from_target(target)
+    assert pairs.tolist() == [[0, 2], [2, 3], [4, 5]]
+    np.testing.assert_array_equal(target_from_pairs(pairs, 5), target)
+    with pytest.raises(ValueError, match="proper"):
+        check_pairs([[0, 1], [1, 1]], 3, 3)
+    with pytest.raises(ValueError, match="out of range"):
+        check_pairs([[0, 3]], 3, 3)
+    with pytest.raises(ValueError, match=">= -1"):
+        pairs_from_target([0, -2])
+    with pytest.raises(ValueError, match="confidence"):
+        PairAlignment(np.array([[0, 0]]), np.array([0.5, 0.5]), 1.0, 2, 2)
+    np.testing.assert_array_equal(
+        PairAlignment(np.array([[1, 0]]), None, 0.0, 3, 2).target, [-1, 0, -1])
+
+
+# --- pair P/R/F1 --------------------------------------------------------------------------------
+
+def test_pair_counts_sets_and_target():
+    pred = [[0, 0], [1, 2], [2, 3], [2, 3]]  # duplicate counted once
+    ref = [[0, 0], [1, 1], [2, 3], [3, 4]]
+    assert pair_counts(pred, ref) == (2, 3, 4)
+    assert alignment_counts([[0, 0], [1, 1]], [0, -1, 2]) == (1, 2, 2)
+    assert pair_counts(np.zeros((0, 2)), ref) == (0, 0, 4)
+    with pytest.raises(ValueError, match="out of range"):
+        alignment_counts([[5, 0]], [0, 1])
+
+
+def test_micro_and_macro_by_hand():
+    counts = np.array([[1, 2, 4], [3, 3, 3]])
+    out = prf_summary(counts, n_boot=0)
+    micro, macro = out["micro"], out["macro"]
+    assert micro["precision"]["value"] == pytest.approx(4 / 5)
+    assert micro["recall"]["value"] == pytest.approx(4 / 7)
+    assert micro["f1"]["value"] == pytest.approx(8 / 12)
+    assert macro["precision"]["value"] == pytest.approx((1 / 2 + 1) / 2)
+    assert macro["recall"]["value"] == pytest.approx((1 / 4 + 1) / 2)
+    assert macro["f1"]["value"] == pytest.approx((2 / 6 + 1) / 2)
+    assert math.isnan(micro["f1"]["low"])
+
+
+def test_undefined_per_pair_values_are_skipped_in_macro():
+    p, r, f = prf([0, 0, 2], [0, 3, 2], [4, 0, 2])
+    assert np.isnan(p[0]) and r[0] == 0 and f[0] == 0  # nothing predicted
+    assert p[1] == 0 and np.isnan(r[1]) and f[1] == 0  # empty reference
+    out = prf_summary(np.array([[0, 0, 4], [2, 2, 2]]), n_boot=0)
+    assert out["macro"]["precision"]["value"] == pytest.approx(1.0)  # mean over defined only
+    assert out["macro"]["recall"]["value"] == pytest.approx(0.5)
+
+
+def test_bootstrap_matches_direct_resampling():
+    rng = np.random.default_rng(3)
+    n = 40
+    nref = rng.integers(5, 30, n)
+    npred = rng.integers(5, 30, n)
+    tp = np.minimum(rng.integers(0, 30, n), np.minimum(nref, npred))
+    counts = np.stack([tp, npred, nref], 1)
+    out = prf_summary(counts, n_boot=300, seed=11)
+    # direct: the same generator draws, one resample at a time
+    draws = np.random.default_rng(11).integers(0, n, size=(300, n))
+    micro_f1 = [2 * counts[d, 0].sum() / (counts[d, 1].sum() + counts[d, 2].sum())
+                for d in draws]
+    macro_r = [np.mean(counts[d, 0] / counts[d, 2]) for d in draws]
+    assert out["micro"]["f1"]["low"] == pytest.approx(np.percentile(micro_f1, 2.5))
+    assert out["micro"]["f1"]["high"] == pytest.approx(np.percentile(micro_f1, 97.5))
+    assert out["macro"]["recall"]["low"] == pytest.approx(np.percentile(macro_r, 2.5))
+    assert out["micro"]["f1"]["low"] <= out["micro"]["f1"]["value"] <= out["micro"]["f1"]["high"]
+    assert prf_summary(counts, n_boot=300, seed=11) == out  # deterministic
+    assert prf_summary(counts, n_boot=300, seed=12) != out
+
+
+def test_identity_bins():
+    labels = identity_bin([0, 29.99, 30, 49.9, 50, 100])
+    assert labels.tolist() == ["<30", "<30", "30-50", "30-50", ">=50", ">=50"]
+    with pytest.raises(ValueError, match="percent"):
+        identity_bin([101])
+    counts = np.array([[1, 2, 2], [2, 2, 2], [0, 1, 1]])
+    out = prf_by_identity(counts, [10, 60, 70], n_boot=50)
+    assert set(out) == {"all", "<30", "30-50", ">=50"}
+    assert out["<30"]["micro"]["precision"]["value"] == pytest.approx(0.5)
+    assert out[">=50"]["micro"]["recall"]["value"] == pytest.approx(2 / 3)
+    assert out["30-50"]["n_pairs"] == 0 and math.isnan(out["30-50"]["micro"]["f1"]["value"])
+    with pytest.raises(ValueError, match="shape"):
+        prf_by_identity(counts, [10, 60])
+
+
+# --- plan metrics ---------------------------------------------------------------------------------
+
+def _direct_plan_metrics(plan, target, values, dustbin, min_prob=1e-12):
+    """Per-row loops over one head, straight from the DESIGN §5 definitions."""
+    lq, lk = plan.shape
+    out = values.T @ plan.T if values is not None else None  # [dv, Lq]
+    rec, ce, err, viol = [], [], [], []
+    b = []
+    for i in range(lq):
+        mass = sum(plan[i])
+        b.append(sum(plan[i, j] * j for j in range(lk)) / mass if mass > 0 else None)
+    for i in range(lq):
+        c = target[i]
+        if c >= 0:
+            if values is not None:
+                rec.append(sum((out[d, i] - values[c, d]) ** 2 for d in range(values.shape[1])))
+            ce.append(-math.log(max(plan[i, c], min_prob)))
+            if b[i] is not None:
+                err.append(abs(b[i] - c))
+        elif dustbin is not None:
+            ce.append(-math.log(max(dustbin[i], min_prob)))
+    for i in range(lq - 1):
+        if target[i] >= 0 and target[i + 1] >= 0 and b[i] is not None and b[i + 1] is not None:
+            viol.append(b[i + 1] < b[i])
+    return dict(reconstruction=np.mean(rec) if rec else np.nan, sparse_ce=np.mean(ce),
+                barycenter_mae=np.mean(err), within5=np.mean([e <= 5 for e in err]),
+                monotonicity_violation=np.mean(viol) if viol else np.nan)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_metrics_match_direct_loops(seed):
+    rng = np.random.default_rng(seed)
+    lq, lk, dv = 23, 31, 4
+    plan = rng.random((lq, lk)) ** 4
+    plan[3] = 0.0  # a row with no real mass: barycenter undefined
+    plan /= np.maximum(plan.sum(1, keepdims=True), 1e-300) * 1.25
+    target = np.where(rng.random(lq) < 0.7, np.sort(rng.integers(0, lk, lq)), -1)
+    values = rng.normal(size=(lk, dv))
+    dustbin = 1.0 - plan.sum(1) if seed % 2 else None
+    got = plan_metrics(plan, target, values=values, dustbin_mass=dustbin)
+    want = _direct_plan_metrics(plan, target, values, dustbin)
+    for name, value in want.items():
+        assert getattr(got, name) == pytest.approx(value, rel=1e-10, nan_ok=True), name
+    assert got.n_annotated == int((target >= 0).sum())
+    assert got.n_ce == (lq if dustbin is not None else got.n_annotated)
+
+
+def test_plan_metrics_heads_average():
+    rng = np.random.default_rng(9)
+    plans = rng.random((3, 10, 12))
+    target = np.array([0, 1, 3, -1, 5, 6, 6, 8, -1, 11])
+    values = rng.normal(size=(3, 12, 2))
+    joint = plan_metrics(plans, target, values=values)
+    per_head = [plan_metrics(plans[h], target, values=values[h]) for h in range(3)]
+    pooled = PlanMetrics.pool(per_head)
+    for name in ("reconstruction", "sparse_ce", "barycenter_mae", "within5",
+                 "monotonicity_violation"):
+        assert getattr(joint, name) == pytest.approx(np.mean([getattr(m, name) for m in per_head]))
+        assert getattr(pooled, name) == pytest.approx(getattr(joint, name))
+    assert joint.n_annotated == 3 * 8
+
+
+def test_monotonicity_by_hand():
+    plan = np.eye(4)[[0, 2, 1, 3]]  # point masses: b = 0, 2, 1, 3
+    m = plan_metrics(plan, np.array([0, 1, 2, 3]))
+    assert m.monotonicity_violation == pytest.approx(1 / 3) and m.n_consecutive == 3
+    m = plan_metrics(plan, np.array([0, 1, -1, 3]))  # only rows (0, 1) are adjacent+annotated
+    assert m.monotonicity_violation == 0.0 and m.n_consecutive == 1
+    np.testing.assert_allclose(barycenters(plan), [0, 2, 1, 3])
+    assert m.barycenter_mae == pytest.approx((0 + 1 + 0) / 3)
+
+
+def test_diagonal_reference_metrics():
+    target = np.array([0, 2, -1, 3, 4])
+    values = np.arange(12.0).reshape(6, 2)  # V_j = (2j, 2j + 1)
+    diag = [0, 1, 2, 4, 5]  # round(i * 5 / 4): 0, 1.25, 2.5, 3.75, 5 -> 0, 1, 2, 4, 5
+    np.testing.assert_array_equal(diagonal_plan(5, 6).argmax(1), diag)
+    m = diagonal_plan_metrics(target, 6, values=values)
+    # annotated rows 0, 1, 3, 4: |diag - c| = 0, 1, 1, 1; ||V_diag - V_c||^2 = 8 (j - c)^2
+    assert m.barycenter_mae == pytest.approx(3 / 4)
+    assert m.within5 == 1.0
+    assert m.reconstruction == pytest.approx(8 * 3 / 4)
+    assert m.sparse_ce == pytest.approx(-math.log(1e-12) * 3 / 4)  # hit on row 0 only
+    m = diagonal_plan_metrics(target, 6, values=values, dustbin=True)
+    assert m.n_ce == 5 and m.sparse_ce == pytest.approx(-math.log(1e-12) * 4 / 5)
+
+
+def test_plan_metrics_validation():
+    plan = np.full((3, 4), 0.25)
+    with pytest.raises(ValueError, match="length"):
+        plan_metrics(plan, np.array([0, 1]))
+    with pytest.raises(ValueError, match="out of range"):
+        plan_metrics(plan, np.array([0, 1, 4]))
+    with pytest.raises(ValueError, match="values"):
+        plan_metrics(plan, np.array([0, 1, 2]), values=np.ones((3, 2)))
+    with pytest.raises(ValueError, match="dustbin_mass"):
+        plan_metrics(plan, np.array([0, 1, 2]), dustbin_mass=np.ones(4))
+    m = plan_metrics(plan, np.array([-1, -1, -1]))
+    assert m.n_annotated == 0 and math.isnan(m.barycenter_mae) and math.isnan(m.reconstruction)

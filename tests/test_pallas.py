@@ -1,0 +1,380 @@
+"""The Pallas backend of the transport op.
+
+- every primitive of ``PallasBandOps`` against ``XlaBandOps`` (both kernel wrappers, interpret
+  mode on CPU; the compiled twins run only on their own hardware);
+- the public op with ``impl="pallas"`` against the dense autodiff reference, forward and
+  gradients;
+- the O(L) memory contract, the tile choice, the dispatch;
+- cross-lowering from this CPU host: the real Mosaic (TPU) and Triton (CUDA) lowerings;
+- one run under ``pltpu.InterpretParams`` (NaN-filled scratch, out-of-bounds reads raise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport
+from pfamalign.kernels import pallas_gpu, pallas_ops, pallas_tpu
+from pfamalign.kernels.band import BandGeometry, make_geometry
+from pfamalign.kernels.banded_xla import XlaBandOps
+from pfamalign.kernels.pallas_ops import PallasBandOps
+
+OUT_ATOL = 1e-5  # float32, absolute: the public op's outputs and gradients vs the reference
+GRAD_ATOL = 1e-5
+PRIM_TOL = dict(rtol=1e-5, atol=1e-5)  # primitives vs XLA (plan products can be O(100))
+
+_HARDWARE = {"tpu": ("tpu",), "gpu": ("gpu", "cuda", "rocm")}
+
+
+def _skip_unless_runnable(wrapper: str, interpret: bool):
+    if not interpret and jax.default_backend() not in _HARDWARE[wrapper]:
+        pytest.skip(f"compiled {wrapper} kernels need a {wrapper} backend, "
+                    f"have {jax.default_backend()!r}")
+
+
+# ---- primitives vs XlaBandOps -------------------------------------------------------------------
+
+# Problems in units of the tile edge, so the interpret cases (block 8) and the compiled ones
+# (block 128) cover the same tilings: L = 2.5 blocks -> 3 row blocks; W from the main diagonal
+# only, through partial diagonal tiles, to a band wider than the problem.
+HALF_BANDS = {"diag": 0.0, "half_tile": 0.5, "1.5_tiles": 1.5, "full": 5.0}
+ROW_LENS = (1.0, 0.65, 0.25)  # ragged, as fractions of L
+COL_LENS = (0.85, 1.0, 0.0)  # the last problem has no active key: its rows are all -inf / 0
+
+
+def _random_problem(geom: BandGeometry, length: int, *, seed=0, d=5, m=3, mx=6):
+    rng = np.random.default_rng(seed)
+    n, lp = len(ROW_LENS), geom.length
+    arr = lambda *shape, s=1.0: jnp.asarray(s * rng.normal(size=shape), jnp.float32)
+    pos = np.arange(lp)[None]
+    return dict(
+        q=arr(n, lp, d), k=arr(n, lp, d),  # [N, Lp, d]
+        row_active=jnp.asarray(pos < np.round(np.array(ROW_LENS) * length)[:, None]),  # [N, Lp]
+        col_active=jnp.asarray(pos < np.round(np.array(COL_LENS) * length)[:, None]),
+        bias=arr(n, lp), row_pot=arr(n, lp, s=0.5), col_pot=arr(n, lp, s=0.5),  # [N, Lp]
+        y=arr(n, lp, m), x=arr(n, lp, mx), z=arr(n, lp, mx),  # [N, Lp, m], [N, Lp, mx]
+    )
+
+
+def _all_primitives(ops, p):
+    """Every compute primitive once; ``rescale`` is exercised by composing it with ``scores``."""
+    s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
+    plan = ops.plan(s, p["row_pot"], p["col_pot"])
+    return dict(
+        row_lse=ops.row_lse(s, p["bias"]),
+        col_lse=ops.col_lse(s, p["bias"]),
+        plan_rows=ops.plan_rows(plan, p["y"]),
+        plan_cols=ops.plan_cols(plan, p["y"]),
+        plan_rows_modulated=ops.plan_rows(plan, p["y"], p["x"], p["z"]),
+        plan_cols_modulated=ops.plan_cols(plan, p["y"], p["x"], p["z"]),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _primitive_outputs(wrapper: str, interpret, band: str, block: int):
+    """{name: (pallas, xla)} for one tiling: one jit (one compilation) for all six primitives."""
+    length = int(2.5 * block)
+    geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
+    p = _random_problem(geom, length)
+    pallas = PallasBandOps(geom, interpret, wrapper=wrapper)
+    got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
+    return {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
+
+
+class _PrimitivesCase:
+    """``PallasBandOps`` primitive by primitive against ``XlaBandOps`` on the same inputs."""
+
+    WRAPPER = ""
+    INTERPRET = True
+
+    @pytest.fixture(scope="class", params=list(HALF_BANDS))
+    @classmethod
+    def outputs(cls, request):
+        _skip_unless_runnable(cls.WRAPPER, cls.INTERPRET)
+        block = 8 if cls.INTERPRET else 128  # interpret mode checks no tile legality
+        return _primitive_outputs(cls.WRAPPER, cls.INTERPRET, request.param, block)
+
+    @pytest.mark.parametrize("name", ["row_lse", "col_lse"])
+    def test_lse(self, outputs, name):
+        got, want = outputs[name]
+        assert np.isneginf(want[2]).all()  # no active key in problem 2: empty lines are -inf
+        np.testing.assert_allclose(got, want, **PRIM_TOL)  # also requires the same -inf pattern
+
+    @pytest.mark.parametrize("name", ["plan_rows", "plan_cols"])
+    def test_plan_products(self, outputs, name):
+        got, want = outputs[name]
+        np.testing.assert_allclose(got, want, **PRIM_TOL)
+
+    @pytest.mark.parametrize("name", ["plan_rows_modulated", "plan_cols_modulated"])
+    def test_modulated_plan_products(self, outputs, name):
+        got, want = outputs[name]
+        np.testing.assert_allclose(got, want, **PRIM_TOL)
+
+
+class TestPrimitivesTPUInterpret(_PrimitivesCase):
+    WRAPPER = "tpu"
+
+
+class TestPrimitivesGPUInterpret(_PrimitivesCase):
+    WRAPPER = "gpu"
+
+
+class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
+    INTERPRET = False
+
+
+class TestPrimitivesGPU(TestPrimitivesGPUInterpret):
+    INTERPRET = False
+
+
+# ---- the public op vs the dense reference -----------------------------------------------------
+
+# (Lq, Lk, q_len, k_len) per dustbin mode: rectangular both ways, ragged within the batch.
+OP_SHAPES = {"none": (21, 17, (21, 15), (17, 11)), "spoke": (13, 19, (13, 8), (19, 16)),
+             "widened": (13, 19, (13, 8), (19, 16))}
+FAST_MODES = ("none", "spoke")
+
+
+def _op_inputs(lq, lk, *, b=2, h=2, d=4, dv=3, seed=0):
+    """q, k, v, dustbin tokens and an output cotangent (numpy RNG: no per-shape compilations)."""
+    rng = np.random.default_rng(seed)
+    arr = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    tokens = DustbinTokens(arr(h, d), arr(h, d), arr(h, dv))
+    return arr(b, h, lq, d), arr(b, h, lk, d), arr(b, h, lk, dv), tokens, arr(b, h, lq, dv)
+
+
+@functools.lru_cache(maxsize=None)
+def _op_results(cfg: TransportConfig, wrapper: str | None):
+    """(output, (dq, dk, dv, d_tokens)) of the public op under ``cfg``: one jit per config."""
+    lq, lk, q_len, k_len = OP_SHAPES[cfg.dustbin]
+    q, k, v, tokens, g = _op_inputs(lq, lk)
+
+    def run(q, k, v, tokens, g):
+        f = lambda q, k, v, tokens: transport(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens,
+                                              config=cfg)
+        out, vjp = jax.vjp(f, q, k, v, tokens)
+        return out, vjp(g)
+
+    old = pallas_ops.CPU_WRAPPER
+    pallas_ops.CPU_WRAPPER = wrapper or old  # which wrapper interprets on this CPU host
+    try:
+        return jax.tree.map(np.asarray, jax.jit(run)(q, k, v, tokens, g))
+    finally:
+        pallas_ops.CPU_WRAPPER = old
+
+
+class _TransportCase:
+    """``transport(..., impl="pallas")`` vs ``impl="reference"`` autodiff: B=2, H=2, R=2."""
+
+    WRAPPER = ""
+
+    @pytest.fixture(scope="class", params=FAST_MODES)
+    @classmethod
+    def results(cls, request):
+        if jax.default_backend() != "cpu":
+            pytest.skip("the wrapper is forced only for CPU interpret mode")
+        cfg = TransportConfig(half_band=3, eps=0.7, base_steps=5, tail_steps=2, dustbin=request.param,
+                              impl="pallas", blocks=BlockSizes(8))  # 3 row blocks, 3 diagonals
+        ref = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes()), None)
+        return _op_results(cfg, cls.WRAPPER), ref
+
+    def test_forward_matches_reference(self, results):
+        (out, _), (ref, _) = results
+        np.testing.assert_allclose(out, ref, atol=OUT_ATOL, rtol=0)
+
+    @pytest.mark.parametrize("arg", ["q", "k", "v", "dustbin_q", "dustbin_k", "dustbin_v"])
+    def test_gradient_matches_reference(self, results, arg):
+        (_, grads), (_, ref_grads) = results
+        flat = lambda g: dict(zip(["q", "k", "v", "dustbin_q", "dustbin_k", "dustbin_v"],
+                                  jax.tree.leaves(g)))
+        got, want = flat(grads)[arg], flat(ref_grads)[arg]
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, atol=GRAD_ATOL, rtol=0)
+
+
+class TestTransportTPUInterpret(_TransportCase):
+    WRAPPER = "tpu"
+
+
+class TestTransportGPUInterpret(_TransportCase):
+    WRAPPER = "gpu"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dustbin, adjoint, block", [
+    ("widened", "one_reference", None),  # the bridge: dense band through the kernels
+    ("spoke", "four_plan", 8),  # the direct adjoint schedule: unmodulated products only
+    ("none", "one_reference", None),  # default kernel tiles (one 32-wide tile here)
+])
+def test_transport_variants_match_reference(dustbin, adjoint, block):
+    cfg = TransportConfig(half_band=4, eps=0.6, base_steps=6, tail_steps=2, dustbin=dustbin,
+                          adjoint=adjoint, impl="pallas", blocks=BlockSizes(block))
+    out, grads = _op_results(cfg, None)
+    ref, ref_grads = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes()), None)
+    np.testing.assert_allclose(out, ref, atol=OUT_ATOL, rtol=0)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(got, want, atol=GRAD_ATOL, rtol=0)
+
+
+# ---- memory contract, tiles, dispatch --------------------------------------------------------------
+
+
+def _largest_intermediate(jaxpr) -> int:
+    """Most elements of any value outside kernel bodies (sub-jaxprs included, kernels not)."""
+    largest = 0
+
+    def visit(jpr):
+        nonlocal largest
+        for eqn in jpr.eqns:
+            for var in eqn.outvars:
+                largest = max(largest, int(np.prod(getattr(var.aval, "shape", ()))))
+            if eqn.primitive.name == "pallas_call":
+                continue  # its body works on tiles in VMEM / registers
+            for param in eqn.params.values():
+                for sub in (param if isinstance(param, (list, tuple)) else [param]):
+                    if hasattr(sub, "eqns"):
+                        visit(sub)
+                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        visit(sub.jaxpr)
+
+    visit(jaxpr.jaxpr)
+    return largest
+
+
+@pytest.mark.parametrize("wrapper", ["tpu", "gpu"])
+def test_no_band_is_materialized(wrapper, monkeypatch):
+    """Forward + backward keep only O(L) arrays per problem; the XLA path (same trace, same
+    measure) keeps the O(L W) band, which shows the measure can fail."""
+    monkeypatch.setattr(pallas_ops, "CPU_WRAPPER", wrapper)
+    L, W, block, d, dv = 400, 100, 16, 4, 3
+    lanes = pallas_tpu.LANES  # widest per-row layout: TPU row vectors broadcast to 128 lanes
+    q, k, v, tokens, g = _op_inputs(L, L, b=1, h=1, d=d, dv=dv)
+    ql = kl = jnp.array([L])
+    largest = {}
+    for impl in ("pallas", "xla"):
+        cfg = TransportConfig(half_band=W, base_steps=3, tail_steps=2, dustbin="spoke", impl=impl,
+                              blocks=BlockSizes(block))
+        loss = lambda q, k, v, t: jnp.sum(g * transport(q, k, v, ql, kl, t, config=cfg))
+        largest[impl] = _largest_intermediate(jax.make_jaxpr(jax.grad(loss, (0, 1, 2, 3)))(q, k, v, tokens))
+    o_l = (make_geometry(L, W, block).length + 1) * lanes
+    assert largest["pallas"] <= o_l < largest["xla"], (largest, o_l)
+
+
+def test_default_tiles_are_legal_for_both_wrappers():
+    for length in (1, 5, 16, 17, 100, 128, 129, 300, 1000):
+        for half_band in (0, 5, 64, length):
+            geom = make_geometry(length, half_band, pallas=True)
+            assert geom.length >= length
+            pallas_tpu.check_geometry(geom)  # raise when illegal
+            pallas_gpu.check_geometry(geom)
+    assert make_geometry(20, 3).block == 24  # the XLA path keeps its own dense tile
+
+
+def test_dispatch_on_this_backend():
+    geom = make_geometry(20, 3, pallas=True)
+    ops = PallasBandOps(geom)
+    if jax.default_backend() == "cpu":
+        assert ops.interpret is True and ops.wrapper == pallas_ops.CPU_WRAPPER
+    assert PallasBandOps(geom, False, wrapper="tpu")._k is pallas_tpu
+    with pytest.raises(ValueError, match="wrapper must be one of"):
+        PallasBandOps(geom, wrapper="mosaic")
+
+
+# ---- cross-lowering from this host -------------------------------------------------------------
+
+LOWER_GEOM = make_geometry(320, 70, 128)  # realistic tiles: 3 row blocks, 3 block diagonals
+_PLATFORM = {"tpu": "tpu", "gpu": "cuda"}
+_CUSTOM_CALL = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
+
+
+def _kernel_specs(kernel: str, geom: BandGeometry, *, n=2, d=32, m=8, mx=12):
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    lp = geom.length
+    qk = [f32(n, lp, d), f32(n, lp, d)]
+    product = qk + [f32(n, lp), f32(n, lp), f32(n, lp, m)]  # q, k, row_off, col_off, y
+    return {"band_lse": qk + [f32(n, lp)],  # q, k, col_off
+            "band_product": product,
+            "band_product_modulated": product + [f32(n, lp, mx), f32(n, lp, mx)]}[kernel]
+
+
+def _lower(wrapper: str, kernel: str, geom: BandGeometry):
+    mod = pallas_ops.WRAPPERS[wrapper]
+    fn = getattr(mod, kernel.removesuffix("_modulated"))
+    f = functools.partial(fn, geom=geom, interpret=False)
+    return jax.jit(f).trace(*_kernel_specs(kernel, geom)).lower(lowering_platforms=(_PLATFORM[wrapper],))
+
+
+@pytest.mark.parametrize("wrapper", ["tpu", "gpu"])
+@pytest.mark.parametrize("kernel", ["band_lse", "band_product", "band_product_modulated"])
+def test_kernel_lowers_for_its_platform(wrapper, kernel):
+    """The real Mosaic / Triton lowering of each kernel at 128-wide tiles."""
+    text = _lower(wrapper, kernel, LOWER_GEOM).as_text()
+    assert _CUSTOM_CALL[wrapper] in text
+
+
+@pytest.mark.parametrize("geom", [
+    BandGeometry(half_band=10, block=64, n_blocks=4, wb=1),  # illegal: 64 lanes, several tiles
+    BandGeometry(half_band=10, block=8, n_blocks=4, wb=2),  # illegal
+    BandGeometry(half_band=10, block=24, n_blocks=1, wb=0),  # legal: one tile = the full dims
+    BandGeometry(half_band=10, block=256, n_blocks=2, wb=1),  # legal
+], ids=str)
+def test_tpu_check_agrees_with_mosaic(geom, monkeypatch):
+    """``pallas_tpu.check_geometry`` rejects exactly the tilings Mosaic's lowering rejects."""
+    try:
+        pallas_tpu.check_geometry(geom)
+        legal = True
+    except ValueError:
+        legal = False
+    monkeypatch.setattr(pallas_tpu, "check_geometry", lambda geom: None)
+    if legal:
+        _lower("tpu", "band_lse", geom)
+    else:
+        with pytest.raises(ValueError, match="divisible by 8 and 128"):
+            _lower("tpu", "band_lse", geom)
+
+
+@pytest.mark.parametrize("wrapper", ["tpu", "gpu"])
+def test_public_op_gradient_lowers_for_platform(wrapper, monkeypatch):
+    """Forward + custom VJP of the whole op (scan, cond, spokes, kernels) lowers end to end."""
+    monkeypatch.setattr(pallas_ops, "CPU_WRAPPER", wrapper)
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin="spoke", impl="pallas",
+                          interpret=False)
+    q, k, v, tokens, g = _op_inputs(300, 260, b=1, h=2, d=32, dv=16)
+    ql, kl = jnp.array([290]), jnp.array([260])
+    loss = lambda q, k, v, t: jnp.sum(g * transport(q, k, v, ql, kl, t, config=cfg))
+    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
+    text = jax.jit(jax.grad(loss, (0, 1, 2, 3))).trace(*specs).lower(
+        lowering_platforms=(_PLATFORM[wrapper],)).as_text()
+    assert _CUSTOM_CALL[wrapper] in text
+
+
+# ---- TPU interpreter with poisoned scratch and bounds checks -----------------------------------
+
+
+def test_tpu_interpreter_with_nan_scratch_and_bounds_checks():
+    """Under ``pltpu.InterpretParams`` scratch starts as NaN and out-of-bounds reads raise: a
+    missing initialisation or a bad key-block index map would show here."""
+    params = pltpu.InterpretParams(uninitialized_memory="nan", out_of_bounds_reads="raise")
+    length, block = 20, 8
+    geom = make_geometry(length, 5, block)  # 3 row blocks, clipped duplicates at both edges
+    p = _random_problem(geom, length, seed=1)
+
+    def both_kernels(ops):  # each kernel once, one of them on the transposed problem
+        s = ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.7)
+        return ops.row_lse(s, p["bias"]), ops.plan_cols(ops.plan(s, p["row_pot"], p["col_pot"]),
+                                                        p["y"], p["x"], p["z"])
+
+    want = both_kernels(XlaBandOps(geom))
+    try:
+        got = both_kernels(PallasBandOps(geom, params, wrapper="tpu"))
+    finally:
+        pltpu.reset_tpu_interpret_mode_state()
+    for name, g, w in zip(("row_lse", "plan_cols_modulated"), got, want):
+        np.testing.assert_allclose(g, w, err_msg=name, **PRIM_TOL)

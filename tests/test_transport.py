@@ -1,0 +1,283 @@
+"""The transport op: banded XLA path vs the dense autodiff reference, finite differences,
+plan marginals, the spoke/widened bridge, empty rows and the O(L W) memory contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.test_util
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport
+from pfamalign.kernels.band import active_entries, make_geometry
+
+GRAD_ATOL = 1e-5  # float32, absolute, as the issue requires
+OUT_ATOL = 1e-5
+
+
+def make_inputs(b, h, lq, lk, d, dv, seed=0, dtype=jnp.float32, scale=1.0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 7)
+    q = scale * jax.random.normal(ks[0], (b, h, lq, d), dtype)
+    k = scale * jax.random.normal(ks[1], (b, h, lk, d), dtype)
+    v = jax.random.normal(ks[2], (b, h, lk, dv), dtype)
+    tokens = DustbinTokens(
+        jax.random.normal(ks[3], (h, d), dtype),
+        jax.random.normal(ks[4], (h, d), dtype),
+        jax.random.normal(ks[5], (h, dv), dtype),
+    )
+    w = jax.random.normal(ks[6], (b, h, lq, dv), dtype)  # a fixed linear functional of O
+    return q, k, v, tokens, w
+
+
+@functools.lru_cache(maxsize=None)
+def _value_and_grad(cfg: TransportConfig):
+    """jit(inputs -> ((loss, O), grads)): one compilation per config gives output and gradient."""
+
+    def loss(q, k, v, tokens, q_len, k_len, w):
+        out = transport(q, k, v, q_len, k_len, tokens, config=cfg)
+        return jnp.sum(w * out), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+
+
+def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
+    q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
+    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    ref_cfg = dataclasses.replace(cfg, impl="reference")
+    (_, out), grads = _value_and_grad(cfg)(q, k, v, tokens, q_len, k_len, w)
+    (_, ref_out), ref_grads = _value_and_grad(ref_cfg)(q, k, v, tokens, q_len, k_len, w)
+    np.testing.assert_allclose(out, ref_out, atol=OUT_ATOL, rtol=0)
+    names = ("dq", "dk", "dv", "dustbin")
+    for name, g, rg in zip(names, grads, ref_grads):
+        for gl, rl in zip(jax.tree.leaves(g), jax.tree.leaves(rg)):
+            assert np.all(np.isfinite(gl)), name
+            np.testing.assert_allclose(gl, rl, atol=GRAD_ATOL, rtol=0, err_msg=name)
+    return grads
+
+
+# (name, lq, lk, q_len, k_len, half_band, block): balanced, ragged, rectangular both ways,
+# band wider than the problem, several tiles with ragged band edges.
+SHAPES = [
+    ("balanced", 24, 24, [24, 24], [24, 24], 3, 8),
+    ("ragged", 29, 29, [29, 17], [21, 29], 4, 8),
+    ("rect_wide", 19, 33, [19, 14], [33, 30], 6, 8),
+    ("rect_tall", 35, 18, [35, 30], [18, 11], 5, 16),
+    ("band_covers_all", 20, 26, [20, 9], [26, 26], 100, None),
+]
+
+
+def _grid():
+    """Every shape x dustbin x adjoint; a covering subset runs by default, the rest with --full."""
+    cases = []
+    for i, shape in enumerate(SHAPES):
+        for j, dustbin in enumerate(["none", "spoke", "widened"]):
+            for k, adjoint in enumerate(["one_reference", "four_plan"]):
+                fast = j == i % 3 and k == i % 2 or (shape[0], dustbin) == ("ragged", "spoke")
+                marks = () if fast else (pytest.mark.slow,)
+                cases.append(pytest.param(shape, dustbin, adjoint, marks=marks,
+                                          id=f"{shape[0]}-{dustbin}-{adjoint}"))
+    return cases
+
+
+@pytest.mark.parametrize("shape, dustbin, adjoint", _grid())
+def test_xla_matches_reference(shape, dustbin, adjoint):
+    _, lq, lk, ql, kl, w, block = shape
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, dustbin=dustbin,
+                          impl="xla", adjoint=adjoint, blocks=BlockSizes(block))
+    _compare(cfg, lq, lk, ql, kl)
+
+
+@pytest.mark.parametrize("base_steps, tail_steps", [(0, 1), (3, 0), (3, 3), pytest.param(0, 0, marks=pytest.mark.slow),
+                                                    pytest.param(3, 1, marks=pytest.mark.slow), pytest.param(0, 3, marks=pytest.mark.slow)])
+def test_any_tail_depth(base_steps, tail_steps):
+    cfg = TransportConfig(half_band=4, eps=0.5, base_steps=base_steps, tail_steps=tail_steps,
+                          dustbin="spoke", impl="xla", blocks=BlockSizes(8))
+    _compare(cfg, 21, 19, [21, 15], [19, 19])
+
+
+def test_eps_schedule_matches_reference():
+    cfg = TransportConfig(half_band=5, eps=0.5, base_steps=6, tail_steps=2, dustbin="spoke",
+                          eps_schedule=((2.0, 2), (1.0, 2), (0.5, 2)), impl="xla", blocks=BlockSizes(8))
+    _compare(cfg, 26, 22, [26, 20], [22, 17])
+
+
+def test_cold_scores_use_exact_fallback():
+    # eps small and scores large: the one-pass shifted log-sum-exp overflows on the first
+    # step and the exact two-pass form must take over, still matching the reference.
+    cfg = TransportConfig(half_band=6, eps=0.05, base_steps=4, tail_steps=2, impl="xla",
+                          blocks=BlockSizes(8))
+    q, k, v, tokens, w = make_inputs(1, 1, 24, 24, 8, 4, seed=3, scale=3.0)
+    ql = kl = jnp.array([24])
+    out = transport(q, k, v, ql, kl, config=cfg)
+    ref = transport(q, k, v, ql, kl, config=dataclasses.replace(cfg, impl="reference"))
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, atol=1e-4)
+
+
+def test_finite_differences_of_public_op():
+    # The op's gradient is that of the stopped-base surrogate; finite differences see the base
+    # move too. With T = 0 the base is the constant zero potential, the surrogate is the
+    # function itself, and the R-step adjoint must match central differences.
+    with jax.enable_x64(True):
+        q, k, v, tokens, _ = make_inputs(1, 2, 13, 11, 4, 3, seed=5, dtype=jnp.float64)
+        ql, kl = jnp.array([13]), jnp.array([10])
+        cfg = TransportConfig(half_band=3, eps=0.8, base_steps=0, tail_steps=3, dustbin="spoke",
+                              impl="xla", blocks=BlockSizes(8))
+        f = lambda q, k, v, tq, tk, tv: transport(q, k, v, ql, kl, DustbinTokens(tq, tk, tv), config=cfg)
+        jax.test_util.check_grads(f, (q, k, v) + tuple(tokens), order=1, modes=["rev"], atol=1e-6, rtol=1e-6)
+
+
+def _dense_plan(cfg, q, k, q_len, k_len):
+    """The plan over real keys read off the public op with V = identity (and its dustbin column)."""
+    b, h, lk = k.shape[0], k.shape[1], k.shape[2]
+    eye = jnp.broadcast_to(jnp.eye(lk + 1)[:lk], (b, h, lk, lk + 1))
+    tokens = DustbinTokens(jnp.ones((h, q.shape[-1])) * 0.1, jnp.ones((h, q.shape[-1])) * -0.2,
+                           jnp.broadcast_to(jnp.eye(lk + 1)[lk], (h, lk + 1)))
+    return transport(q, k, eye, q_len, k_len, tokens, config=cfg)
+
+
+def test_plan_marginals_balanced():
+    # Columns are exact after the final half-step; rows converge for a balanced square problem.
+    cfg = TransportConfig(half_band=5, eps=1.0, base_steps=200, tail_steps=2, impl="xla", blocks=BlockSizes(8))
+    q, k, _, _, _ = make_inputs(2, 1, 30, 30, 8, 4, seed=1, scale=0.5)
+    ql = kl = jnp.array([30, 30])
+    plan = _dense_plan(cfg, q, k, ql, kl)[..., :30]
+    np.testing.assert_allclose(plan.sum(-2), 1.0, atol=1e-5)
+    np.testing.assert_allclose(plan.sum(-1), 1.0, atol=1e-4)
+    i, j = np.indices((30, 30))
+    assert np.all(np.asarray(plan)[..., np.abs(i - j) > 5] == 0.0)
+
+
+def test_plan_marginals_ragged_and_empty_rows():
+    # Rows past k_len + W have no support: no mass, zero output, no NaN; padded rows likewise.
+    cfg = TransportConfig(half_band=2, eps=1.0, base_steps=10, tail_steps=2, impl="xla", blocks=BlockSizes(8))
+    q, k, _, _, _ = make_inputs(2, 1, 20, 20, 8, 4, seed=2)
+    ql, kl = jnp.array([20, 0]), jnp.array([8, 20])
+    plan = np.asarray(_dense_plan(cfg, q, k, ql, kl))
+    assert np.all(np.isfinite(plan))
+    assert np.all(plan[0, :, 11:] == 0.0)  # rows 11.. are further than W=2 from every key < 8
+    assert np.all(plan[1] == 0.0)  # q_len = 0: nothing is active
+    np.testing.assert_allclose(plan[0, 0, :, :8].sum(0), 1.0, atol=1e-5)  # columns exact
+
+
+def test_empty_problem_has_finite_zero_gradients():
+    cfg = TransportConfig(half_band=2, eps=1.0, base_steps=3, tail_steps=2, dustbin="spoke", impl="xla",
+                          blocks=BlockSizes(8))
+    q, k, v, tokens, w = make_inputs(2, 1, 12, 12, 4, 3, seed=4)
+    ql, kl = jnp.array([0, 12]), jnp.array([5, 0])
+    _, grads = _value_and_grad(cfg)(q, k, v, tokens, ql, kl, w)
+    for leaf in jax.tree.leaves(grads):
+        assert np.all(np.isfinite(leaf))
+    assert np.all(np.asarray(grads[0])[0] == 0.0)  # no active query row in item 0
+
+
+def test_spoke_equals_widened_when_band_covers_everything():
+    q, k, v, tokens, w = make_inputs(2, 2, 17, 23, 8, 4, seed=6)
+    ql, kl = jnp.array([17, 12]), jnp.array([23, 19])
+    grads = {}
+    for mode in ("spoke", "widened"):
+        cfg = TransportConfig(half_band=40, eps=0.6, base_steps=5, tail_steps=2, dustbin=mode, impl="xla")
+        grads[mode] = _value_and_grad(cfg)(q, k, v, tokens, ql, kl, w)
+    np.testing.assert_allclose(grads["spoke"][0][1], grads["widened"][0][1], atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads["spoke"][1]), jax.tree.leaves(grads["widened"][1])):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_spoke_differs_from_widened_when_band_is_narrow():
+    # The bridge identity is specific to W >= L: a narrow band is a different support.
+    q, k, v, tokens, _ = make_inputs(1, 1, 20, 20, 8, 4, seed=7)
+    ql = kl = jnp.array([20])
+    outs = [transport(q, k, v, ql, kl, tokens, half_band=2, dustbin=m, base_steps=5) for m in ("spoke", "widened")]
+    assert float(jnp.max(jnp.abs(outs[0] - outs[1]))) > 1e-3
+
+
+def test_potentials_history_matches_reference():
+    cfg = TransportConfig(half_band=4, eps=0.9, base_steps=4, tail_steps=2, dustbin="spoke", impl="xla",
+                          blocks=BlockSizes(8))
+    q, k, v, tokens, _ = make_inputs(2, 2, 18, 15, 8, 4, seed=8)
+    ql, kl = jnp.array([18, 10]), jnp.array([15, 15])
+    _, pots = transport(q, k, v, ql, kl, tokens, config=cfg, return_potentials=True)
+    _, ref = transport(q, k, v, ql, kl, tokens, config=dataclasses.replace(cfg, impl="reference"),
+                       return_potentials=True)
+    assert pots.u.shape == (2, 2, 6, 19) and pots.v.shape == (2, 2, 6, 16)
+    np.testing.assert_allclose(pots.u, ref.u, atol=1e-5)
+    np.testing.assert_allclose(pots.v, ref.v, atol=1e-5)
+
+
+def test_band_never_materializes_full_matrix():
+    """No intermediate of the banded forward+backward has Lp x Lp entries (here 512 x 512)."""
+    L, W = 512, 16
+    cfg = TransportConfig(half_band=W, eps=1.0, base_steps=3, tail_steps=2, dustbin="spoke", impl="xla",
+                          blocks=BlockSizes(32))
+    q, k, v, tokens, w = make_inputs(1, 1, L, L, 8, 4)
+    ql = kl = jnp.array([L])
+    jaxpr = jax.make_jaxpr(lambda *a: _value_and_grad.__wrapped__(cfg)(*a))(q, k, v, tokens, ql, kl, w)
+    band_entries = make_geometry(L, W, 32).n_diag * 32 * L
+    largest = 0
+
+    def visit(jpr):
+        nonlocal largest
+        for eqn in jpr.eqns:
+            for var in eqn.outvars:
+                largest = max(largest, int(np.prod(getattr(var.aval, "shape", ()))))
+            for param in eqn.params.values():
+                for sub in (param if isinstance(param, (list, tuple)) else [param]):
+                    if hasattr(sub, "jaxpr"):
+                        visit(sub.jaxpr if hasattr(sub.jaxpr, "eqns") else sub)
+                    elif hasattr(sub, "eqns"):
+                        visit(sub)
+
+    visit(jaxpr.jaxpr)
+    assert largest <= band_entries < L * L // 4, (largest, band_entries)
+
+
+def test_active_entry_count_formula():
+    for L, W in [(10, 0), (10, 3), (16384, 1024), (7, 20)]:
+        brute = sum(1 for i in range(min(L, 60)) for j in range(min(L, 60)) if abs(i - j) <= W) if L <= 60 else None
+        closed = L * (2 * W + 1) - W * (W + 1) if W < L else L * L
+        assert active_entries(L, L, W) == closed
+        if brute is not None:
+            assert brute == closed
+    assert active_entries(16384, 16384, 1024) == 32_521_216
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(half_band=-1), "half_band"),
+        (dict(half_band=3, eps=0.0), "eps"),
+        (dict(half_band=3, base_steps=-1), "base_steps"),
+        (dict(half_band=3, tail_steps=-2), "tail_steps"),
+        (dict(half_band=3, dustbin="bucket"), "dustbin"),
+        (dict(half_band=3, base_steps=4, eps=0.5, eps_schedule=((1.0, 2), (0.5, 1))), "sum"),
+        (dict(half_band=3, base_steps=2, eps=0.5, eps_schedule=((0.5, 1), (1.0, 1))), "non-increasing"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransportConfig(**kwargs)
+
+
+def test_input_errors():
+    q, k, v, tokens, _ = make_inputs(2, 1, 10, 12, 8, 4)
+    ql, kl = jnp.array([10, 10]), jnp.array([12, 12])
+    with pytest.raises(ValueError, match=r"\[B, H, L, d\]"):
+        transport(q[0], k, v, ql, kl, half_band=3)
+    with pytest.raises(ValueError, match="k and v lengths"):
+        transport(q, k, v[:, :, :5], ql, kl, half_band=3)
+    with pytest.raises(ValueError, match="feature dims"):
+        transport(q, k[..., :4], v, ql, kl, half_band=3)
+    with pytest.raises(ValueError, match="q_len must have shape"):
+        transport(q, k, v, jnp.array([10]), kl, half_band=3)
+    with pytest.raises(ValueError, match="k_len must lie"):
+        transport(q, k, v, ql, jnp.array([12, 13]), half_band=3)
+    with pytest.raises(ValueError, match="needs DustbinTokens"):
+        transport(q, k, v, ql, kl, half_band=3, dustbin="spoke")
+    with pytest.raises(ValueError, match="dustbin tokens must have shapes"):
+        transport(q, k, v, ql, kl, tokens._replace(v=tokens.v[:, :2]), half_band=3, dustbin="spoke")
+    with pytest.raises(ValueError, match="empty sequence axis"):
+        transport(q[:, :, :0], k, v, ql * 0, kl, half_band=3)
