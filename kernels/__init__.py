@@ -4,7 +4,9 @@
 ``sinkhorn.py`` for the maths and ``band.py`` for the tiled layout.
 """
 
-from pfamalign.kernels.api import Potentials, transport
+from pfamalign.kernels.api import Potentials, TransportResult, transport, transport_plan
 from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig
 
-__all__ = ["BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "transport"]
+__all__ = [
+    "BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "TransportResult", "transport", "transport_plan",
+]

@@ -10,7 +10,7 @@ import numpy as np
 
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
-from pfamalign.kernels.reference import reference_transport
+from pfamalign.kernels.reference import reference_solve, reference_transport
 from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
 
 
@@ -62,7 +62,7 @@ def _pad_flat(x, length):
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
 
 
-def _banded(q, k, v, q_len, k_len, tokens, cfg: TransportConfig, history: bool):
+def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, history: bool):
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
     n = b * h
@@ -88,23 +88,37 @@ def _banded(q, k, v, q_len, k_len, tokens, cfg: TransportConfig, history: bool):
     if slot is not None:
         qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
         row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
-    flat = Flat(qf, kf, vf, tq, tk, tv, row_active, col_active)
+    # Targets: key index, or lk for the dustbin column (at its slot in the padded problem).
+    tgt = jnp.full((b, lq), -1, jnp.int32) if targets is None else jnp.asarray(targets, jnp.int32)
+    tgt = jnp.where(tgt == lk, lp if slot is None else slot, jnp.where(tgt > lk, -1, tgt))
+    tgt = jnp.pad(jnp.repeat(tgt, h, axis=0), ((0, 0), (0, lp - lq)), constant_values=-1)
+    flat = Flat(qf, kf, vf, tq, tk, tv, row_active, col_active, tgt)
     spec = Spec(cfg, geom, has_dustbin, history)
-    out, hist = banded_transport(spec, flat)
+    out, logp, hist = banded_transport(spec, flat)
     out = out[:, :lq].reshape(b, h, lq, dv)
+    logp = logp[:, :lq].reshape(b, h, lq)
     if not history:
-        return out, None
+        return out, logp, None
     hu, hv = (jnp.moveaxis(x, 0, 1) for x in hist)  # [N, T + R, Lp + 1]
     db = slot if slot is not None else lp
     u = jnp.concatenate([hu[..., :lq], hu[..., db : db + 1]], -1)
     vv = jnp.concatenate([hv[..., :lk], hv[..., db : db + 1]], -1)
     if cfg.dustbin == "none":
         u, vv = u.at[..., -1].set(0.0), vv.at[..., -1].set(0.0)
-    return out, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))
+    return out, logp, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))
+
+
+class TransportResult(NamedTuple):
+    """What ``transport`` returns when more than the output is asked for."""
+
+    out: jax.Array  # [B, H, Lq, dv]
+    target_logp: jax.Array | None  # [B, H, Lq] log P_{i, t_i}; -inf where t_i is absent/off-support
+    potentials: Potentials | None
 
 
 def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
-              config: TransportConfig | None = None, return_potentials: bool = False, **settings):
+              config: TransportConfig | None = None, targets=None, return_potentials: bool = False,
+              **settings):
     """Transport output ``O = P V`` for a batch of (query, key) pairs and heads.
 
     P is the unit-target Sinkhorn plan on the banded support ``|i - j| <= W`` (plus the dustbin
@@ -116,10 +130,14 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
       q_len, k_len: ``[B]`` true lengths; positions beyond them are inactive padding.
       tokens: learned dustbin tokens for the ``widened`` and ``spoke`` modes.
       config: a TransportConfig; or pass its fields as keywords (``half_band=64, eps=0.5``).
+      targets: optional ``[B, Lq]`` int: each query row's target key (``Lk`` = the dustbin
+        column, -1 = none). Their log plan entries are returned, differentiably, computed in
+        the log domain (a sparse cross-entropy needs no dense plan).
       return_potentials: also return the ``Potentials`` history (for the certificates).
 
     Returns:
-      ``O [B, H, Lq, dv]`` (rows without support are 0), and the potentials when requested.
+      ``O [B, H, Lq, dv]`` (rows without support are 0); a ``TransportResult`` instead when
+      targets or potentials are requested.
     """
     if config is None:
         config = TransportConfig(**settings)
@@ -127,9 +145,31 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
     _check_inputs(q, k, v, q_len, k_len, tokens, config)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):
+        raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, got {jnp.shape(targets)}")
     if config.impl == "reference":
-        out, hist = reference_transport(q, k, v, q_len, k_len, tokens, config)
+        out, logp, hist = reference_transport(q, k, v, q_len, k_len, tokens, config, targets=targets)
         pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))
     else:
-        out, pots = _banded(q, k, v, q_len, k_len, tokens, config, return_potentials)
-    return (out, pots) if return_potentials else out
+        out, logp, pots = _banded(q, k, v, q_len, k_len, tokens, targets, config, return_potentials)
+    if targets is None and not return_potentials:
+        return out
+    return TransportResult(out, logp if targets is not None else None, pots if return_potentials else None)
+
+
+def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
+                   config: TransportConfig | None = None, **settings):
+    """The dense plan ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin; zero without
+    one) for inference and diagnostics: decoding, barycenters, certificates.
+
+    It is the plan whose products ``transport`` computes (same support, same steps), formed
+    densely by the reference solver; no gradient. Memory Lq x Lk per pair and head.
+    """
+    if config is None:
+        config = TransportConfig(**settings)
+    v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
+    if tokens is not None:
+        tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
+    _check_inputs(q, k, v, q_len, k_len, tokens, config)
+    plan = reference_solve(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config)[0]
+    return jax.lax.stop_gradient(plan)

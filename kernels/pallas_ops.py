@@ -77,6 +77,9 @@ class PallasBandOps:
       wrapper: "tpu" or "gpu" to force a kernel wrapper (default: from the backend).
     """
 
+    # The kernels' log-sum-exp keeps a running max: one exact pass, no shifted fast path needed.
+    exact_single_pass_lse = True
+
     def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = None):
         if wrapper is None:
             wrapper = _default_wrapper()

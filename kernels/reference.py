@@ -60,7 +60,8 @@ def _extend(x, token):
 def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: TransportConfig):
     """Runs the stopped base and the differentiable tail densely.
 
-    Returns ``(plan [B, H, Lq+1, Lk+1], values [B, H, Lk+1, dv], (u_hist, v_hist))`` with the
+    Returns ``(plan, log_plan, values, (u_hist, v_hist))``: the plan and its log
+    ``[B, H, Lq+1, Lk+1]`` (log -inf off the support), the values ``[B, H, Lk+1, dv]`` and the
     potential histories ``[B, H, T + R, L + 1]`` (centered, after every full step).
     """
     d = q.shape[-1]
@@ -92,16 +93,25 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
         upot, vpot = _full_step(s, mask, vpot)
         history_u.append(upot)
         history_v.append(vpot)
-    plan = jnp.where(mask, jnp.exp(s + upot[..., :, None] + vpot[..., None, :]), 0.0)
+    log_plan = jnp.where(mask, s + upot[..., :, None] + vpot[..., None, :], -jnp.inf)
+    plan = jnp.where(mask, jnp.exp(jnp.where(mask, log_plan, 0.0)), 0.0)
     hist = (
         jnp.stack(history_u, axis=2) if history_u else jnp.zeros(upot.shape[:2] + (0, lq + 1)),
         jnp.stack(history_v, axis=2) if history_v else jnp.zeros(upot.shape[:2] + (0, lk + 1)),
     )
-    return plan, v_ext, hist
+    return plan, log_plan, v_ext, hist
 
 
-def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig):
-    """``O = P V`` for the real query rows, densely; differentiable by autodiff."""
-    plan, v_ext, hist = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
+def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, targets=None):
+    """``O = P V`` for the real query rows and ``log P_{i, t_i}`` (targets ``[B, Lq]``, Lk = the
+    dustbin column, -1 = none) densely; differentiable by autodiff."""
+    plan, log_plan, v_ext, hist = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
     out = jnp.einsum("bhij,bhjv->bhiv", plan[:, :, :-1], v_ext)
-    return out, hist
+    logp = None
+    if targets is not None:
+        t = jnp.asarray(targets)[:, None, :, None]  # [B, 1, Lq, 1]
+        t_safe = jnp.clip(t, 0, k.shape[2])
+        t_safe = jnp.broadcast_to(t_safe, plan.shape[:2] + t_safe.shape[2:])
+        logp = jnp.take_along_axis(log_plan[:, :, :-1], t_safe, -1)[..., 0]
+        logp = jnp.where(t[..., 0] >= 0, logp, -jnp.inf)
+    return out, logp, hist

@@ -1,6 +1,6 @@
 """The banded Sinkhorn solve and its exact tail adjoint, written once for every backend.
 
-A backend (``XlaBandOps`` or ``PallasBandOps``) supplies six banded primitives — ``scores``,
+A backend (``XlaBandOps`` or ``PallasBandOps``) supplies seven banded primitives — ``scores``,
 ``rescale``, ``row_lse``, ``col_lse``, ``plan``, ``plan_rows``, ``plan_cols`` — and this module
 adds the dustbin spokes (O(L) vectors), the potentials, centering, the stopped base, the
 R-step tail and the custom VJP.
@@ -50,6 +50,7 @@ class Flat(NamedTuple):
     tv: jax.Array  # [N, dv]  dustbin column value
     row_active: jax.Array  # [N, Lp] bool
     col_active: jax.Array  # [N, Lp] bool
+    target: jax.Array  # [N, Lp] int32: column of each row's target entry (Lp = dustbin), -1 none
 
 
 class Spokes(NamedTuple):
@@ -141,10 +142,11 @@ def _neg_lse_or_zero(lse):
 _SAFE_LOG = 60.0
 
 
-def _band_lse(lse_fn, band, bias, shift, has_entry):
+def _band_lse(ops, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
-    falls back to the exact two-pass form when any line drifted out of the safe range."""
-    if shift is None:
+    falls back to the exact two-pass form when any line drifted out of the safe range.
+    Backends whose log-sum-exp is already single-pass and exact (online max) skip all this."""
+    if shift is None or getattr(ops, "exact_single_pass_lse", False):
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
     ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
@@ -153,7 +155,7 @@ def _band_lse(lse_fn, band, bias, shift, has_entry):
 
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     """û = -LSE_row(S + v) on the extended support."""
-    band_lse = _band_lse(ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
+    band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = jnp.logaddexp(band_lse, spk.col + v[:, -1:])
     db = jnp.logaddexp(jax.nn.logsumexp(spk.row + v[:, :-1], axis=-1), spk.corner + v[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
@@ -161,7 +163,7 @@ def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
 
 def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
     """v̂ = -LSE_col(S + u) on the extended support."""
-    band_lse = _band_lse(ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
+    band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = jnp.logaddexp(band_lse, spk.row + u[:, -1:])
     db = jnp.logaddexp(jax.nn.logsumexp(spk.col + u[:, :-1], axis=-1), spk.corner + u[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
@@ -292,6 +294,28 @@ def output(ops, band, spk, sol: Solution, flat: Flat):
     return _ext_rows(ops, p, _ext(flat.v, flat.tv))[:, :-1]
 
 
+def _target_entries(spec: Spec, flat: Flat):
+    """Which rows have a target inside the support, the clipped target, and k at the target."""
+    lp = flat.q.shape[1]
+    t = flat.target
+    tc = jnp.clip(t, 0, lp)
+    col_ok = jnp.where(t == lp, spec.has_dustbin,
+                       jnp.take_along_axis(flat.col_active, jnp.minimum(tc, lp - 1), -1)
+                       & (jnp.abs(tc - jnp.arange(lp)) <= spec.geom.half_band))
+    valid = (t >= 0) & flat.row_active & col_ok
+    k_t = jnp.take_along_axis(_ext(flat.k, flat.tk), tc[..., None], 1)  # [N, Lp, d]
+    return valid, tc, k_t
+
+
+def target_logp(spec: Spec, flat: Flat, sol: Solution, eps):
+    """log P_{i, t_i} = S_{i,t_i} + u_i + v_{t_i} ``[N, Lp]``; -inf where the target entry is
+    outside the support (or absent). Computed in the log domain: finite however small P is."""
+    valid, tc, k_t = _target_entries(spec, flat)
+    s_t = jnp.sum(flat.q * k_t, -1) * _scale(flat, eps)
+    logp = s_t + sol.u_final[:, :-1] + jnp.take_along_axis(sol.v_final, tc, -1)
+    return jnp.where(valid, logp, -jnp.inf)
+
+
 # ---- the exact tail adjoint -----------------------------------------------------------------
 
 
@@ -310,8 +334,12 @@ def _products(ops, p: _ExtPlan):
     return rows, cols
 
 
-def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
-    """Cotangents of (q, k, v, tq, tk, tv) for the output cotangent ``g_out [N, Lp, dv]``.
+def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp=None):
+    """Cotangents of (q, k, v, tq, tk, tv) for the output cotangent ``g_out [N, Lp, dv]`` and
+    the cotangent ``g_logp [N, Lp]`` of the target log-plan entries (None: no targets).
+
+    A target entry adds ``g`` to the score cotangent at (i, t_i) (``P ∘ (g / P) = g``: no
+    division, the log domain carries it) and to the row and column sums at the last step.
 
     Also returns eta, the adjoint of the stopped base potential v^0 (the part the stopped
     gradient drops; the bias certificate pushes it through the base).
@@ -334,6 +362,11 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
     o_ext = _ext(out, jnp.zeros((n, out.shape[-1]), out.dtype))
     u_bar = jnp.sum(g_ext * o_ext, -1)  # row sums of P∘G
     v_bar = jnp.sum(v_ext * dv_ext, -1)  # column sums of P∘G
+    if g_logp is not None:
+        valid, tc, k_t = _target_entries(spec, flat)
+        g_t = jnp.where(valid, g_logp, 0.0)  # [N, Lp]
+        u_bar = u_bar.at[:, :-1].add(g_t)
+        v_bar = jax.vmap(lambda vb, t, g: vb.at[t].add(g))(v_bar, tc, g_t)
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
 
     def step(carry, xs):  # tail step r, taken in reverse
@@ -375,6 +408,9 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
             dq_ext -= al * _ext_rows(ops, a_plan, k_ext) + _ext_rows(ops, b_plan, be * k_ext)
             dk_ext -= _ext_cols(ops, a_plan, al * q_ext) + be * _ext_cols(ops, b_plan, q_ext)
         dq_ext, dk_ext = scale * dq_ext, scale * dk_ext
+    if g_logp is not None:  # the sparse target entries of the score cotangent
+        dq_ext = dq_ext.at[:, :-1].add(scale * g_t[..., None] * k_t)
+        dk_ext = jax.vmap(lambda dk, t, x: dk.at[t].add(x))(dk_ext, tc, scale * g_t[..., None] * flat.q)
     grads = (dq_ext[:, :-1], dk_ext[:, :-1], dv_ext[:, :-1], dq_ext[:, -1], dk_ext[:, -1], dv_ext[:, -1])
     if not spec.has_dustbin:
         grads = grads[:3] + tuple(jnp.zeros_like(g) for g in grads[3:])
@@ -386,26 +422,28 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def banded_transport(spec: Spec, flat: Flat):
-    """Returns (O [N, Lp, dv], potential history or None). No gradient flows into the history."""
-    sol, hist, band, spk = solve(spec, flat)
-    return output(make_ops(spec), band, spk, sol, flat), hist
+    """Returns (O [N, Lp, dv], target log-plan [N, Lp], potential history or None).
+
+    No gradient flows into the history (a diagnostic)."""
+    return _fwd(spec, flat)[0]
 
 
 def _fwd(spec, flat):
     sol, hist, band, spk = solve(spec, flat)
     out = output(make_ops(spec), band, spk, sol, flat)
-    return (out, hist), (flat, sol, out)
+    logp = target_logp(spec, flat, sol, spec.cfg.eps)
+    return (out, logp, hist), (flat, sol, out)
 
 
 def _bwd(spec, res, cotangents):
     flat, sol, out = res
-    g_out, _ = cotangents  # the history is a diagnostic: its cotangent is ignored
+    g_out, g_logp, _ = cotangents  # the history's cotangent is ignored
     # The score band is recomputed (one matmul over the band) rather than kept from forward.
     ops = make_ops(spec)
     band = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, _scale(flat, spec.cfg.eps))
     spk = spoke_scores(flat, spec, _scale(flat, spec.cfg.eps))
-    grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out)
-    return (Flat(*grads, None, None),)
+    grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)
+    return (Flat(*grads, None, None, None),)
 
 
 banded_transport.defvjp(_fwd, _bwd)

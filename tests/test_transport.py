@@ -44,6 +44,11 @@ def _value_and_grad(cfg: TransportConfig):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
 
 
+@functools.lru_cache(maxsize=None)
+def _jit_transport(cfg: TransportConfig):
+    return jax.jit(lambda q, k, v, q_len, k_len, tokens=None: transport(q, k, v, q_len, k_len, tokens, config=cfg))
+
+
 def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
     q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
@@ -112,8 +117,8 @@ def test_cold_scores_use_exact_fallback():
                           blocks=BlockSizes(8))
     q, k, v, tokens, w = make_inputs(1, 1, 24, 24, 8, 4, seed=3, scale=3.0)
     ql = kl = jnp.array([24])
-    out = transport(q, k, v, ql, kl, config=cfg)
-    ref = transport(q, k, v, ql, kl, config=dataclasses.replace(cfg, impl="reference"))
+    out = _jit_transport(cfg)(q, k, v, ql, kl)
+    ref = _jit_transport(dataclasses.replace(cfg, impl="reference"))(q, k, v, ql, kl)
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, ref, atol=1e-4)
 
@@ -137,7 +142,7 @@ def _dense_plan(cfg, q, k, q_len, k_len):
     eye = jnp.broadcast_to(jnp.eye(lk + 1)[:lk], (b, h, lk, lk + 1))
     tokens = DustbinTokens(jnp.ones((h, q.shape[-1])) * 0.1, jnp.ones((h, q.shape[-1])) * -0.2,
                            jnp.broadcast_to(jnp.eye(lk + 1)[lk], (h, lk + 1)))
-    return transport(q, k, eye, q_len, k_len, tokens, config=cfg)
+    return _jit_transport(cfg)(q, k, eye, q_len, k_len, tokens)
 
 
 def test_plan_marginals_balanced():
@@ -191,7 +196,8 @@ def test_spoke_differs_from_widened_when_band_is_narrow():
     # The bridge identity is specific to W >= L: a narrow band is a different support.
     q, k, v, tokens, _ = make_inputs(1, 1, 20, 20, 8, 4, seed=7)
     ql = kl = jnp.array([20])
-    outs = [transport(q, k, v, ql, kl, tokens, half_band=2, dustbin=m, base_steps=5) for m in ("spoke", "widened")]
+    outs = [_jit_transport(TransportConfig(half_band=2, dustbin=m, base_steps=5))(q, k, v, ql, kl, tokens)
+            for m in ("spoke", "widened")]
     assert float(jnp.max(jnp.abs(outs[0] - outs[1]))) > 1e-3
 
 
@@ -200,9 +206,9 @@ def test_potentials_history_matches_reference():
                           blocks=BlockSizes(8))
     q, k, v, tokens, _ = make_inputs(2, 2, 18, 15, 8, 4, seed=8)
     ql, kl = jnp.array([18, 10]), jnp.array([15, 15])
-    _, pots = transport(q, k, v, ql, kl, tokens, config=cfg, return_potentials=True)
-    _, ref = transport(q, k, v, ql, kl, tokens, config=dataclasses.replace(cfg, impl="reference"),
-                       return_potentials=True)
+    pots = jax.jit(lambda *a: transport(*a, config=cfg, return_potentials=True).potentials)(q, k, v, ql, kl, tokens)
+    ref_cfg = dataclasses.replace(cfg, impl="reference")
+    ref = jax.jit(lambda *a: transport(*a, config=ref_cfg, return_potentials=True).potentials)(q, k, v, ql, kl, tokens)
     assert pots.u.shape == (2, 2, 6, 19) and pots.v.shape == (2, 2, 6, 16)
     np.testing.assert_allclose(pots.u, ref.u, atol=1e-5)
     np.testing.assert_allclose(pots.v, ref.v, atol=1e-5)
@@ -281,3 +287,49 @@ def test_input_errors():
         transport(q, k, v, ql, kl, tokens._replace(v=tokens.v[:, :2]), half_band=3, dustbin="spoke")
     with pytest.raises(ValueError, match="empty sequence axis"):
         transport(q[:, :, :0], k, v, ql * 0, kl, half_band=3)
+
+
+@pytest.mark.parametrize("dustbin", ["spoke", "widened", "none"])
+def test_target_log_plan_and_its_gradient_match_reference(dustbin):
+    """log P_{i,t_i} (keys, the dustbin column, absent and off-band targets) and the gradient
+    of a cross-entropy on it plus a loss on O, against dense autodiff."""
+    b, h, lq, lk = 2, 2, 21, 18
+    q, k, v, tokens, w = make_inputs(b, h, lq, lk, 8, 4, seed=11)
+    ql, kl = jnp.array([21, 16]), jnp.array([18, 15])
+    rng = np.random.default_rng(0)
+    targets = rng.integers(-1, lk + 1, size=(b, lq))  # includes -1 (none) and lk (dustbin)
+    targets[0, 20] = 2  # far outside the band: not in the support
+    targets = jnp.asarray(targets)
+    res = {}
+    for impl in ("xla", "reference"):
+        cfg = TransportConfig(half_band=5, eps=0.8, base_steps=4, tail_steps=2, dustbin=dustbin, impl=impl,
+                              blocks=BlockSizes(8))
+
+        def loss(q, k, v, tokens):
+            r = transport(q, k, v, ql, kl, tokens, config=cfg, targets=targets)
+            ce = -jnp.sum(jnp.where(jnp.isfinite(r.target_logp), r.target_logp, 0.0))
+            return ce + jnp.sum(w * r.out), r.target_logp
+
+        res[impl] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, tokens)
+    (_, logp), grads = res["xla"]
+    (_, ref_logp), ref_grads = res["reference"]
+    finite = np.isfinite(np.asarray(ref_logp))
+    np.testing.assert_array_equal(np.isfinite(np.asarray(logp)), finite)
+    assert finite[0, :, 20].all() == (dustbin == "widened")  # off-band unless the band is widened
+    np.testing.assert_allclose(np.asarray(logp)[finite], np.asarray(ref_logp)[finite], atol=2e-5)
+    for g, rg in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(g, rg, atol=GRAD_ATOL, rtol=0)
+
+
+def test_dense_plan_is_the_plan_the_op_applies():
+    from pfamalign.kernels import transport_plan
+
+    cfg = TransportConfig(half_band=4, eps=0.8, base_steps=6, tail_steps=2, dustbin="spoke", impl="xla",
+                          blocks=BlockSizes(8))
+    q, k, v, tokens, _ = make_inputs(2, 2, 15, 13, 8, 4, seed=12)
+    ql, kl = jnp.array([15, 11]), jnp.array([13, 13])
+    plan = transport_plan(q, k, ql, kl, tokens, config=cfg)
+    assert plan.shape == (2, 2, 16, 14)
+    v_ext = jnp.concatenate([v, jnp.broadcast_to(tokens.v[None, :, None], (2, 2, 1, 4))], 2)
+    expected = jnp.einsum("bhij,bhjv->bhiv", plan[:, :, :15], v_ext)
+    np.testing.assert_allclose(_jit_transport(cfg)(q, k, v, ql, kl, tokens), expected, atol=1e-5)
