@@ -16,6 +16,14 @@ import jax.numpy as jnp
 from pfamalign.kernels.band import BandGeometry
 
 
+def _log_or_neg_inf(ssum):
+    """``log(ssum)`` with -inf for empty sums, and a zero (not NaN) cotangent there: the
+    banded primitives stay differentiable by autodiff (the bias certificate differentiates
+    the base solve through them)."""
+    pos = ssum > 0
+    return jnp.where(pos, jnp.log(jnp.where(pos, ssum, 1.0)), -jnp.inf)
+
+
 class Band(NamedTuple):
     """Resident band of masked scores (``-inf`` outside the support)."""
 
@@ -93,8 +101,9 @@ class XlaBandOps:
             shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
         else:
             shift = self._blocks(shift)
+        shift = jax.lax.stop_gradient(shift)  # the result does not depend on it
         ssum = jnp.sum(jnp.exp(x - shift[None, ..., None]), axis=(0, 4))
-        return (jnp.log(ssum) + shift).reshape(shift.shape[0], -1)
+        return (_log_or_neg_inf(ssum) + shift).reshape(shift.shape[0], -1)
 
     def col_lse(self, band: Band, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)`` over each column's band; -inf for columns with none.
@@ -105,8 +114,9 @@ class XlaBandOps:
         if shift is None:
             mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]
             shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        shift = jax.lax.stop_gradient(shift)  # the result does not depend on it
         ssum = self._fold(jnp.sum(jnp.exp(x - self._windows(shift)[:, :, :, None, :]), axis=3), jnp.add)
-        return jnp.log(ssum) + shift
+        return _log_or_neg_inf(ssum) + shift
 
     # ---- plans and their products ---------------------------------------------------------
     def plan(self, band: Band, row_pot, col_pot) -> Band:

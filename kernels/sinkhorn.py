@@ -133,6 +133,15 @@ def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
     return Spokes(jnp.where(flat.row_active, col, -jnp.inf), jnp.where(flat.col_active, row, -jnp.inf), corner)
 
 
+def _lse_last(x):
+    """``logsumexp`` over the last axis; -inf for an all -inf line with a zero (not NaN)
+    cotangent, so that autodiff through the steps is safe (``jax.nn.logsumexp`` gives NaN)."""
+    mx = jax.lax.stop_gradient(jnp.max(x, -1))
+    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    s = jnp.sum(jnp.exp(x - mx[:, None]), -1)
+    return jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1.0)), -jnp.inf) + mx
+
+
 def _neg_lse_or_zero(lse):
     return jnp.where(jnp.isfinite(lse), -lse, 0.0)
 
@@ -157,7 +166,7 @@ def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     """û = -LSE_row(S + v) on the extended support."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = jnp.logaddexp(band_lse, spk.col + v[:, -1:])
-    db = jnp.logaddexp(jax.nn.logsumexp(spk.row + v[:, :-1], axis=-1), spk.corner + v[:, -1])
+    db = jnp.logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 
@@ -165,7 +174,7 @@ def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
     """v̂ = -LSE_col(S + u) on the extended support."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = jnp.logaddexp(band_lse, spk.row + u[:, -1:])
-    db = jnp.logaddexp(jax.nn.logsumexp(spk.col + u[:, :-1], axis=-1), spk.corner + u[:, -1])
+    db = jnp.logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 

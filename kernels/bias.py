@@ -1,0 +1,186 @@
+"""A-posteriori tail bias certificate (DESIGN §6; seed paper Prop. 5 / Cor. 2).
+
+The op's gradient is that of the *stopped-base surrogate*: the R-step tail is differentiated
+exactly, but the base state z_T — the column potential v^0 = v^T after the T stopped steps —
+is treated as a constant. Differentiating through all T + R steps instead gives
+
+    grad_full = grad_stopped + D_x z_T^T eta_R,        c_R := D_x z_T^T eta_R,
+
+with eta_R the adjoint of z_T after back-propagating the output cotangent through the R tail
+steps (``sinkhorn.adjoint`` returns it). c_R is the bias of the surrogate gradient; the tail
+contracts it (||eta_R|| shrinks like the contraction rate to the power R), and the certified
+tail depth is the first R with ||c_R|| <= tol.
+
+Here every term is computed independently:
+  * grad_stopped: the public op with (T, R);
+  * grad_full: the public op with (T, R) -> (0, T + R): the base is then the constant zero
+    potential, so the op's exact tail adjoint differentiates all T + R steps;
+  * eta_R: ``sinkhorn.adjoint`` on the banded problem;
+  * c_R: a VJP of the base solve (``sinkhorn.run_steps`` on the XLA band, plain jnp) at eta_R;
+so the residual ||(grad_full - grad_stopped) - c_R|| checks the identity (it is rounding).
+
+R = 0: the output plan then also reads the base's last row potential u^T (a function of
+v^{T-1}, not of v^T), so the base state is (u^T, v^T) with adjoint (ū_0, eta_0), ū_0 the row
+sums of P∘G. From R = 1 on only v^0 enters the tail and ū_R = 0.
+
+Gradients are taken with respect to all inputs (q, k, v and the dustbin tokens); the v parts
+of c_R are zero (the plan does not depend on v). Constant eps only: with an eps schedule the
+tail would not continue the base at one temperature and grad_full is not the (0, T + R) op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pfamalign.kernels import sinkhorn as sk
+from pfamalign.kernels.api import _check_inputs, _pad_flat, transport
+from pfamalign.kernels.band import make_geometry
+from pfamalign.kernels.config import DustbinTokens, TransportConfig
+
+
+class TailBiasRow(NamedTuple):
+    """The certificate at one tail depth R (2-norms over all input gradients)."""
+
+    tail_steps: int  # R
+    eta_norm: float  # ||eta_R||: adjoint of the base state
+    bias_norm: float  # ||c_R|| = ||D_x z_T^T eta_R||
+    gap_norm: float  # ||grad_full - grad_stopped||
+    residual: float  # ||(grad_full - grad_stopped) - c_R||: rounding when the identity holds
+    grad_norm: float  # ||grad_full||, the scale of the above
+
+
+class TailBiasCertificate(NamedTuple):
+    """Per-R rows and the certified tail depth (first R with ``bias_norm <= tol``, or None)."""
+
+    rows: tuple[TailBiasRow, ...]
+    tol: float
+    certified_depth: int | None
+
+
+def _flatten(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
+    """Inputs -> (Flat, Spec) of the banded op, as ``api._banded`` builds them (no targets).
+
+    Differentiable in (q, k, v, tokens). Always on the XLA band (plain jnp)."""
+    b, h, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    n, lmax = b * h, max(lq, lk)
+    per_head = lambda lens: jnp.repeat(jnp.asarray(lens).astype(jnp.int32), h)  # [N]
+    if cfg.dustbin == "widened":  # tokens become ordinary positions at lmax, dense band
+        geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block)
+        has_dustbin, slot = False, lmax
+    else:
+        geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block)
+        has_dustbin, slot = cfg.dustbin == "spoke", None
+    lp = geom.length
+    pos = jnp.arange(lp)[None, :]
+    row_active = pos < per_head(q_len)[:, None]
+    col_active = pos < per_head(k_len)[:, None]
+    qf, kf, vf = _pad_flat(q, lp), _pad_flat(k, lp), _pad_flat(v, lp)
+    tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
+                        else jnp.tile(t.astype(q.dtype), (b, 1)))
+    tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
+    if slot is not None:
+        qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
+        row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
+    target = jnp.full((n, lp), -1, jnp.int32)
+    flat = sk.Flat(qf, kf, vf, tq, tk, tv, row_active, col_active, target)
+    return flat, sk.Spec(dataclasses.replace(cfg, impl="xla"), geom, has_dustbin, False)
+
+
+def _base_state(cfg: TransportConfig, q_len, k_len, inputs):
+    """(u^T, v^T) ``[N, Lp + 1]`` after the T base steps from zero, differentiably."""
+    flat, spec = _flatten(*inputs[:3], q_len, k_len, inputs[3], cfg)
+    ops, sup = sk.make_ops(spec), sk.support(flat, spec)
+    dots = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, sk._scale(flat, 1.0))
+    raw_spk = sk.spoke_scores(flat, spec, sk._scale(flat, 1.0))
+    zeros = jnp.zeros((flat.q.shape[0], flat.q.shape[1] + 1), flat.q.dtype)
+    _, u, v = sk.run_steps(ops, dots, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros)
+    return u[-1], v[-1]
+
+
+def _base_adjoint(cfg: TransportConfig, q_len, k_len, inputs, g_out):
+    """The adjoint (ū_R, eta_R) of the base state for the output cotangent ``g_out``."""
+    flat, spec = _flatten(*inputs[:3], q_len, k_len, inputs[3], cfg)
+    sol, _, band, spk = sk.solve(spec, flat)
+    out = sk.output(sk.make_ops(spec), band, spk, sol, flat)  # [N, Lp, dv]
+    b, h, lq, dv = g_out.shape
+    g_flat = _pad_flat(g_out, flat.q.shape[1])
+    _, eta = sk.adjoint(spec, flat, sol, band, spk, out, g_flat)
+    u_bar = jnp.zeros_like(eta)
+    if cfg.tail_steps == 0:  # the output plan reads u^T too: ū_0 = row sums of P∘G
+        rows = jnp.sum(jnp.where(flat.row_active[..., None], g_flat, 0.0) * out, -1)
+        u_bar = u_bar.at[:, :-1].set(rows)
+    return u_bar, eta
+
+
+def _op_grad(cfg: TransportConfig, q_len, k_len, inputs, g_out):
+    q, k, v, tokens = inputs
+    _, vjp = jax.vjp(lambda *x: transport(*x[:3], q_len, k_len, x[3], config=cfg), q, k, v, tokens)
+    return vjp(g_out)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _terms(cfg: TransportConfig, q_len, k_len, inputs, g_out):
+    """(eta, c_R, grad_stopped, grad_full) at the tail depth ``cfg.tail_steps``."""
+    t, r = cfg.base_steps, cfg.tail_steps
+    stopped = _op_grad(cfg, q_len, k_len, inputs, g_out)
+    full = _op_grad(dataclasses.replace(cfg, base_steps=0, tail_steps=t + r), q_len, k_len, inputs, g_out)
+    u_bar, eta = _base_adjoint(cfg, q_len, k_len, inputs, g_out)
+    if t == 0:  # the base is the constant zero potential: no bias
+        bias = jax.tree.map(jnp.zeros_like, inputs)
+    else:
+        _, vjp = jax.vjp(lambda *x: _base_state(cfg, q_len, k_len, x), *inputs)
+        bias = vjp((u_bar, eta))
+    return jnp.concatenate([u_bar, eta], -1), bias, stopped, full
+
+
+def _norm(tree) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree))))
+
+
+def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
+                          config: TransportConfig, g_out, tail_depths=(0, 1, 2, 4),
+                          tol: float = 1e-5) -> TailBiasCertificate:
+    """The a-posteriori bias certificate of the stopped-base gradient at several tail depths.
+
+    Args:
+      q, k, v, q_len, k_len, tokens: the op's inputs (as for ``transport``).
+      config: the op's settings; its ``base_steps`` is T, its ``tail_steps`` is ignored (the
+        depths come from ``tail_depths``). Constant eps only.
+      g_out: ``[B, H, Lq, dv]`` cotangent of the output (e.g. a loss gradient).
+      tail_depths: the R to certify, in the order the certified depth is searched.
+      tol: the bias tolerance tau.
+
+    Returns:
+      ``TailBiasCertificate``: per R, ||eta_R||, ||c_R||, ||grad_full - grad_stopped||, the
+      identity residual ||(grad_full - grad_stopped) - c_R|| and ||grad_full||; and the first R
+      in ``tail_depths`` with ``||c_R|| <= tol`` (None if there is none).
+    """
+    if config.eps_schedule is not None:
+        raise ValueError(f"the tail bias certificate needs a constant eps (the full unrolled gradient "
+                         f"is the (T=0, R=T+R) op only then); got eps_schedule={config.eps_schedule}")
+    depths = tuple(tail_depths)
+    if not depths or any(not isinstance(r, (int, np.integer)) or r < 0 for r in depths):
+        raise ValueError(f"tail_depths must be a non-empty sequence of integers >= 0, got {tail_depths!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    _check_inputs(q, k, v, q_len, k_len, tokens, config)
+    want = q.shape[:3] + v.shape[-1:]
+    if tuple(jnp.shape(g_out)) != want:
+        raise ValueError(f"g_out must have the output's shape [B, H, Lq, dv]={want}, got {jnp.shape(g_out)}")
+    inputs = (q, k, v, None if config.dustbin == "none" else tokens)
+    rows = []
+    for r in depths:
+        cfg = dataclasses.replace(config, tail_steps=int(r))
+        eta, bias, stopped, full = _terms(cfg, jnp.asarray(q_len), jnp.asarray(k_len), inputs, g_out)
+        gap = jax.tree.map(lambda f, s: f - s, full, stopped)
+        rows.append(TailBiasRow(int(r), _norm(eta), _norm(bias), _norm(gap),
+                                _norm(jax.tree.map(lambda g, c: g - c, gap, bias)), _norm(full)))
+    certified = next((row.tail_steps for row in rows if row.bias_norm <= tol), None)
+    return TailBiasCertificate(tuple(rows), float(tol), certified)

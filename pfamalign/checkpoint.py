@@ -1,0 +1,200 @@
+"""Model directories and training checkpoints (orbax).
+
+A **model directory** is what ``align`` / ``eval`` load::
+
+    MODEL/config.json     {"format": "pfamalign-model", "format_version": 1,
+                           "model": AlignerConfig (incl. TransportConfig, embedder id and dim)}
+    MODEL/params/         the parameters (orbax, a nested dict of arrays: nnx.to_pure_dict)
+
+A **run directory** (``pfamalign train --out RUN``) holds::
+
+    RUN/config.json       the resolved run config {"model": ..., "train": ..., "data": ...}
+    RUN/metrics.jsonl     process-0 metrics, one JSON object per line
+    RUN/checkpoints/N/    params/, opt_state/ (orbax), data/ (grain iterator state, JSON),
+                          meta/ (step, examples seen; JSON) -- the newest few steps
+    RUN/model/            the final model directory (written at the end of the run)
+
+``load_model`` accepts any of: a model directory, a run directory (its ``model/``, else its
+newest checkpoint) or one checkpoint step directory (``RUN/checkpoints/N``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+from flax import nnx
+
+from pfamalign.model import Aligner, AlignerConfig
+
+MODEL_FORMAT = "pfamalign-model"
+MODEL_FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A path that is not a loadable model or checkpoint."""
+
+
+def _ocp():
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters <-> model
+# ---------------------------------------------------------------------------------------------
+
+def model_params(model: Aligner) -> dict:
+    """The model's parameters as a nested dict of arrays."""
+    return nnx.to_pure_dict(nnx.state(model))
+
+
+def abstract_params(config: AlignerConfig, *, sharding=None) -> tuple[nnx.GraphDef, dict]:
+    """``(graphdef, {path: ShapeDtypeStruct})`` of a model, without allocating it."""
+    abstract = nnx.eval_shape(lambda: Aligner(config, rngs=nnx.Rngs(params=0)))
+    graphdef, state = nnx.split(abstract)
+
+    def struct(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return graphdef, jax.tree.map(struct, nnx.to_pure_dict(state))
+
+
+def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
+    """An ``Aligner`` holding ``params`` (a nested dict as saved)."""
+    graphdef, _ = abstract_params(config)
+    return nnx.merge(graphdef, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model directories
+# ---------------------------------------------------------------------------------------------
+
+def _write_json(path: pathlib.Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConfig | None = None,
+               *, params: dict | None = None) -> pathlib.Path:
+    """Writes a model directory (``config.json`` + ``params/``), replacing one already there.
+
+    ``config`` defaults to ``model.cfg``; ``params`` (a nested dict, e.g. a replicated
+    training state) defaults to the model's own. Every process must call it (orbax
+    coordinates the writes); process 0 writes ``config.json``.
+    """
+    ocp = _ocp()
+    directory = pathlib.Path(directory).absolute()
+    config = config or model.cfg
+    params = params if params is not None else model_params(model)
+    directory.mkdir(parents=True, exist_ok=True)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(directory / "params", params, force=True)
+    ckptr.wait_until_finished()
+    if jax.process_index() == 0:
+        _write_json(directory / "config.json", {"format": MODEL_FORMAT,
+                                                "format_version": MODEL_FORMAT_VERSION,
+                                                "model": config.to_dict()})
+    return directory
+
+
+def _read_model_config(path: pathlib.Path) -> AlignerConfig:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from err
+    if "model" not in data:
+        raise CheckpointError(f"{path} has no 'model' section: not a pfamalign model/run config")
+    version = data.get("format_version", MODEL_FORMAT_VERSION)
+    if data.get("format", MODEL_FORMAT) == MODEL_FORMAT and version != MODEL_FORMAT_VERSION:
+        raise CheckpointError(f"{path}: model format {version}; this pfamalign reads "
+                              f"{MODEL_FORMAT_VERSION}")
+    return AlignerConfig.from_dict(data["model"])
+
+
+def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:
+    """``(config.json, params directory)`` of a model dir, run dir or checkpoint step dir."""
+    path = pathlib.Path(path).absolute()
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if (path / "config.json").is_file() and (path / "params").is_dir():
+        return path / "config.json", path / "params"  # model directory
+    if (path / "model" / "config.json").is_file() and (path / "model" / "params").is_dir():
+        return path / "model" / "config.json", path / "model" / "params"  # finished run
+    if (path / "checkpoints").is_dir() and (path / "config.json").is_file():
+        steps = _finished_steps(path / "checkpoints")
+        if not steps:
+            raise CheckpointError(f"{path} is a run directory without a finished checkpoint")
+        return path / "config.json", path / "checkpoints" / str(steps[-1]) / "params"
+    if (path / "params").is_dir() and (path.parent.parent / "config.json").is_file():
+        return path.parent.parent / "config.json", path / "params"  # RUN/checkpoints/N
+    raise CheckpointError(f"{path} is not a model directory (config.json + params/), a run "
+                          "directory or a checkpoint step directory")
+
+
+def _finished_steps(directory: pathlib.Path) -> list[int]:
+    steps = []
+    for child in directory.iterdir():
+        if child.is_dir() and child.name.isdigit() and (child / "params").is_dir():
+            steps.append(int(child.name))
+    return sorted(steps)
+
+
+def load_model(path: str | os.PathLike) -> tuple[Aligner, AlignerConfig]:
+    """``(model, config)`` from a model directory, a run directory or a checkpoint step."""
+    ocp = _ocp()
+    config_path, params_path = resolve_model_path(path)
+    config = _read_model_config(config_path)
+    graphdef, abstract = abstract_params(config)
+    try:
+        params = ocp.StandardCheckpointer().restore(params_path, abstract)
+    except Exception as err:  # orbax raises several types on foreign / truncated data
+        raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
+    return nnx.merge(graphdef, params), config
+
+
+# ---------------------------------------------------------------------------------------------
+# Training checkpoints
+# ---------------------------------------------------------------------------------------------
+
+class TrainCheckpoints:
+    """orbax ``CheckpointManager`` over ``RUN/checkpoints``: parameters, optimizer state, the
+    data-iterator state and bookkeeping, saved together at one step."""
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3):
+        ocp = _ocp()
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=False)
+        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._mngr.all_steps())
+
+    def save(self, step: int, *, params, opt_state, data_state: dict, meta: dict) -> None:
+        ocp = _ocp()
+        self._mngr.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)), force=True)
+        self._mngr.wait_until_finished()
+
+    def restore(self, step: int, *, params, opt_state) -> tuple[Any, Any, dict, dict]:
+        """``(params, opt_state, data_state, meta)``; ``params`` / ``opt_state`` are abstract
+        targets (ShapeDtypeStructs with shardings)."""
+        ocp = _ocp()
+        r = self._mngr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
+            data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        return r.params, r.opt_state, r.data, r.meta
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()

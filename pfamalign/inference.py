@@ -1,0 +1,132 @@
+"""Inference: load an aligner, featurize sequences, compute plans in length buckets, decode.
+
+Shared by the ``align``, ``eval``, ``barycenter`` and ``certify`` commands: one model load,
+one jit compilation per padded length, many pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import pathlib
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from pfamalign.alignment.decode import mea_decode
+from pfamalign.alignment.pairs import PairAlignment
+
+DEFAULT_MODEL = "default_model"
+PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
+
+
+def default_model_dir() -> pathlib.Path:
+    """The model shipped inside the package (trained on the bundled Pfam data, builtin features)."""
+    return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
+
+
+@dataclasses.dataclass
+class PairPlan:
+    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]`` (last row / column: dustbin)."""
+
+    plan: np.ndarray
+
+    @property
+    def real(self) -> np.ndarray:
+        return self.plan[:-1, :-1]
+
+    @property
+    def row_dustbin(self) -> np.ndarray:
+        return self.plan[:-1, -1]
+
+    @property
+    def col_dustbin(self) -> np.ndarray:
+        return self.plan[-1, :-1]
+
+
+class Predictor:
+    """A loaded aligner and its featurizer.
+
+    Args:
+      checkpoint: model directory (``pfamalign train`` output ``RUN/model``); None = the
+        default model shipped with the package.
+      weights: ESM-2 weights for checkpoints trained on ESM-2 features.
+      max_length: longest sequence accepted (residues).
+    """
+
+    def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
+                 max_length: int = 4096):
+        from pfamalign import checkpoint as ckpt
+        from pfamalign.pipelines.embed import get_embedder
+
+        path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
+        if not (path / "config.json").is_file():
+            hint = ("train one with `pfamalign train` and pass RUN_DIR/model" if checkpoint is not None
+                    else "the package was installed without its default model; reinstall pfamalign "
+                         "or pass --checkpoint")
+            raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
+        self.path = path
+        self.model, self.config = ckpt.load_model(path)
+        self.embedder = get_embedder(self.config.embedder_id, weights)
+        limit = self.embedder.max_residues
+        self.max_length = min(max_length, limit) if limit else max_length
+        self._jitted = None
+
+    # ---- featurization ------------------------------------------------------------------
+    def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
+        for name, seq in zip(("first", "second") * len(sequences), sequences):
+            if len(seq) > self.max_length:
+                raise ValueError(
+                    f"sequence of {len(seq)} residues is longer than this model accepts "
+                    f"({self.max_length}); split it into domains or raise --max-length")
+        return [np.asarray(f, np.float32) for f in self.embedder.embed(list(sequences))]
+
+    # ---- plans --------------------------------------------------------------------------
+    def _plan_fn(self):
+        if self._jitted is None:
+            import jax
+
+            model = self.model
+            self._jitted = jax.jit(lambda xq, xk, lq, lk: model.plan(xq, xk, lq, lk))
+        return self._jitted
+
+    def plans(self, feature_pairs: Iterable[tuple[np.ndarray, np.ndarray]], *,
+              batch_size: int = 8) -> Iterator[PairPlan]:
+        """Dense plans, in input order, computed in batches of equal padded length."""
+        batch: list[tuple[np.ndarray, np.ndarray]] = []
+        for pair in feature_pairs:
+            batch.append(pair)
+            if len(batch) == batch_size:
+                yield from self._plan_batch(batch)
+                batch = []
+        if batch:
+            yield from self._plan_batch(batch)
+
+    def _plan_batch(self, batch):
+        import jax.numpy as jnp
+
+        lq = np.array([a.shape[0] for a, _ in batch], np.int32)
+        lk = np.array([b.shape[0] for _, b in batch], np.int32)
+        pad = int(-(-max(lq.max(), lk.max()) // PAD_MULTIPLE) * PAD_MULTIPLE)
+        dim = batch[0][0].shape[1]
+        xq = np.zeros((len(batch), pad, dim), np.float32)
+        xk = np.zeros((len(batch), pad, dim), np.float32)
+        for n, (a, b) in enumerate(batch):
+            xq[n, : len(a)], xk[n, : len(b)] = a, b
+        out = np.asarray(self._plan_fn()(jnp.asarray(xq), jnp.asarray(xk), jnp.asarray(lq), jnp.asarray(lk)))
+        for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
+            full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
+            full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
+            full[: lq[n], lk[n]] = out[n, : lq[n], -1]
+            yield PairPlan(full)
+
+    # ---- alignment ----------------------------------------------------------------------
+    @staticmethod
+    def decode(pp: PairPlan, *, min_mass: float = 0.0, gap_cost: float = 0.0) -> PairAlignment:
+        return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=min_mass, gap_cost=gap_cost)
+
+    def align(self, seq_a: str, seq_b: str, *, min_mass: float = 0.0,
+              gap_cost: float = 0.0) -> tuple[PairAlignment, PairPlan]:
+        fa, fb = self.featurize([seq_a, seq_b])
+        pp = next(self.plans([(fa, fb)]))
+        return self.decode(pp, min_mass=min_mass, gap_cost=gap_cost), pp

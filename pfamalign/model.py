@@ -1,0 +1,407 @@
+"""The aligner: a Siamese residue encoder, per-head projections and the transport op.
+
+``Aligner`` maps the per-residue features of a (query, key) pair to queries, keys and values
+per head, and transports the key values onto the query rows with the banded, dustbin-augmented
+Sinkhorn plan of :func:`pfamalign.kernels.transport`. ``aligner_loss`` gives the training
+objective of DESIGN §5; ``Aligner.plan`` gives the dense plan used for decoding and evaluation.
+
+Shapes: B pairs, Lq / Lk padded lengths, D feature dim, H heads, d head dim, dv value dim.
+
+Losses (all means pooled over the whole batch, so a data-parallel step sees the global mean):
+
+* **reconstruction** ``||O_i - V_{c_i}||^2`` (summed over value dims) over annotated query rows
+  (``target[i] = c_i >= 0``), mean over rows and heads. Values are **L2-normalised per
+  position** (``V_j = v_j / ||v_j||``; the dustbin value token too) before they enter the op, so
+  shrinking the value projection cannot lower it: the loss is invariant to any rescaling of
+  V (tested). What remains exploitable is *collapse*: constant values make every plan
+  reconstruct perfectly. ``value_spread = 1 - ||mean_j V_j||^2`` (1 for spread, 0 for collapsed
+  values) is logged to watch for it, and the configuration built to align (``align_ce``)
+  optimises the sparse CE, which no choice of V can lower.
+* **sparse CE** ``-log P_{i, t_i}`` from the op's ``target_logp``: aligned rows target their
+  key ``c_i``; unaligned rows target the dustbin column in dustbin configurations and are left
+  out otherwise; padding is left out. Entries that are off the support (``-inf``, e.g. a target
+  outside the band) are masked out of the mean and counted (``ce_offsupport``).
+* **monotonicity** mean over consecutive annotated rows ``(i, i + 1)`` of
+  ``relu(b_i - b_{i+1})``, with the barycenter ``b_i = sum_j P_ij j / sum_j P_ij`` over the real
+  keys computed differentiably *through the op*: two extra value columns ``[j / k_len, 1]``
+  (dustbin value 0) give ``O_i0 / O_i1 = b_i / k_len``. Positions enter normalised by the key
+  length (well-scaled values); the penalty is reported in residues (``b`` times ``k_len``).
+
+The total is ``recon_weight * recon + ce_weight * ce + mono_weight * mono``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transport_plan
+from pfamalign.kernels.config import BlockSizes
+
+ENCODERS = ("none", "conv")
+_NORM_EPS = 1e-20  # inside the rsqrt of the value normalisation (float32: negligible)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AlignerConfig:
+    """Everything needed to rebuild an aligner (saved as ``config.json`` in a model directory).
+
+    Attributes:
+      name: the named configuration it came from (``pfamalign.configs``).
+      feature_dim: D, the per-residue feature dimension of the dataset.
+      embedder_id: the embedder that produced the features (``builtin/onehot+blosum62``,
+        ``esm2_t6_8M_UR50D/layer6``); ``align`` embeds new sequences with it.
+      encoder: ``"none"`` (projections read the features) or ``"conv"`` (a Siamese residual
+        Conv1D stack: Dense(D -> width), then ``encoder_layers`` blocks of
+        LayerNorm -> Conv1D(width, kernel_size, SAME) -> GELU -> Dense(width), residual, then a
+        final LayerNorm; padding positions are zeroed before every convolution).
+      encoder_width, encoder_layers, kernel_size: the conv encoder's shape.
+      heads, head_dim, value_dim: H, d, dv of the per-head projections.
+      transport: the transport op's settings (band, eps, T, R, dustbin mode, implementation).
+      recon_weight, ce_weight, mono_weight: loss weights (DESIGN §5; see the module docstring).
+      token_init_scale: std of the dustbin tokens' initialisation.
+    """
+
+    name: str
+    feature_dim: int
+    embedder_id: str
+    transport: TransportConfig
+    encoder: str = "none"
+    encoder_width: int = 128
+    encoder_layers: int = 3
+    kernel_size: int = 9
+    heads: int = 4
+    head_dim: int = 32
+    value_dim: int = 32
+    recon_weight: float = 1.0
+    ce_weight: float = 0.0
+    mono_weight: float = 0.0
+    token_init_scale: float = 0.02
+
+    def __post_init__(self):
+        if not isinstance(self.transport, TransportConfig):
+            raise ValueError(f"transport must be a TransportConfig, got {type(self.transport)}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        for field in ("feature_dim", "heads", "head_dim", "value_dim", "encoder_width",
+                      "kernel_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
+            raise ValueError(f"encoder_layers must be an integer >= 0, got {self.encoder_layers!r}")
+        weights = (self.recon_weight, self.ce_weight, self.mono_weight)
+        if any(w < 0 for w in weights):
+            raise ValueError(f"loss weights must be >= 0, got recon={self.recon_weight}, "
+                             f"ce={self.ce_weight}, mono={self.mono_weight}")
+        if not any(w > 0 for w in weights):
+            raise ValueError("at least one loss weight (recon_weight, ce_weight, mono_weight) "
+                             "must be > 0")
+
+    @property
+    def dustbin(self) -> bool:
+        return self.transport.dustbin != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``from_dict`` inverts it)."""
+        out = dataclasses.asdict(self)
+        out["transport"] = _transport_to_dict(self.transport)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AlignerConfig":
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown AlignerConfig fields {unknown}")
+        data["transport"] = _transport_from_dict(data["transport"])
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _transport_to_dict(cfg: TransportConfig) -> dict[str, Any]:
+    out = dataclasses.asdict(cfg)
+    out["blocks"] = {"block": cfg.blocks.block}
+    if cfg.eps_schedule is not None:
+        out["eps_schedule"] = [list(s) for s in cfg.eps_schedule]
+    return out
+
+
+def _transport_from_dict(data: dict[str, Any]) -> TransportConfig:
+    data = dict(data)
+    if isinstance(data.get("blocks"), dict):
+        data["blocks"] = BlockSizes(**data["blocks"])
+    if data.get("eps_schedule") is not None:
+        data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
+    return TransportConfig(**data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------------------------
+
+def _length_mask(length: int, lens) -> jax.Array:
+    """[B, L, 1] float: 1 on real positions."""
+    return (jnp.arange(length)[None, :] < lens[:, None])[..., None].astype(jnp.float32)
+
+
+class ConvBlock(nnx.Module):
+    """Pre-norm residual block: LayerNorm -> Conv1D (SAME) -> GELU -> Dense."""
+
+    def __init__(self, width: int, kernel_size: int, *, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(width, rngs=rngs)
+        self.conv = nnx.Conv(width, width, kernel_size=(kernel_size,), padding="SAME",
+                             rngs=rngs)
+        self.out = nnx.Linear(width, width, rngs=rngs)
+
+    def __call__(self, x, mask):  # [B, L, W], [B, L, 1]
+        h = self.norm(x) * mask  # zero the padding before the convolution
+        h = self.out(jax.nn.gelu(self.conv(h)))
+        return (x + h) * mask
+
+
+class ConvEncoder(nnx.Module):
+    """Dense(D -> width), residual conv blocks, final LayerNorm; padding stays zero."""
+
+    def __init__(self, cfg: AlignerConfig, *, rngs: nnx.Rngs):
+        self.inp = nnx.Linear(cfg.feature_dim, cfg.encoder_width, rngs=rngs)
+        self.blocks = nnx.List([ConvBlock(cfg.encoder_width, cfg.kernel_size, rngs=rngs)
+                                for _ in range(cfg.encoder_layers)])
+        self.norm = nnx.LayerNorm(cfg.encoder_width, rngs=rngs)
+
+    def __call__(self, feat, lens):  # [B, L, D], [B] -> [B, L, W]
+        mask = _length_mask(feat.shape[1], lens)
+        x = self.inp(feat * mask) * mask
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x) * mask
+
+
+class Transported(NamedTuple):
+    """What the aligner's forward pass returns."""
+
+    out: jax.Array  # [B, H, Lq, dv]  O = P V (unit-norm V; includes the dustbin value)
+    bary: jax.Array  # [B, H, Lq]     barycenter over the real keys, in residues
+    mass: jax.Array  # [B, H, Lq]     row mass on the real keys
+    dustbin_mass: jax.Array  # [B, H, Lq]  row mass on the dustbin column (0 without one)
+    target_logp: jax.Array | None  # [B, H, Lq]  log P_{i, t_i}
+    values: jax.Array  # [B, H, Lk, dv]  unit-norm values
+
+
+class Aligner(nnx.Module):
+    """Siamese encoder + per-head q / k / v projections + learned dustbin tokens + transport.
+
+    The query sequence gives the queries, the key sequence the keys and values (both through
+    the same encoder). Scores are ``exp(log_temp) <q_i, k_j> / (sqrt(d) eps)``.
+    """
+
+    def __init__(self, cfg: AlignerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        h, d, dv = cfg.heads, cfg.head_dim, cfg.value_dim
+        if cfg.encoder == "conv":
+            self.encoder = ConvEncoder(cfg, rngs=rngs)
+            width = cfg.encoder_width
+        else:
+            self.encoder = None
+            width = cfg.feature_dim
+        self.q_proj = nnx.Linear(width, h * d, rngs=rngs)
+        self.k_proj = nnx.Linear(width, h * d, rngs=rngs)
+        self.v_proj = nnx.Linear(width, h * dv, rngs=rngs)
+        self.log_temp = nnx.Param(jnp.zeros((), jnp.float32))
+        if cfg.dustbin:
+            init = nnx.initializers.normal(cfg.token_init_scale)
+            self.dustbin_q = nnx.Param(init(rngs.params(), (h, d)))
+            self.dustbin_k = nnx.Param(init(rngs.params(), (h, d)))
+            self.dustbin_v = nnx.Param(init(rngs.params(), (h, dv)))
+
+    # -- pieces ----------------------------------------------------------------------------
+
+    def encode(self, feat, lens):
+        """[B, L, D], [B] -> [B, L, width] (zero on padding)."""
+        feat = jnp.asarray(feat, jnp.float32)
+        if self.encoder is None:
+            return feat * _length_mask(feat.shape[1], lens)
+        return self.encoder(feat, lens)
+
+    def _heads(self, x, m):  # [B, L, H * m] -> [B, H, L, m]
+        b, l, _ = x.shape
+        return x.reshape(b, l, self.cfg.heads, m).transpose(0, 2, 1, 3)
+
+    def project(self, q_feat, k_feat, q_len, k_len):
+        """Queries ``[B, H, Lq, d]``, keys ``[B, H, Lk, d]`` and unit-norm values
+        ``[B, H, Lk, dv]``, plus the dustbin tokens (None without a dustbin)."""
+        cfg = self.cfg
+        hq, hk = self.encode(q_feat, q_len), self.encode(k_feat, k_len)
+        q = self._heads(self.q_proj(hq), cfg.head_dim) * jnp.exp(self.log_temp[...])
+        k = self._heads(self.k_proj(hk), cfg.head_dim)
+        v = normalize(self._heads(self.v_proj(hk), cfg.value_dim))
+        tokens = None
+        if cfg.dustbin:
+            tokens = DustbinTokens(self.dustbin_q[...] * jnp.exp(self.log_temp[...]),
+                                   self.dustbin_k[...], normalize(self.dustbin_v[...]))
+        return q, k, v, tokens
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def __call__(self, q_feat, k_feat, q_len, k_len, *, targets=None):
+        """Transport with the barycenter columns.
+
+        Returns a ``Transported`` (``target_logp`` is None without targets).
+        """
+        cfg = self.cfg
+        q_len, k_len = jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32)
+        q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len)
+        b, h, lk, dv = v.shape
+        klen = jnp.maximum(k_len, 1).astype(jnp.float32)  # [B]
+        pos = jnp.arange(lk, dtype=jnp.float32)[None, :] / klen[:, None]  # [B, Lk]
+        # extra value columns: [j / k_len, 1, 0] on real keys, [0, 0, 1] on the dustbin
+        extra = jnp.stack([pos, jnp.ones_like(pos), jnp.zeros_like(pos)], -1)  # [B, Lk, 3]
+        v_ext = jnp.concatenate([v, jnp.broadcast_to(extra[:, None], (b, h, lk, 3))], -1)
+        if tokens is not None:
+            tv_extra = jnp.broadcast_to(jnp.array([0.0, 0.0, 1.0], v.dtype), (h, 3))
+            tokens = DustbinTokens(tokens.q, tokens.k, jnp.concatenate([tokens.v, tv_extra], -1))
+        res = transport(q, k, v_ext, q_len, k_len, tokens, config=cfg.transport,
+                        targets=targets)
+        out_ext, logp = (res.out, res.target_logp) if targets is not None else (res, None)
+        out = out_ext[..., :dv]  # [B, H, Lq, dv]
+        mass = out_ext[..., dv + 1]  # [B, H, Lq] row mass on the real keys
+        bary = out_ext[..., dv] / jnp.maximum(mass, 1e-9) * klen[:, None, None]
+        return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v)
+
+    def plan(self, q_feat, k_feat, q_len, k_len):
+        """Head-mean dense plan ``[B, Lq, Lk + 1]``: real keys, then the dustbin column (zero
+        without a dustbin). Rows beyond ``q_len`` and keys beyond ``k_len`` are zero. For
+        decoding and evaluation (no gradient; memory Lq x Lk per pair and head)."""
+        return _plan_jit(self, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
+                         jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
+
+    def head_plans(self, q_feat, k_feat, q_len, k_len):
+        """Per-head dense plans ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin)
+        and the unit-norm values ``[B, H, Lk, dv]`` and dustbin value ``[H, dv]`` (zeros
+        without a dustbin)."""
+        q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len)
+        plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport)
+        tv = tokens.v if tokens is not None else jnp.zeros(v.shape[1:2] + v.shape[-1:], v.dtype)
+        return plan, v, tv
+
+
+@nnx.jit
+def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len):
+    plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len)
+    return plan[:, :, :-1, :].mean(axis=1)  # [B, Lq, Lk + 1]
+
+
+def normalize(x):
+    """Unit L2 norm over the last axis."""
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _NORM_EPS)
+
+
+def build_model(cfg: AlignerConfig, *, seed: int = 0) -> Aligner:
+    """A freshly initialised aligner."""
+    return Aligner(cfg, rngs=nnx.Rngs(params=seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (DESIGN §5)
+# ---------------------------------------------------------------------------------------------
+
+def loss_targets(target, q_len, *, dustbin: bool, key_length: int):
+    """Transport targets ``[B, Lq]`` for the sparse CE: the key index on aligned rows, the
+    dustbin column (``key_length`` = Lk) on unaligned real rows of dustbin configurations,
+    -1 elsewhere (unaligned rows without a dustbin, padding)."""
+    target = jnp.asarray(target, jnp.int32)
+    rows = jnp.arange(target.shape[1])[None, :] < jnp.asarray(q_len)[:, None]
+    unaligned = jnp.full_like(target, key_length if dustbin else -1)
+    return jnp.where(rows & (target >= 0), target, jnp.where(rows, unaligned, -1))
+
+
+def _safe_div(num, den):
+    return num / jnp.maximum(den, 1.0)
+
+
+def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Training objective and diagnostics of one batch.
+
+    ``batch``: ``q_feat [B, Lq, D]``, ``k_feat [B, Lk, D]``, ``q_len``, ``k_len [B]``,
+    ``target [B, Lq]`` (key index, -1 unaligned / padding), optional ``valid [B]``.
+
+    Returns ``(loss, metrics)``; metrics are scalars: ``loss``, ``recon``, ``ce``, ``mono``,
+    ``ce_offsupport`` (count of masked CE entries, rows x heads), ``bary_mae``, ``within5``,
+    ``mono_violation`` (per-head barycenter diagnostics), ``dustbin_mass`` (mean dustbin mass
+    of annotated rows), ``value_spread``, ``temperature``, ``n_annotated``.
+    """
+    cfg = model.cfg
+    q_len = jnp.asarray(batch["q_len"], jnp.int32)
+    k_len = jnp.asarray(batch["k_len"], jnp.int32)
+    if "valid" in batch:
+        valid = jnp.asarray(batch["valid"], bool)
+        q_len, k_len = jnp.where(valid, q_len, 0), jnp.where(valid, k_len, 0)
+    target = jnp.asarray(batch["target"], jnp.int32)
+    b, lq = target.shape
+    lk = batch["k_feat"].shape[1]
+    rows = jnp.arange(lq)[None, :] < q_len[:, None]  # [B, Lq]
+    ann = rows & (target >= 0)  # annotated rows
+    ce_t = loss_targets(target, q_len, dustbin=cfg.dustbin, key_length=lk)
+
+    res = model(batch["q_feat"], batch["k_feat"], q_len, k_len, targets=ce_t)
+    out, bary, logp, v = res.out, res.bary, res.target_logp, res.values
+    h = out.shape[1]
+    annf = ann[:, None, :].astype(jnp.float32)  # [B, 1, Lq]
+    n_ann = jnp.sum(ann) * h
+
+    # reconstruction ||O_i - V_{c_i}||^2 over annotated rows and heads
+    idx = jnp.clip(target, 0, lk - 1)[:, None, :, None]  # [B, 1, Lq, 1]
+    v_c = jnp.take_along_axis(v, idx, axis=2)  # [B, H, Lq, dv]
+    err = jnp.sum((out - v_c) ** 2, axis=-1)  # [B, H, Lq]
+    recon = _safe_div(jnp.sum(err * annf), n_ann)
+
+    # sparse CE on the target entries (off-support entries masked and counted)
+    ce_rows = (ce_t >= 0)[:, None, :]  # [B, 1, Lq]
+    finite = ce_rows & jnp.isfinite(logp)  # [B, H, Lq]
+    ce = -_safe_div(jnp.sum(jnp.where(finite, logp, 0.0)), jnp.sum(finite))
+    offsupport = jnp.sum(ce_rows & ~jnp.isfinite(logp))
+
+    # monotonicity of the barycenters over consecutive annotated rows
+    cons = (ann[:, :-1] & ann[:, 1:])[:, None, :].astype(jnp.float32)  # [B, 1, Lq - 1]
+    n_cons = jnp.sum(cons) * h
+    step = bary[..., :-1] - bary[..., 1:]  # b_i - b_{i+1}
+    mono = _safe_div(jnp.sum(jax.nn.relu(step) * cons), n_cons)
+
+    loss = cfg.recon_weight * recon + cfg.ce_weight * ce + cfg.mono_weight * mono
+
+    # diagnostics (no gradient needed)
+    sg = jax.lax.stop_gradient
+    abs_err = jnp.abs(sg(bary) - target[:, None, :].astype(jnp.float32))
+    kmask = (jnp.arange(lk)[None, :] < k_len[:, None])[:, None, :, None]  # [B, 1, Lk, 1]
+    n_keys = jnp.maximum(jnp.sum(kmask, axis=2), 1)  # [B, 1, 1]
+    mean_v = jnp.sum(sg(v) * kmask, axis=2) / n_keys  # [B, H, dv]
+    has_keys = (k_len > 0)[:, None]
+    spread = 1.0 - jnp.sum(mean_v**2, -1)  # [B, H]
+    metrics = {
+        "loss": loss,
+        "recon": recon,
+        "ce": ce,
+        "mono": mono,
+        "ce_offsupport": offsupport,
+        "bary_mae": _safe_div(jnp.sum(abs_err * annf), n_ann),
+        "within5": _safe_div(jnp.sum((abs_err <= 5.0) * annf), n_ann),
+        "mono_violation": _safe_div(jnp.sum((step > 0) * cons), n_cons),
+        "dustbin_mass": _safe_div(jnp.sum(sg(res.dustbin_mass) * annf), n_ann),
+        "value_spread": _safe_div(jnp.sum(spread * has_keys), jnp.sum(has_keys) * h),
+        "temperature": jnp.exp(sg(model.log_temp[...])),
+        "n_annotated": n_ann,
+    }
+    return loss, metrics
+
