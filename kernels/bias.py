@@ -11,11 +11,11 @@ steps (``sinkhorn.adjoint`` returns it). c_R is the bias of the surrogate gradie
 contracts it (||eta_R|| shrinks like the contraction rate to the power R), and the certified
 tail depth is the first R with ||c_R|| <= tol.
 
-Here every term is computed independently:
-  * grad_stopped: the public op with (T, R);
+Every term is computed on its own path:
+  * grad_stopped and eta_R: ``sinkhorn.solve`` + ``sinkhorn.adjoint`` (the op's own backward)
+    on the banded problem, mapped back to the inputs;
   * grad_full: the public op with (T, R) -> (0, T + R): the base is then the constant zero
     potential, so the op's exact tail adjoint differentiates all T + R steps;
-  * eta_R: ``sinkhorn.adjoint`` on the banded problem;
   * c_R: a VJP of the base solve (``sinkhorn.run_steps`` on the XLA band, plain jnp) at eta_R;
 so the residual ||(grad_full - grad_stopped) - c_R|| checks the identity (it is rounding).
 
@@ -104,40 +104,37 @@ def _base_state(cfg: TransportConfig, q_len, k_len, inputs):
     return u[-1], v[-1]
 
 
-def _base_adjoint(cfg: TransportConfig, q_len, k_len, inputs, g_out):
-    """The adjoint (ū_R, eta_R) of the base state for the output cotangent ``g_out``."""
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _stopped(cfg: TransportConfig, q_len, k_len, inputs, g_out):
+    """The stopped-base gradient (the op's own adjoint) and the adjoint (ū_R, eta_R) of the
+    base state, for the output cotangent ``g_out`` at the tail depth ``cfg.tail_steps``."""
     flat, spec = _flatten(*inputs[:3], q_len, k_len, inputs[3], cfg)
+    fields = lambda *x: _flatten(*x[:3], q_len, k_len, x[3], cfg)[0][:6]  # (q, k, v, tq, tk, tv)
+    _, to_inputs = jax.vjp(fields, *inputs)  # maps flat cotangents back to the inputs
     sol, _, band, spk = sk.solve(spec, flat)
     out = sk.output(sk.make_ops(spec), band, spk, sol, flat)  # [N, Lp, dv]
-    b, h, lq, dv = g_out.shape
     g_flat = _pad_flat(g_out, flat.q.shape[1])
-    _, eta = sk.adjoint(spec, flat, sol, band, spk, out, g_flat)
+    grads, eta = sk.adjoint(spec, flat, sol, band, spk, out, g_flat)
     u_bar = jnp.zeros_like(eta)
     if cfg.tail_steps == 0:  # the output plan reads u^T too: ū_0 = row sums of P∘G
         rows = jnp.sum(jnp.where(flat.row_active[..., None], g_flat, 0.0) * out, -1)
         u_bar = u_bar.at[:, :-1].set(rows)
-    return u_bar, eta
+    return to_inputs(tuple(grads)), (u_bar, eta)
 
 
-def _op_grad(cfg: TransportConfig, q_len, k_len, inputs, g_out):
-    q, k, v, tokens = inputs
-    _, vjp = jax.vjp(lambda *x: transport(*x[:3], q_len, k_len, x[3], config=cfg), q, k, v, tokens)
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _full(cfg: TransportConfig, q_len, k_len, inputs, g_out):
+    """The gradient through all T + R steps: the public op with (T, R) -> (0, T + R)."""
+    cfg = dataclasses.replace(cfg, base_steps=0, tail_steps=cfg.base_steps + cfg.tail_steps)
+    _, vjp = jax.vjp(lambda *x: transport(*x[:3], q_len, k_len, x[3], config=cfg), *inputs)
     return vjp(g_out)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _terms(cfg: TransportConfig, q_len, k_len, inputs, g_out):
-    """(eta, c_R, grad_stopped, grad_full) at the tail depth ``cfg.tail_steps``."""
-    t, r = cfg.base_steps, cfg.tail_steps
-    stopped = _op_grad(cfg, q_len, k_len, inputs, g_out)
-    full = _op_grad(dataclasses.replace(cfg, base_steps=0, tail_steps=t + r), q_len, k_len, inputs, g_out)
-    u_bar, eta = _base_adjoint(cfg, q_len, k_len, inputs, g_out)
-    if t == 0:  # the base is the constant zero potential: no bias
-        bias = jax.tree.map(jnp.zeros_like, inputs)
-    else:
-        _, vjp = jax.vjp(lambda *x: _base_state(cfg, q_len, k_len, x), *inputs)
-        bias = vjp((u_bar, eta))
-    return jnp.concatenate([u_bar, eta], -1), bias, stopped, full
+def _bias(cfg: TransportConfig, q_len, k_len, inputs, base_adjoint):
+    """c_R = D_x z_T^T (ū_R, eta_R): a VJP through the T base steps (depends on T only)."""
+    _, vjp = jax.vjp(lambda *x: _base_state(cfg, q_len, k_len, x), *inputs)
+    return vjp(base_adjoint)
 
 
 def _norm(tree) -> float:
@@ -175,10 +172,18 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
     if tuple(jnp.shape(g_out)) != want:
         raise ValueError(f"g_out must have the output's shape [B, H, Lq, dv]={want}, got {jnp.shape(g_out)}")
     inputs = (q, k, v, None if config.dustbin == "none" else tokens)
+    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    base_cfg = dataclasses.replace(config, tail_steps=0, impl="xla")  # one _bias compile for all R
     rows = []
     for r in depths:
         cfg = dataclasses.replace(config, tail_steps=int(r))
-        eta, bias, stopped, full = _terms(cfg, jnp.asarray(q_len), jnp.asarray(k_len), inputs, g_out)
+        stopped, adj = _stopped(cfg, q_len, k_len, inputs, g_out)
+        full = _full(cfg, q_len, k_len, inputs, g_out)
+        if config.base_steps == 0:  # the base is the constant zero potential: no bias
+            bias = jax.tree.map(jnp.zeros_like, inputs)
+        else:
+            bias = _bias(base_cfg, q_len, k_len, inputs, adj)
+        eta = jnp.concatenate(adj, -1)
         gap = jax.tree.map(lambda f, s: f - s, full, stopped)
         rows.append(TailBiasRow(int(r), _norm(eta), _norm(bias), _norm(gap),
                                 _norm(jax.tree.map(lambda g, c: g - c, gap, bias)), _norm(full)))

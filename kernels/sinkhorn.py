@@ -142,6 +142,12 @@ def _lse_last(x):
     return jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1.0)), -jnp.inf) + mx
 
 
+def _logaddexp(a, b):
+    """``jnp.logaddexp`` with a zero (not NaN) cotangent where both sides are -inf."""
+    both = jnp.isneginf(a) & jnp.isneginf(b)
+    return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
+
+
 def _neg_lse_or_zero(lse):
     return jnp.where(jnp.isfinite(lse), -lse, 0.0)
 
@@ -165,16 +171,16 @@ def _band_lse(ops, lse_fn, band, bias, shift, has_entry):
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     """û = -LSE_row(S + v) on the extended support."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
-    real = jnp.logaddexp(band_lse, spk.col + v[:, -1:])
-    db = jnp.logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
+    real = _logaddexp(band_lse, spk.col + v[:, -1:])
+    db = _logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 
 def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
     """v̂ = -LSE_col(S + u) on the extended support."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
-    real = jnp.logaddexp(band_lse, spk.row + u[:, -1:])
-    db = jnp.logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
+    real = _logaddexp(band_lse, spk.row + u[:, -1:])
+    db = _logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
     return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
 
 

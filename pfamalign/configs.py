@@ -11,7 +11,7 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``k4_eps1``              none       4   recon                   4 x 32 (32)       by features
 ``muot_dustbin_mono``    widened    2   recon + 0.1 mono        4 x 32 (32)       by features
 ``muot_dustbin_hybrid``  widened    2   recon + CE              4 x 32 (32)       by features
-``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv
+``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + pos
 =======================  =========  ==  =====================  ================  ==========
 
 "by features": a conv encoder for the built-in features (one-hot / BLOSUM rows have no
@@ -19,7 +19,9 @@ context of their own), none for ESM-2 features (already contextual); ``--set enc
 overrides. ``align_ce`` is the configuration built to align: it optimises the sparse CE of the
 true entry (unaligned residues target the dustbin through the O(L) spoke support), which — unlike
 reconstruction — no choice of the values can lower, plus a small barycenter monotonicity
-penalty. The paper never trained it. The monotonicity penalty is in residues (see
+penalty, and 32 relative-position Fourier features next to the encoder output (a learnable
+diagonal prior: Pfam homologues are mostly near-diagonal, and the diagonal reference is a
+strong baseline). The paper never trained it. The monotonicity penalty is in residues (see
 ``pfamalign.model``).
 
 Overrides: ``apply_overrides(cfg, {"key": "value"})`` with keys naming a field of
@@ -59,7 +61,7 @@ class TrainConfig:
       bucket_window: length-bucketing window in batches (reader.BatchPlan).
       max_len: leave out training pairs with a sequence longer than this (0 = keep all).
       eval_every: validation every N steps (0 = never; also at step 0 and at the end).
-      eval_pairs: validation pairs used (the first N of the split in stored order; 0 = all).
+      eval_pairs: validation pairs used (N evenly spaced over the split's stored order; 0 = all).
       eval_batch_size: pairs per validation batch (dense plans: memory B x H x L^2).
       ckpt_every: checkpoint every N steps (0 = only at the end and on SIGTERM).
       keep_checkpoints: checkpoints kept (the newest).
@@ -142,7 +144,8 @@ _CONFIGS: dict[str, tuple[dict, dict, dict]] = {
     "muot_dustbin_hybrid": ({"recon_weight": 1.0, "ce_weight": 1.0},
                             {"dustbin": "widened"}, {}),
     "align_ce": ({"recon_weight": 0.0, "ce_weight": 1.0, "mono_weight": 0.01,
-                  "encoder": "conv", "heads": 1, "head_dim": 64, "value_dim": 16},
+                  "encoder": "conv", "heads": 1, "head_dim": 64, "value_dim": 16,
+                  "position_features": 32},
                  {"dustbin": "spoke"}, {}),
 }
 CONFIG_NAMES = tuple(_CONFIGS)

@@ -12,12 +12,13 @@ Every method is scored on the same sequence pairs:
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
+import sys
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
 from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
                                          diagonal_plan_metrics, plan_metrics, prf_by_identity)
@@ -27,8 +28,7 @@ BASELINES: dict[str, Callable] = {
     "nw": lambda r: needleman_wunsch(r["q_seq"], r["k_seq"]).pairs,
     "sw": lambda r: smith_waterman(r["q_seq"], r["k_seq"]).pairs,
 }
-LABELS = {"model": "pfamalign", "diagonal": "diagonal", "nw": "Needleman-Wunsch (BLOSUM62 11/1)",
-          "sw": "Smith-Waterman (BLOSUM62 11/1)"}
+LABELS = {"model": "pfamalign", "diagonal": "diagonal", "nw": "NW-BLOSUM62", "sw": "SW-BLOSUM62"}
 
 
 @dataclasses.dataclass
@@ -113,14 +113,14 @@ def render(summary: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 150)  # no wrapping in logs
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     first = next(iter(summary["methods"].values()))["prf"]
     tab = Table(title=f"aligned-pair F1 (micro, 95% bootstrap CI) — {summary['n_pairs']} pairs, "
-                      f"{summary['n_families']} families")
-    tab.add_column("method")
+                      f"{summary['n_families']} families; NW/SW: BLOSUM62, gap open 11, extend 1")
+    tab.add_column("method", no_wrap=True)
     for b in bins:
-        tab.add_column(f"{b} (n={first[b]['n_pairs']})", justify="right")
+        tab.add_column(f"{b} (n={first[b]['n_pairs']})", justify="right", no_wrap=True)
     tab.add_column("precision", justify="right")
     tab.add_column("recall", justify="right")
     for m, entry in summary["methods"].items():
@@ -133,7 +133,7 @@ def render(summary: dict, console=None) -> None:
     if plan_methods:
         names = ["sparse_ce", "barycenter_mae", "within5", "monotonicity_violation", "reconstruction"]
         tab = Table(title="plan metrics (seed paper)")
-        tab.add_column("method")
+        tab.add_column("method", no_wrap=True)
         for n in names:
             tab.add_column(n, justify="right")
         for m, pm in plan_methods.items():
@@ -173,13 +173,4 @@ def plot(summary: dict, path) -> pathlib.Path:
 
 
 def to_json(summary: dict) -> str:
-    def clean(x):
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        if isinstance(x, float) and not np.isfinite(x):
-            return None
-        return x
-
-    return json.dumps(clean(summary), indent=2)
+    return jsonio.dumps(summary)

@@ -70,7 +70,6 @@ class Predictor:
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
-        self._jitted = None
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
@@ -82,14 +81,6 @@ class Predictor:
         return [np.asarray(f, np.float32) for f in self.embedder.embed(list(sequences))]
 
     # ---- plans --------------------------------------------------------------------------
-    def _plan_fn(self):
-        if self._jitted is None:
-            import jax
-
-            model = self.model
-            self._jitted = jax.jit(lambda xq, xk, lq, lk: model.plan(xq, xk, lq, lk))
-        return self._jitted
-
     def plans(self, feature_pairs: Iterable[tuple[np.ndarray, np.ndarray]], *,
               batch_size: int = 8) -> Iterator[PairPlan]:
         """Dense plans, in input order, computed in batches of equal padded length."""
@@ -103,8 +94,6 @@ class Predictor:
             yield from self._plan_batch(batch)
 
     def _plan_batch(self, batch):
-        import jax.numpy as jnp
-
         lq = np.array([a.shape[0] for a, _ in batch], np.int32)
         lk = np.array([b.shape[0] for _, b in batch], np.int32)
         pad = int(-(-max(lq.max(), lk.max()) // PAD_MULTIPLE) * PAD_MULTIPLE)
@@ -113,7 +102,7 @@ class Predictor:
         xk = np.zeros((len(batch), pad, dim), np.float32)
         for n, (a, b) in enumerate(batch):
             xq[n, : len(a)], xk[n, : len(b)] = a, b
-        out = np.asarray(self._plan_fn()(jnp.asarray(xq), jnp.asarray(xk), jnp.asarray(lq), jnp.asarray(lk)))
+        out = np.asarray(self.model.plan(xq, xk, lq, lk))  # jit-compiled per padded shape
         for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
             full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
             full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]

@@ -66,6 +66,10 @@ class AlignerConfig:
         final LayerNorm; padding positions are zeroed before every convolution).
       encoder_width, encoder_layers, kernel_size: the conv encoder's shape.
       heads, head_dim, value_dim: H, d, dv of the per-head projections.
+      position_features: P (even) Fourier features of the relative position
+        ``p_i = i / (len - 1)``, ``[sin(pi m p), cos(pi m p)]`` for m = 1..P/2, appended to the
+        projections' input: ``<q_i, k_j>`` can then express a smooth kernel in ``p_i - p_j``
+        (a learned diagonal prior, resolution ~ len / (P/2)). 0 = none.
       transport: the transport op's settings (band, eps, T, R, dustbin mode, implementation).
       recon_weight, ce_weight, mono_weight: loss weights (DESIGN §5; see the module docstring).
       token_init_scale: std of the dustbin tokens' initialisation.
@@ -82,6 +86,7 @@ class AlignerConfig:
     heads: int = 4
     head_dim: int = 32
     value_dim: int = 32
+    position_features: int = 0
     recon_weight: float = 1.0
     ce_weight: float = 0.0
     mono_weight: float = 0.0
@@ -97,6 +102,10 @@ class AlignerConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        if (not isinstance(self.position_features, int) or self.position_features < 0
+                or self.position_features % 2):
+            raise ValueError(f"position_features must be an even integer >= 0, got "
+                             f"{self.position_features!r}")
         if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
             raise ValueError(f"encoder_layers must be an integer >= 0, got {self.encoder_layers!r}")
         weights = (self.recon_weight, self.ce_weight, self.mono_weight)
@@ -216,6 +225,7 @@ class Aligner(nnx.Module):
         else:
             self.encoder = None
             width = cfg.feature_dim
+        width += cfg.position_features
         self.q_proj = nnx.Linear(width, h * d, rngs=rngs)
         self.k_proj = nnx.Linear(width, h * d, rngs=rngs)
         self.v_proj = nnx.Linear(width, h * dv, rngs=rngs)
@@ -229,11 +239,15 @@ class Aligner(nnx.Module):
     # -- pieces ----------------------------------------------------------------------------
 
     def encode(self, feat, lens):
-        """[B, L, D], [B] -> [B, L, width] (zero on padding)."""
+        """[B, L, D], [B] -> [B, L, width + P] (zero on padding): the encoder's output and
+        the relative-position features."""
         feat = jnp.asarray(feat, jnp.float32)
-        if self.encoder is None:
-            return feat * _length_mask(feat.shape[1], lens)
-        return self.encoder(feat, lens)
+        mask = _length_mask(feat.shape[1], lens)
+        h = feat * mask if self.encoder is None else self.encoder(feat, lens)
+        if self.cfg.position_features:
+            h = jnp.concatenate([h, position_features(feat.shape[1], lens,
+                                                      self.cfg.position_features) * mask], -1)
+        return h
 
     def _heads(self, x, m):  # [B, L, H * m] -> [B, H, L, m]
         b, l, _ = x.shape
@@ -301,6 +315,15 @@ class Aligner(nnx.Module):
 def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len):
     plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len)
     return plan[:, :, :-1, :].mean(axis=1)  # [B, Lq, Lk + 1]
+
+
+def position_features(length: int, lens, n: int) -> jax.Array:
+    """``[B, L, n]`` Fourier features of ``p_i = i / (len - 1)``: ``sin(pi m p)``,
+    ``cos(pi m p)`` for m = 1..n/2."""
+    p = jnp.arange(length, dtype=jnp.float32)[None, :] / jnp.maximum(lens - 1, 1)[:, None]
+    freqs = jnp.pi * jnp.arange(1, n // 2 + 1, dtype=jnp.float32)  # [n/2]
+    angles = p[..., None] * freqs  # [B, L, n/2]
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1)
 
 
 def normalize(x):

@@ -208,15 +208,16 @@ def train_iterator(data_dir, cfg: TrainConfig):
 
 
 def val_batches(data_dir, cfg: TrainConfig) -> list[dict[str, np.ndarray]]:
-    """The validation batches (the first ``eval_pairs`` pairs of the val split within
-    ``max_len``, length-sorted, padded like training); [] when there is no val split."""
+    """The validation batches: ``eval_pairs`` pairs of the val split (evenly spaced in stored
+    order, so every family is represented) within ``max_len``, length-sorted, padded like
+    training; [] when there is no val split."""
     ds = reader.PairDataset(data_dir)
     if "val" not in ds.splits or ds.num_pairs("val") == 0:
         return []
     lengths = ds.lengths("val")
     keep = _kept(lengths, cfg.max_len)
-    if cfg.eval_pairs:
-        keep = keep[:cfg.eval_pairs]
+    if cfg.eval_pairs and len(keep) > cfg.eval_pairs:  # evenly spaced: every family shows
+        keep = keep[np.linspace(0, len(keep) - 1, cfg.eval_pairs).round().astype(int)]
     if not len(keep):
         return []
     src = ds.source("val")
@@ -306,7 +307,7 @@ def _build_train_step(cfg: RunConfig, mesh) -> Callable:
 
     def step(params, opt_state, batch):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, new_opt = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -550,6 +551,7 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
     config_path = out_dir / "config.json"
     saved = json.loads(config_path.read_text()) if config_path.exists() else None
     manager_dir = out_dir / "checkpoints"
+    it = train_iterator(data_dir, t_cfg)  # validates the data before anything is written
     resume_step = None
     if saved is not None and manager_dir.is_dir():
         steps = ckpt._finished_steps(manager_dir)
@@ -565,7 +567,6 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
     # -- state --------------------------------------------------------------------------------
     state = init_state(cfg, mesh)
     checkpoints = ckpt.TrainCheckpoints(manager_dir, keep=t_cfg.keep_checkpoints)
-    it = train_iterator(data_dir, t_cfg)
     step = 0
     if resume_step is not None:
         abs_params, abs_opt = abstract_state(state)

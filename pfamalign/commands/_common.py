@@ -50,6 +50,64 @@ def read_sequence_arg(arg: str, default_id: str) -> tuple[str, str]:
         fail(str(err))
 
 
-def quiet_progress() -> bool:
-    """Progress bars stay off when not on a terminal or under CI."""
-    return bool(os.environ.get("CI")) or not sys.stderr.isatty()
+def pair_input_options(f):
+    """Click options naming one sequence pair: SEQ_A SEQ_B, a Stockholm file with two row
+    ids, or a dataset pair; plus the model to use."""
+    options = [
+        click.argument("seq_a", required=False),
+        click.argument("seq_b", required=False),
+        click.option("--stockholm", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
+                     help="Reference alignment holding both sequences (with --ids): gives the target columns."),
+        click.option("--ids", nargs=2, metavar="ID_A ID_B", help="Row names of the pair in --stockholm."),
+        click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+                     help="Dataset directory: take pair --index of --split."),
+        click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"])),
+        click.option("--index", type=int, default=0, show_default=True, help="Pair index within the split."),
+        click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+                     help="Model directory (default: the model shipped with pfamalign)."),
+        click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
+    """The pair record chosen by ``pair_input_options``: residues, ids, and (when a reference
+    alignment is known) ``target`` and ``pid``; ``target`` is None for bare sequences."""
+    if stockholm is not None:
+        if not ids:
+            raise click.UsageError("--stockholm needs --ids ID_A ID_B")
+        return pair_from_stockholm(stockholm, *ids)
+    if data is not None:
+        from pfamalign.pipelines import reader
+
+        src = reader.PairSource(data, split, features=False)
+        if not 0 <= index < len(src):
+            fail(f"--index {index} is out of range: split {split!r} has {len(src)} pairs")
+        return src[index]
+    if seq_a and seq_b:
+        (id_a, sa), (id_b, sb) = read_sequence_arg(seq_a, "seq_a"), read_sequence_arg(seq_b, "seq_b")
+        return {"q_id": id_a, "k_id": id_b, "q_seq": sa, "k_seq": sb, "target": None, "pid": None}
+    raise click.UsageError("give SEQ_A SEQ_B, or --stockholm FILE --ids ID_A ID_B, or --data DIR")
+
+
+def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
+    """The pair record (residues, target, identity) of two named rows of a Stockholm file."""
+    import numpy as np
+
+    from pfamalign.pipelines.pairs import family_arrays, pair_identity, pair_target
+    from pfamalign.pipelines.stockholm import StockholmError, read_families
+
+    try:
+        for family in read_families([str(path)]):
+            names = list(family.seq_ids)
+            if id_a in names and id_b in names:
+                fa = family_arrays(family)
+                qi, ki = names.index(id_a), names.index(id_b)
+                pid, _ = pair_identity(fa, np.array([qi]), np.array([ki]))
+                return {"q_id": id_a, "k_id": id_b, "q_seq": fa.residues[qi], "k_seq": fa.residues[ki],
+                        "target": pair_target(fa, qi, ki), "pid": float(pid[0]), "family": family.key}
+    except StockholmError as err:
+        fail(str(err))
+    fail(f"{path}: no family holds both {id_a!r} and {id_b!r}")

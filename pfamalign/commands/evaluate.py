@@ -62,7 +62,6 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
       pfamalign eval --data data/ --split test --plot f1.png
       pfamalign eval --stockholm PF00595.sto --checkpoint runs/x/model --json eval.json
     """
-    from rich.console import Console
 
     from pfamalign import evaluation
     from pfamalign.pipelines.progress import Bars, progress_enabled
@@ -108,7 +107,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     if not ev.pid:
         fail("no pairs to score")
     summary = ev.summary(n_boot=bootstrap, seed=seed)
-    evaluation.render(summary, Console())
+    evaluation.render(summary)
     if json_out:
         json_out.write_text(evaluation.to_json(summary))
     if plot:

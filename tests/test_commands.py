@@ -1,0 +1,236 @@
+"""The user-facing commands align / eval / barycenter / certify, end to end through click, on a
+small aligner saved in the real model-directory format and on the repository's Pfam fixtures."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pfamalign.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parent
+SEED = ROOT / "data" / "pfam_seed"
+PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
+PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
+
+
+def run(args, **kw):
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+    return result
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """An (untrained) align_ce aligner on builtin features, saved as `pfamalign train` does."""
+    from pfamalign import checkpoint
+    from pfamalign.configs import get_config
+    from pfamalign.model import build_model
+    from pfamalign.pipelines.embed import get_embedder
+
+    emb = get_embedder("builtin/onehot+blosum62")
+    cfg = get_config("align_ce", embedder_id=emb.embedder_id, feature_dim=emb.dim).model
+    out = tmp_path_factory.mktemp("model") / "model"
+    checkpoint.save_model(out, build_model(cfg, seed=1), cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path_factory.mktemp("cmd_data") / "ds"
+    run_prepare(PrepareConfig(inputs=(str(SEED),), out=str(out), embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=6, max_len=160),
+                              split_fractions=(0.4, 0.2, 0.4), seed=1), quiet=True)
+    return out
+
+
+# ---- align ---------------------------------------------------------------------------------
+
+
+def _pairs_of_rows(row_a: str, row_b: str) -> list[tuple[int, int]]:
+    """Aligned residue pairs described by two gapped rows."""
+    i = j = 0
+    out = []
+    for a, b in zip(row_a, row_b):
+        if a != "-" and b != "-":
+            out.append((i, j))
+        i += a != "-"
+        j += b != "-"
+    return out
+
+
+def test_align_formats_parse_back_to_the_same_pairs(model_dir, tmp_path):
+    from Bio import AlignIO, SeqIO
+
+    from pfamalign.alignment.formats import cigar_to_pairs
+
+    js = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json"]).output)
+    pairs = [tuple(p) for p in js["pairs"]]
+    assert pairs and js["lengths"] == [len(PDZ_A), len(PDZ_B)] if "lengths" in js else pairs
+    assert len(js["confidence"]) == len(pairs) and all(0 < c <= 1 for c in js["confidence"])
+    assert all(a < b for a, b in zip(pairs, pairs[1:]))  # monotone
+
+    fasta = run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "fasta"]).output
+    recs = list(SeqIO.parse(io.StringIO(fasta), "fasta"))
+    assert _pairs_of_rows(str(recs[0].seq), str(recs[1].seq)) == pairs
+    assert str(recs[0].seq).replace("-", "") == PDZ_A
+
+    sto = run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "stockholm"]).output
+    aln = AlignIO.read(io.StringIO(sto), "stockholm")
+    assert _pairs_of_rows(str(aln[0].seq), str(aln[1].seq)) == pairs
+
+    cigar = run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "cigar"]).output.strip()
+    got, la, lb = cigar_to_pairs(cigar)
+    assert (la, lb) == (len(PDZ_A), len(PDZ_B)) and [tuple(p) for p in got] == pairs
+
+    text = run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir]).output
+    assert "seq_a" in text and "|" in text  # pairwise text with a match line
+
+
+def test_align_fasta_files_pairs_file_and_plot(model_dir, tmp_path):
+    fa, fb = tmp_path / "a.fasta", tmp_path / "b.fasta"
+    fa.write_text(f">pdzA first\n{PDZ_A[:30]}\n{PDZ_A[30:]}\n")
+    fb.write_text(f">pdzB\n{PDZ_B}\n")
+    png = tmp_path / "plan.png"
+    res = run(["align", fa, fb, "--checkpoint", model_dir, "-f", "json", "--plot", png])
+    assert res.exit_code == 0, res.output
+    js = json.loads(res.output)
+    assert js["id_a"] == "pdzA" and js["id_b"] == "pdzB"
+    assert png.stat().st_size > 5000
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"# a comment\n{PDZ_A}\t{PDZ_B}\nx1\t{PDZ_B}\tx2\t{PDZ_A}\n")
+    out = tmp_path / "out.jsonl"
+    res = run(["align", "--pairs", pairs, "--checkpoint", model_dir, "-f", "json", "-o", out])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["id_a"] for x in lines] == ["pair2_a", "x1"]
+    assert lines[0]["pairs"] == js["pairs"]  # the same pair gives the same alignment
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", PDZ_B], "empty"),
+    (["MKV1LL", PDZ_B], "non-protein character '1' at position 3"),
+    ([PDZ_A, PDZ_B, "--max-length", "20"], "longer than this model accepts"),
+    (["nothere.fasta", PDZ_B], "no such FASTA file"),
+])
+def test_align_bad_input_gives_clear_errors(model_dir, args, message):
+    res = CliRunner().invoke(main, ["align", *args, "--checkpoint", str(model_dir)])
+    assert res.exit_code != 0
+    assert message in res.output
+
+
+def test_align_without_model_directory_says_what_to_do(tmp_path):
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(tmp_path)])
+    assert res.exit_code != 0 and "config.json missing" in res.output
+
+
+def test_bad_pairs_file_names_the_line(model_dir, tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(f"{PDZ_A}\t{PDZ_B}\n{PDZ_A}\n")
+    res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "-f", "cigar"])
+    assert res.exit_code != 0 and "bad.tsv:2" in res.output
+
+
+# ---- eval ----------------------------------------------------------------------------------
+
+
+def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset, tmp_path):
+    from pfamalign.alignment.baselines import needleman_wunsch
+    from pfamalign.alignment.metrics import alignment_counts
+    from pfamalign.pipelines import reader
+
+    out = tmp_path / "eval.json"
+    png = tmp_path / "f1.png"
+    res = run(["eval", "--data", dataset, "--split", "train", "--checkpoint", model_dir, "--max-pairs", 8,
+               "--bootstrap", 50, "--json", out, "--plot", png, "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "NW-BLOSUM62" in res.output and "pfamalign" in res.output
+    summary = json.loads(out.read_text())
+    assert summary["n_pairs"] == 8 and set(summary["methods"]) == {"model", "diagonal", "nw", "sw"}
+    # NW's F1 recomputed independently on the same pairs
+    recs = list(reader.iter_pairs(dataset, "train"))[:8]
+    counts = np.array([alignment_counts(needleman_wunsch(r["q_seq"], r["k_seq"]).pairs, r["target"])
+                       for r in recs]).sum(0)
+    f1 = 2 * counts[0] / (counts[1] + counts[2])
+    assert summary["methods"]["nw"]["prf"]["all"]["micro"]["f1"]["value"] == pytest.approx(f1)
+    model = summary["methods"]["model"]
+    assert 0 <= model["prf"]["all"]["micro"]["f1"]["value"] <= 1
+    assert model["plan_metrics"]["n_barycenter"] > 0
+    assert png.stat().st_size > 5000
+
+
+def test_eval_on_stockholm_files_baselines_only(tmp_path):
+    res = run(["eval", "--stockholm", SEED / "PF00041.sto", "--no-model", "--pairs-per-family", 5,
+               "--baselines", "nw,diagonal", "--bootstrap", 20, "--json", tmp_path / "e.json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "e.json").read_text())
+    assert summary["n_pairs"] == 5 and set(summary["methods"]) == {"nw", "diagonal"}
+
+
+def test_eval_input_errors(model_dir, dataset):
+    res = CliRunner().invoke(main, ["eval", "--checkpoint", str(model_dir)])
+    assert res.exit_code != 0 and "exactly one of --data" in res.output
+    res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--baselines", "nw,blast", "--no-model"])
+    assert res.exit_code != 0 and "unknown baseline" in res.output
+
+
+# ---- barycenter ----------------------------------------------------------------------------
+
+
+def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
+    from pfamalign.alignment.metrics import barycenters
+    from pfamalign.commands._common import pair_from_stockholm
+    from pfamalign.inference import Predictor
+
+    sto = SEED / "PF00041.sto"
+    names = [line.split()[0] for line in sto.read_text().splitlines() if line and not line.startswith(("#", "/"))]
+    id_a, id_b = names[0], names[1]
+    tsv, png = tmp_path / "b.tsv", tmp_path / "b.png"
+    res = run(["barycenter", "--stockholm", sto, "--ids", id_a, id_b, "--checkpoint", model_dir,
+               "--tsv", tsv, "--plot", png])
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    table = pd.read_csv(tsv, sep="\t")
+    rec = pair_from_stockholm(sto, id_a, id_b)
+    _, pp = Predictor(model_dir).align(rec["q_seq"], rec["k_seq"])
+    np.testing.assert_allclose(table["barycenter"], barycenters(pp.real), rtol=1e-9)
+    np.testing.assert_array_equal(table["target"], rec["target"])
+    assert "barycenter MAE" in res.output and png.stat().st_size > 5000
+
+
+# ---- certify -------------------------------------------------------------------------------
+
+
+def test_certify_reports_consistent_certificates(model_dir, tmp_path):
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    res = run(["certify", PDZ_A[:40], PDZ_B[:36], "--checkpoint", model_dir, "--tail-depths", "0,1,2",
+               "--json", out, "--plot", png])
+    assert res.exit_code == 0, res.output
+    cert = json.loads(out.read_text())
+    # one dense block (W >= L): strictly positive, rates in [0, 1], rho_H below the range bound
+    (block,) = cert["contraction"]["blocks"]
+    assert block["strictly_positive"] and 0 <= block["rho_h"] <= block["range_bound"] <= 1
+    # the bias identity grad_full = grad_stopped + c_R holds to rounding at every depth
+    for row in cert["bias"]["rows"]:
+        assert row["residual"] <= 1e-4 * max(row["grad_norm"], 1e-12)
+    # the Sinkhorn plan's columns are exact after the final half-step; the softmax's are not
+    rm = cert["conservative"]["receiver_mass_imbalance"]
+    assert rm["sinkhorn"] < 1e-4 < rm["softmax"]
+    assert cert["conservative"]["score_perturbation"]["holds"]
+    assert png.stat().st_size > 5000
+
+
+def test_top_level_help_lists_every_command():
+    res = run(["--help"])
+    for name in ("prepare", "train", "align", "eval", "barycenter", "certify"):
+        assert name in res.output

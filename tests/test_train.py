@@ -1,0 +1,269 @@
+"""`pfamalign train`: the loop on real shards, data parallelism, checkpoints, resume, stops."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pfamalign import checkpoint, configs, train
+from pfamalign.cli import main as cli
+from pfamalign.model import aligner_loss
+from pfamalign.pipelines.config import PrepareConfig
+from pfamalign.pipelines.pairs import SamplingConfig
+from pfamalign.pipelines.prepare import run_prepare
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SEED = ROOT / "tests" / "data" / "pfam_seed"
+STEPS = 6
+
+# A small align_ce (the real op, T=15, band 1024) on one padded shape (lengths <= 160).
+TINY = {"encoder_layers": 1, "encoder_width": 32, "head_dim": 16, "value_dim": 8,
+        "position_features": 8, "train.batch_size": 8, "train.steps": STEPS, "train.lr": 3e-3,
+        "train.warmup_steps": 1, "train.pad_multiple": 160, "train.max_len": 160,
+        "train.log_every": 1, "train.eval_every": 0, "train.ckpt_every": 2,
+        "train.eval_batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Builtin-feature shards of the fixture families: 5 train families (96 pairs), 2 val."""
+    out = tmp_path_factory.mktemp("train_data") / "ds"
+    run_prepare(PrepareConfig(inputs=(str(SEED),), out=str(out),
+                              embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=24, max_len=160),
+                              split_fractions=(0.7, 0.2, 0.1), seed=3), quiet=True)
+    return out
+
+
+def _cfg(dataset, **extra):
+    return train.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
+
+
+def _params(path):
+    model, _ = checkpoint.load_model(path)
+    return jax.tree.map(np.asarray, checkpoint.model_params(model))
+
+
+def _assert_same(a, b):
+    same = jax.tree.map(np.array_equal, a, b)
+    assert all(jax.tree.leaves(same)), same
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory):
+    """An uninterrupted run (8 devices) with validation at steps 0 and 6."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    result = train.run(dataset, out, _cfg(dataset, **{"train.eval_every": STEPS}), quiet=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop on real shards
+# ---------------------------------------------------------------------------------------------
+
+def test_run_writes_metrics_config_checkpoints_and_model(reference, dataset):
+    out = reference.out_dir
+    assert reference.step == STEPS and not reference.interrupted
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["model"]["name"] == "align_ce" and resolved["train"]["steps"] == STEPS
+    assert resolved["data"]["embedder_id"] == "builtin/onehot+blosum62"
+    assert resolved["devices"] == 8
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [r for r in lines if "train/loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, STEPS + 1))
+    for key in ("train/recon", "train/ce", "train/mono", "train/grad_norm", "train/lr",
+                "train/examples_per_s"):
+        assert all(np.isfinite(r[key]) for r in train_lines), key
+    val = [r for r in lines if "val/sparse_ce" in r]
+    assert [r["step"] for r in val] == [0, STEPS]
+    for key in ("val/reconstruction", "val/barycenter_mae", "val/within5",
+                "val/monotonicity_violation", "diag/barycenter_mae", "diag/within5"):
+        assert np.isfinite(val[-1][key]), key
+    assert val[-1]["val/n_pairs"] > 0
+    assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 4, 6]
+    # the final model directory and the newest checkpoint load to the same parameters
+    _assert_same(_params(out / "model"), _params(out / "checkpoints" / "6"))
+    _assert_same(_params(out), _params(out / "model"))
+
+
+def test_a_few_steps_lower_the_training_loss(reference, dataset):
+    cfg = _cfg(dataset)
+    it = train.train_iterator(dataset, cfg.train)
+    batches = [next(it) for _ in range(3)]
+    fresh = train.init_state(cfg, train.make_mesh(jax.devices()[:1]))
+    init_model = checkpoint.model_from_params(cfg.model, jax.device_get(fresh.params))
+    trained, _ = checkpoint.load_model(reference.out_dir / "model")
+    from flax import nnx
+
+    loss = nnx.jit(aligner_loss)
+    before = np.mean([float(loss(init_model, b)[0]) for b in batches])
+    after = np.mean([float(loss(trained, b)[0]) for b in batches])
+    assert after < before - 0.05, (before, after)
+
+
+def test_eight_devices_take_the_same_steps_as_one(dataset):
+    assert len(jax.devices()) == 8
+    cfg = _cfg(dataset)
+    it = train.train_iterator(dataset, cfg.train)
+    batches = [next(it) for _ in range(3)]
+    losses, finals = {}, {}
+    for n in (8, 1):
+        mesh = train.make_mesh(jax.devices()[:n])
+        state = train.init_state(cfg, mesh)
+        step = train.make_train_step(cfg, mesh)
+        losses[n] = []
+        for b in batches:
+            state.params, state.opt_state, m = step(state.params, state.opt_state,
+                                                    train.shard_batch(b, mesh))
+            losses[n].append(float(m["loss"]))
+        finals[n] = jax.device_get(state.params)
+    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 finals[8], finals[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Interruptions
+# ---------------------------------------------------------------------------------------------
+
+def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_path,
+                                                        monkeypatch):
+    out = tmp_path / "run"
+
+    def send_sigterm(batch, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch
+
+    monkeypatch.setattr(train, "_prepare_batch", send_sigterm)
+    first = train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert first.interrupted and first.signal == signal.SIGTERM and first.step == 3
+    assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
+    assert not (out / "model").exists()
+    monkeypatch.undo()
+    second = train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert (second.start_step, second.step) == (3, STEPS)
+    _assert_same(_params(out / "model"), _params(reference.out_dir / "model"))
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))  # no duplicated lines after the resume
+
+
+_SLOW_TRAIN = """
+import sys, time
+from pfamalign import train
+_orig = train._prepare_batch
+def _slow(batch, step):
+    time.sleep(0.4)
+    return _orig(batch, step)
+train._prepare_batch = _slow
+from pfamalign.cli import main
+main(sys.argv[1:], prog_name="pfamalign")
+"""
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, dataset, tmp_path):
+    """A real `pfamalign train` process killed with SIGKILL after a checkpoint; re-running
+    the command finishes with bit-identical parameters."""
+    out = tmp_path / "run"
+    env = dict(os.environ, CI="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    args = ["train", "--data", str(dataset), "--config", "align_ce", "--out", str(out), "--quiet"]
+    for key, value in TINY.items():
+        args += ["--set", f"{key}={value}"]
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_TRAIN, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    try:
+        while not (out / "checkpoints" / "2" / "params").is_dir():
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.time() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+        proc.kill()  # SIGKILL
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    steps = checkpoint.TrainCheckpoints(out / "checkpoints").all_steps()
+    assert steps and max(steps) < STEPS and not (out / "model").exists()
+    done = subprocess.run([sys.executable, "-m", "pfamalign.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _assert_same(_params(out / "model"), _params(reference.out_dir / "model"))
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(reference, dataset, tmp_path,
+                                                                 monkeypatch):
+    out = tmp_path / "run"
+
+    def poison(batch, step):
+        if step == 3:  # the 4th step; checkpoint 2 exists
+            batch = dict(batch, q_feat=np.full_like(batch["q_feat"], np.nan))
+        return batch
+
+    monkeypatch.setattr(train, "_prepare_batch", poison)
+    with pytest.raises(train.NonFiniteLoss, match=r"at step 4.*last good checkpoint is step 2"):
+        train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2]
+    _assert_same(_params(out / "checkpoints" / "2"),
+                 _params(reference.out_dir / "checkpoints" / "2"))
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 4 and last["train/nonfinite"] == 1.0
+    assert not (out / "model").exists()
+
+
+def test_resume_refuses_other_settings(reference, dataset):
+    with pytest.raises(train.TrainingError, match="train.lr"):
+        train.run(dataset, reference.out_dir, _cfg(dataset, **{"train.lr": 1e-2}), quiet=True)
+    with pytest.raises(train.TrainingError, match="model.heads"):
+        train.run(dataset, reference.out_dir, _cfg(dataset, heads=2), quiet=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _cli(args):
+    return CliRunner().invoke(cli, args, env={"CI": "1", "COLUMNS": "200"})
+
+
+def test_cli_help():
+    res = _cli(["train", "--help"])
+    assert res.exit_code == 0
+    for text in ("k2_eps1", "align_ce", "--distributed", "--set", "--tensorboard", "TPU pod"):
+        assert text in res.output
+
+
+def test_cli_bad_inputs(dataset, tmp_path):
+    out = ["--out", str(tmp_path / "r")]
+    res = _cli(["train", "--data", str(tmp_path / "missing"), "--config", "k2_eps1", *out])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = _cli(["train", "--data", str(tmp_path), "--config", "k2_eps1", *out])
+    assert res.exit_code == 1 and "not a prepared dataset" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k3_eps9", *out])
+    assert res.exit_code == 2 and "Invalid value for '--config'" in res.output
+    res = _cli(["train", "--data", str(dataset), *out])
+    assert res.exit_code == 2 and "--config is required" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--batch-size", "12",
+                *out])
+    assert res.exit_code == 1 and "global batch 12 is not divisible by the 8 devices" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--set", "bogus=1", *out])
+    assert res.exit_code == 1 and "unknown --set key 'bogus'" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--set", "heads", *out])
+    assert res.exit_code == 2 and "key=value" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--batch-size", "800",
+                *out])
+    assert res.exit_code == 1 and "fewer than one batch of 800" in res.output
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--tensorboard",
+                    *out])
+        assert res.exit_code == 2 and "pip install" in res.output
