@@ -62,22 +62,27 @@ def _pad_flat(x, length):
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
 
 
-def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, history: bool):
+def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, history: bool = False):
+    """Inputs ``[B, H, L, .]`` -> the banded op's padded flat problem and its static spec.
+
+    Returns ``(Flat, Spec, slot)``: ``slot`` is the padded index of the dustbin in ``widened``
+    mode (where the tokens become ordinary positions), else ``Lp`` (the extended slot).
+    Differentiable in (q, k, v, tokens).
+    """
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
     n = b * h
     lmax = max(lq, lk)
-    per_head = lambda lens: jnp.repeat(lens.astype(jnp.int32), h)  # [N]
+    per_head = lambda lens: jnp.repeat(jnp.asarray(lens).astype(jnp.int32), h)  # [N]
     pallas = cfg.impl == "pallas"  # kernel-legal tiles (see make_geometry)
     if cfg.dustbin == "widened":
         # The paper's bridge: the dustbin tokens become ordinary positions at index lmax and
         # the band covers everything.
         geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block, pallas=pallas)
-        has_dustbin, slot = False, lmax
     else:
         geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block, pallas=pallas)
-        has_dustbin, slot = cfg.dustbin == "spoke", None
     lp = geom.length
+    slot = lmax if cfg.dustbin == "widened" else lp
     pos = jnp.arange(lp)[None, :]
     row_active = pos < per_head(q_len)[:, None]
     col_active = pos < per_head(k_len)[:, None]
@@ -85,24 +90,31 @@ def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, histor
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
     tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
-    if slot is not None:
+    if cfg.dustbin == "widened":
         qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
         row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
     # Targets: key index, or lk for the dustbin column (at its slot in the padded problem).
     tgt = jnp.full((b, lq), -1, jnp.int32) if targets is None else jnp.asarray(targets, jnp.int32)
-    tgt = jnp.where(tgt == lk, lp if slot is None else slot, jnp.where(tgt > lk, -1, tgt))
+    tgt = jnp.where(tgt == lk, slot, jnp.where(tgt > lk, -1, tgt))
     tgt = jnp.pad(jnp.repeat(tgt, h, axis=0), ((0, 0), (0, lp - lq)), constant_values=-1)
     flat = Flat(qf, kf, vf, tq, tk, tv, row_active, col_active, tgt)
-    spec = Spec(cfg, geom, has_dustbin, history)
+    spokes = cfg.dustbin in ("spoke", "capacity")
+    spec = Spec(cfg, geom, spokes, history, cfg.dustbin == "capacity")
+    return flat, spec, slot
+
+
+def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, history: bool):
+    b, h, lq, _ = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    flat, spec, slot = flatten(q, k, v, q_len, k_len, tokens, targets, cfg, history=history)
     out, logp, hist = banded_transport(spec, flat)
     out = out[:, :lq].reshape(b, h, lq, dv)
     logp = logp[:, :lq].reshape(b, h, lq)
     if not history:
         return out, logp, None
     hu, hv = (jnp.moveaxis(x, 0, 1) for x in hist)  # [N, T + R, Lp + 1]
-    db = slot if slot is not None else lp
-    u = jnp.concatenate([hu[..., :lq], hu[..., db : db + 1]], -1)
-    vv = jnp.concatenate([hv[..., :lk], hv[..., db : db + 1]], -1)
+    u = jnp.concatenate([hu[..., :lq], hu[..., slot : slot + 1]], -1)
+    vv = jnp.concatenate([hv[..., :lk], hv[..., slot : slot + 1]], -1)
     if cfg.dustbin == "none":
         u, vv = u.at[..., -1].set(0.0), vv.at[..., -1].set(0.0)
     return out, logp, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))

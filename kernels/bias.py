@@ -39,8 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pfamalign.kernels import sinkhorn as sk
-from pfamalign.kernels.api import _check_inputs, _pad_flat, transport
-from pfamalign.kernels.band import make_geometry
+from pfamalign.kernels.api import _check_inputs, _pad_flat, flatten, transport
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
 
 
@@ -64,33 +63,10 @@ class TailBiasCertificate(NamedTuple):
 
 
 def _flatten(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
-    """Inputs -> (Flat, Spec) of the banded op, as ``api._banded`` builds them (no targets).
-
-    Differentiable in (q, k, v, tokens). Always on the XLA band (plain jnp)."""
-    b, h, lq, d = q.shape
-    lk, dv = k.shape[2], v.shape[-1]
-    n, lmax = b * h, max(lq, lk)
-    per_head = lambda lens: jnp.repeat(jnp.asarray(lens).astype(jnp.int32), h)  # [N]
-    if cfg.dustbin == "widened":  # tokens become ordinary positions at lmax, dense band
-        geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block)
-        has_dustbin, slot = False, lmax
-    else:
-        geom = make_geometry(lmax, cfg.half_band, cfg.blocks.block)
-        has_dustbin, slot = cfg.dustbin == "spoke", None
-    lp = geom.length
-    pos = jnp.arange(lp)[None, :]
-    row_active = pos < per_head(q_len)[:, None]
-    col_active = pos < per_head(k_len)[:, None]
-    qf, kf, vf = _pad_flat(q, lp), _pad_flat(k, lp), _pad_flat(v, lp)
-    tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
-                        else jnp.tile(t.astype(q.dtype), (b, 1)))
-    tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
-    if slot is not None:
-        qf, kf, vf = qf.at[:, slot].set(tq), kf.at[:, slot].set(tk), vf.at[:, slot].set(tv)
-        row_active, col_active = row_active.at[:, slot].set(True), col_active.at[:, slot].set(True)
-    target = jnp.full((n, lp), -1, jnp.int32)
-    flat = sk.Flat(qf, kf, vf, tq, tk, tv, row_active, col_active, target)
-    return flat, sk.Spec(dataclasses.replace(cfg, impl="xla"), geom, has_dustbin, False)
+    """Inputs -> (Flat, Spec) of the banded op (no targets), always on the XLA band (plain
+    jnp, differentiable by autodiff)."""
+    flat, spec, _ = flatten(q, k, v, q_len, k_len, tokens, None, dataclasses.replace(cfg, impl="xla"))
+    return flat, spec
 
 
 def _base_state(cfg: TransportConfig, q_len, k_len, inputs):

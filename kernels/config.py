@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import jax
 
-DUSTBIN_MODES = ("none", "widened", "spoke")
+DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 
@@ -49,7 +49,10 @@ class TransportConfig:
         >= eps_S == eps and sum T_s == T. Potentials are carried across stages at fixed
         eps * potential (the usual eps-scaling warm start).
       dustbin: "none", "widened" (append the dustbin tokens and widen the band to the whole
-        sequence: dense cost) or "spoke" (band + dustbin row + dustbin column + corner).
+        sequence: dense cost), "spoke" (band + dustbin row + dustbin column + corner, unit
+        targets everywhere) or "capacity" (the spoke support with the dustbin row's target
+        equal to the active key count and the dustbin column's to the active query count:
+        balanced, and any number of residues can go unaligned).
       impl: "reference" (dense autodiff), "xla" (banded, custom VJP) or "pallas".
       adjoint: "one_reference" (every tail plan is a diagonal rescaling of one plan: one exp per
         entry) or "four_plan" (each tail plan exponentiated on its own; the direct baseline).

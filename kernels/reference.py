@@ -23,14 +23,15 @@ def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: st
     if dustbin == "widened":  # the bridge widens the band to the whole sequence
         band = jnp.ones_like(band)
     support = qa & ka & band
-    if dustbin != "none":
+    if dustbin != "none":  # widened, spoke and capacity share this support
         db_row, db_col = i == lq, j == lk
         support = support | (qa & db_col) | (db_row & ka) | (db_row & db_col)
     return support
 
 
 def _masked_neg_lse(x, mask, axis):
-    """-LSE over the masked entries; 0 where a line has no entry (it then carries no mass)."""
+    """-LSE over the masked entries; 0 where a line has no entry (it then carries no mass).
+    Returns (that, has-an-entry)."""
     has = jnp.any(mask, axis=axis)
     xm = jnp.where(mask, x, -jnp.inf)
     mx = jax.lax.stop_gradient(jnp.max(xm, axis=axis, keepdims=True))
@@ -40,10 +41,13 @@ def _masked_neg_lse(x, mask, axis):
     return jnp.where(has, -lse, 0.0), has
 
 
-def _full_step(s, mask, v):
-    """One Sinkhorn step with unit targets on ``s [.., m, n]`` followed by centering."""
+def _full_step(s, mask, v, log_a, log_b):
+    """One Sinkhorn step on ``s [.., m, n]`` with row / column targets ``exp(log_a)``,
+    ``exp(log_b)``, followed by centering."""
     u, row_has = _masked_neg_lse(s + v[..., None, :], mask, -1)
+    u = jnp.where(row_has, u + log_a, 0.0)
     v_new, col_has = _masked_neg_lse(s + u[..., :, None], mask, -2)
+    v_new = jnp.where(col_has, v_new + log_b, 0.0)
     n_rows = jnp.maximum(jnp.sum(row_has, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(row_has, u, 0.0), -1, keepdims=True) / n_rows
     return jnp.where(row_has, u - c, 0.0), jnp.where(col_has, v_new + c, 0.0)
@@ -70,6 +74,12 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     q_ext, k_ext, v_ext = _extend(q, tokens.q), _extend(k, tokens.k), _extend(v, tokens.v)
     mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
     mask = mask[:, None]  # broadcast over heads
+    # Targets: unit, except a capacity dustbin takes as much as the other side's length.
+    log_a = jnp.zeros((q.shape[0], 1, lq + 1), q.dtype)
+    log_b = jnp.zeros((q.shape[0], 1, lk + 1), q.dtype)
+    if cfg.dustbin == "capacity":
+        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
+        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
     dots = jnp.einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
 
     history_u, history_v = [], []
@@ -81,7 +91,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
             vpot = vpot * (prev_eps / eps_s)
         prev_eps = eps_s
         for _ in range(steps):
-            upot, vpot = _full_step(dots_base / eps_s, mask, vpot)
+            upot, vpot = _full_step(dots_base / eps_s, mask, vpot, log_a, log_b)
             history_u.append(upot)
             history_v.append(vpot)
     vpot = jax.lax.stop_gradient(vpot)  # the schedule ends at cfg.eps: no rescale needed
@@ -90,7 +100,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     # R = 0: the plan of the base itself (its last row potentials, or zeros when T = 0 too)
     upot = jax.lax.stop_gradient(history_u[-1]) if history_u else jnp.zeros(dots.shape[:-1])
     for _ in range(cfg.tail_steps):
-        upot, vpot = _full_step(s, mask, vpot)
+        upot, vpot = _full_step(s, mask, vpot, log_a, log_b)
         history_u.append(upot)
         history_v.append(vpot)
     log_plan = jnp.where(mask, s + upot[..., :, None] + vpot[..., None, :], -jnp.inf)

@@ -9,7 +9,7 @@ Extended index space: potentials are ``[N, Lp + 1]``; slot ``Lp`` is the dustbin
 or column (for v). Without a dustbin those slots have no support and stay 0.
 
 Tail (r = 1..R, from the stopped base potential v^0):
-    û^r = -LSE_row(S + v^{r-1}),  v̂^r = -LSE_col(S + û^r),
+    û^r = log a - LSE_row(S + v^{r-1}),  v̂^r = log b - LSE_col(S + û^r),
     c_r = mean over supported rows of û^r,  u^r = û^r - c_r,  v^r = v̂^r + c_r.
 Plans: row plans A^r = exp(S + û^r ⊕ v^{r-1}), column plans B^r = exp(S + u^r ⊕ v^r),
 output plan P = B^R, output O = P V.
@@ -19,7 +19,9 @@ Adjoint (seed paper Prop. 1): with G_ij = <dO_i, V_j>,
 where, going r = R..1 with ū (adjoint of u^r; R(P∘G) at r = R, else 0) and v̄ (adjoint of
 v^r; C(P∘G) at r = R, else the previous -A^{r+1 T} α_{r+1}):
     c̄ = Σ v̄ - Σ ū  (the centering ledger: 0 up to rounding, kept exact),
-    β_r = v̄,   α_r = ū + c̄ / n_rows - B^r β_r,   v̄ ← -A^{rT} α_r.
+    β_r = v̄ / b,   α_r = (ū + c̄ / n_rows - B^r β_r) / a,   v̄ ← -A^{rT} α_r.
+The targets a, b are 1 on every line except a capacity dustbin (a = active Lk on the dustbin
+row, b = active Lq on the dustbin column: every residue can go to the dustbin).
 One-reference schedule (Prop. 2 / the orbit identity, Prop. 6): every tail plan is a
 diagonal rescaling of P, ``A^r = diag(e^{a_u}) P diag(e^{a_v})``, so every product above is a
 product with P and the whole dS is ``P ∘ <X_i, Z_j>`` for a rank-(dv + 2R) factorisation:
@@ -66,6 +68,8 @@ class Support(NamedTuple):
     cols: jax.Array  # [N, Lp + 1] bool
     band_rows: jax.Array  # [N, Lp] bool: row has at least one band entry
     band_cols: jax.Array  # [N, Lp] bool
+    log_rows: jax.Array  # [N, Lp + 1] log row targets: 0 (unit), log Lk at a capacity dustbin row
+    log_cols: jax.Array  # [N, Lp + 1] log column targets: 0, log Lq at a capacity dustbin column
 
 
 class Solution(NamedTuple):
@@ -84,8 +88,9 @@ class Spec(NamedTuple):
 
     cfg: TransportConfig
     geom: BandGeometry
-    has_dustbin: bool
+    has_dustbin: bool  # spokes present (modes spoke and capacity)
     history: bool
+    capacity: bool = False  # dustbin marginals = the other side's active length
 
 
 def make_ops(spec: Spec):
@@ -119,7 +124,14 @@ def support(flat: Flat, spec: Spec) -> Support:
     db = jnp.full(rows.shape[:1] + (1,), spec.has_dustbin)
     if spec.has_dustbin:
         rows, cols = rows | flat.row_active, cols | flat.col_active
-    return Support(jnp.concatenate([rows, db], -1), jnp.concatenate([cols, db], -1), band_rows, band_cols)
+    log_rows = jnp.zeros(rows.shape[:1] + (rows.shape[1] + 1,), flat.q.dtype)
+    log_cols = jnp.zeros_like(log_rows)
+    if spec.capacity:  # a dustbin takes as much mass as the other side has residues
+        count = lambda active: jnp.log(jnp.maximum(jnp.sum(active, -1), 1).astype(flat.q.dtype))
+        log_rows = log_rows.at[:, -1].set(count(flat.col_active))
+        log_cols = log_cols.at[:, -1].set(count(flat.row_active))
+    return Support(jnp.concatenate([rows, db], -1), jnp.concatenate([cols, db], -1), band_rows, band_cols,
+                   log_rows, log_cols)
 
 
 def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
@@ -148,8 +160,9 @@ def _logaddexp(a, b):
     return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
 
 
-def _neg_lse_or_zero(lse):
-    return jnp.where(jnp.isfinite(lse), -lse, 0.0)
+def _potential(log_target, lse):
+    """``log target - LSE`` on lines with entries; 0 on lines without (they carry no mass)."""
+    return jnp.where(jnp.isfinite(lse), log_target - lse, 0.0)
 
 
 # Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
@@ -169,19 +182,19 @@ def _band_lse(ops, lse_fn, band, bias, shift, has_entry):
 
 
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
-    """û = -LSE_row(S + v) on the extended support."""
+    """û = log a - LSE_row(S + v) on the extended support (a: row targets)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = _logaddexp(band_lse, spk.col + v[:, -1:])
     db = _logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
-    return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
+    return _potential(sup.log_rows, jnp.concatenate([real, db[:, None]], -1))
 
 
 def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
-    """v̂ = -LSE_col(S + u) on the extended support."""
+    """v̂ = log b - LSE_col(S + u) on the extended support (b: column targets)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = _logaddexp(band_lse, spk.row + u[:, -1:])
     db = _logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
-    return _neg_lse_or_zero(jnp.concatenate([real, db[:, None]], -1))
+    return _potential(sup.log_cols, jnp.concatenate([real, db[:, None]], -1))
 
 
 def _full_step(ops, band, spk, sup: Support, v, u_prev):
@@ -383,6 +396,9 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
         u_bar = u_bar.at[:, :-1].add(g_t)
         v_bar = jax.vmap(lambda vb, t, g: vb.at[t].add(g))(v_bar, tc, g_t)
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
+    # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
+    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin).
+    inv_a, inv_b = jnp.exp(-sup.log_rows), jnp.exp(-sup.log_cols)
 
     def step(carry, xs):  # tail step r, taken in reverse
         u_bar, v_bar = carry
@@ -397,8 +413,8 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
         c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
             jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
         beta = v_bar
-        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta)
-        return (jnp.zeros_like(u_bar), -a_cols(alpha)), (alpha, beta)
+        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta * inv_b)
+        return (jnp.zeros_like(u_bar), -a_cols(alpha * inv_a)), (alpha * inv_a, beta * inv_b)
 
     xs = scales if one_ref else (sol.u_hat, v_before, sol.u, sol.v)
     (_, eta), (alphas, betas) = jax.lax.scan(step, (u_bar, v_bar), xs, reverse=True)

@@ -20,6 +20,7 @@ newest checkpoint) or one checkpoint step directory (``RUN/checkpoints/N``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -145,12 +146,26 @@ def _finished_steps(directory: pathlib.Path) -> list[int]:
     return sorted(steps)
 
 
-def load_model(path: str | os.PathLike) -> tuple[Aligner, AlignerConfig]:
-    """``(model, config)`` from a model directory, a run directory or a checkpoint step."""
+def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
+               ) -> tuple[Aligner, AlignerConfig]:
+    """``(model, config)`` from a model directory, a run directory or a checkpoint step.
+
+    ``impl="auto"`` runs a model trained with the Pallas kernels on the XLA path when this
+    host is a CPU (same plan, no interpret mode); ``None`` keeps the saved implementation;
+    any other value forces it.
+    """
     ocp = _ocp()
     config_path, params_path = resolve_model_path(path)
     config = _read_model_config(config_path)
-    graphdef, abstract = abstract_params(config)
+    if impl == "auto":
+        impl = "xla" if (config.transport.impl == "pallas"
+                         and jax.default_backend() == "cpu") else None
+    if impl is not None and impl != config.transport.impl:
+        config = dataclasses.replace(
+            config, transport=dataclasses.replace(config.transport, impl=impl))
+    # restore onto this process's first device, whatever topology saved it
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    graphdef, abstract = abstract_params(config, sharding=device)
     try:
         params = ocp.StandardCheckpointer().restore(params_path, abstract)
     except Exception as err:  # orbax raises several types on foreign / truncated data

@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from pfamalign import checkpoint as ckpt
 from pfamalign.configs import RESUMABLE_FIELDS, RunConfig, TrainConfig, apply_overrides, get_config
-from pfamalign.model import Aligner, AlignerConfig, aligner_loss
+from pfamalign.model import Aligner, aligner_loss
 from pfamalign.pipelines import reader
 
 BATCH_KEYS = ("q_feat", "k_feat", "q_len", "k_len", "target", "valid")
@@ -440,16 +440,18 @@ class ProgressLine:
     """A live rich progress line (silent when quiet, not a TTY, or CI is set)."""
 
     def __init__(self, total: int, start: int, *, quiet: bool):
-        self.enabled = (not quiet and sys.stderr.isatty() and not os.environ.get("CI")
-                        and jax.process_index() == 0)
+        self.quiet = quiet or jax.process_index() != 0
+        self.enabled = not self.quiet and sys.stderr.isatty() and not os.environ.get("CI")
         self._progress = None
         if self.enabled:
+            from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
 
             self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                      TimeRemainingColumn(), transient=False)
+                                      TimeRemainingColumn(), transient=False,
+                                      console=Console(stderr=True))
             self._progress.start()
             self._task = self._progress.add_task("train", total=total, completed=start, info="")
 
@@ -460,7 +462,7 @@ class ProgressLine:
     def log(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
-        elif jax.process_index() == 0:
+        elif not self.quiet:
             print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -70,15 +70,37 @@ def time_fn(fn: Callable, *args, repeats: int = 3) -> dict:
     return {"first_s": first, "min_s": min(times), "times_s": times}
 
 
-def compiled_memory(fn: Callable, *args) -> dict:
-    """XLA's own accounting of a jitted function (bytes): temporaries, arguments, outputs."""
+def time_interleaved(cases: dict, *, repeats: int = 3) -> dict:
+    """``{name: (fn, args)}`` -> ``{name: min seconds}``: one warm-up (compile) each, then
+    ``repeats`` rounds running every case once per round, so that load changes on a shared
+    machine hit all cases alike (ratios between them are the robust figure)."""
+    for fn, args in cases.values():
+        block(fn(*args))
+    best = {name: math.inf for name in cases}
+    for _ in range(max(repeats, 1)):
+        for name, (fn, args) in cases.items():
+            t0 = time.perf_counter()
+            block(fn(*args))
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def compile_with_memory(fn: Callable, *args) -> tuple[Callable, dict]:
+    """Compile ``fn`` (jitted or not) for ``args`` (arrays or ``jax.ShapeDtypeStruct``s).
+
+    Returns the compiled callable and XLA's own accounting in bytes (temporaries, arguments,
+    outputs) plus the compile time ``compile_s``."""
     import jax
 
-    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
-    if stats is None:
-        return {}
-    return {"temp_bytes": int(stats.temp_size_in_bytes), "argument_bytes": int(stats.argument_size_in_bytes),
-            "output_bytes": int(stats.output_size_in_bytes)}
+    t0 = time.perf_counter()
+    lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)
+    compiled = lowered.compile()
+    mem = {"compile_s": time.perf_counter() - t0}
+    stats = compiled.memory_analysis()
+    if stats is not None:
+        mem.update(temp_bytes=int(stats.temp_size_in_bytes), argument_bytes=int(stats.argument_size_in_bytes),
+                   output_bytes=int(stats.output_size_in_bytes))
+    return compiled, mem
 
 
 def fwd_bwd(transport_fn: Callable):
@@ -152,7 +174,9 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         if x == 0 or math.isnan(x) or math.isinf(x):
             return str(x)
-        return f"{x:.4g}" if 1e-3 <= abs(x) < 1e5 else f"{x:.3e}"
+        if 1 <= abs(x) < 1e6:
+            return f"{x:.2f}"
+        return f"{x:.4g}" if 1e-3 <= abs(x) < 1 else f"{x:.3e}"
     if x is None:
         return "-"
     return str(x)

@@ -7,7 +7,7 @@
 What is timed: the jitted training step (forward, exact tail adjoint, AdamW update) of the
 real ``pfamalign.train`` code, global batch 64, T = 15, half band 1024, on the devices JAX
 sees, with random features (320-d like ESM-2 t6 for ``k2_eps1``; the 50-d built-in one-hot +
-BLOSUM62 width for ``align_ce``) and real targets shapes (a diagonal target on every row).
+BLOSUM62 width for ``align_ce``) and a diagonal target on every row.
 
 Lengths: the pair lengths that ``prepare`` samples from the shared Pfam data
 (``../shared/data/pfam``, seed + hmmalign families, 200 pairs per family; the test fixtures
@@ -40,7 +40,8 @@ PAPER_EXAMPLES_PER_S = 8.5  # TPU v6e-8, balanced R=2 (seed paper, abstract)
 BENCHES = {
     # name: (embedder id, feature dim, encoder, features label)
     "k2_eps1": ("esm2_t6_8M_UR50D/layer6", 320, "none", "random 320-d (ESM-2 t6 size)"),
-    "align_ce": ("builtin/onehot+blosum62", 50, "conv", "random 50-d (builtin/onehot+blosum62 size)"),
+    "align_ce": ("builtin/onehot+blosum62", 50, "conv",
+                 "random 50-d (builtin/onehot+blosum62 size)"),
 }
 
 

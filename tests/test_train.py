@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pfamalign import checkpoint, configs, train
+from pfamalign import checkpoint, train
 from pfamalign.cli import main as cli
 from pfamalign.model import aligner_loss
 from pfamalign.pipelines.config import PrepareConfig
@@ -261,9 +261,71 @@ def test_cli_bad_inputs(dataset, tmp_path):
     res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--batch-size", "800",
                 *out])
     assert res.exit_code == 1 and "fewer than one batch of 800" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--coordinator",
+                "localhost:1234", *out])
+    assert res.exit_code == 2 and "go together, with --distributed" in res.output
     try:
         import tensorboardX  # noqa: F401
     except ImportError:
         res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--tensorboard",
                     *out])
         assert res.exit_code == 2 and "pip install" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Topologies: a model saved on 8 devices loads on 1; two processes train like one
+# ---------------------------------------------------------------------------------------------
+
+_CHECKSUM = """
+import sys, jax, numpy as np
+from pfamalign import checkpoint
+model, cfg = checkpoint.load_model(sys.argv[1])
+leaves = jax.tree.leaves(checkpoint.model_params(model))
+print(len(jax.devices()), repr(float(sum(np.asarray(x, np.float64).sum() for x in leaves))))
+"""
+
+
+def _checksum(path, devices):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    out = subprocess.run([sys.executable, "-c", _CHECKSUM, str(path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    n, total = out.stdout.split()
+    return int(n), float(total)
+
+
+def test_a_model_saved_on_8_devices_loads_on_1(reference):
+    n, total = _checksum(reference.out_dir / "model", 1)
+    want = sum(np.asarray(x, np.float64).sum()
+               for x in jax.tree.leaves(_params(reference.out_dir / "model")))
+    assert n == 1 and total == float(want)
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(dataset, tmp_path):
+    """`--distributed` with two CPU processes x 4 devices (gloo collectives) takes the same
+    steps as one process with 8 devices."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    base = ["--data", str(dataset), "--config", "align_ce", "--quiet"]
+    for key, value in TINY.items():
+        base += ["--set", f"{key}={value}"]
+    env = dict(os.environ, CI="1", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "pfamalign.cli", "train", *base, "--out", str(tmp_path / "multi"),
+         "--distributed", "--coordinator", f"localhost:{port}", "--num-processes", "2",
+         "--process-id", str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for i in range(2)]
+    outs = [p.communicate(timeout=900)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    single = train.run(dataset, tmp_path / "single", _cfg(dataset), quiet=True)
+    losses = {}
+    for name in ("multi", "single"):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses[name] = [json.loads(x)["train/loss"] for x in lines if "train/loss" in x]
+    np.testing.assert_allclose(losses["multi"], losses["single"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 _params(tmp_path / "multi" / "model"), _params(single.out_dir / "model"))

@@ -79,9 +79,9 @@ def _grid():
     """Every shape x dustbin x adjoint; a covering subset runs by default, the rest with --full."""
     cases = []
     for i, shape in enumerate(SHAPES):
-        for j, dustbin in enumerate(["none", "spoke", "widened"]):
+        for j, dustbin in enumerate(["none", "spoke", "widened", "capacity"]):
             for k, adjoint in enumerate(["one_reference", "four_plan"]):
-                fast = j == i % 3 and k == i % 2 or (shape[0], dustbin) == ("ragged", "spoke")
+                fast = j == i % 4 and k == i % 2 or (shape[0], dustbin) in (("ragged", "spoke"), ("rect_tall", "capacity"))
                 marks = () if fast else (pytest.mark.slow,)
                 cases.append(pytest.param(shape, dustbin, adjoint, marks=marks,
                                           id=f"{shape[0]}-{dustbin}-{adjoint}"))
@@ -289,7 +289,7 @@ def test_input_errors():
         transport(q[:, :, :0], k, v, ql * 0, kl, half_band=3)
 
 
-@pytest.mark.parametrize("dustbin", ["spoke", "widened", "none"])
+@pytest.mark.parametrize("dustbin", ["spoke", "widened", "none", "capacity"])
 def test_target_log_plan_and_its_gradient_match_reference(dustbin):
     """log P_{i,t_i} (keys, the dustbin column, absent and off-band targets) and the gradient
     of a cross-entropy on it plus a loss on O, against dense autodiff."""
@@ -333,3 +333,26 @@ def test_dense_plan_is_the_plan_the_op_applies():
     v_ext = jnp.concatenate([v, jnp.broadcast_to(tokens.v[None, :, None], (2, 2, 1, 4))], 2)
     expected = jnp.einsum("bhij,bhjv->bhiv", plan[:, :, :15], v_ext)
     np.testing.assert_allclose(_jit_transport(cfg)(q, k, v, ql, kl, tokens), expected, atol=1e-5)
+
+
+def test_capacity_dustbin_marginals():
+    """Capacity mode is balanced: real rows and columns carry 1, the dustbin row carries the
+    active key count and the dustbin column the active query count; rows converge too."""
+    from pfamalign.kernels import transport_plan
+
+    cfg = TransportConfig(half_band=6, eps=1.0, base_steps=300, tail_steps=2, dustbin="capacity", impl="xla",
+                          blocks=BlockSizes(8))
+    q, k, v, tokens, _ = make_inputs(2, 1, 19, 23, 8, 4, seed=13, scale=0.5)
+    ql, kl = jnp.array([19, 12]), jnp.array([23, 20])
+    plan = np.asarray(transport_plan(q, k, ql, kl, tokens, config=dataclasses.replace(cfg, impl="reference")))
+    for b, (lq, lk) in enumerate([(19, 23), (12, 20)]):
+        p = plan[b, 0]
+        rows = np.r_[p[:lq].sum(1), p[-1].sum()]
+        cols = np.r_[p[:, :lk].sum(0), p[:, -1].sum()]
+        np.testing.assert_allclose(cols, np.r_[np.ones(lk), lq], atol=1e-4)
+        np.testing.assert_allclose(rows, np.r_[np.ones(lq), lk], atol=1e-3)
+    # the banded op applies that same plan
+    eye = jnp.broadcast_to(jnp.eye(24)[:23], (2, 1, 23, 24))
+    tok = DustbinTokens(tokens.q, tokens.k, jnp.eye(24)[23][None])
+    out = np.asarray(_jit_transport(cfg)(q, k, eye, ql, kl, tok))
+    np.testing.assert_allclose(out[0, 0], plan[0, 0, :19], atol=1e-5)

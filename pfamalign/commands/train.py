@@ -33,12 +33,18 @@ from pfamalign.configs import CONFIG_NAMES
 @click.option("--distributed", is_flag=True,
               help="Multi-host: call jax.distributed.initialize() first (run the same command "
                    "on every host; see below).")
+@click.option("--coordinator", default=None, metavar="HOST:PORT",
+              help="With --distributed outside TPU / SLURM / MPI auto-detection: the "
+                   "coordinator address (with --num-processes and --process-id).")
+@click.option("--num-processes", type=int, default=None, help="With --coordinator.")
+@click.option("--process-id", type=int, default=None, help="With --coordinator.")
 @click.option("--tensorboard", is_flag=True,
               help="Also write TensorBoard scalars to OUT/tensorboard (needs tensorboardX).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary.")
 @click.pass_context
 def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every, ckpt_every,
-          seed, set_items, distributed, tensorboard, quiet):
+          seed, set_items, distributed, coordinator, num_processes, process_id, tensorboard,
+          quiet):
     """Train an aligner on a prepared dataset.
 
     \b
@@ -56,7 +62,7 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
     Re-running the same command resumes from the newest checkpoint (same step, same data
     position); SIGTERM or Ctrl-C save a checkpoint and exit (status 128 + signal). A NaN or
     inf loss stops the run and leaves the last good checkpoint. OUT/model/ is the final model
-    (`pfamalign align --model OUT/model`); OUT itself loads its newest checkpoint.
+    (`pfamalign align --checkpoint OUT/model`); OUT itself loads its newest checkpoint.
 
     \b
     Devices and hosts: data parallel over every device JAX sees (the batch is split, the
@@ -90,10 +96,20 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         if value is not None:
             overrides[f"train.{key}"] = value
 
+    manual = (coordinator, num_processes, process_id)
+    if any(x is not None for x in manual) and not (distributed and all(x is not None
+                                                                        for x in manual)):
+        raise click.UsageError("--coordinator, --num-processes and --process-id go together, "
+                               "with --distributed")
     if distributed:
         import jax
 
-        jax.distributed.initialize()
+        if coordinator is not None:
+            # cross-process collectives for CPU devices (no effect on TPU / GPU)
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(coordinator, num_processes, process_id)
+        else:
+            jax.distributed.initialize()
 
     saved_path = pathlib.Path(out_dir) / "config.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
