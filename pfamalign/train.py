@@ -100,18 +100,28 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def check_resumable(cfg: RunConfig, saved: dict, data_info: dict) -> None:
-    """Refuses to resume a run directory with a different model, trajectory or dataset."""
+def check_resumable(cfg: RunConfig, saved: dict, data_info: dict, *,
+                    allow_changes: bool = False) -> list[str]:
+    """Refuses to resume a run directory with a different model, trajectory or dataset.
+
+    ``allow_changes`` accepts other optimisation settings (e.g. a lower learning rate after
+    a divergence); the model and the dataset must still match. Returns the changed
+    optimisation settings."""
     new = cfg.to_dict()
     diffs = _diff(new["model"], saved["model"], "model.")
-    diffs += [d for d in _diff(new["train"], saved["train"], "train.")
-              if d.split(":")[0].split(".")[-1] not in RESUMABLE_FIELDS]
+    changed = [d for d in _diff(new["train"], saved["train"], "train.")
+               if d.split(":")[0].split(".")[-1] not in RESUMABLE_FIELDS]
+    if not allow_changes:
+        diffs += changed
     old_hash = saved.get("data", {}).get("config_hash")
     if old_hash is not None and old_hash != data_info["config_hash"]:
         diffs.append(f"data.config_hash: {old_hash!r} -> {data_info['config_hash']!r}")
     if diffs:
+        hint = ("" if allow_changes or any(d.startswith(("model.", "data.")) for d in diffs)
+                else " (or pass --allow-changes to continue with the new optimisation settings)")
         raise TrainingError("the run directory holds a run with other settings; resume with the "
-                            "same ones or use a new --out:\n  " + "\n  ".join(diffs))
+                            f"same ones or use a new --out{hint}:\n  " + "\n  ".join(diffs))
+    return changed if allow_changes else []
 
 
 # =============================================================================================
@@ -539,8 +549,12 @@ def _mean_records(records: list[dict]) -> dict[str, float]:
 
 
 def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig, *,
-        mesh=None, tensorboard: bool = False, quiet: bool = False) -> TrainResult:
+        mesh=None, tensorboard: bool = False, quiet: bool = False,
+        allow_changes: bool = False) -> TrainResult:
     """Trains (or resumes) a run into ``out_dir``; see the module docstring.
+
+    ``allow_changes``: resume even if the optimisation settings differ from the saved run's
+    (see ``check_resumable``); the run's ``config.json`` then records the new ones.
 
     Raises ``TrainingError`` for unusable settings and ``NonFiniteLoss`` when the loss
     diverges (the newest checkpoint is then the last good one).
@@ -554,11 +568,11 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
     saved = json.loads(config_path.read_text()) if config_path.exists() else None
     manager_dir = out_dir / "checkpoints"
     it = train_iterator(data_dir, t_cfg)  # validates the data before anything is written
-    resume_step = None
+    resume_step, changed = None, []
     if saved is not None and manager_dir.is_dir():
         steps = ckpt._finished_steps(manager_dir)
         if steps:
-            check_resumable(cfg, saved, data_info)
+            changed = check_resumable(cfg, saved, data_info, allow_changes=allow_changes)
             resume_step = steps[-1]
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -583,6 +597,9 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
     progress = ProgressLine(t_cfg.steps, step, quiet=quiet)
     if resume_step is not None:
         progress.log(f"resuming {out_dir} at step {step}")
+        if changed:
+            progress.log("with changed settings: " + "; ".join(changed))
+            writer.write(step, {"resume/changed": "; ".join(changed)})
 
     def save(at_step: int) -> None:
         checkpoints.save(at_step, params=state.params, opt_state=state.opt_state,
@@ -629,8 +646,9 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
                     raise NonFiniteLoss(
                         f"non-finite training loss ({float(metrics['loss'])}) or gradient norm "
                         f"({float(metrics['grad_norm'])}) at step {step + 1}: run stopped "
-                        f"without saving that step; {where} (intact). Lower --lr or check "
-                        "the data, then re-run to resume from it.")
+                        f"without saving that step; {where} (intact). Check the data, or "
+                        "resume from it with a lower learning rate: re-run with --lr ... "
+                        "--allow-changes.")
                 step += 1
                 window.append(dict(metrics, step_time=dt))
                 if step % t_cfg.log_every == 0 or step == t_cfg.steps:

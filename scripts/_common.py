@@ -176,7 +176,9 @@ def _fmt(x: Any) -> str:
             return str(x)
         if 1 <= abs(x) < 1e6:
             return f"{x:.2f}"
-        return f"{x:.4g}" if 1e-3 <= abs(x) < 1 else f"{x:.3e}"
+        if 1e-3 <= abs(x) < 1:  # more digits where 4 would round to 1 (e.g. cosines)
+            return f"{x:.4g}" if abs(x) < 0.9995 else f"{x:.7f}"
+        return f"{x:.3e}"
     if x is None:
         return "-"
     return str(x)

@@ -125,8 +125,9 @@ def _scale_values(model, factor):
 @pytest.mark.parametrize("name", ["k2_eps1", "muot_dustbin_mono"])
 def test_reconstruction_cannot_be_lowered_by_shrinking_values(name):
     """Values are unit-normalised: rescaling the value projection leaves the loss unchanged,
-    while the loss does depend on the value directions (non-zero gradient)."""
+    while it does move (by far more than the tolerance) when the value directions change."""
     model = build_model(_cfg(name).model)
+    model.log_temp[...] = jnp.asarray(2.0)  # sharper plans: O_i depends more on single V_j
     batch = _batch(1)
     loss_fn = nnx.jit(aligner_loss)
     base = jax.device_get(loss_fn(model, batch)[1])
@@ -136,8 +137,10 @@ def test_reconstruction_cannot_be_lowered_by_shrinking_values(name):
         got = jax.device_get(loss_fn(scaled, batch)[1])
         np.testing.assert_allclose(got["recon"], base["recon"], rtol=1e-5)
         np.testing.assert_allclose(got["loss"], base["loss"], rtol=1e-5)
-    grads = nnx.grad(lambda mdl: aligner_loss(mdl, batch)[1]["recon"])(model)
-    assert float(jnp.linalg.norm(grads.v_proj.kernel[...])) > 1e-4  # the directions matter
+    turned = nnx.clone(model)  # same norms, other directions: the loss moves
+    turned.v_proj.kernel[...] = turned.v_proj.kernel[...][:, ::-1]
+    moved = float(loss_fn(turned, batch)[1]["recon"])
+    assert abs(moved - float(base["recon"])) > 100 * 1e-5 * float(base["recon"])
 
 
 @pytest.mark.parametrize("name", ["k2_eps1", "align_ce"])
@@ -170,14 +173,6 @@ def test_losses_match_the_dense_plan(name):
     np.testing.assert_allclose(m["recon"], np.concatenate(errs).mean(), rtol=2e-4)
     np.testing.assert_allclose(m["ce"], -np.concatenate(logps).mean(), rtol=2e-4)
     np.testing.assert_allclose(m["bary_mae"], np.concatenate(bary_err).mean(), rtol=2e-4)
-
-
-def test_monotonicity_penalty_has_a_gradient():
-    cfg = _cfg("align_ce", encoder_layers=1, ce_weight=0.0, mono_weight=1.0).model
-    model = build_model(cfg)
-    grads = nnx.grad(lambda mdl: aligner_loss(mdl, _batch(4))[0])(model)
-    norms = [float(jnp.linalg.norm(x)) for x in jax.tree.leaves(grads)]
-    assert all(np.isfinite(norms)) and max(norms) > 0
 
 
 # ---------------------------------------------------------------------------------------------

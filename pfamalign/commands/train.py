@@ -30,9 +30,12 @@ from pfamalign.configs import CONFIG_NAMES
               help="Override a config field (repeatable): a model field (heads=2), "
                    "transport.<field> (transport.eps=0.5) or train.<field> "
                    "(train.warmup_steps=50).")
+@click.option("--allow-changes", is_flag=True,
+              help="Resume even though optimisation settings (--lr, --steps, ...) differ "
+                   "from the saved run's (e.g. a lower LR after a divergence).")
 @click.option("--distributed", is_flag=True,
               help="Multi-host: call jax.distributed.initialize() first (run the same command "
-                   "on every host; see below).")
+                   "on every host; see above).")
 @click.option("--coordinator", default=None, metavar="HOST:PORT",
               help="With --distributed outside TPU / SLURM / MPI auto-detection: the "
                    "coordinator address (with --num-processes and --process-id).")
@@ -43,8 +46,8 @@ from pfamalign.configs import CONFIG_NAMES
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary.")
 @click.pass_context
 def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every, ckpt_every,
-          seed, set_items, distributed, coordinator, num_processes, process_id, tensorboard,
-          quiet):
+          seed, set_items, allow_changes, distributed, coordinator, num_processes, process_id,
+          tensorboard, quiet):
     """Train an aligner on a prepared dataset.
 
     \b
@@ -127,7 +130,8 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
                                           saved={k: saved[k] for k in ("model", "train")})
         else:
             cfg = training.resolve_config(data_dir, config_name, overrides=overrides)
-        result = training.run(data_dir, out_dir, cfg, tensorboard=tensorboard, quiet=quiet)
+        result = training.run(data_dir, out_dir, cfg, tensorboard=tensorboard, quiet=quiet,
+                              allow_changes=allow_changes)
     except training.NonFiniteLoss as err:
         raise click.ClickException(str(err)) from None
     except (training.TrainingError, CheckpointError, ValueError, FileNotFoundError) as err:
