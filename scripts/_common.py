@@ -57,8 +57,9 @@ def block(x):
     return jax.block_until_ready(x)
 
 
-def time_fn(fn: Callable, *args, repeats: int = 3) -> dict:
-    """Compile-and-run once (reported as ``first_s``), then the min over ``repeats`` runs."""
+def time_fn(fn: Callable, *args, repeats: int = 3, budget_s: float | None = None) -> dict:
+    """Run once (compiling if ``fn`` is not compiled yet; reported as ``first_s``), then the
+    min over ``repeats`` runs — fewer (at least one) once ``budget_s`` seconds are spent."""
     t0 = time.perf_counter()
     block(fn(*args))
     first = time.perf_counter() - t0
@@ -67,6 +68,8 @@ def time_fn(fn: Callable, *args, repeats: int = 3) -> dict:
         t0 = time.perf_counter()
         block(fn(*args))
         times.append(time.perf_counter() - t0)
+        if budget_s is not None and first + sum(times) > budget_s:
+            break
     return {"first_s": first, "min_s": min(times), "times_s": times}
 
 

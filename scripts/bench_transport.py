@@ -20,7 +20,7 @@ reference time / time, ``rss_vs_ref`` = RSS / reference RSS.
 Targets (this 2-core CPU): at L=4096, W=256 xla >= 10x faster than reference; at L=16384,
 W=1024 xla forward + backward under 2 GiB peak RSS.
 
-    python scripts/bench_transport.py --json              # all sizes, ~6-10 min on a loaded 2-core box
+    python scripts/bench_transport.py --json              # all sizes, ~5-8 min on a loaded 2-core box
     python scripts/bench_transport.py --quick             # L 512..4096 only, 2 repeats (~2-4 min)
     python scripts/bench_transport.py --lengths 4096 --impls xla,reference
 """
@@ -58,7 +58,7 @@ def _child(cfg: dict) -> dict:
     if impl != "xla" and need > cfg["mem_budget_gib"] * 1024**3:
         return {**out, "status": "skipped",
                 "reason": f"compiled memory {need / 1024**3:.1f} GiB > budget {cfg['mem_budget_gib']} GiB"}
-    timing = _common.time_fn(fb, q, k, v, w, repeats=cfg["repeats"])
+    timing = _common.time_fn(fb, q, k, v, w, repeats=cfg["repeats"], budget_s=cfg["time_budget_s"])
     return {**out, "status": "ok", "fwd_bwd_ms": 1e3 * timing["min_s"], "first_call_ms": 1e3 * timing["first_s"]}
 
 
@@ -70,13 +70,13 @@ def _ott_op(length: int, hb: int, d: int, iterations: int, eps: float):
     from ott.problems.linear import linear_problem
     from ott.solvers.linear import sinkhorn
 
-    i = np.arange(length)
-    band = jnp.asarray(np.abs(i[:, None] - i[None, :]) <= hb)
     solver = sinkhorn.Sinkhorn(threshold=-1.0, min_iterations=iterations, max_iterations=iterations,
                                inner_iterations=iterations, implicit_diff=None)
 
     def one(q, k, v):  # [L, d], [L, d], [L, dv]
         s = q @ k.T / np.sqrt(d)
+        i = jnp.arange(length)
+        band = jnp.abs(i[:, None] - i[None, :]) <= hb  # built in the trace: no L x L constant
         cost = jnp.where(band, -s, 1e4)  # outside the band: exp(-1e4 / eps) = 0, same support
         out = solver(linear_problem.LinearProblem(geometry.Geometry(cost_matrix=cost, epsilon=eps)))
         return length * out.matrix @ v
@@ -96,8 +96,11 @@ def main(argv=None):
     ap.add_argument("--base-steps", type=int, default=15, help="T (default 15)")
     ap.add_argument("--tail-steps", type=int, default=2, help="R (default 2)")
     ap.add_argument("--eps", type=float, default=1.0)
-    ap.add_argument("--mem-budget-gib", type=float, default=8.0,
-                    help="skip a dense baseline whose compiled memory exceeds this (default 8)")
+    ap.add_argument("--mem-budget-gib", type=float, default=6.0,
+                    help="skip a dense baseline whose compiled memory exceeds this (default 6: the dense "
+                         "reference at L=16384 needs 7.0 GiB and ~100 s per call; pass 8 to include it, +7 min)")
+    ap.add_argument("--time-budget-s", type=float, default=60.0,
+                    help="stop repeating a configuration after this many seconds (at least one timed call)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per child (default 900)")
     ap.add_argument("--quick", action="store_true", help="L 512..4096 and 2 repeats")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -122,7 +125,8 @@ def main(argv=None):
         hb = args.wide_half_band if length >= args.wide_from else args.half_band
         for impl in impls:
             cfg = {"L": length, "W": hb, "impl": impl, "d": args.dim, "T": args.base_steps, "R": args.tail_steps,
-                   "eps": args.eps, "repeats": args.repeats, "mem_budget_gib": args.mem_budget_gib}
+                   "eps": args.eps, "repeats": args.repeats, "mem_budget_gib": args.mem_budget_gib,
+                   "time_budget_s": args.time_budget_s}
             run = _common.run_child([sys.executable, __file__, "--child", json.dumps(cfg)], timeout=args.timeout)
             lines = [ln for ln in run["stdout"].splitlines() if ln.startswith("{")]
             if run["timed_out"]:

@@ -31,7 +31,6 @@ def main(argv=None):
     _common.add_output_args(ap, repeats=5)
     args = ap.parse_args(argv)
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
 

@@ -12,7 +12,7 @@ For each: forward + backward time (min over ``--repeats``, all modes timed in al
 its ratio to ``xla_one_reference`` measured in the same run, and XLA's compiled temporary
 memory of the forward + backward.
 
-    python scripts/benchmark_production_backward_modes.py                   # 8x512 (W=1024) and 1x4096 (W=256), ~3-5 min
+    python scripts/benchmark_production_backward_modes.py                 # 8x512 (W=1024), 1x4096 (W=256): ~1-3 min
     python scripts/benchmark_production_backward_modes.py --cases 2x256x64 --json
 """
 

@@ -6,7 +6,7 @@ steps), ||c_R|| = ||D_x z_T^T eta_R|| (the bias of the op's stopped-base gradien
 ||gap - c_R|| (rounding) and the certified tail depth: the first R with ||c_R|| <= tol.
 See ``pfamalign.kernels.bias``. The loss is ``sum(w * O)`` for a fixed random w.
 
-    python scripts/validate_tail_bias_certificate.py                   # L=512, W=64, float32 (~2-4 min)
+    python scripts/validate_tail_bias_certificate.py                   # L=512, W=64, float32 (~1-3 min)
     python scripts/validate_tail_bias_certificate.py --x64 --dustbin spoke --json
 """
 

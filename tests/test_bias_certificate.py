@@ -80,9 +80,10 @@ def test_certified_depth_follows_tolerance(contracting_x64):
         assert cert_at(biases[-1] * 0.5).certified_depth is None
 
 
-def test_identity_float32():
+@pytest.mark.parametrize("dustbin", ["spoke", "capacity"])
+def test_identity_float32(dustbin):
     q, k, v, tokens, w = make_inputs(1, 1, 20, 20, 8, 4, seed=3, scale=0.7)
-    cfg = TransportConfig(half_band=3, eps=0.8, base_steps=6, dustbin="spoke", blocks=BlockSizes(8))
+    cfg = TransportConfig(half_band=3, eps=0.8, base_steps=6, dustbin=dustbin, blocks=BlockSizes(8))
     cert = tail_bias_certificate(q, k, v, jnp.array([20]), jnp.array([17]), tokens, config=cfg, g_out=w,
                                  tail_depths=(2,))
     (row,) = cert.rows

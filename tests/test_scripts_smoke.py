@@ -1,4 +1,5 @@
-"""Every validation / benchmark script runs at tiny sizes and prints parseable JSON lines.
+"""Every validation / benchmark script runs at tiny sizes and prints parseable JSON lines
+(two by default, all with --full).
 
 The scripts run in this process (``main(argv)``) except bench_transport's per-configuration
 children, which it spawns itself."""
@@ -35,7 +36,13 @@ def scripts_on_path():
     sys.path.remove(str(SCRIPTS))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# Each script compiles a few XLA programs (5-25 s apiece on a loaded 2-core box): by default
+# run the two that cover the shared machinery (subprocess RSS, compiled memory, tables and
+# JSON lines); the rest with --full.
+FAST = {"bench_transport", "estimate_r2_backward_memory"}
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)])
 def test_script_runs_and_prints_json_lines(name, capsys):
     module = importlib.import_module(name)
     module.main(CASES[name] + ["--json"])
