@@ -55,13 +55,14 @@ class Evaluation:
 
 
 def evaluate(records: Iterable[dict], *, predictor=None, features: str = "records",
-             baselines: Sequence[str] = ("diagonal", "nw", "sw"), min_mass: float = 0.0,
-             gap_cost: float = 0.0, batch_size: int = 8, advance=lambda n=1: None) -> Evaluation:
+             baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None,
+             batch_size: int = 8, advance=lambda n=1: None) -> Evaluation:
     """Scores the model (when ``predictor`` is given) and the baselines on ``records``.
 
     Records are pair dicts with ``q_seq``, ``k_seq``, ``target`` and ``pid`` (the pipelines'
     pair record); with ``features="records"`` they also carry ``q_feat`` / ``k_feat`` (the
     dataset's stored embeddings), with ``features="featurize"`` the predictor embeds residues.
+    ``decoding``: DecoderSettings for the model (default: the model's own).
     """
     for b in baselines:
         if b not in BASELINES:
@@ -78,7 +79,7 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
                 flat = predictor.featurize([s for r in pending for s in (r["q_seq"], r["k_seq"])])
                 feats = list(zip(flat[0::2], flat[1::2]))
             for r, pp in zip(pending, predictor.plans(feats, batch_size=batch_size)):
-                aln = predictor.decode(pp, min_mass=min_mass, gap_cost=gap_cost)
+                aln = predictor.decode(pp, decoding)
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 ev.plan["model"].append(plan_metrics(pp.real, r["target"], dustbin_mass=pp.row_dustbin))
         advance(len(pending))

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pfamalign.alignment.decode import mea_decode
+from pfamalign.alignment.decode import affine_decode, mea_decode
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -23,6 +23,50 @@ PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compi
 def default_model_dir() -> pathlib.Path:
     """The model shipped inside the package (trained on the bundled Pfam data, builtin features)."""
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSettings:
+    """How a plan becomes a discrete alignment.
+
+    ``affine`` (default): Gotoh DP on ``P - threshold`` with gap costs between aligned pairs;
+    ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned residue).
+    A model directory may carry tuned values in ``decoding.json``.
+    """
+
+    decoder: str = "affine"
+    gap_open: float = 0.5
+    gap_extend: float = 0.05
+    threshold: float = 0.02
+    gap_cost: float = 0.0
+    min_mass: float = 0.0
+
+    def __post_init__(self):
+        if self.decoder not in ("affine", "mea"):
+            raise ValueError(f"decoder must be 'affine' or 'mea', got {self.decoder!r}")
+        if not self.gap_open >= self.gap_extend >= 0:
+            raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
+
+    @classmethod
+    def load(cls, directory: pathlib.Path) -> "DecoderSettings":
+        path = pathlib.Path(directory) / "decoding.json"
+        if not path.is_file():
+            return cls()
+        import json
+
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, directory: pathlib.Path) -> None:
+        import json
+
+        (pathlib.Path(directory) / "decoding.json").write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+    def decode(self, pp: "PairPlan") -> PairAlignment:
+        if self.decoder == "mea":
+            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
+                              gap_cost=self.gap_cost)
+        return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
+                             threshold=self.threshold, row_dustbin=pp.row_dustbin, min_mass=self.min_mass)
 
 
 @dataclasses.dataclass
@@ -67,6 +111,7 @@ class Predictor:
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
         self.model, self.config = ckpt.load_model(path)
+        self.decoding = DecoderSettings.load(path)
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
@@ -110,12 +155,11 @@ class Predictor:
             yield PairPlan(full)
 
     # ---- alignment ----------------------------------------------------------------------
-    @staticmethod
-    def decode(pp: PairPlan, *, min_mass: float = 0.0, gap_cost: float = 0.0) -> PairAlignment:
-        return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=min_mass, gap_cost=gap_cost)
+    def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None) -> PairAlignment:
+        return (decoding or self.decoding).decode(pp)
 
-    def align(self, seq_a: str, seq_b: str, *, min_mass: float = 0.0,
-              gap_cost: float = 0.0) -> tuple[PairAlignment, PairPlan]:
+    def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
+              ) -> tuple[PairAlignment, PairPlan]:
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
-        return self.decode(pp, min_mass=min_mass, gap_cost=gap_cost), pp
+        return self.decode(pp, decoding), pp

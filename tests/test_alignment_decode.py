@@ -171,3 +171,69 @@ def test_large_plans_are_fast(length, budget_s):
     _check_proper(aln, length, length)
     assert aln.score == pytest.approx(float(plan[aln.pairs[:, 0], aln.pairs[:, 1]].sum()))
     assert elapsed < budget_s, f"{length} x {length} took {elapsed:.2f} s"
+
+
+# ---- affine-gap decoding -----------------------------------------------------------------------
+
+from pfamalign.alignment.decode import affine_decode  # noqa: E402
+
+
+def _proper_alignments(lq, lk):
+    """Every proper alignment (pairs strictly increasing in i and j) of tiny lengths."""
+    cells = [(i, j) for i in range(lq) for j in range(lk)]
+    for n in range(min(lq, lk) + 1):
+        for combo in itertools.combinations(cells, n):
+            if all(a[0] < b[0] and a[1] < b[1] for a, b in zip(combo, combo[1:])):
+                yield combo
+
+
+def _affine_objective(plan, pairs, threshold, gap_open, gap_extend):
+    value = sum(plan[i, j] - threshold for i, j in pairs)
+    for (i0, j0), (i1, j1) in zip(pairs, pairs[1:]):  # only gaps between pairs are charged
+        for gap in (i1 - i0 - 1, j1 - j0 - 1):
+            if gap > 0:
+                value -= gap_open + (gap - 1) * gap_extend
+    return value
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_affine_decode_is_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    lq, lk = rng.integers(1, 5, size=2)
+    plan = rng.random((lq, lk)) ** 2
+    gap_open = float(rng.uniform(0, 0.6))
+    gap_extend = float(rng.uniform(0, gap_open))
+    threshold = float(rng.uniform(0, 0.3))
+    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold)
+    best = max(_affine_objective(plan, p, threshold, gap_open, gap_extend)
+               for p in _proper_alignments(lq, lk))
+    got = _affine_objective(plan, [tuple(p) for p in aln.pairs], threshold, gap_open, gap_extend)
+    assert got == pytest.approx(best, abs=1e-12)
+    assert aln.score == pytest.approx(best, abs=1e-12)
+    _check_proper(aln, lq, lk)
+
+
+def test_affine_decode_without_costs_is_mea():
+    rng = np.random.default_rng(7)
+    plan = rng.random((30, 26)) ** 3
+    mea = mea_decode(plan)
+    aff = affine_decode(plan, gap_open=0.0, gap_extend=0.0)
+    assert aff.score == pytest.approx(mea.confidence.sum())
+
+
+def test_affine_decode_prefers_one_long_gap_over_scattered_ones():
+    # true path: one 2-residue gap in the key; a slightly heavier decoy pair (2, 3) would
+    # split it into two 1-residue gaps. MEA takes the decoy, affine gaps do not.
+    plan = np.zeros((5, 7))
+    for i, j in [(0, 0), (1, 1), (2, 4), (3, 5), (4, 6)]:
+        plan[i, j] = 0.9
+    plan[2, 4] = 0.45
+    plan[2, 3] = 0.5
+    truth = [(0, 0), (1, 1), (2, 4), (3, 5), (4, 6)]
+    assert [tuple(p) for p in affine_decode(plan, gap_open=0.6, gap_extend=0.05).pairs] == truth
+    assert (2, 3) in {tuple(p) for p in mea_decode(plan).pairs}
+
+
+def test_affine_decode_rejects_bad_costs():
+    with pytest.raises(ValueError, match="gap_open >= gap_extend"):
+        affine_decode(np.ones((2, 2)), gap_open=0.1, gap_extend=0.2)

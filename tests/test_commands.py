@@ -234,3 +234,19 @@ def test_top_level_help_lists_every_command():
     res = run(["--help"])
     for name in ("prepare", "train", "align", "eval", "barycenter", "certify"):
         assert name in res.output
+
+
+def test_align_decoder_options(model_dir):
+    from pfamalign.alignment.decode import affine_decode, mea_decode
+    from pfamalign.inference import Predictor
+
+    _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
+    mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
+    assert mea["pairs"] == mea_decode(pp.real, row_dustbin=pp.row_dustbin).pairs.tolist()
+    aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--gap-open", "0.3",
+                          "--gap-extend", "0.1", "--threshold", "0.0"]).output)
+    expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, row_dustbin=pp.row_dustbin)
+    assert aff["pairs"] == expected.pairs.tolist()
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
+                                    "--gap-extend", "0.2"])
+    assert res.exit_code != 0 and "gap_open >= gap_extend" in res.output

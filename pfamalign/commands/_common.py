@@ -111,3 +111,34 @@ def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
     except StockholmError as err:
         fail(str(err))
     fail(f"{path}: no family holds both {id_a!r} and {id_b!r}")
+
+
+DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass")
+
+
+def decoder_options(f):
+    """Click options overriding the model's decoding settings (``decoding.json`` in the model
+    directory, else the built-in defaults)."""
+    options = [
+        click.option("--decoder", type=click.Choice(["affine", "mea"]), default=None,
+                     help="Plan decoder: affine-gap DP on the plan (default) or maximum expected accuracy."),
+        click.option("--gap-open", type=float, default=None, help="affine: cost of opening a gap (plan-mass units)."),
+        click.option("--gap-extend", type=float, default=None, help="affine: cost of each further gap residue."),
+        click.option("--threshold", type=float, default=None, help="affine: mass subtracted from every aligned pair."),
+        click.option("--gap-cost", type=float, default=None, help="mea: cost per unaligned residue."),
+        click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def decoder_settings(base, options: dict):
+    """``base`` (a DecoderSettings) with the options the user gave; pops them from ``options``."""
+    import dataclasses
+
+    given = {k: options.pop(k) for k in DECODER_FIELDS}
+    try:
+        return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as err:
+        fail(str(err))

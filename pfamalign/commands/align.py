@@ -8,7 +8,7 @@ from typing import Iterator
 
 import click
 
-from pfamalign.commands._common import fail, read_sequence_arg
+from pfamalign.commands._common import decoder_options, decoder_settings, fail, read_sequence_arg
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -53,19 +53,16 @@ def _read_pairs(path: pathlib.Path) -> Iterator[tuple[str, str, str, str, int]]:
               help="Write the alignment(s) here instead of standard output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="PNG of the plan heatmap with marginals and the decoded path (single pair).")
-@click.option("--min-mass", type=float, default=0.0, show_default=True,
-              help="Plan mass below which a residue pair is never aligned.")
-@click.option("--gap-cost", type=float, default=0.0, show_default=True,
-              help="Cost per unaligned residue in the decoder (0 = maximum expected accuracy).")
+@decoder_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
-def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, min_mass, gap_cost, max_length):
+def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_length, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files).
 
     \b
-    The aligner computes a transport plan between the two sequences and decodes the
-    monotone alignment of maximum expected accuracy; each aligned pair carries its plan
-    mass as confidence.
+    The aligner computes a transport plan between the two sequences and decodes a monotone
+    alignment from it (an affine-gap DP over the plan masses by default); each aligned pair
+    carries its plan mass as confidence.
 
     \b
     Examples:
@@ -89,12 +86,13 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, min_mas
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
+    settings = decoder_settings(predictor.decoding, decoding)
     sink = open(out, "w") if out else sys.stdout
     try:
         for id_a, sa, id_b, sb, lineno in jobs:
             where = f"{pairs_file}:{lineno}: " if lineno else ""
             try:
-                aln, pp = predictor.align(sa, sb, min_mass=min_mass, gap_cost=gap_cost)
+                aln, pp = predictor.align(sa, sb, settings)
                 rec = AlignmentRecord(sa, sb, aln.pairs, id_a=id_a, id_b=id_b,
                                       confidence=aln.confidence, score=aln.score)
             except ValueError as err:

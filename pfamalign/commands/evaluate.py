@@ -7,7 +7,7 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import fail
+from pfamalign.commands._common import decoder_options, decoder_settings, fail
 
 
 def _stockholm_records(paths, pairs_per_family: int, seed: int, max_len: int):
@@ -40,15 +40,14 @@ def _stockholm_records(paths, pairs_per_family: int, seed: int, max_len: int):
 @click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs (first ones).")
 @click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and the sampling.")
-@click.option("--min-mass", type=float, default=0.0, show_default=True, help="Decoder: smallest mass aligned.")
-@click.option("--gap-cost", type=float, default=0.0, show_default=True, help="Decoder: cost per unaligned residue.")
+@decoder_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the full results (every number, with intervals) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="PNG of F1 by identity bin per method.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
-             bootstrap, seed, min_mass, gap_cost, json_out, plot, quiet):
+             bootstrap, seed, json_out, plot, quiet, **decoding):
     """Score the aligner against reference alignments, beside the baselines.
 
     \b
@@ -72,7 +71,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:
         raise click.UsageError(f"unknown baseline(s) {unknown}; choose from {sorted(evaluation.BASELINES)}")
-    predictor = None
+    predictor = settings = None
     if not no_model:
         from pfamalign.inference import Predictor
 
@@ -80,6 +79,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
             predictor = Predictor(checkpoint, weights=weights)
         except (FileNotFoundError, ValueError) as err:
             fail(str(err))
+        settings = decoder_settings(predictor.decoding, decoding)
     features = "featurize"
     if data is not None:
         from pfamalign.pipelines import reader
@@ -100,7 +100,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     try:
         with Bars(progress_enabled(quiet)) as bars:
             ev = evaluation.evaluate(records, predictor=predictor, features=features, baselines=base,
-                                     min_mass=min_mass, gap_cost=gap_cost,
+                                     decoding=settings,
                                      advance=bars.task("scoring pairs", total))
     except ValueError as err:
         fail(str(err))
