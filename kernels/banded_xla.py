@@ -33,6 +33,9 @@ class Band(NamedTuple):
 class XlaBandOps:
     """Banded primitives on flattened problems ``[N, Lp, ...]`` (N = batch x heads)."""
 
+    # The band stays in memory, so a plan can be kept and reused by the scaling-domain steps.
+    resident_band = True
+
     def __init__(self, geom: BandGeometry):
         self.g = geom
 

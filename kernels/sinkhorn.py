@@ -244,6 +244,45 @@ def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
     return out
 
 
+# Scaling-domain steps rebuild their reference plan once a potential has moved this far from
+# it: e^30 keeps every product far from float32 overflow, and a supported line (whose largest
+# reference entry is at least 1 / Lp after the first normalizing step) from underflowing.
+_ABSORB = 30.0
+
+
+def run_steps_scaling(ops, band, spk: Spokes, sup: Support, n_steps: int, u, v):
+    """``run_steps`` at one eps in the scaling domain: after one exact log-domain step, each
+    half step is one product with a resident reference plan ``p0 = exp(S + u0 ⊕ v0)``:
+    ``LSE_j(S_ij + v_j) = log (p0 e^{v - v0})_i - u0_i`` — a multiply-add per band entry
+    instead of an exponential. The reference is rebuilt (absorbed) when the potentials drift
+    more than ``_ABSORB`` from it. Same steps, same results as the log domain up to rounding.
+    """
+    first = _full_step(ops, band, spk, sup, v, u)
+    if n_steps == 1:
+        return tuple(x[None] for x in first)
+    log = lambda x: jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), -jnp.inf)
+
+    def body(carry, _):
+        u_c, v_c, p, u0, v0 = carry
+        rows = _ext_rows(ops, p, jnp.exp(v_c - v0)[..., None])[..., 0]
+        u_hat = _potential(sup.log_rows, log(rows) - u0)
+        cols = _ext_cols(ops, p, jnp.exp(u_hat - u0)[..., None])[..., 0]
+        v_hat = _potential(sup.log_cols, log(cols) - v0)
+        n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
+        c = jnp.sum(jnp.where(sup.rows, u_hat, 0.0), -1, keepdims=True) / n_rows
+        u_c, v_c = jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
+        drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
+                            jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))
+        p, u0, v0 = jax.lax.cond(drift > _ABSORB, lambda: (_plan(ops, band, spk, u_c, v_c), u_c, v_c),
+                                 lambda: (p, u0, v0))
+        return (u_c, v_c, p, u0, v0), (u_hat, u_c, v_c)
+
+    _, u1, v1 = first
+    init = (u1, v1, _plan(ops, band, spk, u1, v1), u1, v1)
+    _, rest = jax.lax.scan(body, init, None, length=n_steps - 1)
+    return tuple(jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
+
+
 def solve(spec: Spec, flat: Flat):
     """Base + tail in one scan. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes).
 
@@ -257,14 +296,17 @@ def solve(spec: Spec, flat: Flat):
     n, lp1 = flat.q.shape[0], flat.q.shape[1] + 1
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
     t, r = cfg.base_steps, cfg.tail_steps
-    u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
+    band = ops.rescale(dots, 1.0 / cfg.eps)
+    spk = Spokes(*(x / cfg.eps for x in raw_spk))
+    if getattr(ops, "resident_band", False) and cfg.eps_schedule is None and t + r > 1:
+        u_hat, u_all, v_all = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros)
+    else:
+        u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
     v0 = v_all[t - 1] if t else zeros
     u_final = u_all[-1] if t + r else zeros
     v_final = v_all[-1] if t + r else zeros
     sol = Solution(v0, u_hat[t:], u_all[t:], v_all[t:], u_final, v_final)
     history = (u_all, v_all) if spec.history else None  # [T + R, N, Lp + 1]
-    band = ops.rescale(dots, 1.0 / cfg.eps)
-    spk = Spokes(*(x / cfg.eps for x in raw_spk))
     return sol, history, band, spk
 
 
