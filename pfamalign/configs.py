@@ -11,7 +11,7 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``k4_eps1``              none       4   recon                   4 x 32 (32)       by features
 ``muot_dustbin_mono``    widened    2   recon + 0.1 mono        4 x 32 (32)       by features
 ``muot_dustbin_hybrid``  widened    2   recon + CE              4 x 32 (32)       by features
-``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + pos
+``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + pos + sub
 =======================  =========  ==  =====================  ================  ==========
 
 "by features": a conv encoder for the built-in features (one-hot / BLOSUM rows have no
@@ -21,7 +21,9 @@ true entry (unaligned residues target the dustbin through the O(L) spoke support
 reconstruction — no choice of the values can lower, plus a small barycenter monotonicity
 penalty, and 32 relative-position Fourier features next to the encoder output (a learnable
 diagonal prior: Pfam homologues are mostly near-diagonal, and the diagonal reference is a
-strong baseline). The paper never trained it. The monotonicity penalty is in residues (see
+strong baseline), and — with ``builtin/onehot+blosum62`` features — an 11-residue windowed
+BLOSUM62 channel with learned offset weights (``substitution_window=5``). The paper never
+trained it. The monotonicity penalty is in residues (see
 ``pfamalign.model``).
 
 Overrides: ``apply_overrides(cfg, {"key": "value"})`` with keys naming a field of
@@ -38,7 +40,7 @@ import typing
 from typing import Any
 
 from pfamalign.kernels import TransportConfig
-from pfamalign.model import AlignerConfig, _transport_from_dict, _transport_to_dict
+from pfamalign.model import SUBSTITUTION_FEATURES, AlignerConfig, _transport_from_dict, _transport_to_dict
 
 PAPER_BASE_STEPS = 15  # T
 PAPER_HALF_BAND = 1024  # W
@@ -145,7 +147,7 @@ _CONFIGS: dict[str, tuple[dict, dict, dict]] = {
                             {"dustbin": "widened"}, {}),
     "align_ce": ({"recon_weight": 0.0, "ce_weight": 1.0, "mono_weight": 0.01,
                   "encoder": "conv", "heads": 1, "head_dim": 64, "value_dim": 16,
-                  "position_features": 32},
+                  "position_features": 32, "substitution_window": None},
                  {"dustbin": "spoke"}, {}),
 }
 CONFIG_NAMES = tuple(_CONFIGS)
@@ -164,6 +166,8 @@ def get_config(name: str, *, embedder_id: str, feature_dim: int,
         raise ValueError(f"unknown configuration {name!r}; choose one of {', '.join(CONFIG_NAMES)}")
     model_kw, transport_kw, train_kw = (dict(x) for x in _CONFIGS[name])
     model_kw.setdefault("encoder", default_encoder(embedder_id))
+    if model_kw.get("substitution_window", -1) is None:  # by features: needs BLOSUM62 rows
+        model_kw["substitution_window"] = 5 if embedder_id == SUBSTITUTION_FEATURES else -1
     cfg = RunConfig(
         model=AlignerConfig(name=name, feature_dim=int(feature_dim), embedder_id=embedder_id,
                             transport=_paper_transport(**transport_kw), **model_kw),

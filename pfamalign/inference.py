@@ -35,9 +35,9 @@ class DecoderSettings:
     """
 
     decoder: str = "affine"
-    gap_open: float = 0.5
-    gap_extend: float = 0.05
-    threshold: float = 0.02
+    gap_open: float = 3.0  # plan-mass units: opening a gap costs three confident pairs
+    gap_extend: float = 0.3
+    threshold: float = 0.05
     gap_cost: float = 0.0
     min_mass: float = 0.0
 

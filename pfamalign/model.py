@@ -44,6 +44,8 @@ from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transpo
 from pfamalign.kernels.config import BlockSizes
 
 ENCODERS = ("none", "conv")
+SUBSTITUTION_FEATURES = "builtin/onehot+blosum62"  # [one-hot (25) | BLOSUM62 row / 4 (25)]
+_ALPHABET = 25
 _NORM_EPS = 1e-20  # inside the rsqrt of the value normalisation (float32: negligible)
 
 
@@ -70,6 +72,11 @@ class AlignerConfig:
         ``p_i = i / (len - 1)``, ``[sin(pi m p), cos(pi m p)]`` for m = 1..P/2, appended to the
         projections' input: ``<q_i, k_j>`` can then express a smooth kernel in ``p_i - p_j``
         (a learned diagonal prior, resolution ~ len / (P/2)). 0 = none.
+      substitution_window: r >= 0 adds a windowed-substitution channel to every head's scores:
+        ``sum_{|o| <= r} w_o BLOSUM62(a_{i+o}, b_{j+o})`` with 2r + 1 learned weights (a
+        diagonal window of the substitution matrix: the ungapped local similarity that makes
+        alignments robust at low identity; the learned part of q, k adds context). It reads the
+        one-hot and BLOSUM-row halves of the ``builtin/onehot+blosum62`` features; -1 = off.
       transport: the transport op's settings (band, eps, T, R, dustbin mode, implementation).
       recon_weight, ce_weight, mono_weight: loss weights (DESIGN §5; see the module docstring).
       token_init_scale: std of the dustbin tokens' initialisation.
@@ -87,6 +94,7 @@ class AlignerConfig:
     head_dim: int = 32
     value_dim: int = 32
     position_features: int = 0
+    substitution_window: int = -1
     recon_weight: float = 1.0
     ce_weight: float = 0.0
     mono_weight: float = 0.0
@@ -106,6 +114,11 @@ class AlignerConfig:
                 or self.position_features % 2):
             raise ValueError(f"position_features must be an even integer >= 0, got "
                              f"{self.position_features!r}")
+        if not isinstance(self.substitution_window, int) or self.substitution_window < -1:
+            raise ValueError(f"substitution_window must be an integer >= -1, got {self.substitution_window!r}")
+        if self.substitution_window >= 0 and self.embedder_id != SUBSTITUTION_FEATURES:
+            raise ValueError(f"substitution_window needs the {SUBSTITUTION_FEATURES!r} features (one-hot and "
+                             f"BLOSUM62 rows), got embedder {self.embedder_id!r}; set substitution_window=-1")
         if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
             raise ValueError(f"encoder_layers must be an integer >= 0, got {self.encoder_layers!r}")
         weights = (self.recon_weight, self.ce_weight, self.mono_weight)
@@ -230,10 +243,13 @@ class Aligner(nnx.Module):
         self.k_proj = nnx.Linear(width, h * d, rngs=rngs)
         self.v_proj = nnx.Linear(width, h * dv, rngs=rngs)
         self.log_temp = nnx.Param(jnp.zeros((), jnp.float32))
+        if cfg.substitution_window >= 0:  # log-weights of the window offsets, start uniform
+            self.substitution_logw = nnx.Param(jnp.zeros((2 * cfg.substitution_window + 1,), jnp.float32))
+        d_total = d + self.substitution_dim
         if cfg.dustbin:
             init = nnx.initializers.normal(cfg.token_init_scale)
-            self.dustbin_q = nnx.Param(init(rngs.params(), (h, d)))
-            self.dustbin_k = nnx.Param(init(rngs.params(), (h, d)))
+            self.dustbin_q = nnx.Param(init(rngs.params(), (h, d_total)))
+            self.dustbin_k = nnx.Param(init(rngs.params(), (h, d_total)))
             self.dustbin_v = nnx.Param(init(rngs.params(), (h, dv)))
 
     # -- pieces ----------------------------------------------------------------------------
@@ -249,17 +265,40 @@ class Aligner(nnx.Module):
                                                       self.cfg.position_features) * mask], -1)
         return h
 
+    @property
+    def substitution_dim(self) -> int:
+        """Width of the windowed-substitution channel appended to every head's q and k."""
+        return (2 * self.cfg.substitution_window + 1) * _ALPHABET if self.cfg.substitution_window >= 0 else 0
+
+    def substitution(self, feat, lens, side: str):
+        """``[B, H, L, (2r+1) * 25]``: the window's shifted one-hots (``side="q"``) or BLOSUM62
+        rows (``side="k"``), scaled so that ``<q_i, k_j> = sum_o w_o BLOSUM62(a_{i+o}, b_{j+o})``."""
+        r = self.cfg.substitution_window
+        feat = jnp.asarray(feat, jnp.float32) * _length_mask(feat.shape[1], lens)
+        part = feat[..., :_ALPHABET] if side == "q" else 4.0 * feat[..., _ALPHABET:2 * _ALPHABET]
+        scale = jnp.exp(0.5 * self.substitution_logw[...])  # sqrt(w_o) on each side
+        length = feat.shape[1]
+        padded = jnp.pad(part, ((0, 0), (r, r), (0, 0)))  # zero outside the sequence
+        shifted = [padded[:, r + o : r + o + length] * scale[o + r] for o in range(-r, r + 1)]
+        out = jnp.concatenate(shifted, -1)  # position i holds residues i - r .. i + r
+        return jnp.broadcast_to(out[:, None], (out.shape[0], self.cfg.heads) + out.shape[1:])
+
     def _heads(self, x, m):  # [B, L, H * m] -> [B, H, L, m]
         b, l, _ = x.shape
         return x.reshape(b, l, self.cfg.heads, m).transpose(0, 2, 1, 3)
 
     def project(self, q_feat, k_feat, q_len, k_len):
-        """Queries ``[B, H, Lq, d]``, keys ``[B, H, Lk, d]`` and unit-norm values
-        ``[B, H, Lk, dv]``, plus the dustbin tokens (None without a dustbin)."""
+        """Queries ``[B, H, Lq, d']``, keys ``[B, H, Lk, d']`` (d' = d + the substitution
+        channel) and unit-norm values ``[B, H, Lk, dv]``, plus the dustbin tokens (None
+        without a dustbin)."""
         cfg = self.cfg
         hq, hk = self.encode(q_feat, q_len), self.encode(k_feat, k_len)
-        q = self._heads(self.q_proj(hq), cfg.head_dim) * jnp.exp(self.log_temp[...])
+        q = self._heads(self.q_proj(hq), cfg.head_dim)
         k = self._heads(self.k_proj(hk), cfg.head_dim)
+        if cfg.substitution_window >= 0:  # [learned | windowed substitution] per head
+            q = jnp.concatenate([q, self.substitution(q_feat, q_len, "q")], -1)
+            k = jnp.concatenate([k, self.substitution(k_feat, k_len, "k")], -1)
+        q = q * jnp.exp(self.log_temp[...])
         v = normalize(self._heads(self.v_proj(hk), cfg.value_dim))
         tokens = None
         if cfg.dustbin:

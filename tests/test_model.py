@@ -265,3 +265,48 @@ def test_aligner_config_validation():
     with pytest.raises(ValueError, match="heads must be"):
         dataclasses.replace(base, heads=0)
     assert AlignerConfig.from_dict(base.to_dict()) == base
+
+
+def test_substitution_channel_is_a_windowed_blosum62_score():
+    """With the learned part of q, k zeroed, <q_i, k_j> is sum_o w_o BLOSUM62(a_{i+o}, b_{j+o})."""
+    import dataclasses
+
+    import numpy as np
+
+    from pfamalign.alignment.residues import blosum62
+    from pfamalign.configs import get_config
+    from pfamalign.model import build_model
+    from pfamalign.pipelines.embed import get_embedder
+
+    emb = get_embedder("builtin/onehot+blosum62")
+    cfg = get_config("align_ce", embedder_id=emb.embedder_id, feature_dim=emb.dim).model
+    cfg = dataclasses.replace(cfg, substitution_window=2)
+    model = build_model(cfg, seed=0)
+    model.q_proj.kernel[...] = 0.0 * model.q_proj.kernel[...]
+    model.q_proj.bias[...] = 0.0 * model.q_proj.bias[...]
+    weights = np.array([0.5, 1.0, 2.0, 1.0, 0.25])
+    model.substitution_logw[...] = np.log(weights).astype(np.float32)
+    a, b = "MKVLHWAC", "MKILHYACDE"
+    fa, fb = (np.asarray(f)[None] for f in emb.embed([a, b]))
+    q, k, _, _ = model.project(fa, fb, np.array([len(a)]), np.array([len(b)]))
+    got = np.einsum("id,jd->ij", np.asarray(q[0, 0]), np.asarray(k[0, 0])) / np.exp(float(model.log_temp[...]))
+    table = blosum62()
+    want = np.zeros((len(a), len(b)))
+    for i in range(len(a)):
+        for j in range(len(b)):
+            for n, o in enumerate(range(-2, 3)):
+                if 0 <= i + o < len(a) and 0 <= j + o < len(b):
+                    want[i, j] += weights[n] * table[a[i + o]][b[j + o]]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_substitution_channel_needs_blosum_features():
+    import dataclasses
+
+    import pytest
+
+    from pfamalign.configs import get_config
+
+    cfg = get_config("align_ce", embedder_id="builtin/onehot", feature_dim=25).model
+    with pytest.raises(ValueError, match="substitution_window needs"):
+        dataclasses.replace(cfg, substitution_window=3)

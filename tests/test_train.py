@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from flax import nnx
+
 from pfamalign import checkpoint, train
+from pfamalign.model import aligner_loss
 from pfamalign.cli import main as cli
 from pfamalign.pipelines.config import PrepareConfig
 from pfamalign.pipelines.pairs import SamplingConfig
@@ -108,24 +111,34 @@ def test_a_few_steps_lower_the_training_loss(reference, dataset):
 
 
 def test_eight_devices_take_the_same_steps_as_one(dataset):
+    """The batch-sharded gradient equals the one-device gradient, and three optimiser steps
+    give the same losses. (Parameters are not compared elementwise after AdamW steps: for a
+    parameter whose gradient is ~0, Adam's m/sqrt(v) turns reduction-order noise into an
+    O(lr) update of either sign, so equal gradients need not give bit-close parameters.)"""
     assert len(jax.devices()) == 8
     cfg = _cfg(dataset)
     it = train.train_iterator(dataset, cfg.train)
     batches = [next(it) for _ in range(3)]
-    losses, finals = {}, {}
+    graphdef, _ = checkpoint.abstract_params(cfg.model)
+    loss_fn = lambda p, b: aligner_loss(nnx.merge(graphdef, p), b)[0]
+    losses, grads = {}, {}
     for n in (8, 1):
         mesh = train.make_mesh(jax.devices()[:n])
         state = train.init_state(cfg, mesh)
+        grad_fn = jax.jit(jax.grad(loss_fn), in_shardings=(train.replicated(mesh),
+                                                            train.batch_sharding(mesh)))
+        grads[n] = jax.device_get(grad_fn(state.params, train.shard_batch(batches[0], mesh)))
         step = train.make_train_step(cfg, mesh)
         losses[n] = []
         for b in batches:
             state.params, state.opt_state, m = step(state.params, state.opt_state,
                                                     train.shard_batch(b, mesh))
             losses[n].append(float(m["loss"]))
-        finals[n] = jax.device_get(state.params)
     np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                 finals[8], finals[1])
+    scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads[1]))
+    assert scale > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale),
+                 grads[8], grads[1])
 
 
 # ---------------------------------------------------------------------------------------------
