@@ -79,7 +79,7 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
                 flat = predictor.featurize([s for r in pending for s in (r["q_seq"], r["k_seq"])])
                 feats = list(zip(flat[0::2], flat[1::2]))
             for r, pp in zip(pending, predictor.plans(feats, batch_size=batch_size)):
-                aln = predictor.decode(pp, decoding)
+                aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 ev.plan["model"].append(plan_metrics(pp.real, r["target"], dustbin_mass=pp.row_dustbin))
         advance(len(pending))

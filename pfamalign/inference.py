@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pfamalign.alignment.decode import affine_decode, mea_decode
+from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -25,27 +25,40 @@ def default_model_dir() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
 
 
+DECODERS = ("affine", "mea", "hybrid")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderSettings:
     """How a plan becomes a discrete alignment.
 
-    ``affine`` (default): Gotoh DP on ``P - threshold`` with gap costs between aligned pairs;
-    ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned residue).
-    A model directory may carry tuned values in ``decoding.json``.
+    ``affine``: Gotoh DP on ``P - threshold`` with gap costs between aligned pairs (plan-mass
+    units); ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned
+    residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
+    units (needs the sequences). A model directory may carry tuned values in ``decoding.json``;
+    ``for_decoder`` gives each decoder's own defaults.
     """
 
     decoder: str = "affine"
-    gap_open: float = 3.0  # plan-mass units: opening a gap costs three confident pairs
+    gap_open: float = 3.0  # affine: opening a gap costs three confident pairs' mass
     gap_extend: float = 0.3
     threshold: float = 0.05
     gap_cost: float = 0.0
     min_mass: float = 0.0
+    plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
 
     def __post_init__(self):
-        if self.decoder not in ("affine", "mea"):
-            raise ValueError(f"decoder must be 'affine' or 'mea', got {self.decoder!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
+
+    @classmethod
+    def for_decoder(cls, decoder: str) -> "DecoderSettings":
+        """The defaults of one decoder (gap costs are in different units per decoder)."""
+        if decoder == "hybrid":  # Smith-Waterman's BLOSUM62 gap costs
+            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0)
+        return cls(decoder=decoder)
 
     @classmethod
     def load(cls, directory: pathlib.Path) -> "DecoderSettings":
@@ -61,10 +74,17 @@ class DecoderSettings:
 
         (pathlib.Path(directory) / "decoding.json").write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
-    def decode(self, pp: "PairPlan") -> PairAlignment:
+    def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:
+        """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
         if self.decoder == "mea":
             return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
                               gap_cost=self.gap_cost)
+        if self.decoder == "hybrid":
+            if sequences is None:
+                raise ValueError("the hybrid decoder needs the two sequences")
+            return hybrid_decode(pp.real, *sequences, plan_weight=self.plan_weight,
+                                 gap_open=self.gap_open, gap_extend=self.gap_extend,
+                                 min_mass=self.min_mass)
         return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
                              threshold=self.threshold, row_dustbin=pp.row_dustbin, min_mass=self.min_mass)
 
@@ -155,11 +175,12 @@ class Predictor:
             yield PairPlan(full)
 
     # ---- alignment ----------------------------------------------------------------------
-    def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None) -> PairAlignment:
-        return (decoding or self.decoding).decode(pp)
+    def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
+               sequences: tuple[str, str] | None = None) -> PairAlignment:
+        return (decoding or self.decoding).decode(pp, sequences)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
               ) -> tuple[PairAlignment, PairPlan]:
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
-        return self.decode(pp, decoding), pp
+        return self.decode(pp, decoding, (seq_a, seq_b)), pp

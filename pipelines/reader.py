@@ -89,15 +89,12 @@ class PairDataset:
         return self.manifest["splits"][split]
 
 
-class EmbeddingSource:
-    """Random access to the per-sequence embeddings: ``src[i]`` -> float32 [L, D]."""
+class _ArrayRecordFiles:
+    """Lazily opened ArrayRecord files (reopened in each process after pickling)."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = pathlib.Path(path)
-        manifest = json.loads((self.path / "manifest.json").read_text())
-        self._files = [str(self.path / f) for f in manifest["embeddings"]["shards"]]
-        self._len = int(manifest["embeddings"]["count"])
-        self._source = None
+    _files: list[str]
+    _len: int
+    _source = None
 
     def __len__(self) -> int:
         return self._len
@@ -108,6 +105,21 @@ class EmbeddingSource:
 
             self._source = grain.sources.ArrayRecordDataSource(self._files)
         return self._source
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_source"] = None
+        return state
+
+
+class EmbeddingSource(_ArrayRecordFiles):
+    """Random access to the per-sequence embeddings: ``src[i]`` -> float32 [L, D]."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        manifest = json.loads((self.path / "manifest.json").read_text())
+        self._files = [str(self.path / f) for f in manifest["embeddings"]["shards"]]
+        self._len = int(manifest["embeddings"]["count"])
 
     def record(self, index: int) -> dict:
         return rec.decode(self._src()[int(index)])
@@ -126,13 +138,12 @@ class EmbeddingSource:
         return self[self._by_hash[seq_hash]]
 
     def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_source"] = None
+        state = super().__getstate__()
         state.pop("_by_hash", None)
         return state
 
 
-class PairSource:
+class PairSource(_ArrayRecordFiles):
     """A grain random-access source over one split's pair records.
 
     ``src[i]`` is a dict: ``family``, ``family_id``, ``pair_index``, ``split``, ``q_id``,
@@ -151,18 +162,7 @@ class PairSource:
         self.dim = ds.dim
         self._files = [str(ds.path / f) for f in info["shards"]]
         self._len = int(info["pairs"])
-        self._source = None
         self._emb = EmbeddingSource(ds.path) if features else None
-
-    def __len__(self) -> int:
-        return self._len
-
-    def _src(self):
-        if self._source is None:
-            import grain
-
-            self._source = grain.sources.ArrayRecordDataSource(self._files)
-        return self._source
 
     def __getitem__(self, index: int) -> dict:
         index = int(index)
@@ -175,11 +175,6 @@ class PairSource:
             r["q_feat"] = self._emb[r["q_emb"]]
             r["k_feat"] = self._emb[r["k_emb"]]
         return r
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_source"] = None
-        return state
 
     def __repr__(self) -> str:
         return f"PairSource({str(self.path)!r}, {self.split!r}, n={self._len})"

@@ -6,9 +6,10 @@
 Every case times the same related sequence pair (``seq_b`` is a mutated copy of ``seq_a`` with
 indels) in the same process. A case is a *setup* function ``setup(inputs) -> run`` registered in
 ``CASES``: the setup does the untimed work, ``run()`` aligns the pair once and returns the
-number of aligned pairs. To benchmark the model end to end (embedding + transport + decode),
-register one more setup (e.g. ``CASES["model"] = setup_model``) that loads the checkpoint in
-the setup and runs the forward pass and ``mea_decode`` in ``run``.
+number of aligned pairs. The model cases load the aligner (``--checkpoint``, default: the
+model shipped with the package) in the setup: ``model`` times transport + decoding on
+precomputed features, ``model_with_features`` adds featurization, as ``pfamalign align``
+does per pair after its one model load.
 """
 
 from __future__ import annotations
@@ -87,7 +88,33 @@ def setup_smith_waterman(inputs: Inputs) -> Callable[[], int]:
     return lambda: len(smith_waterman(inputs.seq_a, inputs.seq_b).pairs)
 
 
-CASES: dict[str, Callable[[Inputs], Callable[[], int]]] = {
+_PREDICTORS: dict = {}
+
+
+def _predictor(checkpoint):
+    """One model load per process, shared by the model cases."""
+    if checkpoint not in _PREDICTORS:
+        from pfamalign.inference import Predictor
+
+        _PREDICTORS[checkpoint] = Predictor(checkpoint)
+    return _PREDICTORS[checkpoint]
+
+
+def setup_model(inputs: Inputs, checkpoint=None) -> Callable[[], int]:
+    predictor = _predictor(checkpoint)
+    fa, fb = predictor.featurize([inputs.seq_a, inputs.seq_b])
+    pair = (inputs.seq_a, inputs.seq_b)
+    return lambda: len(predictor.decode(next(predictor.plans([(fa, fb)])), sequences=pair).pairs)
+
+
+def setup_model_with_features(inputs: Inputs, checkpoint=None) -> Callable[[], int]:
+    predictor = _predictor(checkpoint)
+    return lambda: len(predictor.align(inputs.seq_a, inputs.seq_b)[0].pairs)
+
+
+MODEL_CASES = {"model": setup_model, "model_with_features": setup_model_with_features}
+CASES: dict[str, Callable[..., Callable[[], int]]] = {
+    **MODEL_CASES,
     "mea_decode": setup_mea,
     "needleman_wunsch": setup_needleman_wunsch,
     "smith_waterman": setup_smith_waterman,
@@ -121,12 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--checkpoint", default=None,
+                        help="model directory for the model cases (default: the shipped model)")
     args = parser.parse_args(argv)
     env = _environment()
     for length in args.lengths:
         inputs = make_inputs(length, seed=args.seed)
         for name in args.cases:
-            run = CASES[name](inputs)
+            kw = {"checkpoint": args.checkpoint} if name in MODEL_CASES else {}
+            run = CASES[name](inputs, **kw)
             record = {"bench": "align", "case": name, "lq": len(inputs.seq_a),
                       "lk": len(inputs.seq_b), "repeats": args.repeats,
                       **time_run(run, repeats=args.repeats), **env}

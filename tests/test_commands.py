@@ -237,7 +237,7 @@ def test_top_level_help_lists_every_command():
 
 
 def test_align_decoder_options(model_dir):
-    from pfamalign.alignment.decode import affine_decode, mea_decode
+    from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
     from pfamalign.inference import Predictor
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
@@ -250,3 +250,8 @@ def test_align_decoder_options(model_dir):
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
                                     "--gap-extend", "0.2"])
     assert res.exit_code != 0 and "gap_open >= gap_extend" in res.output
+    # another decoder starts from its own defaults: hybrid gaps are in BLOSUM62 units
+    hyb = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json",
+                          "--decoder", "hybrid", "--plan-weight", "7"]).output)
+    expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0)
+    assert hyb["pairs"] == expected.pairs.tolist()

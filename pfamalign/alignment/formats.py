@@ -32,7 +32,7 @@ import re
 
 import numpy as np
 
-from pfamalign.alignment.pairs import PairAlignment, check_pairs
+from pfamalign.alignment.pairs import PairAlignment, check_confidence, check_pairs
 from pfamalign.alignment.residues import match_symbols, normalize_sequence
 
 JSON_FORMAT = "pfamalign.pairwise/1"
@@ -68,12 +68,7 @@ class AlignmentRecord:
                                  f"got {value!r}")
         pairs = check_pairs(self.pairs, len(self.seq_a), len(self.seq_b), proper=True)
         object.__setattr__(self, "pairs", pairs)
-        if self.confidence is not None:
-            conf = np.asarray(self.confidence, dtype=np.float64)
-            if conf.shape != (len(pairs),):
-                raise ValueError(
-                    f"confidence must have shape ({len(pairs)},) to match pairs, got {conf.shape}")
-            object.__setattr__(self, "confidence", conf)
+        object.__setattr__(self, "confidence", check_confidence(self.confidence, len(pairs)))
         if self.score is not None:
             object.__setattr__(self, "score", float(self.score))
 

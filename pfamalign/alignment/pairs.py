@@ -14,6 +14,16 @@ import dataclasses
 import numpy as np
 
 
+def check_confidence(confidence, n_pairs: int) -> np.ndarray | None:
+    """Per-pair confidences as float64 ``[n_pairs]`` (None stays None)."""
+    if confidence is None:
+        return None
+    conf = np.asarray(confidence, dtype=np.float64)
+    if conf.shape != (n_pairs,):
+        raise ValueError(f"confidence must have shape ({n_pairs},) to match pairs, got {conf.shape}")
+    return conf
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class PairAlignment:
     """A decoded or baseline pairwise alignment.
@@ -36,12 +46,7 @@ class PairAlignment:
     def __post_init__(self):
         pairs = check_pairs(self.pairs, self.query_length, self.key_length, proper=True)
         object.__setattr__(self, "pairs", pairs)
-        if self.confidence is not None:
-            conf = np.asarray(self.confidence, dtype=np.float64)
-            if conf.shape != (len(pairs),):
-                raise ValueError(
-                    f"confidence must have shape ({len(pairs)},) to match pairs, got {conf.shape}")
-            object.__setattr__(self, "confidence", conf)
+        object.__setattr__(self, "confidence", check_confidence(self.confidence, len(pairs)))
         object.__setattr__(self, "score", float(self.score))
 
     @property

@@ -65,6 +65,13 @@ def blosum62_table() -> np.ndarray:
     return table
 
 
+def substitution_scores(seq_a: str, seq_b: str) -> np.ndarray:
+    """BLOSUM62 score of every residue pair ``[len(seq_a), len(seq_b)]``."""
+    a = np.frombuffer(scoring_sequence(seq_a, name="seq_a").encode("ascii"), np.uint8)
+    b = np.frombuffer(scoring_sequence(seq_b, name="seq_b").encode("ascii"), np.uint8)
+    return blosum62_table()[a[:, None], b[None, :]]
+
+
 def pair_substitution_scores(seq_a: str, seq_b: str, pairs: np.ndarray) -> np.ndarray:
     """BLOSUM62 score of each aligned pair ``[n]`` (sequences already normalized)."""
     a = np.frombuffer(seq_a.translate(str.maketrans(SCORING_MAP)).encode("ascii"), np.uint8)

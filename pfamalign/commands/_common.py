@@ -113,17 +113,22 @@ def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
     fail(f"{path}: no family holds both {id_a!r} and {id_b!r}")
 
 
-DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass")
+DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass", "plan_weight")
 
 
 def decoder_options(f):
     """Click options overriding the model's decoding settings (``decoding.json`` in the model
     directory, else the built-in defaults)."""
     options = [
-        click.option("--decoder", type=click.Choice(["affine", "mea"]), default=None,
-                     help="Plan decoder: affine-gap DP on the plan (default) or maximum expected accuracy."),
-        click.option("--gap-open", type=float, default=None, help="affine: cost of opening a gap (plan-mass units)."),
-        click.option("--gap-extend", type=float, default=None, help="affine: cost of each further gap residue."),
+        click.option("--decoder", type=click.Choice(["affine", "mea", "hybrid"]), default=None,
+                     help="Plan decoder: affine-gap DP on the plan, maximum expected accuracy, or "
+                          "affine-gap DP on BLOSUM62 + plan weight x plan. Default: the model's "
+                          "decoding.json (the shipped model: hybrid)."),
+        click.option("--gap-open", type=float, default=None,
+                     help="affine / hybrid: cost of opening a gap (plan-mass / BLOSUM62 units)."),
+        click.option("--gap-extend", type=float, default=None, help="affine / hybrid: cost of each further gap residue."),
+        click.option("--plan-weight", type=float, default=None,
+                     help="hybrid: BLOSUM62 units per unit of plan mass."),
         click.option("--threshold", type=float, default=None, help="affine: mass subtracted from every aligned pair."),
         click.option("--gap-cost", type=float, default=None, help="mea: cost per unaligned residue."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
@@ -134,10 +139,13 @@ def decoder_options(f):
 
 
 def decoder_settings(base, options: dict):
-    """``base`` (a DecoderSettings) with the options the user gave; pops them from ``options``."""
+    """``base`` (a DecoderSettings) with the options the user gave; pops them from ``options``.
+    Choosing another decoder starts from that decoder's defaults (its own gap units)."""
     import dataclasses
 
     given = {k: options.pop(k) for k in DECODER_FIELDS}
+    if given["decoder"] is not None and given["decoder"] != base.decoder:
+        base = type(base).for_decoder(given["decoder"])
     try:
         return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     except ValueError as err:
