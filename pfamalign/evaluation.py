@@ -21,7 +21,8 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
 from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
-                                         diagonal_plan_metrics, plan_metrics, prf_by_identity)
+                                         diagonal_plan_metrics, paired_f1_difference, plan_metrics,
+                                         prf_by_identity)
 
 BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
@@ -51,6 +52,12 @@ class Evaluation:
             if self.plan.get(m):
                 entry["plan_metrics"] = PlanMetrics.pool(self.plan[m]).to_dict()
             out["methods"][m] = entry
+        if "model" in self.methods:  # paired: model minus each baseline on the same pairs
+            model = np.asarray(self.counts["model"], np.int64).reshape(-1, 3)
+            out["model_minus"] = {
+                m: paired_f1_difference(model, np.asarray(self.counts[m], np.int64).reshape(-1, 3),
+                                        pid, n_boot=n_boot, seed=seed)
+                for m in self.methods if m != "model"}
         return out
 
 
@@ -109,6 +116,13 @@ def _fmt(cell: dict) -> str:
     return f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{v:.3f}"
 
 
+def _fmt_signed(cell: dict) -> str:
+    v, lo, hi = cell["value"], cell["low"], cell["high"]
+    if not np.isfinite(v):
+        return "—"
+    return f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) else f"{v:+.3f}"
+
+
 def render(summary: dict, console=None) -> None:
     """Prints the F1 table (by identity bin) and the plan-metric table with rich."""
     from rich.console import Console
@@ -130,6 +144,14 @@ def render(summary: dict, console=None) -> None:
                     f"{prf['all']['micro']['precision']['value']:.3f}",
                     f"{prf['all']['micro']['recall']['value']:.3f}")
     console.print(tab)
+    if summary.get("model_minus"):
+        tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI)")
+        tab.add_column("baseline", no_wrap=True)
+        for b in bins:
+            tab.add_column(b, justify="right", no_wrap=True)
+        for m, diff in summary["model_minus"].items():
+            tab.add_row(LABELS.get(m, m), *[_fmt_signed(diff[b]) for b in bins])
+        console.print(tab)
     plan_methods = {m: e["plan_metrics"] for m, e in summary["methods"].items() if "plan_metrics" in e}
     if plan_methods:
         names = ["sparse_ce", "barycenter_mae", "within5", "monotonicity_violation", "reconstruction"]

@@ -46,6 +46,7 @@ class DecoderSettings:
     gap_cost: float = 0.0
     min_mass: float = 0.0
     plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
+    end_gaps: bool = False  # affine / hybrid: charge leading and trailing gaps (global)
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
@@ -56,8 +57,8 @@ class DecoderSettings:
     @classmethod
     def for_decoder(cls, decoder: str) -> "DecoderSettings":
         """The defaults of one decoder (gap costs are in different units per decoder)."""
-        if decoder == "hybrid":  # Smith-Waterman's BLOSUM62 gap costs
-            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0)
+        if decoder == "hybrid":  # Needleman-Wunsch's BLOSUM62 gap costs, global
+            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0, end_gaps=True)
         return cls(decoder=decoder)
 
     @classmethod
@@ -84,9 +85,10 @@ class DecoderSettings:
                 raise ValueError("the hybrid decoder needs the two sequences")
             return hybrid_decode(pp.real, *sequences, plan_weight=self.plan_weight,
                                  gap_open=self.gap_open, gap_extend=self.gap_extend,
-                                 min_mass=self.min_mass)
+                                 min_mass=self.min_mass, end_gaps=self.end_gaps)
         return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
-                             threshold=self.threshold, row_dustbin=pp.row_dustbin, min_mass=self.min_mass)
+                             threshold=self.threshold, row_dustbin=pp.row_dustbin,
+                             min_mass=self.min_mass, end_gaps=self.end_gaps)
 
 
 @dataclasses.dataclass

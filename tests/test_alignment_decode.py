@@ -185,9 +185,13 @@ def _proper_alignments(lq, lk):
                 yield combo
 
 
-def _affine_objective(plan, pairs, threshold, gap_open, gap_extend):
+def _affine_objective(plan, pairs, threshold, gap_open, gap_extend, ends=None):
+    """Only gaps between pairs are charged, unless ``ends = (Lq, Lk)`` (global: end gaps too)."""
     value = sum(plan[i, j] - threshold for i, j in pairs)
-    for (i0, j0), (i1, j1) in zip(pairs, pairs[1:]):  # only gaps between pairs are charged
+    steps = list(pairs)
+    if ends is not None:
+        steps = [(-1, -1)] + steps + [ends]
+    for (i0, j0), (i1, j1) in zip(steps, steps[1:]):
         for gap in (i1 - i0 - 1, j1 - j0 - 1):
             if gap > 0:
                 value -= gap_open + (gap - 1) * gap_extend
@@ -195,17 +199,20 @@ def _affine_objective(plan, pairs, threshold, gap_open, gap_extend):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_affine_decode_is_optimal_against_brute_force(seed):
+@pytest.mark.parametrize("end_gaps", [False, True])
+def test_affine_decode_is_optimal_against_brute_force(seed, end_gaps):
     rng = np.random.default_rng(100 + seed)
     lq, lk = rng.integers(1, 5, size=2)
     plan = rng.random((lq, lk)) ** 2
     gap_open = float(rng.uniform(0, 0.6))
     gap_extend = float(rng.uniform(0, gap_open))
     threshold = float(rng.uniform(0, 0.3))
-    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold)
-    best = max(_affine_objective(plan, p, threshold, gap_open, gap_extend)
+    ends = (int(lq), int(lk)) if end_gaps else None
+    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
+                        end_gaps=end_gaps)
+    best = max(_affine_objective(plan, p, threshold, gap_open, gap_extend, ends)
                for p in _proper_alignments(lq, lk))
-    got = _affine_objective(plan, [tuple(p) for p in aln.pairs], threshold, gap_open, gap_extend)
+    got = _affine_objective(plan, [tuple(p) for p in aln.pairs], threshold, gap_open, gap_extend, ends)
     assert got == pytest.approx(best, abs=1e-12)
     assert aln.score == pytest.approx(best, abs=1e-12)
     _check_proper(aln, lq, lk)
@@ -240,24 +247,29 @@ def test_affine_decode_rejects_bad_costs():
 # ---- hybrid decoding (BLOSUM62 + plan) ---------------------------------------------------------
 
 from pfamalign.alignment.decode import hybrid_decode  # noqa: E402
+from pfamalign.alignment.residues import substitution_scores  # noqa: E402
 
 _AA = list("ACDEFGHIKLMNPQRSTVWY")
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_hybrid_without_the_plan_is_smith_waterman(seed):
+@pytest.mark.parametrize("end_gaps,mode", [(True, "global"), (False, "local")])
+def test_hybrid_without_the_plan_is_needleman_wunsch_or_smith_waterman(seed, end_gaps, mode):
     from Bio import Align
     from Bio.Align import substitution_matrices
 
     rng = np.random.default_rng(seed)
     a = "".join(rng.choice(_AA, rng.integers(5, 40)))
     b = "".join(rng.choice(_AA, rng.integers(5, 40)))
-    aligner = Align.PairwiseAligner(mode="local", open_gap_score=-11, extend_gap_score=-1,
+    aligner = Align.PairwiseAligner(mode=mode, open_gap_score=-11, extend_gap_score=-1,
                                     substitution_matrix=substitution_matrices.load("BLOSUM62"))
     plan = rng.random((len(a), len(b)))
-    aln = hybrid_decode(plan, a, b, plan_weight=0.0)
+    aln = hybrid_decode(plan, a, b, plan_weight=0.0, end_gaps=end_gaps)
     assert aln.score == pytest.approx(aligner.score(a, b))
     _check_proper(aln, len(a), len(b))
+    s = substitution_scores(a, b)  # the traceback's own objective equals the score
+    assert _affine_objective(s, [tuple(p) for p in aln.pairs], 0.0, 11.0, 1.0,
+                             ends=(len(a), len(b)) if end_gaps else None) == pytest.approx(aln.score)
 
 
 def test_hybrid_follows_a_confident_plan_and_scores_its_objective():
@@ -267,10 +279,8 @@ def test_hybrid_follows_a_confident_plan_and_scores_its_objective():
     plan = np.full((30, 26), 1e-3)
     for i, j in truth:
         plan[i, j] = 1.0
-    aln = hybrid_decode(plan, a, b, plan_weight=100.0)
+    aln = hybrid_decode(plan, a, b, plan_weight=100.0, end_gaps=False)
     assert [tuple(p) for p in aln.pairs] == truth
-    from pfamalign.alignment.residues import substitution_scores
-
     s = substitution_scores(a, b)
     expected = sum(s[i, j] + 100.0 * plan[i, j] for i, j in truth) - 11.0 - 1.0  # one 2-gap
     assert aln.score == pytest.approx(expected)

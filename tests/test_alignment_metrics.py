@@ -8,7 +8,7 @@ import pytest
 
 from pfamalign.alignment.metrics import (
     PlanMetrics, alignment_counts, barycenters, diagonal_plan, diagonal_plan_metrics,
-    identity_bin, pair_counts, plan_metrics, prf, prf_by_identity, prf_summary)
+    identity_bin, pair_counts, paired_f1_difference, plan_metrics, prf, prf_by_identity, prf_summary)
 from pfamalign.alignment.pairs import (
     PairAlignment, check_pairs, pairs_from_target, target_from_pairs)
 
@@ -85,6 +85,33 @@ def test_bootstrap_matches_direct_resampling():
     assert out["micro"]["f1"]["low"] <= out["micro"]["f1"]["value"] <= out["micro"]["f1"]["high"]
     assert prf_summary(counts, n_boot=300, seed=11) == out  # deterministic
     assert prf_summary(counts, n_boot=300, seed=12) != out
+
+
+def _random_counts(rng, n):
+    nref, npred = rng.integers(5, 30, n), rng.integers(5, 30, n)
+    tp = np.minimum(rng.integers(0, 30, n), np.minimum(nref, npred))
+    return np.stack([tp, npred, nref], 1)
+
+
+def test_paired_difference_resamples_both_methods_together():
+    rng = np.random.default_rng(5)
+    n = 50
+    a, b = _random_counts(rng, n), _random_counts(rng, n)
+    pid = rng.uniform(0, 100, n)
+    out = paired_f1_difference(a, b, pid, n_boot=200, seed=4)
+    f1 = lambda c: 2 * c[:, 0].sum() / (c[:, 1].sum() + c[:, 2].sum())
+    assert out["all"]["value"] == pytest.approx(f1(a) - f1(b))
+    draws = np.random.default_rng(4).integers(0, n, size=(200, n))  # the first ("all") draws
+    diffs = [f1(a[d]) - f1(b[d]) for d in draws]
+    assert out["all"]["low"] == pytest.approx(np.percentile(diffs, 2.5))
+    assert out["all"]["high"] == pytest.approx(np.percentile(diffs, 97.5))
+    low = pid < 30
+    assert out["<30"]["n_pairs"] == low.sum()
+    assert out["<30"]["value"] == pytest.approx(f1(a[low]) - f1(b[low]))
+    same = paired_f1_difference(a, a, pid, n_boot=50)  # a method against itself: exactly zero
+    assert (same["all"]["value"], same["all"]["low"], same["all"]["high"]) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same pairs"):
+        paired_f1_difference(a, b[:-1], pid)
 
 
 def test_identity_bins():

@@ -164,6 +164,9 @@ def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset
     assert summary["methods"]["nw"]["prf"]["all"]["micro"]["f1"]["value"] == pytest.approx(f1)
     model = summary["methods"]["model"]
     assert 0 <= model["prf"]["all"]["micro"]["f1"]["value"] <= 1
+    assert summary["model_minus"]["nw"]["all"]["value"] == pytest.approx(
+        model["prf"]["all"]["micro"]["f1"]["value"] - f1)
+    assert "pfamalign minus baseline" in res.output
     assert model["plan_metrics"]["n_barycenter"] > 0
     assert png.stat().st_size > 5000
 
@@ -253,5 +256,6 @@ def test_align_decoder_options(model_dir):
     # another decoder starts from its own defaults: hybrid gaps are in BLOSUM62 units
     hyb = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json",
                           "--decoder", "hybrid", "--plan-weight", "7"]).output)
-    expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0)
+    expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0,
+                             end_gaps=True)
     assert hyb["pairs"] == expected.pairs.tolist()

@@ -148,13 +148,13 @@ def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float = 0.0,
-                  row_dustbin=None, min_mass: float = 0.0) -> PairAlignment:
+                  row_dustbin=None, min_mass: float = 0.0, end_gaps: bool = False) -> PairAlignment:
     """Affine-gap alignment of a transport plan: a Gotoh DP on the shifted masses.
 
     Maximizes ``sum_{(i, j) aligned} (P_ij - threshold) - sum_gaps (gap_open + (len - 1)
     gap_extend)`` over proper alignments, where only gaps *between* aligned pairs are charged
     (unaligned residues before the first and after the last pair are free, in both
-    sequences). MEA (``mea_decode``) is the case ``gap_open = gap_extend = threshold = 0``;
+    sequences), unless ``end_gaps`` (global: leading and trailing gaps are charged too). MEA (``mea_decode``) is the case ``gap_open = gap_extend = threshold = 0``;
     the gap costs add the block structure of real alignments (one indel opening costs more
     than its extension), which a plan's independent pair masses do not carry.
 
@@ -181,20 +181,20 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     lq, lk = plan.shape
     ok = _allowed(plan, row_dustbin, None, min_mass)
     score = np.where(ok, plan - threshold, -np.inf)
-    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend))
+    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), end_gaps)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     return PairAlignment(pairs=pairs, confidence=conf, score=value, query_length=lq, key_length=lk)
 
 
 def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open: float = 11.0,
-                  gap_extend: float = 1.0, min_mass: float = 0.0) -> PairAlignment:
+                  gap_extend: float = 1.0, min_mass: float = 0.0, end_gaps: bool = True) -> PairAlignment:
     """Affine-gap alignment on BLOSUM62 scores plus the plan: ``BLOSUM62(a_i, b_j) +
     plan_weight * P_ij``, gaps in BLOSUM units (open / extend as Smith-Waterman's 11 / 1).
 
     The substitution matrix scores one residue pair at a time; the plan brings what the
-    aligner learned from context. ``plan_weight = 0`` is Smith-Waterman (local, affine gaps)
-    on BLOSUM62; a large weight approaches the affine plan decoder. Same Gotoh DP and
-    traceback as ``affine_decode``.
+    aligner learned from context. At ``plan_weight = 0`` this is Needleman-Wunsch (global, end
+    gaps charged; ``end_gaps=False``: Smith-Waterman) on BLOSUM62; a large weight approaches
+    the affine plan decoder. Same Gotoh DP and traceback as ``affine_decode``.
 
     Returns:
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective.
@@ -213,7 +213,7 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
         raise ValueError(f"min_mass must be finite and >= 0, got {min_mass}")
     score = substitution_scores(seq_a, seq_b) + plan_weight * plan
     score = np.where(plan >= min_mass, score, -np.inf)
-    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend))
+    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), end_gaps)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     return PairAlignment(pairs=pairs, confidence=conf, score=value, query_length=plan.shape[0],
                          key_length=plan.shape[1])
@@ -222,28 +222,35 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
 _START, _M, _X, _Y = 3, 0, 1, 2  # traceback codes: fresh start, pair, query gap, key gap
 
 
-def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float) -> tuple[np.ndarray, float]:
-    """Best local-start / local-end affine-gap path through ``score [Lq, Lk]`` (-inf = barred).
+def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float,
+                 end_gaps: bool = False) -> tuple[np.ndarray, float]:
+    """Best affine-gap path through ``score [Lq, Lk]`` (-inf = barred).
 
     States at cell (i, j) of the ``(Lq + 1) x (Lk + 1)`` lattice: M (pair (i-1, j-1) aligned
     last), X (query residue i-1 unaligned, a vertical move), Y (key residue j-1 unaligned, a
-    horizontal move). A path may start fresh at any pair (value 0 before it) and end after
-    any pair.
+    horizontal move). ``end_gaps=False``: a path may start fresh at any pair (value 0 before
+    it) and end after any pair (leading and trailing residues are free). ``end_gaps=True``:
+    global, from the origin (an M state of value 0) to ``(Lq, Lk)``, end gaps charged like
+    inner ones (Needleman-Wunsch's convention).
     """
     lq, lk = score.shape
     neg = -np.inf
+    ks = np.arange(lk)
     m_prev, x_prev, y_prev = np.full(lk + 1, neg), np.full(lk + 1, neg), np.full(lk + 1, neg)
     ptr_m = np.zeros((lq + 1, lk + 1), np.int8)  # state before the pair (or _START)
     ptr_x = np.zeros((lq + 1, lk + 1), np.int8)  # state at (i-1, j) before the vertical move
     ptr_y = np.zeros((lq + 1, lk + 1), np.int32)  # column k where the horizontal gap opened
     src_y = np.zeros((lq + 1, lk), np.int8)  # state at (i, k) the gap opened from (M or X)
+    if end_gaps:  # row 0: the origin, then a leading key gap
+        m_prev[0] = 0.0
+        y_prev[1:] = -gap_open - ks * gap_extend
+        src_y[0, 0] = _M
     best, best_at = 0.0, None
-    ks = np.arange(lk)
     for i in range(1, lq + 1):
         prev = np.stack([m_prev[:-1], x_prev[:-1], y_prev[:-1]])  # states at (i-1, j-1)
         arg = prev.argmax(0)
         before = prev[arg, ks]
-        fresh = ~(before > 0.0)  # starting here beats every path so far (or none exists)
+        fresh = np.zeros(lk, bool) if end_gaps else ~(before > 0.0)  # a fresh start beats all
         m_cur = np.full(lk + 1, neg)
         m_cur[1:] = np.where(fresh, 0.0, before) + score[i - 1]
         ptr_m[i, 1:] = np.where(fresh, _START, arg)
@@ -259,14 +266,21 @@ def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float) -> tuple
         ptr_y[i, 1:] = np.maximum.accumulate(np.where(new, ks, 0))
         y_cur = np.full(lk + 1, neg)
         y_cur[1:] = run - ks * gap_extend
-        j = int(np.argmax(m_cur))
-        if m_cur[j] > best:
-            best, best_at = float(m_cur[j]), (i, j)
+        if not end_gaps:
+            j = int(np.argmax(m_cur))
+            if m_cur[j] > best:
+                best, best_at = float(m_cur[j]), (i, j)
         m_prev, x_prev, y_prev = m_cur, x_cur, y_cur
-    if best_at is None:
+    if end_gaps:
+        ends = np.array([m_prev[lk], x_prev[lk], y_prev[lk]])
+        state, best = int(np.argmax(ends)), float(ends.max())
+        i, j = lq, lk
+    elif best_at is None:
         return np.zeros((0, 2), np.int64), 0.0
-    (i, j), state, out = best_at, _M, []
-    while state != _START:
+    else:
+        (i, j), state = best_at, _M
+    out = []
+    while state != _START and (i, j) != (0, 0):
         if state == _M:
             out.append((i - 1, j - 1))
             state = int(ptr_m[i, j])

@@ -113,7 +113,8 @@ def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
     fail(f"{path}: no family holds both {id_a!r} and {id_b!r}")
 
 
-DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass", "plan_weight")
+DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass", "plan_weight",
+                  "end_gaps")
 
 
 def decoder_options(f):
@@ -129,6 +130,9 @@ def decoder_options(f):
         click.option("--gap-extend", type=float, default=None, help="affine / hybrid: cost of each further gap residue."),
         click.option("--plan-weight", type=float, default=None,
                      help="hybrid: BLOSUM62 units per unit of plan mass."),
+        click.option("--end-gaps/--free-end-gaps", default=None,
+                     help="affine / hybrid: charge leading and trailing gaps (global alignment) "
+                          "or leave them free (local)."),
         click.option("--threshold", type=float, default=None, help="affine: mass subtracted from every aligned pair."),
         click.option("--gap-cost", type=float, default=None, help="mea: cost per unaligned residue."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
