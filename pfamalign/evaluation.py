@@ -54,10 +54,10 @@ class Evaluation:
             out["methods"][m] = entry
         if "model" in self.methods:  # paired: model minus each baseline on the same pairs
             model = np.asarray(self.counts["model"], np.int64).reshape(-1, 3)
-            out["model_minus"] = {
-                m: paired_f1_difference(model, np.asarray(self.counts[m], np.int64).reshape(-1, 3),
-                                        pid, n_boot=n_boot, seed=seed)
-                for m in self.methods if m != "model"}
+            for key, groups in (("model_minus", None), ("model_minus_by_family", self.families)):
+                out[key] = {m: paired_f1_difference(model, np.asarray(self.counts[m], np.int64).reshape(-1, 3),
+                                                    pid, groups=groups, n_boot=n_boot, seed=seed)
+                            for m in self.methods if m != "model"}
         return out
 
 
@@ -116,11 +116,12 @@ def _fmt(cell: dict) -> str:
     return f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{v:.3f}"
 
 
-def _fmt_signed(cell: dict) -> str:
+def _fmt_signed(cell: dict, value: bool = True) -> str:
     v, lo, hi = cell["value"], cell["low"], cell["high"]
     if not np.isfinite(v):
         return "—"
-    return f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) else f"{v:+.3f}"
+    ci = f"[{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) else ""
+    return f"{v:+.3f} {ci}".strip() if value else (ci or "—")
 
 
 def render(summary: dict, console=None) -> None:
@@ -145,12 +146,16 @@ def render(summary: dict, console=None) -> None:
                     f"{prf['all']['micro']['recall']['value']:.3f}")
     console.print(tab)
     if summary.get("model_minus"):
-        tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI)")
+        tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI: "
+                          "resampling pairs / whole families)")
         tab.add_column("baseline", no_wrap=True)
         for b in bins:
             tab.add_column(b, justify="right", no_wrap=True)
         for m, diff in summary["model_minus"].items():
+            by_family = summary.get("model_minus_by_family", {}).get(m)
             tab.add_row(LABELS.get(m, m), *[_fmt_signed(diff[b]) for b in bins])
+            if by_family:
+                tab.add_row("  by family", *[_fmt_signed(by_family[b], value=False) for b in bins])
         console.print(tab)
     plan_methods = {m: e["plan_metrics"] for m, e in summary["methods"].items() if "plan_metrics" in e}
     if plan_methods:

@@ -114,6 +114,26 @@ def test_paired_difference_resamples_both_methods_together():
         paired_f1_difference(a, b[:-1], pid)
 
 
+def test_family_bootstrap_resamples_whole_families():
+    rng = np.random.default_rng(6)
+    n = 30
+    a, b = _random_counts(rng, n), _random_counts(rng, n)
+    pid = rng.uniform(0, 100, n)
+    # one pair per group: the same draws as the pair bootstrap
+    singletons = paired_f1_difference(a, b, pid, groups=[f"f{i:02d}" for i in range(n)], n_boot=100, seed=2)
+    assert singletons == paired_f1_difference(a, b, pid, n_boot=100, seed=2)
+    families = np.array(["x", "y", "z"])[rng.integers(0, 3, n)]
+    out = paired_f1_difference(a, b, pid, groups=families, n_boot=200, seed=3)
+    f1 = lambda c: 2 * c[:, 0].sum() / (c[:, 1].sum() + c[:, 2].sum())
+    members = [np.flatnonzero(families == f) for f in ("x", "y", "z")]
+    draws = np.random.default_rng(3).integers(0, 3, size=(200, 3))
+    diffs = [f1(a[np.concatenate([members[g] for g in d])]) - f1(b[np.concatenate([members[g] for g in d])])
+             for d in draws]
+    assert out["all"]["n_groups"] == 3 and out["all"]["value"] == pytest.approx(f1(a) - f1(b))
+    assert out["all"]["low"] == pytest.approx(np.percentile(diffs, 2.5))
+    assert out["all"]["high"] == pytest.approx(np.percentile(diffs, 97.5))
+
+
 def test_identity_bins():
     labels = identity_bin([0, 29.99, 30, 49.9, 50, 100])
     assert labels.tolist() == ["<30", "<30", "30-50", "30-50", ">=50", ">=50"]

@@ -166,7 +166,10 @@ def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset
     assert 0 <= model["prf"]["all"]["micro"]["f1"]["value"] <= 1
     assert summary["model_minus"]["nw"]["all"]["value"] == pytest.approx(
         model["prf"]["all"]["micro"]["f1"]["value"] - f1)
-    assert "pfamalign minus baseline" in res.output
+    assert "pfamalign minus baseline" in res.output and "by family" in res.output
+    by_family = summary["model_minus_by_family"]["nw"]["all"]
+    assert by_family["value"] == summary["model_minus"]["nw"]["all"]["value"]
+    assert by_family["n_groups"] == len({r["family"] for r in recs})
     assert model["plan_metrics"]["n_barycenter"] > 0
     assert png.stat().st_size > 5000
 

@@ -182,31 +182,41 @@ def prf_by_identity(counts, percent_identity, *, n_boot: int = 1000, seed: int =
     return out
 
 
-def paired_f1_difference(counts_a, counts_b, percent_identity, *, n_boot: int = 1000,
+def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n_boot: int = 1000,
                          seed: int = 0, level: float = 0.95) -> dict:
     """Micro F1 of method a minus method b on the same pairs, with a *paired* percentile
-    bootstrap (both methods resampled with the same pair indices), overall (``"all"``) and per
-    identity bin: ``{bin: {"value", "low", "high", "n_pairs"}}``. Narrower than comparing two
-    separate intervals, since both methods share the pairs' difficulty."""
+    bootstrap (both methods resampled with the same indices), overall (``"all"``) and per
+    identity bin: ``{bin: {"value", "low", "high", "n_pairs", "n_groups"}}``.
+
+    ``groups``: a label per pair (e.g. its family) to resample whole groups (a cluster
+    bootstrap: pairs of one family are not independent); None resamples pairs.
+    """
     a, b = _check_counts(counts_a), _check_counts(counts_b)
     if a.shape != b.shape:
         raise ValueError(f"the two methods must be scored on the same pairs: {a.shape} vs {b.shape}")
     labels = identity_bin(percent_identity)
+    group_ids = np.arange(len(a)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    if group_ids.shape != (len(a),):
+        raise ValueError(f"groups must have one label per pair ({len(a)}), got shape {group_ids.shape}")
     rng = np.random.default_rng(seed)
     alpha = 100 * (1 - level) / 2
+    f1 = lambda c: _micro(c.sum(0))[2]
     out = {}
     for name, mask in [("all", np.ones(len(a), bool))] + [(n, labels == n) for n, _, _ in IDENTITY_BINS]:
-        ca, cb, n = a[mask], b[mask], int(mask.sum())
-        if n == 0:
-            out[name] = {"value": float("nan"), "low": float("nan"), "high": float("nan"), "n_pairs": 0}
-            continue
-        value = float(_micro(ca.sum(0))[2] - _micro(cb.sum(0))[2])
-        lo = hi = float("nan")
-        if n_boot:
-            idx = rng.integers(0, n, size=(n_boot, n))
-            diff = _micro(ca[idx].sum(1))[:, 2] - _micro(cb[idx].sum(1))[:, 2]
-            lo, hi = (float(x) for x in np.nanpercentile(diff, [alpha, 100 - alpha]))
-        out[name] = {"value": value, "low": lo, "high": hi, "n_pairs": n}
+        members = [np.flatnonzero(mask & (group_ids == g)) for g in np.unique(group_ids[mask])]
+        cell = {"value": float("nan"), "low": float("nan"), "high": float("nan"),
+                "n_pairs": int(mask.sum()), "n_groups": len(members)}
+        if members:
+            cell["value"] = float(f1(a[mask]) - f1(b[mask]))
+        if members and n_boot:
+            diff = []
+            singletons = all(len(m) == 1 for m in members)
+            flat = np.concatenate(members)
+            for draw in rng.integers(0, len(members), size=(n_boot, len(members))):
+                idx = flat[draw] if singletons else np.concatenate([members[g] for g in draw])
+                diff.append(f1(a[idx]) - f1(b[idx]))
+            cell["low"], cell["high"] = (float(x) for x in np.nanpercentile(diff, [alpha, 100 - alpha]))
+        out[name] = cell
     return out
 
 
