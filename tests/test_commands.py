@@ -3,6 +3,7 @@ small aligner saved in the real model-directory format and on the repository's P
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pathlib
@@ -262,3 +263,24 @@ def test_align_decoder_options(model_dir):
     expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0,
                              end_gaps=True)
     assert hyb["pairs"] == expected.pairs.tolist()
+
+
+def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, dataset, tmp_path, capsys):
+    import importlib.util
+    import shutil
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tune_decoder.py"
+    spec = importlib.util.spec_from_file_location("tune_decoder", script)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    assert tune.main(["--data", str(dataset), "--checkpoint", str(model), "--split", "val",
+                      "--max-pairs", "4", "--write"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    scored, best = lines[:-1], lines[-1]
+    assert len(scored) == len(tune.grid()) and {r["decoder"] for r in scored} == {"affine", "mea", "hybrid"}
+    assert best["f1"] == max(r["f1"] for r in scored)
+    from pfamalign.inference import DecoderSettings
+
+    assert dataclasses.asdict(DecoderSettings.load(model)) == best["best"]
