@@ -204,9 +204,14 @@ def _full_step(ops, band, spk, sup: Support, v, u_prev):
     """
     u_hat = _row_half(ops, band, spk, sup, v, -u_prev[:, :-1])
     v_hat = _col_half(ops, band, spk, sup, u_hat, -v[:, :-1])
+    return (u_hat,) + _center(sup, u_hat, v_hat)
+
+
+def _center(sup: Support, u_hat, v_hat):
+    """Centered (u, v): the mean of u over the active rows moved into v (same plan)."""
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(sup.rows, u_hat, 0.0), -1, keepdims=True) / n_rows
-    return u_hat, jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
+    return jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -268,9 +273,7 @@ def run_steps_scaling(ops, band, spk: Spokes, sup: Support, n_steps: int, u, v):
         u_hat = _potential(sup.log_rows, log(rows) - u0)
         cols = _ext_cols(ops, p, jnp.exp(u_hat - u0)[..., None])[..., 0]
         v_hat = _potential(sup.log_cols, log(cols) - v0)
-        n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
-        c = jnp.sum(jnp.where(sup.rows, u_hat, 0.0), -1, keepdims=True) / n_rows
-        u_c, v_c = jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
+        u_c, v_c = _center(sup, u_hat, v_hat)
         drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
                             jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))
         p, u0, v0 = jax.lax.cond(drift > _ABSORB, lambda: (_plan(ops, band, spk, u_c, v_c), u_c, v_c),

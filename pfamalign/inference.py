@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
@@ -66,13 +67,9 @@ class DecoderSettings:
         path = pathlib.Path(directory) / "decoding.json"
         if not path.is_file():
             return cls()
-        import json
-
         return cls(**json.loads(path.read_text()))
 
     def save(self, directory: pathlib.Path) -> None:
-        import json
-
         (pathlib.Path(directory) / "decoding.json").write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:

@@ -174,16 +174,10 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective.
     """
     plan = _check_plan(plan)
-    if not (np.isfinite(gap_open) and np.isfinite(gap_extend) and gap_open >= gap_extend >= 0):
-        raise ValueError(f"need gap_open >= gap_extend >= 0, got {gap_open}, {gap_extend}")
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold}")
-    lq, lk = plan.shape
     ok = _allowed(plan, row_dustbin, None, min_mass)
-    score = np.where(ok, plan - threshold, -np.inf)
-    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), end_gaps)
-    conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
-    return PairAlignment(pairs=pairs, confidence=conf, score=value, query_length=lq, key_length=lk)
+    return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, end_gaps)
 
 
 def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open: float = 11.0,
@@ -207,12 +201,16 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
                          f"({len(seq_a)}, {len(seq_b)})")
     if not (np.isfinite(plan_weight) and plan_weight >= 0):
         raise ValueError(f"plan_weight must be finite and >= 0, got {plan_weight}")
-    if not (np.isfinite(gap_open) and np.isfinite(gap_extend) and gap_open >= gap_extend >= 0):
-        raise ValueError(f"need gap_open >= gap_extend >= 0, got {gap_open}, {gap_extend}")
     if not np.isfinite(min_mass) or min_mass < 0:
         raise ValueError(f"min_mass must be finite and >= 0, got {min_mass}")
     score = substitution_scores(seq_a, seq_b) + plan_weight * plan
-    score = np.where(plan >= min_mass, score, -np.inf)
+    return _gotoh_alignment(plan, np.where(plan >= min_mass, score, -np.inf), gap_open, gap_extend, end_gaps)
+
+
+def _gotoh_alignment(plan: np.ndarray, score: np.ndarray, gap_open, gap_extend, end_gaps: bool) -> PairAlignment:
+    """The best affine-gap alignment on ``score``, each pair with its plan mass as confidence."""
+    if not (np.isfinite(gap_open) and np.isfinite(gap_extend) and gap_open >= gap_extend >= 0):
+        raise ValueError(f"need gap_open >= gap_extend >= 0, got {gap_open}, {gap_extend}")
     pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), end_gaps)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     return PairAlignment(pairs=pairs, confidence=conf, score=value, query_length=plan.shape[0],

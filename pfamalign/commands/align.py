@@ -61,8 +61,8 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
 
     \b
     The aligner computes a transport plan between the two sequences and decodes a monotone
-    alignment from it (an affine-gap DP over the plan masses by default); each aligned pair
-    carries its plan mass as confidence.
+    alignment from it with the model's decoder settings (the shipped model: a global DP on
+    BLOSUM62 plus the plan); each aligned pair carries its plan mass as confidence.
 
     \b
     Examples:
