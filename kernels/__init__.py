@@ -5,8 +5,9 @@
 """
 
 from pfamalign.kernels.api import Potentials, TransportResult, transport, transport_plan
-from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig
+from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig, resolve_impl
 
 __all__ = [
-    "BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "TransportResult", "transport", "transport_plan",
+    "BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "TransportResult", "resolve_impl", "transport",
+    "transport_plan",
 ]

@@ -73,6 +73,7 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     lk, dv = k.shape[2], v.shape[-1]
     n = b * h
     lmax = max(lq, lk)
+    cfg = cfg.resolved()
     per_head = lambda lens: jnp.repeat(jnp.asarray(lens).astype(jnp.int32), h)  # [N]
     pallas = cfg.impl == "pallas"  # kernel-legal tiles (see make_geometry)
     if cfg.dustbin == "widened":
@@ -155,6 +156,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         config = TransportConfig(**settings)
     elif settings:
         raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
+    config = config.resolved()
     _check_inputs(q, k, v, q_len, k_len, tokens, config)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
     if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import jax
 
 DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
-IMPLEMENTATIONS = ("reference", "xla", "pallas")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 
 
@@ -19,6 +19,22 @@ class DustbinTokens(NamedTuple):
     q: jax.Array  # [H, d]
     k: jax.Array  # [H, d]
     v: jax.Array  # [H, dv]
+
+
+def accelerator(platform: str | None = None) -> str:
+    """``"tpu"``, ``"gpu"`` or ``"cpu"`` for a JAX platform name (default: the default backend)."""
+    platform = platform or jax.default_backend()
+    if platform == "tpu":
+        return "tpu"
+    return "gpu" if platform in ("gpu", "cuda", "rocm") else "cpu"
+
+
+def resolve_impl(impl: str, platform: str | None = None) -> str:
+    """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU and GPU, the banded
+    XLA path on CPU (where Pallas would run in interpret mode). Other values pass through."""
+    if impl != "auto":
+        return impl
+    return "xla" if accelerator(platform) == "cpu" else "pallas"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +69,8 @@ class TransportConfig:
         targets everywhere) or "capacity" (the spoke support with the dustbin row's target
         equal to the active key count and the dustbin column's to the active query count:
         balanced, and any number of residues can go unaligned).
-      impl: "reference" (dense autodiff), "xla" (banded, custom VJP) or "pallas".
+      impl: "auto" (the default: resolved by ``resolve_impl`` when the op runs), "reference"
+        (dense autodiff), "xla" (banded, custom VJP) or "pallas".
       adjoint: "one_reference" (every tail plan is a diagonal rescaling of one plan: one exp per
         entry) or "four_plan" (each tail plan exponentiated on its own; the direct baseline).
       blocks: tile sizes of the banded layout.
@@ -66,7 +83,7 @@ class TransportConfig:
     tail_steps: int = 2
     eps_schedule: tuple[tuple[float, int], ...] | None = None
     dustbin: str = "none"
-    impl: str = "xla"
+    impl: str = "auto"
     adjoint: str = "one_reference"
     blocks: BlockSizes = BlockSizes()
     interpret: bool | None = None
@@ -102,6 +119,11 @@ class TransportConfig:
                     f"eps_schedule steps sum to {sum(t for _, t in sched)}, "
                     f"but base_steps (T) is {self.base_steps}"
                 )
+
+    def resolved(self, platform: str | None = None) -> "TransportConfig":
+        """This config with ``impl="auto"`` replaced by the implementation that runs it."""
+        impl = resolve_impl(self.impl, platform)
+        return self if impl == self.impl else dataclasses.replace(self, impl=impl)
 
     def base_stages(self) -> tuple[tuple[float, int], ...]:
         """The base solve as (eps, steps) stages."""

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from pfamalign.kernels import pallas_gpu, pallas_tpu
 from pfamalign.kernels.band import BandGeometry
+from pfamalign.kernels.config import accelerator
 
 WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
 # On CPU both wrappers run through the same HLO interpreter (tests cover both). The Triton one
@@ -58,12 +59,8 @@ def _offsets(active, values=None):
 
 
 def _default_wrapper() -> str:
-    backend = jax.default_backend()
-    if backend == "tpu":
-        return "tpu"
-    if backend in ("gpu", "cuda", "rocm"):
-        return "gpu"
-    return CPU_WRAPPER
+    kind = accelerator()
+    return CPU_WRAPPER if kind == "cpu" else kind
 
 
 class PallasBandOps:

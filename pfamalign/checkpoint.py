@@ -150,16 +150,13 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
                ) -> tuple[Aligner, AlignerConfig]:
     """``(model, config)`` from a model directory, a run directory or a checkpoint step.
 
-    ``impl="auto"`` runs a model trained with the Pallas kernels on the XLA path when this
-    host is a CPU (same plan, no interpret mode); ``None`` keeps the saved implementation;
-    any other value forces it.
+    ``impl="auto"`` lets the kernels choose for this host (``kernels.resolve_impl``: the
+    Pallas kernels on TPU / GPU, the XLA path on CPU; the plan is the same); ``None`` keeps
+    the saved implementation; any other value forces it.
     """
     ocp = _ocp()
     config_path, params_path = resolve_model_path(path)
     config = _read_model_config(config_path)
-    if impl == "auto":
-        impl = "xla" if (config.transport.impl == "pallas"
-                         and jax.default_backend() == "cpu") else None
     if impl is not None and impl != config.transport.impl:
         config = dataclasses.replace(
             config, transport=dataclasses.replace(config.transport, impl=impl))

@@ -61,11 +61,6 @@ class NonFiniteLoss(TrainingError):
 # Run configuration and run directory
 # =============================================================================================
 
-def default_impl() -> str:
-    """``pallas`` on TPU / GPU, ``xla`` on CPU."""
-    return "pallas" if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else "xla"
-
-
 def resolve_config(data_dir: str | os.PathLike, name: str | None, *,
                    overrides: dict[str, Any] | None = None,
                    saved: dict | None = None) -> RunConfig:
@@ -79,8 +74,6 @@ def resolve_config(data_dir: str | os.PathLike, name: str | None, *,
         cfg = RunConfig.from_dict(saved)
     else:
         cfg = get_config(name, embedder_id=ds.embedder_id, feature_dim=ds.dim)
-        if not overrides or not any(k.rpartition(".")[2] == "impl" for k in overrides):
-            cfg = apply_overrides(cfg, {"transport.impl": default_impl()})
     cfg = apply_overrides(cfg, overrides or {})
     if cfg.model.feature_dim != ds.dim or cfg.model.embedder_id != ds.embedder_id:
         raise TrainingError(

@@ -356,3 +356,14 @@ def test_capacity_dustbin_marginals():
     tok = DustbinTokens(tokens.q, tokens.k, jnp.eye(24)[23][None])
     out = np.asarray(_jit_transport(cfg)(q, k, eye, ql, kl, tok))
     np.testing.assert_allclose(out[0, 0], plan[0, 0, :19], atol=1e-5)
+
+
+def test_auto_impl_is_resolved_by_the_kernels_per_platform():
+    from pfamalign.kernels import resolve_impl
+
+    assert resolve_impl("auto", "cpu") == "xla"
+    assert resolve_impl("auto", "tpu") == "pallas"
+    assert resolve_impl("auto", "cuda") == "pallas"
+    assert resolve_impl("reference", "tpu") == "reference"  # explicit choices pass through
+    assert TransportConfig(half_band=4).impl == "auto"
+    assert TransportConfig(half_band=4).resolved("cpu").impl == "xla"

@@ -75,7 +75,7 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         "pfamalign train --distributed --data /mnt/data --config k2_eps1 --out /mnt/runs/k2"
     --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
     each process loads only its rows of every global batch. On TPU / GPU the transport op
-    defaults to its Pallas kernels (transport.impl=pallas).
+    defaults to its Pallas kernels (transport.impl=auto; force one with --set transport.impl=xla).
     """
     import os
     import pathlib
