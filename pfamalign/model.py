@@ -42,10 +42,9 @@ from flax import nnx
 
 from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transport_plan
 from pfamalign.kernels.config import BlockSizes
+from pfamalign.pipelines.embed import feature_layout
 
 ENCODERS = ("none", "conv")
-SUBSTITUTION_FEATURES = "builtin/onehot+blosum62"  # [one-hot (25) | BLOSUM62 row / 4 (25)]
-_ALPHABET = 25
 _NORM_EPS = 1e-20  # inside the rsqrt of the value normalisation (float32: negligible)
 
 
@@ -76,7 +75,8 @@ class AlignerConfig:
         ``sum_{|o| <= r} w_o BLOSUM62(a_{i+o}, b_{j+o})`` with 2r + 1 learned weights (a
         diagonal window of the substitution matrix: the ungapped local similarity that makes
         alignments robust at low identity; the learned part of q, k adds context). It reads the
-        one-hot and BLOSUM-row halves of the ``builtin/onehot+blosum62`` features; -1 = off.
+        one-hot and BLOSUM62-row columns that the embedder's ``feature_layout`` names (the
+        ``builtin/onehot+blosum62`` features have both); -1 = off.
       transport: the transport op's settings (band, eps, T, R, dustbin mode, implementation).
       recon_weight, ce_weight, mono_weight: loss weights (DESIGN §5; see the module docstring).
       token_init_scale: std of the dustbin tokens' initialisation.
@@ -116,9 +116,9 @@ class AlignerConfig:
                              f"{self.position_features!r}")
         if not isinstance(self.substitution_window, int) or self.substitution_window < -1:
             raise ValueError(f"substitution_window must be an integer >= -1, got {self.substitution_window!r}")
-        if self.substitution_window >= 0 and self.embedder_id != SUBSTITUTION_FEATURES:
-            raise ValueError(f"substitution_window needs the {SUBSTITUTION_FEATURES!r} features (one-hot and "
-                             f"BLOSUM62 rows), got embedder {self.embedder_id!r}; set substitution_window=-1")
+        if self.substitution_window >= 0 and not feature_layout(self.embedder_id).substitution:
+            raise ValueError(f"substitution_window needs features with one-hot and BLOSUM62 rows (such as "
+                             f"builtin/onehot+blosum62), got embedder {self.embedder_id!r}; set substitution_window=-1")
         if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:
             raise ValueError(f"encoder_layers must be an integer >= 0, got {self.encoder_layers!r}")
         weights = (self.recon_weight, self.ce_weight, self.mono_weight)
@@ -268,14 +268,18 @@ class Aligner(nnx.Module):
     @property
     def substitution_dim(self) -> int:
         """Width of the windowed-substitution channel appended to every head's q and k."""
-        return (2 * self.cfg.substitution_window + 1) * _ALPHABET if self.cfg.substitution_window >= 0 else 0
+        r = self.cfg.substitution_window
+        return (2 * r + 1) * len(feature_layout(self.cfg.embedder_id).alphabet) if r >= 0 else 0
 
     def substitution(self, feat, lens, side: str):
-        """``[B, H, L, (2r+1) * 25]``: the window's shifted one-hots (``side="q"``) or BLOSUM62
-        rows (``side="k"``), scaled so that ``<q_i, k_j> = sum_o w_o BLOSUM62(a_{i+o}, b_{j+o})``."""
+        """``[B, H, L, (2r+1) * A]`` (A letters): the window's shifted one-hots (``side="q"``) or
+        BLOSUM62 rows (``side="k"``), as the embedder's feature layout places and scales them,
+        so that ``<q_i, k_j> = sum_o w_o BLOSUM62(a_{i+o}, b_{j+o})``."""
         r = self.cfg.substitution_window
+        layout = feature_layout(self.cfg.embedder_id)
         feat = jnp.asarray(feat, jnp.float32) * _length_mask(feat.shape[1], lens)
-        part = feat[..., :_ALPHABET] if side == "q" else 4.0 * feat[..., _ALPHABET:2 * _ALPHABET]
+        part = (feat[..., layout.onehot] if side == "q"
+                else layout.substitution_scale * feat[..., layout.substitution_rows])
         scale = jnp.exp(0.5 * self.substitution_logw[...])  # sqrt(w_o) on each side
         length = feat.shape[1]
         padded = jnp.pad(part, ((0, 0), (r, r), (0, 0)))  # zero outside the sequence

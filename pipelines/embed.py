@@ -7,18 +7,21 @@
 
 Embedder ids:
 
-* ``builtin/onehot`` (D=25) — one-hot over ``ACDEFGHIKLMNPQRSTVWY`` + ``XBZUO``. ``builtin``
-  alone means ``builtin/onehot``.
+* ``builtin/onehot`` (D=25) — one-hot over ``AA_ALPHABET`` (``ACDEFGHIKLMNPQRSTVWY`` +
+  ``XBZUO``). ``builtin`` alone means ``builtin/onehot``.
 * ``builtin/onehot+blosum62`` (D=50) — the one-hot, then the residue's BLOSUM62 row over the
   same 25 letters, divided by 4 (U scored as C, O as K).
 * ``esm2_<name>[/layer<N>]`` — ESM-2 through fair-esm; ``N`` may be negative (from the top);
   the canonical id names the absolute layer, e.g. ``esm2_t6_8M_UR50D/layer6`` (the default is
   the last layer).
 
-Residues: letters, case folded. X, B, Z, U, O are ESM-2 tokens of their own (fair-esm's
-alphabet) and builtin columns of their own. The only other letter, J, is not in ESM-2's
-vocabulary (fair-esm raises ``KeyError``); both embedders read it as X. Anything else is a
-``ValueError`` naming the position.
+``feature_layout(embedder_id)`` says which columns hold the one-hot and the BLOSUM62 rows (and
+their scale): the model reads its substitution channel through it (docs/design.md §4).
+
+Residues (``pfamalign.residues``): ASCII letters, case folded. X, B, Z, U, O are ESM-2 tokens
+of their own (fair-esm's alphabet) and builtin columns of their own. The only other letter, J,
+is not in ESM-2's vocabulary (fair-esm raises ``KeyError``); both embedders read it as X.
+Anything else is a ``ValueError`` naming the (1-based) position.
 
 ESM-2 sequence limit: 1022 residues (1024 tokens with BOS/EOS). ``long_policy="refuse"``
 (default) raises for longer sequences — the prepare pipeline leaves such sequences out and
@@ -30,6 +33,7 @@ context on each side away from the sequence ends).
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -39,16 +43,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-AA_ALPHABET = "ACDEFGHIKLMNPQRSTVWYXBZUO"
+from pfamalign import residues
+from pfamalign.residues import AA_ALPHABET
+
 ESM_MAX_RESIDUES = 1022
 WEIGHTS_ENV = "PFAMALIGN_ESM_WEIGHTS"
 TRUST_ENV = "PFAMALIGN_TRUST_WEIGHTS"
 ESM_URL = "https://dl.fbaipublicfiles.com/fair-esm"
 
 _ESM_ID = re.compile(r"^(esm2_[A-Za-z0-9_]+?)(?:/layer(-?\d+))?$")
-_BUILTIN_FEATURES = ("onehot", "onehot+blosum62")
-_TO_ESM_VOCAB = str.maketrans({c: "X" for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                               if c not in AA_ALPHABET})
+_TO_ALPHABET = str.maketrans(residues.EMBEDDING_MAP)
 
 
 class EmbedderError(ValueError):
@@ -75,36 +79,64 @@ class Embedder(abc.ABC):
 # builtin
 # ------------------------------------------------------------------------------------------
 
-def _check_residues(seq: str) -> bytes:
-    raw = seq.upper().encode("ascii", errors="replace")
-    codes = np.frombuffer(raw, dtype=np.uint8)
-    bad = np.nonzero((codes < ord("A")) | (codes > ord("Z")))[0]
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"invalid residue {seq[i]!r} at position {i + 1} (residues must be "
+def _residues(seq: str) -> str:
+    """``seq`` upper-cased over ``AA_ALPHABET`` (J read as X)."""
+    bad = residues.first_invalid(seq)
+    if bad is not None:
+        raise ValueError(f"invalid residue {seq[bad]!r} at position {bad + 1} (residues must be "
                          "letters; remove gaps and other symbols)")
-    return raw
+    return seq.upper().translate(_TO_ALPHABET)
 
 
-def _builtin_table(features: str) -> np.ndarray:
-    """[256, D] float32 lookup table indexed by the upper-case ASCII code."""
-    n = len(AA_ALPHABET)
-    onehot = np.zeros((256, n), dtype=np.float32)
-    x = AA_ALPHABET.index("X")
-    for code in range(ord("A"), ord("Z") + 1):
-        onehot[code, AA_ALPHABET.find(chr(code)) if chr(code) in AA_ALPHABET else x] = 1.0
-    if features == "onehot":
-        return onehot
-    from Bio.Align import substitution_matrices
+@dataclasses.dataclass(frozen=True)
+class FeatureLayout:
+    """Where an embedder's features hold residue identity.
 
-    b62 = substitution_matrices.load("BLOSUM62")
-    alias = {"U": "C", "O": "K"}
-    rows = np.zeros((256, n), dtype=np.float32)
-    for code in range(ord("A"), ord("Z") + 1):
-        a = chr(code) if chr(code) in AA_ALPHABET else "X"
-        a = alias.get(a, a)
-        rows[code] = [b62[a, alias.get(b, b)] / 4.0 for b in AA_ALPHABET]
-    return np.concatenate([onehot, rows], axis=1)
+    ``onehot``: the columns of the one-hot over ``alphabet``; ``substitution_rows``: the
+    columns of the residue's BLOSUM62 row over ``alphabet``, stored divided by
+    ``substitution_scale``. None where the features have no such columns (ESM-2's are learned).
+    """
+
+    alphabet: str = AA_ALPHABET
+    onehot: slice | None = None
+    substitution_rows: slice | None = None
+    substitution_scale: float = 1.0
+
+    @property
+    def substitution(self) -> bool:
+        """Both parts of a substitution score: the one-hot and the BLOSUM62 rows."""
+        return self.onehot is not None and self.substitution_rows is not None
+
+
+_N = len(AA_ALPHABET)
+_BUILTIN_LAYOUTS = {  # rows / 4: BLOSUM62 scores (-4 .. 11) at about the one-hot's scale
+    "onehot": FeatureLayout(onehot=slice(0, _N)),
+    "onehot+blosum62": FeatureLayout(onehot=slice(0, _N), substitution_rows=slice(_N, 2 * _N),
+                                     substitution_scale=4.0),
+}
+
+
+def feature_layout(embedder_id: str) -> FeatureLayout:
+    """The feature layout of the embedder named by ``embedder_id`` (without building it)."""
+    kind, name, _ = parse_embedder_id(embedder_id)
+    if kind == "esm2":
+        return FeatureLayout()
+    if name not in _BUILTIN_LAYOUTS:
+        raise EmbedderError(f"unknown builtin features {name!r}; choose one of "
+                            f"{', '.join('builtin/' + f for f in _BUILTIN_LAYOUTS)}")
+    return _BUILTIN_LAYOUTS[name]
+
+
+def _builtin_table(layout: FeatureLayout) -> np.ndarray:
+    """[128, D] float32 lookup table indexed by the ASCII code of an ``AA_ALPHABET`` letter."""
+    letters = np.frombuffer(layout.alphabet.encode("ascii"), np.uint8)
+    dim = max(s.stop for s in (layout.onehot, layout.substitution_rows) if s is not None)
+    table = np.zeros((128, dim), dtype=np.float32)
+    table[letters, layout.onehot] = np.eye(len(letters))
+    if layout.substitution_rows is not None:  # U, O scored as C, K
+        scores = residues.substitution_scores(layout.alphabet, layout.alphabet)
+        table[letters, layout.substitution_rows] = scores / layout.substitution_scale
+    return table
 
 
 class BuiltinEmbedder(Embedder):
@@ -113,17 +145,14 @@ class BuiltinEmbedder(Embedder):
     max_residues = None
 
     def __init__(self, features: str = "onehot"):
-        if features not in _BUILTIN_FEATURES:
-            raise EmbedderError(f"unknown builtin features {features!r}; choose one of "
-                                f"{', '.join('builtin/' + f for f in _BUILTIN_FEATURES)}")
         self.features = features
         self.embedder_id = f"builtin/{features}"
-        self._table = _builtin_table(features)
+        self._table = _builtin_table(feature_layout(self.embedder_id))
         self.dim = int(self._table.shape[1])
 
     def featurize(self, seq: str) -> np.ndarray:
         """One sequence -> float32 [L, D]."""
-        return self._table[np.frombuffer(_check_residues(seq), dtype=np.uint8)]
+        return self._table[np.frombuffer(_residues(seq).encode("ascii"), dtype=np.uint8)]
 
     def embed(self, sequences: Sequence[str]) -> list[np.ndarray]:
         return [self.featurize(s) for s in sequences]
@@ -325,8 +354,7 @@ class EsmEmbedder(Embedder):
 
         items: list[tuple[int, int, str]] = []  # (sequence index, window start, residues)
         for si, seq in enumerate(sequences):
-            _check_residues(seq)
-            seq = seq.upper().translate(_TO_ESM_VOCAB)
+            seq = _residues(seq)
             if len(seq) > ESM_MAX_RESIDUES:
                 if self.long_policy == "refuse":
                     raise EmbedderError(

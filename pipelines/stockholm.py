@@ -13,7 +13,8 @@ Supported layout: ``#=GF/#=GS/#=GR/#=GC`` annotation (only AC, ID and RF are kep
 ``//`` separators, several families per file, and interleaved (wrapped) blocks where each
 sequence name reappears once per block and the pieces are concatenated. A name that appears
 twice *within one block* is a duplicate sequence id (an error: it cannot be told apart from a
-block boundary). Gap characters are ``-``, ``.`` and ``~``; any other non-letter is an error.
+block boundary). Gap characters are ``-``, ``.`` and ``~``; any other character that is not a
+residue letter (``pfamalign.residues``) is an error.
 Every error is a :class:`StockholmError` naming the file and the 1-based line.
 """
 
@@ -27,8 +28,9 @@ import pathlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from pfamalign.residues import first_invalid
+
 GAP_CHARS = "-.~"
-_BAD_CHAR = re.compile(r"[^A-Za-z.~\-]")
 _PFAM_ACC = re.compile(r"^(PF\d{5})(\.\d+)?$")
 _VERSION = re.compile(r"\.\d+$")
 
@@ -303,10 +305,10 @@ def parse_family(raw: RawFamily) -> Family:
             raise StockholmError(source, lineno, "expected '<sequence name> <aligned residues>', "
                                  f"found {len(parts)} fields: {_show(line)}")
         seq_id, aligned = parts
-        bad = _BAD_CHAR.search(aligned)
-        if bad:
-            raise StockholmError(source, lineno, f"invalid character {bad.group()!r} at column "
-                                 f"{bad.start() + 1} of sequence {seq_id!r} (allowed: letters, "
+        bad = first_invalid(aligned, GAP_CHARS)
+        if bad is not None:
+            raise StockholmError(source, lineno, f"invalid character {aligned[bad]!r} at column "
+                                 f"{bad + 1} of sequence {seq_id!r} (allowed: letters, "
                                  "gaps '-', '.', '~')")
         if seq_id in pieces:
             if last_block[seq_id] == block:

@@ -28,7 +28,7 @@ import numpy as np
 
 from pfamalign.alignment.baselines import needleman_wunsch, smith_waterman
 from pfamalign.alignment.decode import mea_decode
-from pfamalign.alignment.residues import blosum62_table
+from pfamalign.residues import blosum62_table
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 

@@ -6,7 +6,7 @@ import pytest
 from Bio.Align import substitution_matrices
 
 from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
-from pfamalign.alignment.residues import normalize_sequence, scoring_sequence
+from pfamalign.residues import normalize_sequence, scoring_sequence
 
 B62 = substitution_matrices.load("BLOSUM62")
 AA = "ACDEFGHIKLMNPQRSTVWY"

@@ -247,7 +247,7 @@ def test_affine_decode_rejects_bad_costs():
 # ---- hybrid decoding (BLOSUM62 + plan) ---------------------------------------------------------
 
 from pfamalign.alignment.decode import hybrid_decode  # noqa: E402
-from pfamalign.alignment.residues import substitution_scores  # noqa: E402
+from pfamalign.residues import substitution_scores  # noqa: E402
 
 _AA = list("ACDEFGHIKLMNPQRSTVWY")
 

@@ -273,7 +273,7 @@ def test_substitution_channel_is_a_windowed_blosum62_score():
 
     import numpy as np
 
-    from pfamalign.alignment.residues import blosum62
+    from pfamalign.residues import blosum62
     from pfamalign.configs import get_config
     from pfamalign.model import build_model
     from pfamalign.pipelines.embed import get_embedder

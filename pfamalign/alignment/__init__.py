@@ -4,7 +4,6 @@ baselines, evaluation metrics, output formats, plots and certificates.
 Submodules (import what you need; ``plots`` pulls in matplotlib):
 
 * ``pairs``         -- ``PairAlignment``, pair / target conversions, the diagonal reference
-* ``residues``      -- sequence validation, BLOSUM62, residue mapping (U->C, O->K, J->X)
 * ``decode``        -- ``mea_decode``: maximum-expected-accuracy alignment of a plan
 * ``baselines``     -- Needleman-Wunsch, Smith-Waterman (BLOSUM62, 11/1), diagonal pairs
 * ``metrics``       -- aligned-pair P/R/F1 (micro, macro, bootstrap, identity bins), plan metrics

@@ -8,7 +8,7 @@
   for that convention.
 * The diagonal reference: query row i -> ``round(i (Lk - 1) / (Lq - 1))``.
 
-Residues are validated and mapped for scoring as described in ``residues.py`` (``U->C``,
+Residues are validated and mapped for scoring as described in ``pfamalign.residues`` (``U->C``,
 ``O->K``, ``J->X``; lowercase accepted).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pfamalign.alignment.pairs import PairAlignment, diagonal_target
-from pfamalign.alignment.residues import blosum62, scoring_sequence
+from pfamalign.residues import blosum62, scoring_sequence
 
 
 def _aligner(mode: str, gap_open: float, gap_extend: float, free_end_gaps: bool):

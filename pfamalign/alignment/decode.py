@@ -193,7 +193,7 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
     Returns:
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective.
     """
-    from pfamalign.alignment.residues import substitution_scores
+    from pfamalign.residues import substitution_scores
 
     plan = _check_plan(plan)
     if plan.shape != (len(seq_a), len(seq_b)):

@@ -33,7 +33,7 @@ import re
 import numpy as np
 
 from pfamalign.alignment.pairs import PairAlignment, check_confidence, check_pairs
-from pfamalign.alignment.residues import match_symbols, normalize_sequence
+from pfamalign.residues import match_symbols, normalize_sequence
 
 JSON_FORMAT = "pfamalign.pairwise/1"
 _EMBOSS_RULE = "#" + "=" * 39

@@ -24,7 +24,7 @@ def read_sequence_arg(arg: str, default_id: str) -> tuple[str, str]:
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
     empty) and upper-cased.
     """
-    from pfamalign.alignment.residues import normalize_sequence
+    from pfamalign.residues import normalize_sequence
 
     path = pathlib.Path(arg)
     looks_like_path = os.sep in arg or path.suffix.lower() in FASTA_SUFFIXES

@@ -1,14 +1,21 @@
-"""Protein residues: input validation, the BLOSUM62 alphabet and the per-pair match symbols.
+"""Protein residues, in one place: which characters are residues, the alphabets, BLOSUM62 and
+the per-pair match symbols (docs/design.md §4).
 
-Residue policy (one place, used by the baselines and the output formats):
+Residue policy (used by the command line, the output formats, the baselines, the Stockholm
+reader and the embedders):
 
-* Input is an unaligned protein sequence of letters. Lowercase is accepted and upper-cased
-  (Pfam writes insert-state residues in lowercase). Anything else (gap characters ``-`` ``.``,
-  the stop ``*``, digits, whitespace) is rejected with a ``ValueError``: strip them upstream.
+* A residue is an ASCII letter; lowercase is accepted and upper-cased (Pfam writes
+  insert-state residues in lowercase). Anything else (gap characters ``-`` ``.``, the stop
+  ``*``, digits, whitespace, non-ASCII letters) is rejected with a ``ValueError``: strip them
+  upstream. :func:`first_invalid` is that rule; :func:`normalize_sequence` applies it to one
+  input sequence.
 * All 26 letters are IUPAC protein codes. BLOSUM62 covers the 20 standard residues plus
   ``B`` (D/N), ``Z`` (E/Q) and ``X`` (unknown). The three it lacks are mapped for *scoring
   only*: ``U`` (selenocysteine) -> ``C``, ``O`` (pyrrolysine) -> ``K``, ``J`` (I/L) -> ``X``.
   Output formats always print the residues as given (upper-cased), never the mapped letters.
+* The embedders read residues over :data:`AA_ALPHABET`, the 20 standard residues then
+  ``X B Z U O`` (each an ESM-2 token of its own). ``J``, the one letter outside it (and not an
+  ESM-2 token), is read as ``X``.
 """
 
 from __future__ import annotations
@@ -18,9 +25,22 @@ import re
 
 import numpy as np
 
+AA_ALPHABET = "ACDEFGHIKLMNPQRSTVWYXBZUO"  # the embedders' letters, in the builtin column order
+EMBEDDING_MAP = {"J": "X"}  # the letter outside AA_ALPHABET -> its stand-in
 BLOSUM62_ALPHABET = "ARNDCQEGHILKMFPSTWYVBZX"  # the letters of Biopython's BLOSUM62 (minus '*')
 SCORING_MAP = {"U": "C", "O": "K", "J": "X"}  # residues BLOSUM62 lacks -> their stand-ins
-_LETTERS = re.compile(r"[A-Za-z]+")
+
+
+@functools.lru_cache(maxsize=None)
+def _not_allowed(extra: str) -> re.Pattern:
+    return re.compile(f"[^A-Za-z{re.escape(extra)}]")
+
+
+def first_invalid(seq: str, extra: str = "") -> int | None:
+    """0-based position of the first character of ``seq`` that is neither a residue letter
+    nor in ``extra`` (e.g. an aligned row's gap characters); None when there is none."""
+    bad = _not_allowed(extra).search(seq)
+    return None if bad is None else bad.start()
 
 
 def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
@@ -32,8 +52,8 @@ def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
         raise ValueError(f"{name} must be a str, got {type(seq).__name__}")
     if not seq:
         raise ValueError(f"{name} is empty")
-    if not _LETTERS.fullmatch(seq):
-        pos = next(i for i, ch in enumerate(seq) if not ch.isascii() or not ch.isalpha())
+    pos = first_invalid(seq)
+    if pos is not None:
         raise ValueError(
             f"{name} has a non-protein character {seq[pos]!r} at position {pos} "
             "(expected letters only: no gaps, stops, digits or whitespace)")
