@@ -167,7 +167,7 @@ def get_config(name: str, *, embedder_id: str, feature_dim: int,
     model_kw, transport_kw, train_kw = (dict(x) for x in _CONFIGS[name])
     model_kw.setdefault("encoder", default_encoder(embedder_id))
     if model_kw.get("substitution_window", -1) is None:  # by features: needs BLOSUM62 rows
-        model_kw["substitution_window"] = 8 if feature_layout(embedder_id).substitution else -1
+        model_kw["substitution_window"] = 8 if feature_layout(embedder_id).has_substitution else -1
     cfg = RunConfig(
         model=AlignerConfig(name=name, feature_dim=int(feature_dim), embedder_id=embedder_id,
                             transport=_paper_transport(**transport_kw), **model_kw),

@@ -116,7 +116,7 @@ class AlignerConfig:
                              f"{self.position_features!r}")
         if not isinstance(self.substitution_window, int) or self.substitution_window < -1:
             raise ValueError(f"substitution_window must be an integer >= -1, got {self.substitution_window!r}")
-        if self.substitution_window >= 0 and not feature_layout(self.embedder_id).substitution:
+        if self.substitution_window >= 0 and not feature_layout(self.embedder_id).has_substitution:
             raise ValueError(f"substitution_window needs features with one-hot and BLOSUM62 rows (such as "
                              f"builtin/onehot+blosum62), got embedder {self.embedder_id!r}; set substitution_window=-1")
         if not isinstance(self.encoder_layers, int) or self.encoder_layers < 0:

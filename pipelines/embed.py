@@ -103,8 +103,8 @@ class FeatureLayout:
     substitution_scale: float = 1.0
 
     @property
-    def substitution(self) -> bool:
-        """Both parts of a substitution score: the one-hot and the BLOSUM62 rows."""
+    def has_substitution(self) -> bool:
+        """Whether the features hold both parts of a substitution score: one-hot and BLOSUM62 rows."""
         return self.onehot is not None and self.substitution_rows is not None
 
 
