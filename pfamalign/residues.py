@@ -29,6 +29,7 @@ AA_ALPHABET = "ACDEFGHIKLMNPQRSTVWYXBZUO"  # the embedders' letters, in the buil
 EMBEDDING_MAP = {"J": "X"}  # the letter outside AA_ALPHABET -> its stand-in
 BLOSUM62_ALPHABET = "ARNDCQEGHILKMFPSTWYVBZX"  # the letters of Biopython's BLOSUM62 (minus '*')
 SCORING_MAP = {"U": "C", "O": "K", "J": "X"}  # residues BLOSUM62 lacks -> their stand-ins
+_TO_SCORING = str.maketrans(SCORING_MAP)
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,7 +64,7 @@ def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
 def scoring_sequence(seq: str, *, name: str = "sequence") -> str:
     """The sequence as BLOSUM62 scores it: normalized, then ``U->C``, ``O->K``, ``J->X``."""
     seq = normalize_sequence(seq, name=name)
-    return seq.translate(str.maketrans(SCORING_MAP))
+    return seq.translate(_TO_SCORING)
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,8 +95,8 @@ def substitution_scores(seq_a: str, seq_b: str) -> np.ndarray:
 
 def pair_substitution_scores(seq_a: str, seq_b: str, pairs: np.ndarray) -> np.ndarray:
     """BLOSUM62 score of each aligned pair ``[n]`` (sequences already normalized)."""
-    a = np.frombuffer(seq_a.translate(str.maketrans(SCORING_MAP)).encode("ascii"), np.uint8)
-    b = np.frombuffer(seq_b.translate(str.maketrans(SCORING_MAP)).encode("ascii"), np.uint8)
+    a = np.frombuffer(seq_a.translate(_TO_SCORING).encode("ascii"), np.uint8)
+    b = np.frombuffer(seq_b.translate(_TO_SCORING).encode("ascii"), np.uint8)
     return blosum62_table()[a[pairs[:, 0]], b[pairs[:, 1]]]
 
 
