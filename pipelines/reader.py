@@ -1,6 +1,7 @@
 """Reading a prepared dataset: random-access pair sources, padded batches, eval records.
 
-Training (see pipelines/README.md for the batch contract)::
+The one input pipeline of training, its validation and the benchmarks (see
+pipelines/README.md for the batch contract)::
 
     from pfamalign.pipelines import reader
     ds = reader.PairDataset("data/")                 # manifest: ds.embedder_id, ds.dim
@@ -9,6 +10,12 @@ Training (see pipelines/README.md for the batch contract)::
     state = it.get_state()    # save with the model checkpoint; later:
     it = reader.batch_iterator("data/", "train", batch_size=16, seed=0)
     it.set_state(state)       # continues with exactly the next batch
+
+``max_len`` / ``max_pairs`` select the pairs (``select_pairs``); multi-host training passes
+``process_index`` / ``process_count``: every process plans the same global batches and loads
+only its own rows, padded like the whole global batch. Validation reads one finite,
+length-sorted epoch (``shuffle=False, num_epochs=1, bucket_window=None,
+drop_remainder=False``).
 
 Evaluation::
 

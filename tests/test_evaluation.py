@@ -3,7 +3,6 @@
 
 import pathlib
 
-import numpy as np
 import pytest
 
 from pfamalign import checkpoint, evaluation
