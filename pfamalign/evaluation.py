@@ -222,16 +222,17 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
 
 
 def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_family: int = 50,
-        max_pairs: int | None = None, predictor=None, baselines: Sequence[str] = ("diagonal", "nw", "sw"),
-        decoding=None, n_boot: int = 1000, seed: int = 0, json_path=None, plot_path=None,
-        quiet: bool = False) -> dict:
+        max_pairs: int | None = None, predictor=None,
+        baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None, n_boot: int = 1000,
+        seed: int = 0, json_path=None, plot_path=None, quiet: bool = False) -> dict:
     """``pfamalign eval``: scores the pairs of one source (``pair_records``), writes the JSON
     and the plot when asked, and returns the summary. ValueError for unusable inputs."""
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
+    embedder_id = predictor.config.embedder_id if predictor is not None else None
     records, total, features = pair_records(
         data=data, split=split, stockholm=stockholm, pairs_per_family=pairs_per_family, seed=seed,
-        max_pairs=max_pairs, embedder_id=predictor.config.embedder_id if predictor else None)
+        max_pairs=max_pairs, embedder_id=embedder_id)
     with Bars(progress_enabled(quiet)) as bars:
         ev = evaluate(records, predictor=predictor, features=features, baselines=baselines,
                       decoding=decoding, advance=bars.task("scoring pairs", total))

@@ -257,7 +257,9 @@ def select_pairs(lengths: np.ndarray, *, max_len: int = 0, max_pairs: int = 0) -
     then at most ``max_pairs`` of them evenly spaced in stored order (0 = all; every family
     shows, as records are stored family by family)."""
     lengths = np.asarray(lengths).reshape(-1, 2)
-    keep = np.arange(len(lengths)) if not max_len else np.flatnonzero(lengths.max(axis=1) <= max_len)
+    keep = np.arange(len(lengths))
+    if max_len:
+        keep = np.flatnonzero(lengths.max(axis=1) <= max_len)
     if max_pairs and len(keep) > max_pairs:
         keep = keep[np.linspace(0, len(keep) - 1, max_pairs).round().astype(int)]
     return keep
@@ -384,7 +386,8 @@ def batch_dataset(path: str | os.PathLike, split: str, *, batch_size: int, seed:
                          bucket_window=bucket_window, drop_remainder=drop_remainder,
                          records=select_pairs(lengths, max_len=max_len, max_pairs=max_pairs))
     except ValueError as err:
-        raise ValueError(f"{path}: the {split} split (max_len={max_len or 'none'}): {err}") from None
+        raise ValueError(f"{path}: the {split} split (max_len={max_len or 'none'}): "
+                         f"{err}") from None
     load = _LoadBatch(PairSource(path, split, features=True), lengths, batch_size=batch_size,
                       pad_multiple=pad_multiple, same_length=same_length, pad_to=pad_to,
                       with_strings=with_strings, process_index=process_index,

@@ -16,8 +16,10 @@ from pfamalign.pipelines.prepare import run_prepare
 from pfamalign.training import loop, rundir
 
 SEED = pathlib.Path(__file__).parent / "data" / "pfam_seed"
-# tiny models; pairs of <= 52 residues: one padded shape (64) in both paths
+# tiny models (3 base steps: the metrics do not depend on convergence); pairs of <= 52
+# residues: one padded shape (64) in both paths
 TINY = {"encoder_layers": 1, "encoder_width": 16, "heads": 2, "head_dim": 8, "value_dim": 8,
+        "transport.base_steps": 3,
         "train.eval_pairs": 8, "train.eval_batch_size": 4}
 
 

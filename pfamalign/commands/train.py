@@ -1,4 +1,4 @@
-"""``pfamalign train``: train an aligner on a prepared dataset (the library is pfamalign.training)."""
+"""``pfamalign train``: train an aligner on a prepared dataset (``pfamalign.training``)."""
 
 from __future__ import annotations
 

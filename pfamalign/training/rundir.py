@@ -116,7 +116,8 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
     step to resume from or None, the changed optimisation settings)``."""
     saved, data = read_saved(out_dir), data_info(data_dir)
     resume_step, changed = None, []
-    steps = ckpt.finished_steps(out_dir / "checkpoints") if (out_dir / "checkpoints").is_dir() else []
+    manager_dir = out_dir / "checkpoints"
+    steps = ckpt.finished_steps(manager_dir) if manager_dir.is_dir() else []
     if saved is not None and steps:
         changed = check_resumable(cfg, saved, data, allow_changes=allow_changes)
         resume_step = steps[-1]
