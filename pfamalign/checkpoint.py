@@ -75,7 +75,8 @@ def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
 # Model directories
 # ---------------------------------------------------------------------------------------------
 
-def _write_json(path: pathlib.Path, data: Any) -> None:
+def write_json(path: pathlib.Path, data: Any) -> None:
+    """Writes ``data`` as indented JSON atomically (a temporary file, then a rename)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
@@ -98,7 +99,7 @@ def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConf
     ckptr.save(directory / "params", params, force=True)
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
-        _write_json(directory / "config.json", {"format": MODEL_FORMAT,
+        write_json(directory / "config.json", {"format": MODEL_FORMAT,
                                                 "format_version": MODEL_FORMAT_VERSION,
                                                 "model": config.to_dict()})
     return directory
@@ -128,7 +129,7 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
     if (path / "model" / "config.json").is_file() and (path / "model" / "params").is_dir():
         return path / "model" / "config.json", path / "model" / "params"  # finished run
     if (path / "checkpoints").is_dir() and (path / "config.json").is_file():
-        steps = _finished_steps(path / "checkpoints")
+        steps = finished_steps(path / "checkpoints")
         if not steps:
             raise CheckpointError(f"{path} is a run directory without a finished checkpoint")
         return path / "config.json", path / "checkpoints" / str(steps[-1]) / "params"
@@ -138,7 +139,8 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
                           "directory or a checkpoint step directory")
 
 
-def _finished_steps(directory: pathlib.Path) -> list[int]:
+def finished_steps(directory: pathlib.Path) -> list[int]:
+    """The steps of ``RUN/checkpoints`` whose parameters were written, oldest first."""
     steps = []
     for child in directory.iterdir():
         if child.is_dir() and child.name.isdigit() and (child / "params").is_dir():

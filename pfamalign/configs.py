@@ -47,58 +47,33 @@ PAPER_HALF_BAND = 1024  # W
 PAPER_BATCH = 64  # global batch
 
 
+def _check_ints(cfg, *, positive=(), non_negative=()) -> None:
+    for name, low in [(n, 1) for n in positive] + [(n, 0) for n in non_negative]:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation, data and bookkeeping settings of a training run.
+class OptimConfig:
+    """The optimiser: AdamW with linear warmup and cosine decay (the trajectory).
 
     Attributes:
       steps: optimiser steps of the run (the LR schedule spans them).
-      batch_size: global batch (pairs per step, over all devices and hosts).
       lr: peak learning rate of AdamW; warmup_steps of linear warmup, then cosine decay to
         ``lr * final_lr_ratio`` at ``steps``.
       weight_decay: AdamW decoupled weight decay. clip_norm: global gradient-norm clip.
-      seed: parameter initialisation and data order.
-      pad_multiple: batches pad lengths to a multiple of it (q and k to one length), so the
-        step compiles at most ``max_len / pad_multiple`` shapes.
-      bucket_window: length-bucketing window in batches (reader.BatchPlan).
-      max_len: leave out training pairs with a sequence longer than this (0 = keep all).
-      eval_every: validation every N steps (0 = never; also at step 0 and at the end).
-      eval_pairs: validation pairs used (N evenly spaced over the split's stored order; 0 = all).
-      eval_batch_size: pairs per validation batch (dense plans: memory B x H x L^2).
-      ckpt_every: checkpoint every N steps (0 = only at the end and on SIGTERM).
-      keep_checkpoints: checkpoints kept (the newest).
-      log_every: a metrics line (means over the interval) every N steps.
     """
 
     steps: int = 2000
-    batch_size: int = PAPER_BATCH
     lr: float = 1e-3
     warmup_steps: int = 100
     final_lr_ratio: float = 0.1
     weight_decay: float = 1e-4
     clip_norm: float = 1.0
-    seed: int = 0
-    pad_multiple: int = 64
-    bucket_window: int = 32
-    max_len: int = 0
-    eval_every: int = 200
-    eval_pairs: int = 256
-    eval_batch_size: int = 16
-    ckpt_every: int = 200
-    keep_checkpoints: int = 3
-    log_every: int = 10
 
     def __post_init__(self):
-        positive = ("steps", "batch_size", "pad_multiple", "bucket_window", "eval_batch_size",
-                    "keep_checkpoints", "log_every")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("warmup_steps", "max_len", "eval_every", "eval_pairs", "ckpt_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_ints(self, positive=("steps",), non_negative=("warmup_steps",))
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not 0 <= self.final_lr_ratio <= 1:
@@ -108,10 +83,98 @@ class TrainConfig:
                              f"{self.weight_decay!r}, {self.clip_norm!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The training batches (the trajectory too).
+
+    Attributes:
+      batch_size: global batch (pairs per step, over all devices and hosts).
+      seed: parameter initialisation and data order.
+      pad_multiple: batches pad lengths to a multiple of it (q and k to one length), so the
+        step compiles at most ``max_len / pad_multiple`` shapes.
+      bucket_window: length-bucketing window in batches (reader.BatchPlan).
+      max_len: leave out pairs with a sequence longer than this (0 = keep all).
+    """
+
+    batch_size: int = PAPER_BATCH
+    seed: int = 0
+    pad_multiple: int = 64
+    bucket_window: int = 32
+    max_len: int = 0
+
+    def __post_init__(self):
+        _check_ints(self, positive=("batch_size", "pad_multiple", "bucket_window"),
+                    non_negative=("max_len",))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Bookkeeping of the loop: it does not change the trajectory, so a resumed run may
+    change it (``RESUMABLE_FIELDS``).
+
+    Attributes:
+      eval_every: validation every N steps (0 = never; also at step 0 and at the end).
+      eval_pairs: validation pairs used (N evenly spaced over the split's stored order; 0 = all).
+      eval_batch_size: pairs per validation batch (dense plans: memory B x H x L^2).
+      ckpt_every: checkpoint every N steps (0 = only at the end and on SIGTERM).
+      keep_checkpoints: checkpoints kept (the newest).
+      log_every: a metrics line (means over the interval) every N steps.
+    """
+
+    eval_every: int = 200
+    eval_pairs: int = 256
+    eval_batch_size: int = 16
+    ckpt_every: int = 200
+    keep_checkpoints: int = 3
+    log_every: int = 10
+
+    def __post_init__(self):
+        _check_ints(self, positive=("eval_batch_size", "keep_checkpoints", "log_every"),
+                    non_negative=("eval_every", "eval_pairs", "ckpt_every"))
+
+
+_TRAIN_GROUPS = {"optim": OptimConfig, "data": DataConfig, "loop": LoopConfig}
+# field -> its group; field names are unique across groups, so ``train.<field>`` (``--set``,
+# config.json) names one field
+TRAIN_FIELDS = {f.name: group for group, cls in _TRAIN_GROUPS.items()
+                for f in dataclasses.fields(cls)}
 # Fields that may change between a run and its resumption (bookkeeping, not the trajectory;
 # ``steps`` is not among them: the learning-rate schedule spans it).
-RESUMABLE_FIELDS = frozenset({"eval_every", "eval_pairs", "eval_batch_size", "ckpt_every",
-                              "keep_checkpoints", "log_every"})
+RESUMABLE_FIELDS = frozenset(f.name for f in dataclasses.fields(LoopConfig))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Training settings in three groups: ``optim``, ``data``, ``loop``. Every field also
+    reads flat (``cfg.train.lr``), the namespace of ``--set train.<field>`` and of the run's
+    ``config.json``."""
+
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    loop: LoopConfig = LoopConfig()
+
+    def __getattr__(self, name: str):
+        group = TRAIN_FIELDS.get(name)
+        if group is None:
+            raise AttributeError(f"TrainConfig has no field {name!r}")
+        return getattr(getattr(self, group), name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat ``{field: value}`` (the config.json form)."""
+        return {k: v for group in _TRAIN_GROUPS for k, v in
+                dataclasses.asdict(getattr(self, group)).items()}
+
+    @classmethod
+    def from_dict(cls, flat: dict[str, Any]) -> "TrainConfig":
+        unknown = sorted(set(flat) - set(TRAIN_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}")
+        return cls(**{group: klass(**{k: v for k, v in flat.items() if TRAIN_FIELDS[k] == group})
+                      for group, klass in _TRAIN_GROUPS.items()})
+
+    def replace(self, **fields) -> "TrainConfig":
+        """A copy with flat fields replaced."""
+        return TrainConfig.from_dict({**self.to_dict(), **fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +185,11 @@ class RunConfig:
     train: TrainConfig
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "train": dataclasses.asdict(self.train)}
+        return {"model": self.model.to_dict(), "train": self.train.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        return cls(AlignerConfig.from_dict(data["model"]), TrainConfig(**data["train"]))
+        return cls(AlignerConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"]))
 
 
 def _paper_transport(**kw) -> TransportConfig:
@@ -171,7 +234,7 @@ def get_config(name: str, *, embedder_id: str, feature_dim: int,
     cfg = RunConfig(
         model=AlignerConfig(name=name, feature_dim=int(feature_dim), embedder_id=embedder_id,
                             transport=_paper_transport(**transport_kw), **model_kw),
-        train=TrainConfig(**train_kw))
+        train=TrainConfig.from_dict(train_kw))
     return apply_overrides(cfg, overrides or {})
 
 
@@ -216,15 +279,15 @@ def override_keys() -> list[str]:
     """Every key ``--set`` accepts (qualified form)."""
     keys = [k for k in _fields(AlignerConfig) if k not in _NOT_OVERRIDABLE]
     keys += [f"transport.{k}" for k in _fields(TransportConfig)]
-    keys += [f"train.{k}" for k in _fields(TrainConfig)]
+    keys += [f"train.{k}" for k in TRAIN_FIELDS]
     return keys
 
 
 def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     """``cfg`` with ``{key: value}`` overrides (see the module docstring). Raises ValueError
     naming an unknown key or a bad value."""
-    model_f, transport_f, train_f = (_fields(c) for c in (AlignerConfig, TransportConfig,
-                                                           TrainConfig))
+    model_f, transport_f = _fields(AlignerConfig), _fields(TransportConfig)
+    train_f = {name: _fields(_TRAIN_GROUPS[group])[name] for name, group in TRAIN_FIELDS.items()}
     model_kw, transport_kw, train_kw = {}, {}, {}
     for key, text in overrides.items():
         scope, _, field = key.rpartition(".")
@@ -249,7 +312,7 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     if transport_kw:
         transport = _transport_from_dict({**_transport_to_dict(transport), **transport_kw})
     model = dataclasses.replace(cfg.model, transport=transport, **model_kw)
-    train = dataclasses.replace(cfg.train, **train_kw)
+    train = cfg.train.replace(**train_kw)
     return RunConfig(model, train)
 
 

@@ -1,4 +1,5 @@
-"""Evaluation against reference alignments: the model and the baselines, same protocol.
+"""Evaluation against reference alignments: every metric of ``pfamalign eval`` and of the
+validation inside ``pfamalign train`` is computed here.
 
 Every method is scored on the same sequence pairs:
 - aligned-pair precision / recall / F1 of its discrete alignment against the reference pairs
@@ -6,23 +7,37 @@ Every method is scored on the same sequence pairs:
   identity bin, with bootstrap 95 % intervals over pairs (the same resamples for every method);
 - for methods with a plan (the model, the diagonal reference): the seed paper's plan metrics
   (sparse CE, barycenter MAE, within-5, monotonicity violation; reconstruction when the model
-  exposes values).
+  exposes values), by ``model_plan_metrics`` in both paths.
+
+One definition of the model's plan metrics (``model_plan_metrics``, docs/design.md §5): they
+are those of the plan the model decodes, the head-mean plan ``[Lq, Lk]`` with its dustbin
+column. The sparse CE follows the training loss (``model.loss_targets``): aligned rows score
+``-log P_{i, c_i}``; unaligned rows score ``-log`` of their dustbin mass in dustbin
+configurations and are left out without a dustbin (a model without a dustbin has no way to
+leave a row unaligned; counting those rows at ``-log(min_prob)`` made ``eval`` and the training
+validation disagree for k2_eps1 / k4_eps1). The diagonal reference is scored the same way.
+Reconstruction averages the heads' errors (each head has its own values).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pathlib
 import sys
 from typing import Callable, Iterable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
 from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
                                          diagonal_plan_metrics, paired_f1_difference, plan_metrics,
                                          prf_by_identity)
+from pfamalign.model import Aligner, aligner_loss
 
 BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
@@ -30,6 +45,70 @@ BASELINES: dict[str, Callable] = {
     "sw": lambda r: smith_waterman(r["q_seq"], r["k_seq"]).pairs,
 }
 LABELS = {"model": "pfamalign", "diagonal": "diagonal", "nw": "NW-BLOSUM62", "sw": "SW-BLOSUM62"}
+PLAN_METRICS = ("reconstruction", "sparse_ce", "barycenter_mae", "within5",
+                "monotonicity_violation")
+
+
+def model_plan_metrics(real, row_dustbin, target, *, dustbin: bool, values=None,
+                       outputs=None) -> PlanMetrics:
+    """The plan metrics of one pair's head-mean plan (see the module docstring).
+
+    ``real [Lq, Lk]``, ``row_dustbin [Lq]``: the plan over the real keys and each row's
+    dustbin mass; ``dustbin``: whether the model has one. ``values [H, Lk, dv]`` and
+    ``outputs [H, Lq, dv]`` (per head) give the reconstruction."""
+    return plan_metrics(real, target, values=values, outputs=outputs,
+                        dustbin_mass=row_dustbin if dustbin else None)
+
+
+# ---- validation inside training -----------------------------------------------------------
+
+
+@nnx.jit
+def eval_batch(model: Aligner, batch: dict):
+    """The training objective's metrics, the per-head dense plans ``[B, H, Lq + 1, Lk + 1]``,
+    the values and the dustbin value of one padded batch (jitted per shape)."""
+    _, metrics = aligner_loss(model, batch)
+    q_len = jnp.where(batch["valid"], batch["q_len"], 0)
+    k_len = jnp.where(batch["valid"], batch["k_len"], 0)
+    plan, v, tv = model.head_plans(batch["q_feat"], batch["k_feat"], q_len, k_len)
+    return metrics, plan, v, tv
+
+
+def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
+    """Validation metrics of padded batches (``pipelines.reader``): the training objective
+    (``val/loss``, ``val/recon``, ``val/ce``, ``val/mono``), the plan metrics
+    (``val/<metric>``, ``model_plan_metrics``) and the diagonal reference scored with the same
+    values (``diag/<metric>``); {} without pairs."""
+    dustbin = model.cfg.dustbin
+    device = jax.local_devices()[0]
+    ours, diag, sums, weight = [], [], {}, 0.0
+    for batch in batches:
+        metrics, plan, v, tv = jax.device_get(eval_batch(model, jax.device_put(batch, device)))
+        w = float(metrics["n_annotated"])
+        for key in ("loss", "recon", "ce", "mono"):
+            sums[key] = sums.get(key, 0.0) + float(metrics[key]) * w
+        weight += w
+        for b in np.flatnonzero(batch["valid"]):
+            ql, kl = int(batch["q_len"][b]), int(batch["k_len"][b])
+            target = batch["target"][b, :ql]
+            p = plan[b, :, :ql, :kl].astype(np.float64)  # [H, ql, kl]
+            dust = plan[b, :, :ql, -1].astype(np.float64)  # [H, ql]
+            values = v[b, :, :kl].astype(np.float64)  # [H, kl, dv]
+            outputs = p @ values + dust[..., None] * tv[:, None, :]
+            ours.append(model_plan_metrics(p.mean(0), dust.mean(0), target, dustbin=dustbin,
+                                           values=values, outputs=outputs))
+            diag.append(diagonal_plan_metrics(target, kl, values=values, dustbin=dustbin))
+    if not ours:
+        return {}
+    out = {f"val/{k}": v / max(weight, 1.0) for k, v in sums.items()}
+    for prefix, items in (("val", ours), ("diag", diag)):
+        pooled = PlanMetrics.pool(items)
+        out.update({f"{prefix}/{m}": float(getattr(pooled, m)) for m in PLAN_METRICS})
+    out["val/n_pairs"] = len(ours)
+    return out
+
+
+# ---- scoring against reference alignments ---------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -75,6 +154,7 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         if b not in BASELINES:
             raise ValueError(f"unknown baseline {b!r}; choose from {sorted(BASELINES)}")
     methods = (["model"] if predictor is not None else []) + list(baselines)
+    dustbin = predictor is not None and predictor.config.dustbin
     ev = Evaluation(methods, {m: [] for m in methods}, {"model": [], "diagonal": []})
     pending: list[dict] = []
 
@@ -88,7 +168,8 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
             for r, pp in zip(pending, predictor.plans(feats, batch_size=batch_size)):
                 aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
-                ev.plan["model"].append(plan_metrics(pp.real, r["target"], dustbin_mass=pp.row_dustbin))
+                ev.plan["model"].append(model_plan_metrics(pp.real, pp.row_dustbin, r["target"],
+                                                           dustbin=dustbin))
         advance(len(pending))
         pending.clear()
 
@@ -98,12 +179,71 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         ev.families.append(rec.get("family", ""))
         for b in baselines:
             ev.counts[b].append(alignment_counts(BASELINES[b](rec), target))
-        ev.plan["diagonal"].append(diagonal_plan_metrics(target, len(rec["k_seq"]), dustbin=predictor is not None))
+        ev.plan["diagonal"].append(diagonal_plan_metrics(target, len(rec["k_seq"]), dustbin=dustbin))
         pending.append(rec)
         if len(pending) >= 4 * batch_size:
             flush()
     flush()
     return ev
+
+
+def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022):
+    """Pair records sampled from Stockholm files (the same sampler as `prepare`)."""
+    from pfamalign.pipelines.pairs import SamplingConfig, sample_family
+    from pfamalign.pipelines.stockholm import read_families
+
+    cfg = SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len)
+    for family in read_families([str(p) for p in paths]):
+        yield from sample_family(family, cfg, seed=seed, split="eval").pairs
+
+
+def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
+                 pairs_per_family: int = 50, seed: int = 0, max_pairs: int | None = None,
+                 embedder_id: str | None = None) -> tuple[Iterable[dict], int | None, str]:
+    """``(records, how many or None, features)`` of one source: a dataset split (``data``),
+    else pairs sampled from the ``stockholm`` files. ``features`` is ``"records"`` when the
+    dataset's stored embeddings are the model's (``embedder_id``), else ``"featurize"``."""
+    features, total = "featurize", None
+    if data is not None:
+        from pfamalign.pipelines import reader
+
+        ds = reader.PairDataset(data)
+        if split not in ds.splits or ds.num_pairs(split) == 0:
+            raise ValueError(f"{data} has no pairs in split {split!r} (splits: {ds.splits})")
+        same = embedder_id is not None and ds.embedder_id == embedder_id
+        features = "records" if same else "featurize"
+        records, total = reader.iter_pairs(data, split, features=same), ds.num_pairs(split)
+    else:
+        records = stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed)
+    if max_pairs is not None:
+        records = itertools.islice(records, max_pairs)
+        total = min(total, max_pairs) if total is not None else max_pairs
+    return records, total, features
+
+
+def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_family: int = 50,
+        max_pairs: int | None = None, predictor=None,
+        baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None, n_boot: int = 1000,
+        seed: int = 0, json_path=None, plot_path=None, quiet: bool = False) -> dict:
+    """``pfamalign eval``: scores the pairs of one source (``pair_records``), writes the JSON
+    and the plot when asked, and returns the summary. ValueError for unusable inputs."""
+    from pfamalign.pipelines.progress import Bars, progress_enabled
+
+    embedder_id = predictor.config.embedder_id if predictor is not None else None
+    records, total, features = pair_records(
+        data=data, split=split, stockholm=stockholm, pairs_per_family=pairs_per_family, seed=seed,
+        max_pairs=max_pairs, embedder_id=embedder_id)
+    with Bars(progress_enabled(quiet)) as bars:
+        ev = evaluate(records, predictor=predictor, features=features, baselines=baselines,
+                      decoding=decoding, advance=bars.task("scoring pairs", total))
+    if not ev.pid:
+        raise ValueError("no pairs to score")
+    summary = ev.summary(n_boot=n_boot, seed=seed)
+    if json_path:
+        pathlib.Path(json_path).write_text(to_json(summary))
+    if plot_path:
+        plot(summary, plot_path)
+    return summary
 
 
 # ---- reporting ----------------------------------------------------------------------------------

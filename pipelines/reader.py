@@ -1,6 +1,7 @@
 """Reading a prepared dataset: random-access pair sources, padded batches, eval records.
 
-Training (see pipelines/README.md for the batch contract)::
+The one input pipeline of training, its validation and the benchmarks (see
+pipelines/README.md for the batch contract)::
 
     from pfamalign.pipelines import reader
     ds = reader.PairDataset("data/")                 # manifest: ds.embedder_id, ds.dim
@@ -9,6 +10,12 @@ Training (see pipelines/README.md for the batch contract)::
     state = it.get_state()    # save with the model checkpoint; later:
     it = reader.batch_iterator("data/", "train", batch_size=16, seed=0)
     it.set_state(state)       # continues with exactly the next batch
+
+``max_len`` / ``max_pairs`` select the pairs (``select_pairs``); multi-host training passes
+``process_index`` / ``process_count``: every process plans the same global batches and loads
+only its own rows, padded like the whole global batch. Validation reads one finite,
+length-sorted epoch (``shuffle=False, num_epochs=1, bucket_window=None,
+drop_remainder=False``).
 
 Evaluation::
 
@@ -245,29 +252,49 @@ def collate(examples: Sequence[dict], *, batch_size: int | None = None, pad_mult
     return out
 
 
+def select_pairs(lengths: np.ndarray, *, max_len: int = 0, max_pairs: int = 0) -> np.ndarray:
+    """Record indices of the pairs whose sequences are at most ``max_len`` long (0 = all),
+    then at most ``max_pairs`` of them evenly spaced in stored order (0 = all; every family
+    shows, as records are stored family by family)."""
+    lengths = np.asarray(lengths).reshape(-1, 2)
+    keep = np.arange(len(lengths))
+    if max_len:
+        keep = np.flatnonzero(lengths.max(axis=1) <= max_len)
+    if max_pairs and len(keep) > max_pairs:
+        keep = keep[np.linspace(0, len(keep) - 1, max_pairs).round().astype(int)]
+    return keep
+
+
 class BatchPlan:
     """Random-access source of batches as index lists: element ``i`` is the record indices of
-    batch ``i`` (epoch ``i // batches_per_epoch``). Deterministic in ``seed``."""
+    batch ``i`` (epoch ``i // batches_per_epoch``). Deterministic in ``seed``.
+
+    ``records``: the record indices to plan over (default all, e.g. ``select_pairs``);
+    ``bucket_window=None`` sorts each whole epoch by length (one window). A finite plan over
+    no records is empty; any other plan needs one batch."""
 
     def __init__(self, lengths: np.ndarray, batch_size: int, *, seed: int = 0,
-                 shuffle: bool = True, num_epochs: int | None = None, bucket_window: int = 32,
-                 drop_remainder: bool = True):
+                 shuffle: bool = True, num_epochs: int | None = None,
+                 bucket_window: int | None = 32, drop_remainder: bool = True,
+                 records: np.ndarray | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
-        self.n = len(self.lengths)
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+        self.records = np.arange(len(lengths)) if records is None else np.asarray(records, np.int64)
+        self.lengths = lengths[self.records]
+        self.n = len(self.records)
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
         self.num_epochs = num_epochs
-        self.bucket_window = max(1, int(bucket_window))
+        self.bucket_window = max(self.n // batch_size + 1 if bucket_window is None
+                                 else int(bucket_window), 1)
         self.drop_remainder = drop_remainder
         full, rest = divmod(self.n, batch_size)
         self.batches_per_epoch = full + (1 if rest and not drop_remainder else 0)
         self._cache: tuple[int, list[np.ndarray]] | None = None
-        if self.batches_per_epoch == 0:
-            raise ValueError(f"{self.n} pairs give no batch of {batch_size} "
-                             f"(drop_remainder={drop_remainder})")
+        if self.batches_per_epoch == 0 and (self.n or num_epochs is None):
+            raise ValueError(f"{self.n} usable pairs, fewer than one batch of {batch_size}")
 
     def __len__(self) -> int:
         if self.num_epochs is None:
@@ -288,7 +315,7 @@ class BatchPlan:
             window = order[start:start + size]
             if self.bucket_window > 1:
                 window = window[np.argsort(key[window], kind="stable")]
-            batches.extend(window[i:i + self.batch_size]
+            batches.extend(self.records[window[i:i + self.batch_size]]
                            for i in range(0, len(window), self.batch_size))
         if self.drop_remainder:
             batches = [b for b in batches if len(b) == self.batch_size]
@@ -309,43 +336,69 @@ class BatchPlan:
 
 
 class _LoadBatch:
-    """Picklable grain map function: record indices -> padded batch dict."""
+    """Picklable grain map function: a global batch's record indices -> this process's rows
+    (``batch_size / process_count`` of them), padded. With ``same_length`` the padded length
+    comes from the whole global batch, so it is the same on every process."""
 
-    def __init__(self, source: PairSource, **collate_kw):
-        self.source = source
-        self.collate_kw = collate_kw
+    def __init__(self, source: PairSource, lengths: np.ndarray, *, batch_size: int,
+                 pad_multiple: int, same_length: bool, pad_to: int | None, with_strings: bool,
+                 process_index: int, process_count: int):
+        self.source, self.lengths = source, lengths
+        self.rows = batch_size // process_count
+        self.first = process_index * self.rows
+        self.pad_multiple, self.same_length, self.pad_to = pad_multiple, same_length, pad_to
+        self.with_strings = with_strings
 
     def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        return collate([self.source[i] for i in indices], dim=self.source.dim,
-                       **self.collate_kw)
+        pad_to = self.pad_to
+        if pad_to is None and self.same_length:
+            pad_to = round_up(int(self.lengths[indices].max()), self.pad_multiple)
+        mine = indices[self.first:self.first + self.rows]
+        return collate([self.source[i] for i in mine], batch_size=self.rows,
+                       pad_multiple=self.pad_multiple, same_length=self.same_length,
+                       pad_to=pad_to, dim=self.source.dim, with_strings=self.with_strings)
 
 
 def batch_dataset(path: str | os.PathLike, split: str, *, batch_size: int, seed: int = 0,
                   shuffle: bool = True, num_epochs: int | None = None, pad_multiple: int = 64,
-                  same_length: bool = True, pad_to: int | None = None, bucket_window: int = 32,
-                  drop_remainder: bool = True, with_strings: bool = True):
+                  same_length: bool = True, pad_to: int | None = None,
+                  bucket_window: int | None = 32, drop_remainder: bool = True,
+                  with_strings: bool = True, max_len: int = 0, max_pairs: int = 0,
+                  process_index: int = 0, process_count: int = 1):
     """A ``grain.MapDataset`` whose element ``i`` is padded batch ``i`` (see :func:`collate`).
 
     ``num_epochs=None`` repeats forever. With ``drop_remainder=False`` the last batch of an
-    epoch is filled to ``batch_size`` with rows whose ``valid`` is False.
+    epoch is filled to ``batch_size`` with rows whose ``valid`` is False. ``max_len`` /
+    ``max_pairs`` select the pairs (:func:`select_pairs`). Multi-host: every process plans the
+    same global batches of ``batch_size`` and loads only its own ``batch_size /
+    process_count`` rows (``process_index``-th slice), padded like the whole global batch.
     """
     import grain
 
-    source = PairSource(path, split, features=True)
-    plan = BatchPlan(PairDataset(path).lengths(split), batch_size, seed=seed, shuffle=shuffle,
-                     num_epochs=num_epochs, bucket_window=bucket_window,
-                     drop_remainder=drop_remainder)
-    load = _LoadBatch(source, batch_size=batch_size, pad_multiple=pad_multiple,
-                      same_length=same_length, pad_to=pad_to, with_strings=with_strings)
+    if batch_size % process_count:
+        raise ValueError(f"batch_size {batch_size} is not divisible by the {process_count} "
+                         "processes")
+    if process_count > 1 and not same_length and pad_to is None:
+        raise ValueError("several processes pad one global batch alike: use same_length or pad_to")
+    lengths = PairDataset(path).lengths(split)
+    try:
+        plan = BatchPlan(lengths, batch_size, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
+                         bucket_window=bucket_window, drop_remainder=drop_remainder,
+                         records=select_pairs(lengths, max_len=max_len, max_pairs=max_pairs))
+    except ValueError as err:
+        raise ValueError(f"{path}: the {split} split (max_len={max_len or 'none'}): "
+                         f"{err}") from None
+    load = _LoadBatch(PairSource(path, split, features=True), lengths, batch_size=batch_size,
+                      pad_multiple=pad_multiple, same_length=same_length, pad_to=pad_to,
+                      with_strings=with_strings, process_index=process_index,
+                      process_count=process_count)
     return grain.MapDataset.source(plan).map(load)
 
 
-def batch_iterator(path: str | os.PathLike, split: str, *, batch_size: int, seed: int = 0,
-                   shuffle: bool = True, num_epochs: int | None = None, pad_multiple: int = 64,
-                   same_length: bool = True, pad_to: int | None = None, bucket_window: int = 32,
-                   drop_remainder: bool = True, with_strings: bool = True,
-                   num_threads: int = 2, prefetch: int = 4, worker_count: int = 0):
-    """A checkpointable ``grain.DatasetIterator`` over padded batches.
+def batch_iterator(path: str | os.PathLike, split: str, *, num_threads: int = 2,
+                   prefetch: int = 4, worker_count: int = 0, **options):
+    """A checkpointable ``grain.DatasetIterator`` over the padded batches of
+    :func:`batch_dataset` (``options``: its keyword arguments).
 
     ``it.get_state()`` / ``it.set_state(state)`` save and restore the position exactly (store
     the state in the training checkpoint). ``num_threads``/``prefetch`` control grain's thread
@@ -353,12 +406,8 @@ def batch_iterator(path: str | os.PathLike, split: str, *, batch_size: int, seed
     """
     import grain
 
-    ds = batch_dataset(path, split, batch_size=batch_size, seed=seed, shuffle=shuffle,
-                       num_epochs=num_epochs, pad_multiple=pad_multiple, same_length=same_length,
-                       pad_to=pad_to, bucket_window=bucket_window, drop_remainder=drop_remainder,
-                       with_strings=with_strings)
-    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
-                                                 prefetch_buffer_size=prefetch))
+    it_ds = batch_dataset(path, split, **options).to_iter_dataset(
+        grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch))
     if worker_count > 0:
         from absl import flags
 

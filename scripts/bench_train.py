@@ -5,7 +5,7 @@
     python scripts/bench_train.py --data /work/runs/data_builtin   # lengths of a dataset
 
 What is timed: the jitted training step (forward, exact tail adjoint, AdamW update) of the
-real ``pfamalign.train`` code, global batch 64, T = 15, half band 1024, on the devices JAX
+real ``pfamalign.training.step`` code, global batch 64, T = 15, half band 1024, on the devices JAX
 sees, with random features (320-d like ESM-2 t6 for ``k2_eps1``; the 50-d built-in one-hot +
 BLOSUM62 width for ``align_ce``) and a diagonal target on every row.
 
@@ -88,7 +88,8 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     import jax
     import numpy as np
 
-    from pfamalign import configs, train
+    from pfamalign import configs
+    from pfamalign.training import step as train
     from pfamalign.pipelines import reader
 
     embedder, dim, encoder, label = BENCHES[name]
@@ -99,9 +100,9 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     state = train.init_state(cfg, mesh)
     step = train.make_train_step(cfg, mesh)
     plan = reader.BatchPlan(lengths, batch, seed=seed, shuffle=True, num_epochs=1,
-                            bucket_window=cfg.train.bucket_window)
+                            bucket_window=cfg.train.data.bucket_window)
     batches = plan.epoch(0)
-    padded = [reader.round_up(int(lengths[b].max()), cfg.train.pad_multiple) for b in batches]
+    padded = [reader.round_up(int(lengths[b].max()), cfg.train.data.pad_multiple) for b in batches]
     rng = np.random.default_rng(seed)
 
     def time_length(length: int, members):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pfamalign import checkpoint, configs, train
+from pfamalign import checkpoint, configs
+from pfamalign.training import step as train
 from pfamalign.alignment.metrics import barycenters
 from pfamalign.model import (AlignerConfig, aligner_loss, build_model, loss_targets,
                              position_features)

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from flax import nnx
 
-from pfamalign import checkpoint, train
+from pfamalign import checkpoint, evaluation
+from pfamalign.training import loop as train, rundir, step as train_step
 from pfamalign.model import aligner_loss
 from pfamalign.cli import main as cli
 from pfamalign.pipelines.config import PrepareConfig
@@ -46,7 +47,7 @@ def dataset(tmp_path_factory):
 
 
 def _cfg(dataset, **extra):
-    return train.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
+    return rundir.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
 
 
 def _params(path):
@@ -100,11 +101,11 @@ def test_a_few_steps_lower_the_training_loss(reference, dataset):
     cfg = _cfg(dataset)
     it = train.train_iterator(dataset, cfg.train)
     batches = [next(it) for _ in range(3)]
-    fresh = train.init_state(cfg, train.make_mesh(jax.devices()[:1]))
+    fresh = train_step.init_state(cfg, train_step.make_mesh(jax.devices()[:1]))
     init_model = checkpoint.model_from_params(cfg.model, jax.device_get(fresh.params))
     trained, _ = checkpoint.load_model(reference.out_dir / "model")
     # the validation step (compiled by the reference run for this shape) gives the objective
-    loss = lambda model, b: float(train._eval_batch(model, b)[0]["loss"])
+    loss = lambda model, b: float(evaluation.eval_batch(model, b)[0]["loss"])
     before = np.mean([loss(init_model, b) for b in batches])
     after = np.mean([loss(trained, b) for b in batches])
     assert after < before - 0.05, (before, after)
@@ -123,16 +124,16 @@ def test_eight_devices_take_the_same_steps_as_one(dataset):
     loss_fn = lambda p, b: aligner_loss(nnx.merge(graphdef, p), b)[0]
     losses, grads = {}, {}
     for n in (8, 1):
-        mesh = train.make_mesh(jax.devices()[:n])
-        state = train.init_state(cfg, mesh)
-        grad_fn = jax.jit(jax.grad(loss_fn), in_shardings=(train.replicated(mesh),
-                                                            train.batch_sharding(mesh)))
-        grads[n] = jax.device_get(grad_fn(state.params, train.shard_batch(batches[0], mesh)))
-        step = train.make_train_step(cfg, mesh)
+        mesh = train_step.make_mesh(jax.devices()[:n])
+        state = train_step.init_state(cfg, mesh)
+        grad_fn = jax.jit(jax.grad(loss_fn), in_shardings=(train_step.replicated(mesh),
+                                                            train_step.batch_sharding(mesh)))
+        grads[n] = jax.device_get(grad_fn(state.params, train_step.shard_batch(batches[0], mesh)))
+        step = train_step.make_train_step(cfg, mesh)
         losses[n] = []
         for b in batches:
             state.params, state.opt_state, m = step(state.params, state.opt_state,
-                                                    train.shard_batch(b, mesh))
+                                                    train_step.shard_batch(b, mesh))
             losses[n].append(float(m["loss"]))
     np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
     scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads[1]))
@@ -169,7 +170,7 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
 
 _SLOW_TRAIN = """
 import sys, time
-from pfamalign import train
+from pfamalign.training import loop as train
 _orig = train._prepare_batch
 def _slow(batch, step):
     time.sleep(0.4)
@@ -239,12 +240,12 @@ def test_resume_refuses_other_settings(reference, dataset):
         train.run(dataset, reference.out_dir, _cfg(dataset, heads=2), quiet=True)
     # --allow-changes: other optimisation settings are accepted (listed), the model is not
     saved = json.loads((reference.out_dir / "config.json").read_text())
-    info = train._data_info(dataset)
-    changed = train.check_resumable(_cfg(dataset, **{"train.lr": 1e-4}), saved, info,
+    info = rundir.data_info(dataset)
+    changed = rundir.check_resumable(_cfg(dataset, **{"train.lr": 1e-4}), saved, info,
                                     allow_changes=True)
     assert changed == ["train.lr: 0.003 -> 0.0001"]
     with pytest.raises(train.TrainingError, match="model.heads"):
-        train.check_resumable(_cfg(dataset, heads=2), saved, info, allow_changes=True)
+        rundir.check_resumable(_cfg(dataset, heads=2), saved, info, allow_changes=True)
 
 
 # ---------------------------------------------------------------------------------------------

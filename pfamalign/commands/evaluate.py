@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import pathlib
 
 import click
 
 from pfamalign.commands._common import decoder_options, decoder_settings, fail
-
-
-def _stockholm_records(paths, pairs_per_family: int, seed: int, max_len: int):
-    """Pair records sampled from Stockholm files (the same sampler as `prepare`)."""
-    from pfamalign.pipelines.pairs import SamplingConfig, sample_family
-    from pfamalign.pipelines.stockholm import read_families
-
-    cfg = SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len)
-    for family in read_families([str(p) for p in paths]):
-        for rec in sample_family(family, cfg, seed=seed, split="eval").pairs:
-            yield {**rec, "target": rec["target"]}
 
 
 @click.command("eval")
@@ -63,7 +51,6 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     """
 
     from pfamalign import evaluation
-    from pfamalign.pipelines.progress import Bars, progress_enabled
 
     if (data is None) == (not stockholm):
         raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
@@ -80,35 +67,12 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
         except (FileNotFoundError, ValueError) as err:
             fail(str(err))
         settings = decoder_settings(predictor.decoding, decoding)
-    features = "featurize"
-    if data is not None:
-        from pfamalign.pipelines import reader
-
-        ds = reader.PairDataset(data)
-        if split not in ds.splits or ds.num_pairs(split) == 0:
-            fail(f"{data} has no pairs in split {split!r} (splits: {ds.splits})")
-        same = predictor is not None and ds.embedder_id == predictor.config.embedder_id
-        features = "records" if same else "featurize"
-        records = reader.iter_pairs(data, split, features=same)
-        total = ds.num_pairs(split)
-    else:
-        records = _stockholm_records(stockholm, pairs_per_family, seed, 1022)
-        total = None
-    if max_pairs is not None:
-        records = itertools.islice(records, max_pairs)
-        total = min(total, max_pairs) if total is not None else max_pairs
     try:
-        with Bars(progress_enabled(quiet)) as bars:
-            ev = evaluation.evaluate(records, predictor=predictor, features=features, baselines=base,
-                                     decoding=settings,
-                                     advance=bars.task("scoring pairs", total))
+        summary = evaluation.run(data=data, split=split, stockholm=stockholm,
+                                 pairs_per_family=pairs_per_family, max_pairs=max_pairs,
+                                 predictor=predictor, baselines=base, decoding=settings,
+                                 n_boot=bootstrap, seed=seed, json_path=json_out, plot_path=plot,
+                                 quiet=quiet)
     except ValueError as err:
         fail(str(err))
-    if not ev.pid:
-        fail("no pairs to score")
-    summary = ev.summary(n_boot=bootstrap, seed=seed)
     evaluation.render(summary)
-    if json_out:
-        json_out.write_text(evaluation.to_json(summary))
-    if plot:
-        evaluation.plot(summary, plot)

@@ -1,4 +1,4 @@
-"""``pfamalign train``: train an aligner on a prepared dataset (the loop is pfamalign.train)."""
+"""``pfamalign train``: train an aligner on a prepared dataset (``pfamalign.training``)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,8 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
     defaults to its Pallas kernels (transport.impl=auto; force one with --set transport.impl=xla).
     """
     import os
-    import pathlib
-    import json
 
-    from pfamalign import configs, train as training
+    from pfamalign import configs, training
     from pfamalign.checkpoint import CheckpointError
 
     if tensorboard:
@@ -98,42 +96,21 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
                        ("eval_every", eval_every), ("ckpt_every", ckpt_every), ("seed", seed)):
         if value is not None:
             overrides[f"train.{key}"] = value
-
     manual = (coordinator, num_processes, process_id)
     if any(x is not None for x in manual) and not (distributed and all(x is not None
                                                                         for x in manual)):
         raise click.UsageError("--coordinator, --num-processes and --process-id go together, "
                                "with --distributed")
     if distributed:
-        import jax
+        from pfamalign.training.step import init_distributed
 
-        if coordinator is not None:
-            # cross-process collectives for CPU devices (no effect on TPU / GPU)
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(coordinator, num_processes, process_id)
-        else:
-            jax.distributed.initialize()
-
-    saved_path = pathlib.Path(out_dir) / "config.json"
-    saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
-    if config_name is None and saved is None:
-        raise click.UsageError(f"--config is required for a new run (one of "
-                               f"{', '.join(CONFIG_NAMES)})")
-    if config_name is not None and saved is not None and saved["model"]["name"] != config_name:
-        has_ckpt = (pathlib.Path(out_dir) / "checkpoints").is_dir()
-        if has_ckpt:
-            raise click.UsageError(f"{out_dir} holds a {saved['model']['name']!r} run; use a new "
-                                   f"--out for {config_name!r}")
+        init_distributed(coordinator, num_processes, process_id)
     try:
-        if config_name is None:
-            cfg = training.resolve_config(data_dir, None, overrides=overrides,
-                                          saved={k: saved[k] for k in ("model", "train")})
-        else:
-            cfg = training.resolve_config(data_dir, config_name, overrides=overrides)
+        cfg = training.run_config(data_dir, out_dir, config_name, overrides=overrides)
         result = training.run(data_dir, out_dir, cfg, tensorboard=tensorboard, quiet=quiet,
                               allow_changes=allow_changes)
-    except training.NonFiniteLoss as err:
-        raise click.ClickException(str(err)) from None
+    except training.OptionsError as err:
+        raise click.UsageError(str(err)) from None
     except (training.TrainingError, CheckpointError, ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     if result.interrupted:

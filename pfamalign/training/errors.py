@@ -1,0 +1,13 @@
+"""The errors of a training run."""
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot start or continue (bad options, a foreign run directory)."""
+
+
+class OptionsError(TrainingError):
+    """Options that do not fit together or with the run directory (a usage error)."""
+
+
+class NonFiniteLoss(TrainingError):
+    """The loss or the gradient became NaN / inf; nothing was saved for that step."""

@@ -1,0 +1,257 @@
+"""The training loop: data, resume, the cadence of logging / validation / checkpoints, the
+non-finite guard and signals.
+
+Resume: ``RUN/checkpoints/N`` holds the parameters, the optimiser state, the grain iterator
+state (``{"next_index": N}``) and bookkeeping after N steps. Re-running the same command
+restores the newest checkpoint and continues with batch N: the parameters after the run are
+bit-identical to those of an uninterrupted run (tested with SIGKILL). SIGTERM / SIGINT save a
+checkpoint at the current step and exit cleanly. A non-finite loss or gradient stops the run
+without saving (the step is not applied), so the last good checkpoint stays the newest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from pfamalign import checkpoint as ckpt
+from pfamalign import evaluation
+from pfamalign.configs import RunConfig, TrainConfig
+from pfamalign.pipelines import reader
+from pfamalign.training.errors import NonFiniteLoss, TrainingError
+from pfamalign.training.rundir import MetricsWriter, ProgressLine, open_run
+from pfamalign.training.step import (abstract_state, check_batch, init_state, local_params,
+                                     make_mesh, make_train_step, shard_batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data (pipelines.reader)
+# ---------------------------------------------------------------------------------------------
+
+def train_iterator(data_dir, cfg: TrainConfig):
+    """A checkpointable grain iterator over this process's rows of the global batches
+    (shuffled, length-bucketed, repeating; ``get_state()`` / ``set_state()``)."""
+    d = cfg.data
+    try:
+        return reader.batch_iterator(
+            data_dir, "train", batch_size=d.batch_size, seed=d.seed, bucket_window=d.bucket_window,
+            pad_multiple=d.pad_multiple, max_len=d.max_len, with_strings=False,
+            process_index=jax.process_index(), process_count=jax.process_count())
+    except ValueError as err:
+        raise TrainingError(str(err)) from None
+
+
+def val_batches(data_dir, cfg: TrainConfig) -> list[dict[str, np.ndarray]]:
+    """The validation batches: ``eval_pairs`` pairs of the val split within ``max_len``
+    (``reader.select_pairs``), length-sorted, padded like training; [] when there is no val
+    split."""
+    ds = reader.PairDataset(data_dir)
+    if "val" not in ds.splits or ds.num_pairs("val") == 0:
+        return []
+    return list(reader.batch_dataset(
+        data_dir, "val", batch_size=cfg.loop.eval_batch_size, shuffle=False, num_epochs=1,
+        bucket_window=None, drop_remainder=False, pad_multiple=cfg.data.pad_multiple,
+        max_len=cfg.data.max_len, max_pairs=cfg.loop.eval_pairs, with_strings=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run did."""
+
+    out_dir: pathlib.Path
+    step: int
+    start_step: int
+    interrupted: bool
+    signal: int | None
+    last_metrics: dict[str, float]
+    last_eval: dict[str, float]
+    model_dir: pathlib.Path | None
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT set a flag (the loop saves and exits); a second SIGINT aborts."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no handler
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def stop_requested(self) -> bool:
+        flag = self.signal is not None
+        if jax.process_count() > 1:  # every process must agree before saving
+            from jax.experimental import multihost_utils
+
+            flag = bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+        return flag
+
+
+def _mean_records(records: list[dict]) -> dict[str, float]:
+    out = {}
+    for key in records[0]:
+        if key in ("finite",):
+            continue
+        values = [float(r[key]) for r in records]
+        out[key] = float(np.sum(values)) if key == "ce_offsupport" else float(np.mean(values))
+    return out
+
+
+def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig, *,
+        mesh=None, tensorboard: bool = False, quiet: bool = False,
+        allow_changes: bool = False) -> TrainResult:
+    """Trains (or resumes) a run into ``out_dir``; see the module docstring.
+
+    ``allow_changes``: resume even if the optimisation settings differ from the saved run's
+    (see ``rundir.check_resumable``); the run's ``config.json`` then records the new ones.
+
+    Raises ``TrainingError`` for unusable settings and ``NonFiniteLoss`` when the loss
+    diverges (the newest checkpoint is then the last good one).
+    """
+    optim, loop = cfg.train.optim, cfg.train.loop
+    batch_size = cfg.train.data.batch_size
+    out_dir = pathlib.Path(out_dir).absolute()
+    mesh = mesh if mesh is not None else make_mesh()
+    check_batch(batch_size, mesh)
+    it = train_iterator(data_dir, cfg.train)  # validates the data before anything is written
+    resume_step, changed = open_run(out_dir, data_dir, cfg, mesh, allow_changes=allow_changes)
+    manager_dir = out_dir / "checkpoints"
+
+    # -- state --------------------------------------------------------------------------------
+    state = init_state(cfg, mesh)
+    checkpoints = ckpt.TrainCheckpoints(manager_dir, keep=loop.keep_checkpoints)
+    step = 0
+    if resume_step is not None:
+        abs_params, abs_opt = abstract_state(state)
+        state.params, state.opt_state, data_state, meta = checkpoints.restore(
+            resume_step, params=abs_params, opt_state=abs_opt)
+        it.set_state(data_state)
+        step = int(meta["step"])
+    start_step = step
+    train_step = make_train_step(cfg, mesh)
+    val = val_batches(data_dir, cfg.train) if loop.eval_every else []
+    writer = MetricsWriter(out_dir, resume_step=resume_step, tensorboard=tensorboard)
+    progress = ProgressLine(optim.steps, step, quiet=quiet)
+    if resume_step is not None:
+        progress.log(f"resuming {out_dir} at step {step}")
+        if changed:
+            progress.log("with changed settings: " + "; ".join(changed))
+            writer.write(step, {"resume/changed": "; ".join(changed)})
+
+    def save(at_step: int) -> None:
+        checkpoints.save(at_step, params=state.params, opt_state=state.opt_state,
+                         data_state=it.get_state(),
+                         meta={"step": at_step, "examples_seen": at_step * batch_size})
+
+    def run_eval(at_step: int) -> dict:
+        if not val:
+            return {}
+        t0 = time.perf_counter()
+        model = nnx.merge(state.graphdef, local_params(state.params))
+        result = evaluation.validate(model, val)
+        result["val/seconds"] = time.perf_counter() - t0
+        writer.write(at_step, result)
+        progress.log(f"step {at_step}: val ce {result['val/sparse_ce']:.3f}  mae "
+                     f"{result['val/barycenter_mae']:.2f} (diag "
+                     f"{result['diag/barycenter_mae']:.2f})  within5 "
+                     f"{result['val/within5']:.3f} (diag {result['diag/within5']:.3f})")
+        return result
+
+    last_eval, last_metrics, window, saved_step = {}, {}, [], resume_step
+    interrupted = False
+    try:
+        with _StopFlag() as stop:
+            if step == 0 and loop.eval_every:
+                last_eval = run_eval(0)
+            while step < optim.steps:
+                if stop.stop_requested():
+                    interrupted = True
+                    break
+                t0 = time.perf_counter()
+                batch = shard_batch(_prepare_batch(next(it), step), mesh)
+                state.params, state.opt_state, metrics = train_step(
+                    state.params, state.opt_state, batch)
+                metrics = jax.device_get(metrics)
+                dt = time.perf_counter() - t0
+                if not bool(metrics["finite"]):
+                    last = checkpoints.latest_step()
+                    where = (f"the last good checkpoint is step {last} in {manager_dir}"
+                             if last is not None else "no checkpoint was written yet")
+                    writer.write(step + 1, {"train/nonfinite": 1.0,
+                                            "train/loss": float(metrics["loss"]),
+                                            "train/grad_norm": float(metrics["grad_norm"])})
+                    raise NonFiniteLoss(
+                        f"non-finite training loss ({float(metrics['loss'])}) or gradient norm "
+                        f"({float(metrics['grad_norm'])}) at step {step + 1}: run stopped "
+                        f"without saving that step; {where} (intact). Check the data, or "
+                        "resume from it with a lower learning rate: re-run with --lr ... "
+                        "--allow-changes.")
+                step += 1
+                window.append(dict(metrics, step_time=dt))
+                if step % loop.log_every == 0 or step == optim.steps:
+                    mean = _mean_records(window)
+                    total_time = sum(r["step_time"] for r in window)
+                    last_metrics = {f"train/{k}": v for k, v in mean.items()
+                                    if k != "step_time"}
+                    last_metrics.update({
+                        "train/lr": float(state.schedule(step - 1)),
+                        "train/examples_per_s": len(window) * batch_size / total_time,
+                        "train/step_time_s": total_time / len(window),
+                        "train/examples_seen": step * batch_size,
+                    })
+                    writer.write(step, last_metrics)
+                    window = []
+                if loop.eval_every and (step % loop.eval_every == 0 or step == optim.steps):
+                    last_eval = run_eval(step)
+                if loop.ckpt_every and step % loop.ckpt_every == 0:
+                    save(step)
+                    saved_step = step
+                progress.update(step, f"loss {float(metrics['loss']):.4f}  "
+                                      f"{batch_size / dt:.1f} ex/s")
+            if saved_step != step:
+                save(step)
+            if interrupted:
+                name = signal.Signals(stop.signal).name if stop.signal else "signal"
+                progress.log(f"{name}: saved a checkpoint at step {step} in {manager_dir}; "
+                             "re-run the same command to resume")
+    finally:
+        progress.close()
+        writer.close()
+        checkpoints.close()
+    model_dir = None
+    if not interrupted:
+        model_dir = out_dir / "model"
+        model = nnx.merge(state.graphdef, local_params(state.params))
+        ckpt.save_model(model_dir, model, cfg.model, params=state.params)
+    return TrainResult(out_dir, step, start_step, interrupted, stop.signal if interrupted else None,
+                       last_metrics, last_eval, model_dir)
+
+
+def _prepare_batch(batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+    """Hook between the data iterator and the device (identity; tests patch it)."""
+    return batch

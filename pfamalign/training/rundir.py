@@ -1,0 +1,209 @@
+"""The run directory: its config (new, resumed, or refused), ``metrics.jsonl`` /
+TensorBoard, and the progress line.
+
+``RUN/config.json`` holds the resolved run config (``{"model", "train", "data", "devices",
+"processes"}``, ``train`` flat: ``{field: value}``); re-running into the same directory
+resumes only with the same model, trajectory and dataset (see ``check_resumable``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import sys
+from typing import Any
+
+import jax
+
+from pfamalign import checkpoint as ckpt
+from pfamalign import jsonio
+from pfamalign.configs import CONFIG_NAMES, RESUMABLE_FIELDS, RunConfig, apply_overrides, get_config
+from pfamalign.pipelines import reader
+from pfamalign.training.errors import OptionsError, TrainingError
+
+
+def read_saved(out_dir: str | os.PathLike) -> dict | None:
+    """The run directory's ``config.json``, or None for a new run."""
+    path = pathlib.Path(out_dir) / "config.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_config(data_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None, *,
+               overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The config of a ``pfamalign train`` invocation: the named config (required for a new
+    run) or the one saved in ``out_dir``, with overrides. Refuses (``OptionsError``) another
+    named config than the one of a run that has checkpoints."""
+    saved = read_saved(out_dir)
+    if name is None and saved is None:
+        raise OptionsError(f"--config is required for a new run (one of {', '.join(CONFIG_NAMES)})")
+    if (name is not None and saved is not None and saved["model"]["name"] != name
+            and (pathlib.Path(out_dir) / "checkpoints").is_dir()):
+        raise OptionsError(f"{out_dir} holds a {saved['model']['name']!r} run; use a new "
+                           f"--out for {name!r}")
+    return resolve_config(data_dir, name, overrides=overrides,
+                          saved=None if name is not None else saved)
+
+
+def resolve_config(data_dir: str | os.PathLike, name: str | None, *,
+                   overrides: dict[str, Any] | None = None,
+                   saved: dict | None = None) -> RunConfig:
+    """The run config: the named config for the dataset's features (or the config saved in
+    the run directory when ``name`` is None), with overrides applied (CLI options and
+    ``--set`` pairs, as ``{key: value}``)."""
+    ds = reader.PairDataset(data_dir)
+    if name is None:
+        if saved is None:
+            raise TrainingError("--config is required for a new run")
+        cfg = RunConfig.from_dict(saved)
+    else:
+        cfg = get_config(name, embedder_id=ds.embedder_id, feature_dim=ds.dim)
+    cfg = apply_overrides(cfg, overrides or {})
+    if cfg.model.feature_dim != ds.dim or cfg.model.embedder_id != ds.embedder_id:
+        raise TrainingError(
+            f"the run was configured for {cfg.model.embedder_id} features (D="
+            f"{cfg.model.feature_dim}) but {data_dir} has {ds.embedder_id} (D={ds.dim})")
+    return cfg
+
+
+def data_info(data_dir) -> dict:
+    """What the run directory records of its dataset (the config hash guards resumes)."""
+    ds = reader.PairDataset(data_dir)
+    return {"path": str(pathlib.Path(data_dir).absolute()), "config_hash": ds.config_hash,
+            "embedder_id": ds.embedder_id, "dim": ds.dim,
+            "pairs": {s: ds.num_pairs(s) for s in ds.splits}}
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}: {vb!r} -> {va!r}")
+    return keys
+
+
+def check_resumable(cfg: RunConfig, saved: dict, data: dict, *,
+                    allow_changes: bool = False) -> list[str]:
+    """Refuses to resume a run directory with a different model, trajectory or dataset.
+
+    ``allow_changes`` accepts other optimisation settings (e.g. a lower learning rate after
+    a divergence); the model and the dataset must still match. Returns the changed
+    optimisation settings."""
+    new, old = cfg.to_dict(), RunConfig.from_dict(saved).to_dict()  # either config.json form
+    diffs = _diff(new["model"], old["model"], "model.")
+    changed = [d for d in _diff(new["train"], old["train"], "train.")
+               if d.split(":")[0].split(".")[-1] not in RESUMABLE_FIELDS]
+    if not allow_changes:
+        diffs += changed
+    old_hash = saved.get("data", {}).get("config_hash")
+    if old_hash is not None and old_hash != data["config_hash"]:
+        diffs.append(f"data.config_hash: {old_hash!r} -> {data['config_hash']!r}")
+    if diffs:
+        hint = ("" if allow_changes or any(d.startswith(("model.", "data.")) for d in diffs)
+                else " (or pass --allow-changes to continue with the new optimisation settings)")
+        raise TrainingError("the run directory holds a run with other settings; resume with the "
+                            f"same ones or use a new --out{hint}:\n  " + "\n  ".join(diffs))
+    return changed if allow_changes else []
+
+
+def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
+             allow_changes: bool = False) -> tuple[int | None, list[str]]:
+    """Checks a resume and writes ``config.json`` (process 0); returns ``(the checkpoint
+    step to resume from or None, the changed optimisation settings)``."""
+    saved, data = read_saved(out_dir), data_info(data_dir)
+    resume_step, changed = None, []
+    manager_dir = out_dir / "checkpoints"
+    steps = ckpt.finished_steps(manager_dir) if manager_dir.is_dir() else []
+    if saved is not None and steps:
+        changed = check_resumable(cfg, saved, data, allow_changes=allow_changes)
+        resume_step = steps[-1]
+    if jax.process_index() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.write_json(out_dir / "config.json",
+                        {**cfg.to_dict(), "data": data, "devices": mesh.devices.size,
+                         "processes": jax.process_count()})
+    return resume_step, changed
+
+
+class MetricsWriter:
+    """Process-0 ``metrics.jsonl`` (+ optional TensorBoard). On resume the lines of steps
+    after the restored checkpoint (written by the interrupted run) are dropped. Non-finite
+    numbers are written as null (``jsonio.clean``)."""
+
+    def __init__(self, out_dir: pathlib.Path, *, resume_step: int | None,
+                 tensorboard: bool = False):
+        self.active = jax.process_index() == 0
+        self.path = out_dir / "metrics.jsonl"
+        self._tb = None
+        if not self.active:
+            return
+        if self.path.exists():
+            keep = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line of a killed run
+                if resume_step is not None and rec.get("step", 0) <= resume_step:
+                    keep.append(line)
+            self.path.write_text("".join(line + "\n" for line in keep))
+        self._file = open(self.path, "a")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(out_dir / "tensorboard"))
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        rec = jsonio.clean({"step": step, **record})
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in rec.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.active:
+            self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+
+
+class ProgressLine:
+    """A live rich progress line (silent when quiet, not a TTY, or CI is set)."""
+
+    def __init__(self, total: int, start: int, *, quiet: bool):
+        self.quiet = quiet or jax.process_index() != 0
+        self.enabled = not self.quiet and sys.stderr.isatty() and not os.environ.get("CI")
+        self._progress = None
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                      TimeRemainingColumn(), transient=False,
+                                      console=Console(stderr=True))
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=total, completed=start, info="")
+
+    def update(self, step: int, info: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+
+    def log(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        elif not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
