@@ -14,6 +14,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.pairs import PairAlignment
 
@@ -70,7 +71,7 @@ class DecoderSettings:
         return cls(**json.loads(path.read_text()))
 
     def save(self, directory: pathlib.Path) -> None:
-        (pathlib.Path(directory) / "decoding.json").write_text(json.dumps(dataclasses.asdict(self), indent=2))
+        (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
