@@ -16,6 +16,7 @@ import numpy as np
 
 from pfamalign import jsonio
 from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
+from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -138,7 +139,7 @@ class Predictor:
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
-        for name, seq in zip(("first", "second") * len(sequences), sequences):
+        for seq in sequences:
             if len(seq) > self.max_length:
                 raise ValueError(
                     f"sequence of {len(seq)} residues is longer than this model accepts "
@@ -184,3 +185,18 @@ class Predictor:
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp
+
+    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None
+                      ) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
+        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``).
+        A ValueError about one pair starts with its ``where`` (a pairs-file line) if it has one."""
+        for pair in pairs:
+            try:
+                aln, pp = self.align(pair["q_seq"], pair["k_seq"], decoding)
+                rec = AlignmentRecord.from_alignment(pair["q_seq"], pair["k_seq"], aln,
+                                                     id_a=pair["q_id"], id_b=pair["k_id"])
+            except ValueError as err:
+                if "where" not in pair:
+                    raise
+                raise ValueError(f"{pair['where']}: {err}") from err
+            yield rec, pp
