@@ -316,7 +316,7 @@ FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
 
 def format_alignment(rec: AlignmentRecord, fmt: str) -> str:
     """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
-    ``json``) with default options."""
+    ``json``) with default options, ending with a newline."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
     return FORMATS[fmt](rec)

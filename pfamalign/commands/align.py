@@ -62,8 +62,7 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
         settings = decoder_settings(predictor.decoding, decoding)
         with open(out, "w") if out else contextlib.nullcontext(sys.stdout) as sink:
             for rec, pp in predictor.align_records(pairs, settings):
-                text = format_alignment(rec, _WRITER.get(fmt, fmt))
-                sink.write(text if text.endswith("\n") else text + "\n")
+                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt)))  # ends with a newline
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
 
