@@ -64,6 +64,14 @@ class DecoderSettings:
             return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0, end_gaps=True)
         return cls(decoder=decoder)
 
+    def override(self, **changes) -> "DecoderSettings":
+        """These settings with the ``changes`` that are not None. Another ``decoder`` starts
+        from that decoder's defaults (its gap costs are in other units)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        decoder = changes.get("decoder", self.decoder)
+        base = self if decoder == self.decoder else self.for_decoder(decoder)
+        return dataclasses.replace(base, **changes)
+
     @classmethod
     def load(cls, directory: pathlib.Path) -> "DecoderSettings":
         path = pathlib.Path(directory) / "decoding.json"

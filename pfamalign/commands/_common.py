@@ -86,14 +86,9 @@ def decoder_options(f):
 
 
 def decoder_settings(base, options: dict):
-    """``base`` (a DecoderSettings) with the options the user gave; pops them from ``options``.
-    Choosing another decoder starts from that decoder's defaults (its own gap units)."""
-    import dataclasses
-
-    given = {k: options.pop(k) for k in DECODER_FIELDS}
-    if given["decoder"] is not None and given["decoder"] != base.decoder:
-        base = type(base).for_decoder(given["decoder"])
+    """``base`` (a DecoderSettings) overridden by the ``decoder_options`` the user gave; pops
+    them from ``options``. Bad values exit with their message."""
     try:
-        return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+        return base.override(**{k: options.pop(k) for k in DECODER_FIELDS})
     except ValueError as err:
         fail(str(err))
