@@ -57,7 +57,8 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
     try:  # sequences are checked before the model loads; a pairs file streams
-        pairs = inputs.read_pairs_tsv(pairs_file) if pairs_file else [inputs.pair_from_sequences(seq_a, seq_b)]
+        pairs = (inputs.read_pairs_tsv(pairs_file) if pairs_file
+                 else [inputs.pair_from_sequences(seq_a, seq_b)])
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
         settings = decoder_settings(predictor.decoding, decoding)
         with open(out, "w") if out else contextlib.nullcontext(sys.stdout) as sink:
