@@ -100,7 +100,8 @@ class DecoderSettings:
 
 @dataclasses.dataclass
 class PairPlan:
-    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]`` (last row / column: dustbin)."""
+    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
+    mass (the model's plans have no column dustbin: the last row stays zero)."""
 
     plan: np.ndarray
 
@@ -111,10 +112,6 @@ class PairPlan:
     @property
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
-
-    @property
-    def col_dustbin(self) -> np.ndarray:
-        return self.plan[-1, :-1]
 
 
 class Predictor:
