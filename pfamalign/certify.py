@@ -32,15 +32,18 @@ def _scores(model, q_feat, k_feat, q_len, k_len):
     return s, band, (q, k, v, tokens)
 
 
-def certify_pair(model, q_feat, k_feat, *, target=None, tail_depths=(0, 1, 2, 4), tol: float = 1e-5,
+def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float = 1e-5,
                  perturbation: float = 1e-2, block_rows: int = 128, seed: int = 0) -> dict:
-    """All certificates of one pair as a JSON-ready dict (see the module docstring)."""
+    """All certificates of a pair record (``pfamalign.inputs``) under ``predictor``'s model, as a
+    JSON-ready dict (see the module docstring); its ``target``, if any, gives the cotangent."""
     import jax
     import jax.numpy as jnp
 
     from pfamalign.kernels import transport_plan
     from pfamalign.kernels.bias import tail_bias_certificate
 
+    model, target = predictor.model, pair.get("target")
+    q_feat, k_feat = predictor.featurize([pair["q_seq"], pair["k_seq"]])
     lq, lk = len(q_feat), len(k_feat)
     s, band, (q, k, v, tokens) = _scores(model, jnp.asarray(q_feat), jnp.asarray(k_feat), lq, lk)
     tcfg = dataclasses.replace(model.cfg.transport, impl="xla")

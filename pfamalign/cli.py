@@ -20,23 +20,13 @@ _COMMANDS = {
 
 class _LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(name for name in _COMMANDS if self._load(name) is not None)
+        return sorted(_COMMANDS)
 
     def get_command(self, ctx, name):
-        return self._load(name)
-
-    @staticmethod
-    def _load(name):
         if name not in _COMMANDS:
             return None
         module, attr = _COMMANDS[name]
-        try:
-            mod = importlib.import_module(f"pfamalign.commands.{module}")
-        except ModuleNotFoundError as err:
-            if err.name == f"pfamalign.commands.{module}":
-                return None  # command not built yet
-            raise
-        return getattr(mod, attr)
+        return getattr(importlib.import_module(f"pfamalign.commands.{module}"), attr)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

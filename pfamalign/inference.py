@@ -14,7 +14,9 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
+from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -62,6 +64,14 @@ class DecoderSettings:
             return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0, end_gaps=True)
         return cls(decoder=decoder)
 
+    def override(self, **changes) -> "DecoderSettings":
+        """These settings with the ``changes`` that are not None. Another ``decoder`` starts
+        from that decoder's defaults (its gap costs are in other units)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        decoder = changes.get("decoder", self.decoder)
+        base = self if decoder == self.decoder else self.for_decoder(decoder)
+        return dataclasses.replace(base, **changes)
+
     @classmethod
     def load(cls, directory: pathlib.Path) -> "DecoderSettings":
         path = pathlib.Path(directory) / "decoding.json"
@@ -70,7 +80,7 @@ class DecoderSettings:
         return cls(**json.loads(path.read_text()))
 
     def save(self, directory: pathlib.Path) -> None:
-        (pathlib.Path(directory) / "decoding.json").write_text(json.dumps(dataclasses.asdict(self), indent=2))
+        (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
@@ -90,7 +100,8 @@ class DecoderSettings:
 
 @dataclasses.dataclass
 class PairPlan:
-    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]`` (last row / column: dustbin)."""
+    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
+    mass (the model's plans have no column dustbin: the last row stays zero)."""
 
     plan: np.ndarray
 
@@ -101,10 +112,6 @@ class PairPlan:
     @property
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
-
-    @property
-    def col_dustbin(self) -> np.ndarray:
-        return self.plan[-1, :-1]
 
 
 class Predictor:
@@ -137,7 +144,7 @@ class Predictor:
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
-        for name, seq in zip(("first", "second") * len(sequences), sequences):
+        for seq in sequences:
             if len(seq) > self.max_length:
                 raise ValueError(
                     f"sequence of {len(seq)} residues is longer than this model accepts "
@@ -183,3 +190,18 @@ class Predictor:
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp
+
+    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None
+                      ) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
+        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``).
+        A ValueError about one pair starts with its ``where`` (a pairs-file line) if it has one."""
+        for pair in pairs:
+            try:
+                aln, pp = self.align(pair["q_seq"], pair["k_seq"], decoding)
+                rec = AlignmentRecord.from_alignment(pair["q_seq"], pair["k_seq"], aln,
+                                                     id_a=pair["q_id"], id_b=pair["k_id"])
+            except ValueError as err:
+                if "where" not in pair:
+                    raise
+                raise ValueError(f"{pair['where']}: {err}") from err
+            yield rec, pp

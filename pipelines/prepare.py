@@ -24,8 +24,6 @@ import pathlib
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 
-import numpy as np
-
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines import stages
 from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_hash,
@@ -399,8 +397,3 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
     if not cfg.keep_work:
         shutil.rmtree(work.root, ignore_errors=True)
     return PrepareResult(out, manifest, summary)
-
-
-def load_lengths(out: os.PathLike, split: str) -> np.ndarray:
-    """[N, 2] int32 (q_len, k_len) of a split's pairs, in record order."""
-    return np.load(pathlib.Path(out) / split / "lengths.npy")

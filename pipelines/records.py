@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from pfamalign import jsonio
+
 MAGIC = b"PFR1"
 _HEADER = struct.Struct("<I")
 
@@ -152,7 +154,8 @@ def write_text(path: os.PathLike, text: str) -> None:
 
 
 def write_json(path: os.PathLike, obj: object) -> None:
-    write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    """Atomically writes ``obj`` as JSON (pfamalign's one JSON policy: ``pfamalign.jsonio``)."""
+    write_text(path, jsonio.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def file_sha256(path: os.PathLike, chunk: int = 1 << 20) -> str:

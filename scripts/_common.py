@@ -9,7 +9,6 @@ measured in the same run (ratios), never absolute times across runs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -18,6 +17,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable, Iterable, Sequence
+
+from pfamalign import jsonio
 
 MIB = 1024.0**2
 
@@ -208,7 +209,7 @@ class Report:
     def add(self, **row) -> dict:
         self.rows.append(row)
         if self.json_lines:
-            print(json.dumps({**row, **self.meta}, default=_json_default), flush=True)
+            print(jsonio.dumps_line({**row, **self.meta}), flush=True)
         else:  # progress, so that a long run shows life
             print("  " + ", ".join(f"{c}={_fmt(row.get(c))}" for c in self.columns if c in row),
                   file=sys.stderr, flush=True)
@@ -224,13 +225,6 @@ class Report:
         for text in self.notes:
             print(text, file=stream)
         stream.flush()
-
-
-def _json_default(x):
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return str(x)
 
 
 def int_list(text: str) -> list[int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.baselines import needleman_wunsch, smith_waterman
 from pfamalign.alignment.decode import mea_decode
 from pfamalign.residues import blosum62_table
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             record = {"bench": "align", "case": name, "lq": len(inputs.seq_a),
                       "lk": len(inputs.seq_b), "repeats": args.repeats,
                       **time_run(run, repeats=args.repeats), **env}
-            print(json.dumps(record), flush=True)
+            print(jsonio.dumps_line(record), flush=True)
     return 0
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import pathlib
 import platform
 import tempfile
 import time
+
+from pfamalign import jsonio
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "pfam"
@@ -101,7 +102,7 @@ def main(argv=None) -> None:
             total = time.perf_counter() - t0
             s = result.summary
             pairs = s["pairs"]["total"]
-            print(json.dumps({
+            print(jsonio.dumps_line({
                 "bench": "prepare",
                 "embedder": inner.embedder_id,
                 "label": name,

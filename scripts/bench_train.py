@@ -24,13 +24,14 @@ pipeline. The paper's figure is 8.5 examples/s on a TPU v6e-8 (whole training ru
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
 import sys
 import tempfile
 import time
+
+from pfamalign import jsonio
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "pfam"
@@ -172,8 +173,8 @@ def main(argv=None):
             parser.error(f"unknown config {name!r}; choose from {', '.join(BENCHES)}")
     lengths, source = pair_lengths(args.data, args.pairs_per_family)
     for name in names:
-        print(json.dumps(bench(name, lengths, source, batch=args.batch, reps=args.reps,
-                               seed=args.seed, pad1024=not args.no_pad1024)), flush=True)
+        print(jsonio.dumps_line(bench(name, lengths, source, batch=args.batch, reps=args.reps,
+                                      seed=args.seed, pad1024=not args.no_pad1024)), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import pathlib
 import sys
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.metrics import alignment_counts
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = np.array([alignment_counts(s.decode(pp, (r["q_seq"], r["k_seq"])).pairs, r["target"])
                            for r, pp in zip(records, plans)])
         scores.append(f1(counts))
-        print(json.dumps({"bench": "tune_decoder", **s.__dict__, "f1": scores[-1],
-                          "f1_below30": f1(counts[low]) if low.any() else None,
-                          "n_pairs": len(records)}), flush=True)
+        print(jsonio.dumps_line({"bench": "tune_decoder", **s.__dict__, "f1": scores[-1],
+                                 "f1_below30": f1(counts[low]) if low.any() else None,
+                                 "n_pairs": len(records)}), flush=True)
     best = settings[int(np.argmax(scores))]
-    print(json.dumps({"best": best.__dict__, "f1": max(scores)}), flush=True)
+    print(jsonio.dumps_line({"best": best.__dict__, "f1": max(scores)}), flush=True)
     if args.write:
         best.save(pathlib.Path(args.checkpoint))
     return 0

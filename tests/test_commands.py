@@ -195,7 +195,7 @@ def test_eval_input_errors(model_dir, dataset):
 
 def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
     from pfamalign.alignment.metrics import barycenters
-    from pfamalign.commands._common import pair_from_stockholm
+    from pfamalign.inputs import pair_from_stockholm
     from pfamalign.inference import Predictor
 
     sto = SEED / "PF00041.sto"

@@ -32,6 +32,7 @@ import re
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.pairs import PairAlignment, check_confidence, check_pairs
 from pfamalign.residues import match_symbols, normalize_sequence
 
@@ -279,10 +280,6 @@ def cigar_to_pairs(cigar: str) -> tuple[np.ndarray, int, int]:
     return arr, i, j
 
 
-def _json_float(x: float | None):
-    return None if x is None or not np.isfinite(x) else float(x)
-
-
 def to_json(rec: AlignmentRecord, *, indent: int | None = None) -> str:
     """JSON document (format ``pfamalign.pairwise/1``)."""
     doc = {
@@ -291,13 +288,13 @@ def to_json(rec: AlignmentRecord, *, indent: int | None = None) -> str:
         "seq_a": rec.seq_a, "seq_b": rec.seq_b,
         "length_a": len(rec.seq_a), "length_b": len(rec.seq_b),
         "n_aligned": len(rec.pairs),
-        "pairs": rec.pairs.tolist(),
-        "confidence": None if rec.confidence is None else rec.confidence.tolist(),
-        "score": _json_float(rec.score),
-        "identity": _json_float(rec.identity),
+        "pairs": rec.pairs,
+        "confidence": rec.confidence,
+        "score": rec.score,
+        "identity": rec.identity,
         "cigar": to_cigar(rec),
     }
-    return json.dumps(doc, indent=indent)
+    return jsonio.dumps(doc, indent=indent)
 
 
 def from_json(text: str) -> AlignmentRecord:
@@ -319,7 +316,7 @@ FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
 
 def format_alignment(rec: AlignmentRecord, fmt: str) -> str:
     """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
-    ``json``) with default options."""
+    ``json``) with default options, ending with a newline."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
     return FORMATS[fmt](rec)

@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
-from typing import Iterator
 
 import click
 
-from pfamalign.commands._common import decoder_options, decoder_settings, fail, read_sequence_arg
+from pfamalign.commands._common import decoder_options, decoder_settings, fail
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
-
-
-def _read_pairs(path: pathlib.Path) -> Iterator[tuple[str, str, str, str, int]]:
-    """Streams (id_a, seq_a, id_b, seq_b, line) from a tab-separated pairs file.
-
-    Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` or
-    ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``.
-    """
-    with open(path) as handle:
-        for lineno, line in enumerate(handle, 1):
-            line = line.rstrip("\n\r")
-            if not line.strip() or line.startswith("#"):
-                continue
-            cols = line.split("\t")
-            if len(cols) == 2:
-                yield f"pair{lineno}_a", cols[0].strip(), f"pair{lineno}_b", cols[1].strip(), lineno
-            elif len(cols) == 4:
-                yield cols[0].strip(), cols[1].strip(), cols[2].strip(), cols[3].strip(), lineno
-            else:
-                raise click.UsageError(
-                    f"{path}:{lineno}: expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, ID_B, SEQ_B) "
-                    f"tab-separated columns, found {len(cols)}")
 
 
 @click.command()
@@ -70,40 +48,26 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
       pfamalign align query.fasta target.fasta -f json --plot plan.png
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
     """
-    from pfamalign.alignment.formats import AlignmentRecord, format_alignment
+    from pfamalign import inputs
+    from pfamalign.alignment.formats import format_alignment
     from pfamalign.inference import Predictor
 
     if pairs_file is None and (seq_a is None or seq_b is None):
         raise click.UsageError("give two sequences (SEQ_A SEQ_B) or --pairs FILE")
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
-    if pairs_file is None:
-        (id_a, sa), (id_b, sb) = read_sequence_arg(seq_a, "seq_a"), read_sequence_arg(seq_b, "seq_b")
-        jobs = iter([(id_a, sa, id_b, sb, None)])
-    else:
-        jobs = _read_pairs(pairs_file)
-    try:
+    try:  # sequences are checked before the model loads; a pairs file streams
+        pairs = (inputs.read_pairs_tsv(pairs_file) if pairs_file
+                 else [inputs.pair_from_sequences(seq_a, seq_b)])
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        settings = decoder_settings(predictor.decoding, decoding)
+        with open(out, "w") if out else contextlib.nullcontext(sys.stdout) as sink:
+            for rec, pp in predictor.align_records(pairs, settings):
+                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt)))  # ends with a newline
+                if plot is not None:
+                    from pfamalign.alignment.plots import plot_plan
+
+                    plot_plan(pp.real, plot, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
+                              title=f"{rec.id_a} vs {rec.id_b}")
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    settings = decoder_settings(predictor.decoding, decoding)
-    sink = open(out, "w") if out else sys.stdout
-    try:
-        for id_a, sa, id_b, sb, lineno in jobs:
-            where = f"{pairs_file}:{lineno}: " if lineno else ""
-            try:
-                aln, pp = predictor.align(sa, sb, settings)
-                rec = AlignmentRecord(sa, sb, aln.pairs, id_a=id_a, id_b=id_b,
-                                      confidence=aln.confidence, score=aln.score)
-            except ValueError as err:
-                fail(f"{where}{err}")
-            text = format_alignment(rec, _WRITER.get(fmt, fmt))
-            sink.write(text if text.endswith("\n") else text + "\n")
-            if plot is not None:
-                from pfamalign.alignment.plots import plot_plan
-
-                plot_plan(pp.real, plot, pairs=aln.pairs, row_dustbin=pp.row_dustbin,
-                          title=f"{id_a} vs {id_b}")
-    finally:
-        if out:
-            sink.close()

@@ -30,39 +30,27 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
       pfamalign barycenter --data data/ --split test --index 3
       pfamalign barycenter MKVLAAGIVG MKVLSAGIVA
     """
-    import pandas as pd
     from rich.console import Console
     from rich.table import Table
 
-    from pfamalign.alignment.metrics import barycenters, plan_metrics
+    from pfamalign.barycenter import pair_barycenters
     from pfamalign.inference import Predictor
 
-    rec = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
+    pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
-        predictor = Predictor(checkpoint, weights=weights)
-        _, pp = predictor.align(rec["q_seq"], rec["k_seq"])
+        result = pair_barycenters(Predictor(checkpoint, weights=weights), pair)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    b = barycenters(pp.real)
-    lq = len(rec["q_seq"])
-    target = None if rec.get("target") is None else np.asarray(rec["target"])
-    table = pd.DataFrame({
-        "row": np.arange(lq), "residue": list(rec["q_seq"]),
-        "target": target if target is not None else np.full(lq, -1),
-        "barycenter": b, "abs_error": np.where(target >= 0, np.abs(b - target), np.nan) if target is not None
-        else np.full(lq, np.nan),
-        "real_mass": pp.real.sum(1), "dustbin_mass": pp.row_dustbin,
-    })
+    table, pm = result.table, result.metrics
     console = Console()
-    tab = Table(title=f"barycenters: {rec['q_id']} vs {rec['k_id']}")
+    tab = Table(title=f"barycenters: {pair['q_id']} vs {pair['k_id']}")
     for col in table.columns:
         tab.add_column(col, justify="right")
     for row in table.itertuples(index=False):
         tab.add_row(*[("—" if isinstance(x, float) and np.isnan(x) else f"{x:.2f}" if isinstance(x, float)
                        else str(x)) for x in row])
     console.print(tab)
-    if target is not None:
-        pm = plan_metrics(pp.real, target, dustbin_mass=pp.row_dustbin)
+    if pm is not None:
         console.print(f"barycenter MAE {pm.barycenter_mae:.2f}, within-5 {pm.within5:.3f}, "
                       f"monotonicity violation {pm.monotonicity_violation:.3f} "
                       f"({pm.n_barycenter} annotated rows)")
@@ -71,5 +59,5 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     if plot:
         from pfamalign.alignment.plots import plot_barycenter
 
-        plot_barycenter(pp.real, target if target is not None else np.full(lq, -1), plot,
-                        title=f"{rec['q_id']} vs {rec['k_id']}")
+        plot_barycenter(result.plan.real, table["target"].to_numpy(), plot,
+                        title=f"{pair['q_id']} vs {pair['k_id']}")

@@ -52,11 +52,9 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
-    rec = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
+    pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
-        predictor = Predictor(checkpoint, weights=weights)
-        fa, fb = predictor.featurize([rec["q_seq"], rec["k_seq"]])
-        result = certify_pair(predictor.model, fa, fb, target=rec.get("target"), tail_depths=depths,
+        result = certify_pair(Predictor(checkpoint, weights=weights), pair, tail_depths=depths,
                               tol=tol, perturbation=perturbation, block_rows=block_rows)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
