@@ -2,7 +2,6 @@
 hand-derived cases for thresholds / dustbins, and the large sizes it must handle."""
 
 import itertools
-import time
 
 import numpy as np
 import pytest
