@@ -1,4 +1,4 @@
-"""Certificates of one aligned pair (DESIGN §6), from a trained aligner's scores and plans.
+"""Certificates of one aligned pair (docs/design.md §6), from a trained aligner's scores and plans.
 
 - projective contraction per 128-row block of each head's scores (exact rho_H = tanh^2(Delta/4)
   and the range bound tanh^2(Omega_S/2); summarised as in the seed paper's Table 7);

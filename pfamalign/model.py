@@ -3,7 +3,7 @@
 ``Aligner`` maps the per-residue features of a (query, key) pair to queries, keys and values
 per head, and transports the key values onto the query rows with the banded, dustbin-augmented
 Sinkhorn plan of :func:`pfamalign.kernels.transport`. ``aligner_loss`` gives the training
-objective of DESIGN §5; ``Aligner.plan`` gives the dense plan used for decoding and evaluation.
+objective of docs/design.md §5; ``Aligner.plan`` gives the dense plan used for decoding and evaluation.
 
 Shapes: B pairs, Lq / Lk padded lengths, D feature dim, H heads, d head dim, dv value dim.
 
@@ -78,7 +78,7 @@ class AlignerConfig:
         one-hot and BLOSUM62-row columns that the embedder's ``feature_layout`` names (the
         ``builtin/onehot+blosum62`` features have both); -1 = off.
       transport: the transport op's settings (band, eps, T, R, dustbin mode, implementation).
-      recon_weight, ce_weight, mono_weight: loss weights (DESIGN §5; see the module docstring).
+      recon_weight, ce_weight, mono_weight: loss weights (docs/design.md §5; see the module docstring).
       token_init_scale: std of the dustbin tokens' initialisation.
     """
 
@@ -380,7 +380,7 @@ def build_model(cfg: AlignerConfig, *, seed: int = 0) -> Aligner:
 
 
 # ---------------------------------------------------------------------------------------------
-# Losses (DESIGN §5)
+# Losses (docs/design.md §5)
 # ---------------------------------------------------------------------------------------------
 
 def loss_targets(target, q_len, *, dustbin: bool, key_length: int):

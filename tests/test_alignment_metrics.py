@@ -1,4 +1,4 @@
-"""Pair P/R/F1 (micro, macro, bootstrap, identity bins) and the DESIGN §5 plan metrics,
+"""Pair P/R/F1 (micro, macro, bootstrap, identity bins) and the docs/design.md §5 plan metrics,
 against hand-derived values and direct per-row loops."""
 
 import math
@@ -152,7 +152,7 @@ def test_identity_bins():
 # --- plan metrics ---------------------------------------------------------------------------------
 
 def _direct_plan_metrics(plan, target, values, dustbin, min_prob=1e-12):
-    """Per-row loops over one head, straight from the DESIGN §5 definitions."""
+    """Per-row loops over one head, straight from the docs/design.md §5 definitions."""
     lq, lk = plan.shape
     out = values.T @ plan.T if values is not None else None  # [dv, Lq]
     rec, ce, err, viol = [], [], [], []

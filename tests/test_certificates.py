@@ -1,4 +1,4 @@
-"""DESIGN §6 certificates against direct computation: brute-force Delta, Birkhoff contraction
+"""docs/design.md §6 certificates against direct computation: brute-force Delta, Birkhoff contraction
 of the kernel, block layout, receiver mass, the score-perturbation bound, tail mass."""
 
 import itertools

@@ -147,7 +147,7 @@ def test_reconstruction_cannot_be_lowered_by_shrinking_values(name):
 @pytest.mark.parametrize("name", ["k2_eps1", "align_ce"])
 def test_losses_match_the_dense_plan(name):
     """recon, CE and barycenters computed through the banded op (value columns [j, 1],
-    target_logp) equal the DESIGN §5 definitions on the dense reference plan."""
+    target_logp) equal the docs/design.md §5 definitions on the dense reference plan."""
     cfg = _cfg(name, encoder_layers=1).model
     model = build_model(cfg, seed=3)
     batch = _batch(2)

@@ -1,4 +1,4 @@
-"""Baseline aligners scored with the same protocol as the model (DESIGN §5).
+"""Baseline aligners scored with the same protocol as the model (docs/design.md §5).
 
 * Needleman-Wunsch (global) and Smith-Waterman (local) with BLOSUM62 and affine gaps through
   Biopython's ``PairwiseAligner``. Gap convention: a gap of length n costs
@@ -68,7 +68,7 @@ def smith_waterman(seq_a: str, seq_b: str, *, gap_open: float = 11.0,
 def diagonal_pairs(query_length: int, key_length: int) -> np.ndarray:
     """Diagonal reference as pairs ``[Lq, 2]``: ``(i, round(i (Lk-1)/(Lq-1)))`` for every row.
 
-    One pair per query row, as DESIGN §5 defines it. When ``Lq > Lk`` rows share keys, so the
+    One pair per query row, as docs/design.md §5 defines it. When ``Lq > Lk`` rows share keys, so the
     result is a pair *set* (fine for the pair metrics) but not a proper alignment.
     """
     target = diagonal_target(query_length, key_length)

@@ -1,4 +1,4 @@
-"""Certificates of DESIGN §6 that need only scores and plans (numpy).
+"""Certificates of docs/design.md §6 that need only scores and plans (numpy).
 
 Projective contraction (seed paper, Prop. 4)
     For a strictly positive kernel ``K = exp(S)`` (``S [n, m]``), Birkhoff's theorem gives the
@@ -9,7 +9,7 @@ Projective contraction (seed paper, Prop. 4)
     ``(S_ij - S_ij') - (S_i'j - S_i'j')`` is the range (max - min) over i of ``S_ij - S_ij'``.
     Range bound: every cross term is at most ``2 Omega_S`` with ``Omega_S = max S - min S``
     over the block, so ``Delta <= 2 Omega_S`` and ``rho_H <= tanh^2(Omega_S / 2)``: a cruder
-    certificate that needs only the score range (our reading of DESIGN's ``tanh^2(Omega_S/2)``).
+    certificate that needs only the score range (docs/design.md §6.1).
     Blocks: query rows in consecutive blocks of ``block_rows`` (128) among the *active* rows
     (rows with any support); a block's active columns are the union of its rows' supports. The
     block is strictly positive iff every (row, active column) entry is in the support (and

@@ -1,4 +1,4 @@
-"""Evaluation metrics (DESIGN §5), numpy only: aligned-pair P/R/F1 and the seed paper's plan
+"""Evaluation metrics (docs/design.md §5), numpy only: aligned-pair P/R/F1 and the seed paper's plan
 metrics.
 
 Aligned-pair metrics
@@ -289,7 +289,7 @@ def _mean(x: np.ndarray) -> tuple[float, int]:
 
 def plan_metrics(plan, target, *, values=None, outputs=None, dustbin_mass=None,
                  min_prob: float = 1e-12) -> PlanMetrics:
-    """DESIGN §5 plan metrics of one sequence pair.
+    """docs/design.md §5 plan metrics of one sequence pair.
 
     Args:
       plan: ``[..., Lq, Lk]`` plan over the real rows and keys (leading axes: heads).

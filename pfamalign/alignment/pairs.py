@@ -122,7 +122,7 @@ def target_from_pairs(pairs, query_length: int) -> np.ndarray:
 
 
 def diagonal_target(query_length: int, key_length: int) -> np.ndarray:
-    """DESIGN §5 diagonal reference ``[Lq]``: row i -> ``round(i (Lk - 1) / (Lq - 1))``.
+    """docs/design.md §5 diagonal reference ``[Lq]``: row i -> ``round(i (Lk - 1) / (Lq - 1))``.
 
     ``round`` is Python's (half to even, as ``np.rint``); for ``Lq == 1`` the single row maps to
     key 0. When ``Lq > Lk`` several rows share a key (the map is monotone, not injective).
