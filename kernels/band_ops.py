@@ -5,7 +5,8 @@ length of a ``band.BandGeometry``) and on the band ``|i - j| <= W`` among active
 columns only; the dustbin spokes, potentials and centering are ``sinkhorn.py``'s. Scores and
 plans are backend handles, opaque to the caller: ``XlaBandOps`` keeps the band resident as
 tiles, ``PallasBandOps`` returns lazy handles and recomputes score tiles inside its kernels.
-A new backend subclasses ``BandOps``, implements every method and sets both flags.
+A new backend subclasses ``BandOps`` and defines every member: one it forgets leaves the class
+abstract, and instantiating it raises TypeError.
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ class BandOps(Protocol):
     ``-inf`` and plan entry exactly 0; a line with no entry has log-sum-exp ``-inf``.
     """
 
-    resident_band: bool
-    """The score band is held in memory, so a plan can be kept and reused across steps
-    (``sinkhorn.run_steps_scaling``); False for backends that recompute scores per product."""
+    # The capability flags: a backend sets both as plain class attributes.
+    @property
+    @abc.abstractmethod
+    def resident_band(self) -> bool:
+        """The score band is held in memory, so a plan can be kept and reused across steps
+        (``sinkhorn.run_steps_scaling``); False when scores are recomputed per product."""
 
-    exact_single_pass_lse: bool
-    """``row_lse`` / ``col_lse`` are exact in one pass without a ``shift`` (an online max):
-    the caller then never passes one and skips the shifted fast path and its fallback."""
+    @property
+    @abc.abstractmethod
+    def exact_single_pass_lse(self) -> bool:
+        """``row_lse`` / ``col_lse`` are exact in one pass (an online max): the caller then
+        never passes a ``shift`` and skips the shifted fast path and its fallback."""
 
     @abc.abstractmethod
     def scores(self, q: jax.Array, k: jax.Array, row_active: jax.Array, col_active: jax.Array,

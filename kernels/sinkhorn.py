@@ -178,14 +178,14 @@ def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
     falls back to the exact two-pass form when any line drifted out of the safe range.
     Backends whose log-sum-exp is already single-pass and exact (online max) skip all this."""
-    if shift is None or ops.exact_single_pass_lse:
+    if ops.exact_single_pass_lse:
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
     ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
     return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
 
 
-def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
+def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
     """û = log a - LSE_row(S + v) on the extended support (a: row targets)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = _logaddexp(band_lse, spk.col + v[:, -1:])
@@ -193,7 +193,7 @@ def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     return _potential(sup.log_rows, jnp.concatenate([real, db[:, None]], -1))
 
 
-def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
+def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
     """v̂ = log b - LSE_col(S + u) on the extended support (b: column targets)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = _logaddexp(band_lse, spk.row + u[:, -1:])
@@ -237,7 +237,7 @@ def step_eps(cfg: TransportConfig, tail_steps: int | None = None) -> np.ndarray:
     return np.array([e for e, t in cfg.base_stages() for _ in range(t)] + [cfg.eps] * tail, np.float64)
 
 
-def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
+def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
     """Full centered steps from (u, v), step t at temperature ``eps[t]``, in one scan.
 
     ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
@@ -265,7 +265,7 @@ def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
 _ABSORB = 30.0
 
 
-def run_steps_scaling(ops, band, spk: Spokes, sup: Support, n_steps: int, u, v):
+def run_steps_scaling(ops: BandOps, band, spk: Spokes, sup: Support, n_steps: int, u, v):
     """``run_steps`` at one eps in the scaling domain: after one exact log-domain step, each
     half step is one product with a resident reference plan ``p0 = exp(S + u0 ⊕ v0)``:
     ``LSE_j(S_ij + v_j) = log (p0 e^{v - v0})_i - u0_i`` — a multiply-add per band entry
@@ -338,39 +338,47 @@ def _plan(ops, band, spk: Spokes, u, v) -> _ExtPlan:
     )
 
 
-def _inner(x, z):
-    return None if x is None else jnp.sum(x * z, -1)
+def _real(*xs):
+    """The real lines ``[N, Lp, ...]`` of extended operands ``[N, Lp + 1, ...]`` (None stays)."""
+    return tuple(None if a is None else a[:, :-1] for a in xs)
+
+
+def _modulated_spokes(p: _ExtPlan, x, z) -> Spokes:
+    """The spoke plan entries times ``<x_i, z_j>`` (as they are without x and z)."""
+    if x is None:
+        return p.spk
+    inner = lambda a, b: jnp.sum(a * b, -1)
+    return Spokes(p.spk.col * inner(x[:, :-1], z[:, -1:]), p.spk.row * inner(x[:, -1:], z[:, :-1]),
+                  p.spk.corner * inner(x[:, -1], z[:, -1]))
+
+
+def _with_spokes(real, to_slot, from_slot, corner, y):
+    """Completes a band product ``real [N, Lp, m]`` of ``y [N, Lp + 1, m]`` on the extended
+    support: real line l gains ``to_slot[l] y[slot]``, and the dustbin line is
+    ``Σ_l from_slot[l] y[l] + corner y[slot]``. Returns ``[N, Lp + 1, m]``."""
+    real = real + to_slot[..., None] * y[:, -1:]
+    db = jnp.einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
+    return jnp.concatenate([real, db[:, None]], 1)
 
 
 def _ext_rows(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_i = Σ_j P_ij <x_i, z_j> y_j`` over the extended support; y, z on columns."""
-    cut = (lambda a: None if a is None else a[:, :-1])
-    real = ops.plan_rows(p.band, y[:, :-1], cut(x), cut(z))
-    w_col = p.spk.col if x is None else p.spk.col * _inner(x[:, :-1], z[:, -1:])  # [N, Lp]
-    real = real + w_col[..., None] * y[:, -1:]
-    w_row = p.spk.row if x is None else p.spk.row * _inner(x[:, -1:], z[:, :-1])
-    w_cor = p.spk.corner if x is None else p.spk.corner * _inner(x[:, -1], z[:, -1])
-    db = jnp.einsum("nj,njm->nm", w_row, y[:, :-1]) + w_cor[:, None] * y[:, -1]
-    return jnp.concatenate([real, db[:, None]], 1)
+    w = _modulated_spokes(p, x, z)
+    return _with_spokes(ops.plan_rows(p.band, *_real(y, x, z)), w.col, w.row, w.corner, y)
 
 
 def _ext_cols(ops, p: _ExtPlan, y, x=None, z=None):
-    """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows."""
-    cut = (lambda a: None if a is None else a[:, :-1])
-    real = ops.plan_cols(p.band, y[:, :-1], cut(x), cut(z))
-    w_row = p.spk.row if x is None else p.spk.row * _inner(x[:, -1:], z[:, :-1])
-    real = real + w_row[..., None] * y[:, -1:]
-    w_col = p.spk.col if x is None else p.spk.col * _inner(x[:, :-1], z[:, -1:])
-    w_cor = p.spk.corner if x is None else p.spk.corner * _inner(x[:, -1], z[:, -1])
-    db = jnp.einsum("ni,nim->nm", w_col, y[:, :-1]) + w_cor[:, None] * y[:, -1]
-    return jnp.concatenate([real, db[:, None]], 1)
+    """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows. The row
+    product of the transposed plan: the dustbin row and column trade places."""
+    w = _modulated_spokes(p, x, z)
+    return _with_spokes(ops.plan_cols(p.band, *_real(y, x, z)), w.row, w.col, w.corner, y)
 
 
 def _ext(x, token):  # [N, Lp, m], [N, m] -> [N, Lp + 1, m]
     return jnp.concatenate([x, token[:, None]], 1)
 
 
-def output(ops, band, spk, sol: Solution, flat: Flat):
+def output(ops: BandOps, band, spk, sol: Solution, flat: Flat):
     """O = P V for the real rows ``[N, Lp, dv]`` (the dustbin row's output is not returned)."""
     p = _plan(ops, band, spk, sol.u_final, sol.v_final)
     return _ext_rows(ops, p, _ext(flat.v, flat.tv))[:, :-1]
