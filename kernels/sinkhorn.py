@@ -2,8 +2,8 @@
 
 A backend (``XlaBandOps`` or ``PallasBandOps``) supplies the banded primitives of the
 ``band_ops.BandOps`` contract — ``scores``, ``rescale``, ``row_lse``, ``col_lse``, ``plan``,
-``plan_rows``, ``plan_cols`` — and this module adds the dustbin spokes (O(L) vectors), the potentials, centering, the stopped base, the
-R-step tail and the custom VJP.
+``plan_rows``, ``plan_cols`` — and this module adds the dustbin spokes (O(L) vectors), the
+potentials, centering, the stopped base, the R-step tail and the custom VJP.
 
 Extended index space: potentials are ``[N, Lp + 1]``; slot ``Lp`` is the dustbin row (for u)
 or column (for v). Without a dustbin those slots have no support and stay 0.
@@ -95,7 +95,7 @@ class Spec(NamedTuple):
 
 
 def make_ops(spec: Spec) -> BandOps:
-    """The backend of a resolved config (``impl`` "xla" or "pallas", see ``TransportConfig.resolved``)."""
+    """The backend of a resolved config: ``impl`` "xla" or "pallas" (``TransportConfig.resolved``)."""
     if spec.cfg.impl == "pallas":
         from pfamalign.kernels.pallas_ops import PallasBandOps
 
@@ -228,7 +228,8 @@ def _scale(flat: Flat, eps):
 def extended_scores(ops: BandOps, spec: Spec, flat: Flat, eps):
     """The score band and the dustbin spokes at temperature ``eps``: ``<q, k> / (sqrt(d) eps)``."""
     scale = _scale(flat, eps)
-    return ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, scale), spoke_scores(flat, spec, scale)
+    band = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, scale)
+    return band, spoke_scores(flat, spec, scale)
 
 
 def step_eps(cfg: TransportConfig, tail_steps: int | None = None) -> np.ndarray:
@@ -487,8 +488,9 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
     """The direct baseline: every tail plan exponentiated on its own (2R + 1 exponentials per
     entry), ``dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)]``. Returns as
     ``_one_reference_adjoint``."""
-    pots = (sol.u_hat, _v_before(sol), sol.u, sol.v)  # per r: (û^r, v^{r-1}) of A^r, (u^r, v^r) of B^r
-    tail_plans = lambda u_hat, v_prev, u, v: (_plan(ops, band, spk, u_hat, v_prev), _plan(ops, band, spk, u, v))
+    pots = (sol.u_hat, _v_before(sol), sol.u, sol.v)  # per r: A^r's (û^r, v^{r-1}), B^r's (u^r, v^r)
+    tail_plans = lambda u_hat, v_prev, u, v: (_plan(ops, band, spk, u_hat, v_prev),
+                                             _plan(ops, band, spk, u, v))
 
     def products(xs_r):
         a_plan, b_plan = tail_plans(*xs_r)
