@@ -2,7 +2,8 @@
 
 ``PallasBandOps`` implements ``band_ops.BandOps`` (as ``XlaBandOps`` does) but keeps no
 score band: ``scores`` and ``plan`` return lazy handles of O(L) vectors, and every LSE or plan
-product recomputes its score tiles from q and k inside a kernel. Two kernels cover all five compute primitives:
+product recomputes its score tiles from q and k inside a kernel. Two kernels cover all five
+compute primitives:
 
 - ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
 - ``band_product(q, k, a, c, y, x, z)``: ``Σ_j exp(<q_i, k_j> + a_i + c_j) <x_i, z_j> y_j``.
