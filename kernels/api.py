@@ -26,7 +26,9 @@ class Potentials(NamedTuple):
     v: jax.Array  # [B, H, T + R, Lk + 1]
 
 
-def _check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
+def check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
+    """Raises ValueError, naming the shapes, unless the op's inputs agree with each other and
+    with ``cfg`` (lengths in range, dustbin tokens present where the mode needs them)."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(
             f"q, k, v must be [B, H, L, d]; got shapes {q.shape}, {k.shape}, {v.shape}")
@@ -56,7 +58,7 @@ def _check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
             raise ValueError(f"dustbin tokens must have shapes {want} ([H, d], [H, d], [H, dv]), got {got}")
 
 
-def _pad_flat(x, length):
+def pad_flat(x, length):
     """[B, H, L, m] -> [B * H, length, m], zero padded."""
     b, h, l, m = x.shape
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
@@ -87,7 +89,7 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     pos = jnp.arange(lp)[None, :]
     row_active = pos < per_head(q_len)[:, None]
     col_active = pos < per_head(k_len)[:, None]
-    qf, kf, vf = _pad_flat(q, lp), _pad_flat(k, lp), _pad_flat(v, lp)
+    qf, kf, vf = pad_flat(q, lp), pad_flat(k, lp), pad_flat(v, lp)
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
     tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
@@ -157,7 +159,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
     elif settings:
         raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
     config = config.resolved()
-    _check_inputs(q, k, v, q_len, k_len, tokens, config)
+    check_inputs(q, k, v, q_len, k_len, tokens, config)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
     if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):
         raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, got {jnp.shape(targets)}")
@@ -184,6 +186,6 @@ def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
     v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
     if tokens is not None:
         tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
-    _check_inputs(q, k, v, q_len, k_len, tokens, config)
+    check_inputs(q, k, v, q_len, k_len, tokens, config)
     plan = reference_solve(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config)[0]
     return jax.lax.stop_gradient(plan)

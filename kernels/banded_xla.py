@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from pfamalign.kernels.band import BandGeometry
+from pfamalign.kernels.band_ops import BandOps
 
 
 def _log_or_neg_inf(ssum):
@@ -30,11 +31,11 @@ class Band(NamedTuple):
     s: jax.Array  # [n_diag, N, nI, b, b]
 
 
-class XlaBandOps:
-    """Banded primitives on flattened problems ``[N, Lp, ...]`` (N = batch x heads)."""
+class XlaBandOps(BandOps):
+    """The ``BandOps`` primitives on a resident band of score tiles."""
 
-    # The band stays in memory, so a plan can be kept and reused by the scaling-domain steps.
-    resident_band = True
+    resident_band = True  # the tiles are in memory: a plan can be kept and reused
+    exact_single_pass_lse = False  # max pass + sum pass, or one pass with the caller's shift
 
     def __init__(self, geom: BandGeometry):
         self.g = geom
@@ -88,16 +89,13 @@ class XlaBandOps:
         return Band(jnp.where(mask, tiles * scale, -jnp.inf))
 
     def rescale(self, band: Band, factor) -> Band:
+        """``factor * S``."""
         return Band(band.s * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
     def row_lse(self, band: Band, col_bias, shift=None):
-        """``LSE_j (S_ij + col_bias_j)`` over each row's band; -inf for rows with none.
-
-        ``shift [N, Lp]``, when given, is a per-row stabilizer close to the result (the
-        previous step's value): one pass over the band instead of a max pass and a sum pass.
-        The caller checks that ``result - shift`` stayed in a safe range.
-        """
+        """``LSE_j (S_ij + col_bias_j)``: a max pass and a sum pass, or the sum pass alone
+        stabilized by ``shift``."""
         x = band.s + self._windows(col_bias)[:, :, :, None, :]
         if shift is None:
             mx = jnp.max(x, axis=(0, 4))  # [N, nI, b]
@@ -109,10 +107,7 @@ class XlaBandOps:
         return (_log_or_neg_inf(ssum) + shift).reshape(shift.shape[0], -1)
 
     def col_lse(self, band: Band, row_bias, shift=None):
-        """``LSE_i (S_ij + row_bias_i)`` over each column's band; -inf for columns with none.
-
-        ``shift``: as in ``row_lse``, a per-column stabilizer ``[N, Lp]``.
-        """
+        """``LSE_i (S_ij + row_bias_i)``: as ``row_lse``, the partial sums folded onto key blocks."""
         x = band.s + self._blocks(row_bias)[None, :, :, :, None]
         if shift is None:
             mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]

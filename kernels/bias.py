@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pfamalign.kernels import sinkhorn as sk
-from pfamalign.kernels.api import _check_inputs, _pad_flat, flatten, transport
+from pfamalign.kernels.api import check_inputs, flatten, pad_flat, transport
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
 
 
@@ -73,8 +73,7 @@ def _base_state(cfg: TransportConfig, q_len, k_len, inputs):
     """(u^T, v^T) ``[N, Lp + 1]`` after the T base steps from zero, differentiably."""
     flat, spec = _flatten(*inputs[:3], q_len, k_len, inputs[3], cfg)
     ops, sup = sk.make_ops(spec), sk.support(flat, spec)
-    dots = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, sk._scale(flat, 1.0))
-    raw_spk = sk.spoke_scores(flat, spec, sk._scale(flat, 1.0))
+    dots, raw_spk = sk.extended_scores(ops, spec, flat, 1.0)
     zeros = jnp.zeros((flat.q.shape[0], flat.q.shape[1] + 1), flat.q.dtype)
     _, u, v = sk.run_steps(ops, dots, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros)
     return u[-1], v[-1]
@@ -89,7 +88,7 @@ def _stopped(cfg: TransportConfig, q_len, k_len, inputs, g_out):
     _, to_inputs = jax.vjp(fields, *inputs)  # maps flat cotangents back to the inputs
     sol, _, band, spk = sk.solve(spec, flat)
     out = sk.output(sk.make_ops(spec), band, spk, sol, flat)  # [N, Lp, dv]
-    g_flat = _pad_flat(g_out, flat.q.shape[1])
+    g_flat = pad_flat(g_out, flat.q.shape[1])
     grads, eta = sk.adjoint(spec, flat, sol, band, spk, out, g_flat)
     u_bar = jnp.zeros_like(eta)
     if cfg.tail_steps == 0:  # the output plan reads u^T too: ū_0 = row sums of P∘G
@@ -143,7 +142,7 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
         raise ValueError(f"tail_depths must be a non-empty sequence of integers >= 0, got {tail_depths!r}")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
-    _check_inputs(q, k, v, q_len, k_len, tokens, config)
+    check_inputs(q, k, v, q_len, k_len, tokens, config)
     want = q.shape[:3] + v.shape[-1:]
     if tuple(jnp.shape(g_out)) != want:
         raise ValueError(f"g_out must have the output's shape [B, H, Lq, dv]={want}, got {jnp.shape(g_out)}")

@@ -1,9 +1,9 @@
 """Pallas backend of the banded primitives: the O(L)-memory schedule.
 
-``PallasBandOps`` implements the interface ``sinkhorn.py`` is written against (the same seven
-methods as ``XlaBandOps``), but keeps no score band: ``scores`` and ``plan`` return lazy
-handles of O(L) vectors, and every LSE or plan product recomputes its score tiles from q and
-k inside a kernel. Two kernels cover all five compute primitives:
+``PallasBandOps`` implements ``band_ops.BandOps`` (as ``XlaBandOps`` does) but keeps no
+score band: ``scores`` and ``plan`` return lazy handles of O(L) vectors, and every LSE or plan
+product recomputes its score tiles from q and k inside a kernel. Two kernels cover all five
+compute primitives:
 
 - ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
 - ``band_product(q, k, a, c, y, x, z)``: ``Σ_j exp(<q_i, k_j> + a_i + c_j) <x_i, z_j> y_j``.
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from pfamalign.kernels import pallas_gpu, pallas_tpu
 from pfamalign.kernels.band import BandGeometry
+from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.config import accelerator
 
 WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
@@ -63,9 +64,8 @@ def _default_wrapper() -> str:
     return CPU_WRAPPER if kind == "cpu" else kind
 
 
-class PallasBandOps:
-    """Banded primitives on flattened problems ``[N, Lp, ...]`` (N = batch x heads), computed by
-    Pallas kernels that recompute score tiles from q and k.
+class PallasBandOps(BandOps):
+    """The ``BandOps`` primitives as Pallas kernels that recompute score tiles from q and k.
 
     Args:
       geom: the band tiling (``make_geometry(..., pallas=True)`` gives kernel-legal tiles).
@@ -74,8 +74,8 @@ class PallasBandOps:
       wrapper: "tpu" or "gpu" to force a kernel wrapper (default: from the backend).
     """
 
-    # The kernels' log-sum-exp keeps a running max: one exact pass, no shifted fast path needed.
-    exact_single_pass_lse = True
+    resident_band = False  # scores are recomputed inside every kernel: there is no plan to keep
+    exact_single_pass_lse = True  # the kernels' log-sum-exp keeps a running max
 
     def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = None):
         if wrapper is None:
@@ -114,9 +114,7 @@ class PallasBandOps:
         return s._replace(scale=s.scale * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
-    # ``shift`` (a per-line stabilizer that lets the XLA backend fuse its max and sum passes)
-    # is accepted for interface compatibility and unused: the kernels' online max/sum is
-    # already a single pass over the band, and exact whatever the shift.
+    # No ``shift`` is ever passed (exact_single_pass_lse): the online max/sum is one exact pass.
     def row_lse(self, s: Scores, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift

@@ -1,9 +1,9 @@
 """The banded Sinkhorn solve and its exact tail adjoint, written once for every backend.
 
-A backend (``XlaBandOps`` or ``PallasBandOps``) supplies seven banded primitives — ``scores``,
-``rescale``, ``row_lse``, ``col_lse``, ``plan``, ``plan_rows``, ``plan_cols`` — and this module
-adds the dustbin spokes (O(L) vectors), the potentials, centering, the stopped base, the
-R-step tail and the custom VJP.
+A backend (``XlaBandOps`` or ``PallasBandOps``) supplies the banded primitives of the
+``band_ops.BandOps`` contract — ``scores``, ``rescale``, ``row_lse``, ``col_lse``, ``plan``,
+``plan_rows``, ``plan_cols`` — and this module adds the dustbin spokes (O(L) vectors), the
+potentials, centering, the stopped base, the R-step tail and the custom VJP.
 
 Extended index space: potentials are ``[N, Lp + 1]``; slot ``Lp`` is the dustbin row (for u)
 or column (for v). Without a dustbin those slots have no support and stay 0.
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
+from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.config import TransportConfig
 
 
@@ -93,14 +94,17 @@ class Spec(NamedTuple):
     capacity: bool = False  # dustbin marginals = the other side's active length
 
 
-def make_ops(spec: Spec):
+def make_ops(spec: Spec) -> BandOps:
+    """The backend of a resolved config: ``impl`` "xla" or "pallas" (``TransportConfig.resolved``)."""
     if spec.cfg.impl == "pallas":
         from pfamalign.kernels.pallas_ops import PallasBandOps
 
         return PallasBandOps(spec.geom, interpret=spec.cfg.interpret)
-    from pfamalign.kernels.banded_xla import XlaBandOps
+    if spec.cfg.impl == "xla":
+        from pfamalign.kernels.banded_xla import XlaBandOps
 
-    return XlaBandOps(spec.geom)
+        return XlaBandOps(spec.geom)
+    raise ValueError(f"no banded backend for impl={spec.cfg.impl!r}: resolve the config first")
 
 
 # ---- support, spokes and half steps -----------------------------------------------------------
@@ -170,18 +174,18 @@ def _potential(log_target, lse):
 _SAFE_LOG = 60.0
 
 
-def _band_lse(ops, lse_fn, band, bias, shift, has_entry):
+def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
     falls back to the exact two-pass form when any line drifted out of the safe range.
     Backends whose log-sum-exp is already single-pass and exact (online max) skip all this."""
-    if shift is None or getattr(ops, "exact_single_pass_lse", False):
+    if ops.exact_single_pass_lse:
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
     ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
     return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
 
 
-def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
+def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
     """û = log a - LSE_row(S + v) on the extended support (a: row targets)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = _logaddexp(band_lse, spk.col + v[:, -1:])
@@ -189,7 +193,7 @@ def _row_half(ops, band, spk: Spokes, sup: Support, v, shift=None):
     return _potential(sup.log_rows, jnp.concatenate([real, db[:, None]], -1))
 
 
-def _col_half(ops, band, spk: Spokes, sup: Support, u, shift=None):
+def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
     """v̂ = log b - LSE_col(S + u) on the extended support (b: column targets)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = _logaddexp(band_lse, spk.row + u[:, -1:])
@@ -221,13 +225,20 @@ def _scale(flat: Flat, eps):
     return 1.0 / (jnp.sqrt(jnp.asarray(flat.q.shape[-1], flat.q.dtype)) * eps)
 
 
+def extended_scores(ops: BandOps, spec: Spec, flat: Flat, eps):
+    """The score band and the dustbin spokes at temperature ``eps``: ``<q, k> / (sqrt(d) eps)``."""
+    scale = _scale(flat, eps)
+    band = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, scale)
+    return band, spoke_scores(flat, spec, scale)
+
+
 def step_eps(cfg: TransportConfig, tail_steps: int | None = None) -> np.ndarray:
     """The eps of every full step: the base stages, then the tail at ``cfg.eps``."""
     tail = cfg.tail_steps if tail_steps is None else tail_steps
     return np.array([e for e, t in cfg.base_stages() for _ in range(t)] + [cfg.eps] * tail, np.float64)
 
 
-def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
+def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
     """Full centered steps from (u, v), step t at temperature ``eps[t]``, in one scan.
 
     ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
@@ -255,7 +266,7 @@ def run_steps(ops, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
 _ABSORB = 30.0
 
 
-def run_steps_scaling(ops, band, spk: Spokes, sup: Support, n_steps: int, u, v):
+def run_steps_scaling(ops: BandOps, band, spk: Spokes, sup: Support, n_steps: int, u, v):
     """``run_steps`` at one eps in the scaling domain: after one exact log-domain step, each
     half step is one product with a resident reference plan ``p0 = exp(S + u0 ⊕ v0)``:
     ``LSE_j(S_ij + v_j) = log (p0 e^{v - v0})_i - u0_i`` — a multiply-add per band entry
@@ -294,14 +305,13 @@ def solve(spec: Spec, flat: Flat):
     """
     ops, cfg = make_ops(spec), spec.cfg
     sup = support(flat, spec)
-    dots = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, _scale(flat, 1.0))
-    raw_spk = spoke_scores(flat, spec, _scale(flat, 1.0))
+    dots, raw_spk = extended_scores(ops, spec, flat, 1.0)
     n, lp1 = flat.q.shape[0], flat.q.shape[1] + 1
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
     t, r = cfg.base_steps, cfg.tail_steps
     band = ops.rescale(dots, 1.0 / cfg.eps)
     spk = Spokes(*(x / cfg.eps for x in raw_spk))
-    if getattr(ops, "resident_band", False) and cfg.eps_schedule is None and t + r > 1:
+    if ops.resident_band and cfg.eps_schedule is None and t + r > 1:
         u_hat, u_all, v_all = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros)
     else:
         u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
@@ -329,39 +339,47 @@ def _plan(ops, band, spk: Spokes, u, v) -> _ExtPlan:
     )
 
 
-def _inner(x, z):
-    return None if x is None else jnp.sum(x * z, -1)
+def _real(*xs):
+    """The real lines ``[N, Lp, ...]`` of extended operands ``[N, Lp + 1, ...]`` (None stays)."""
+    return tuple(None if a is None else a[:, :-1] for a in xs)
+
+
+def _modulated_spokes(p: _ExtPlan, x, z) -> Spokes:
+    """The spoke plan entries times ``<x_i, z_j>`` (as they are without x and z)."""
+    if x is None:
+        return p.spk
+    inner = lambda a, b: jnp.sum(a * b, -1)
+    return Spokes(p.spk.col * inner(x[:, :-1], z[:, -1:]), p.spk.row * inner(x[:, -1:], z[:, :-1]),
+                  p.spk.corner * inner(x[:, -1], z[:, -1]))
+
+
+def _with_spokes(real, to_slot, from_slot, corner, y):
+    """Completes a band product ``real [N, Lp, m]`` of ``y [N, Lp + 1, m]`` on the extended
+    support: real line l gains ``to_slot[l] y[slot]``, and the dustbin line is
+    ``Σ_l from_slot[l] y[l] + corner y[slot]``. Returns ``[N, Lp + 1, m]``."""
+    real = real + to_slot[..., None] * y[:, -1:]
+    db = jnp.einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
+    return jnp.concatenate([real, db[:, None]], 1)
 
 
 def _ext_rows(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_i = Σ_j P_ij <x_i, z_j> y_j`` over the extended support; y, z on columns."""
-    cut = (lambda a: None if a is None else a[:, :-1])
-    real = ops.plan_rows(p.band, y[:, :-1], cut(x), cut(z))
-    w_col = p.spk.col if x is None else p.spk.col * _inner(x[:, :-1], z[:, -1:])  # [N, Lp]
-    real = real + w_col[..., None] * y[:, -1:]
-    w_row = p.spk.row if x is None else p.spk.row * _inner(x[:, -1:], z[:, :-1])
-    w_cor = p.spk.corner if x is None else p.spk.corner * _inner(x[:, -1], z[:, -1])
-    db = jnp.einsum("nj,njm->nm", w_row, y[:, :-1]) + w_cor[:, None] * y[:, -1]
-    return jnp.concatenate([real, db[:, None]], 1)
+    w = _modulated_spokes(p, x, z)
+    return _with_spokes(ops.plan_rows(p.band, *_real(y, x, z)), w.col, w.row, w.corner, y)
 
 
 def _ext_cols(ops, p: _ExtPlan, y, x=None, z=None):
-    """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows."""
-    cut = (lambda a: None if a is None else a[:, :-1])
-    real = ops.plan_cols(p.band, y[:, :-1], cut(x), cut(z))
-    w_row = p.spk.row if x is None else p.spk.row * _inner(x[:, -1:], z[:, :-1])
-    real = real + w_row[..., None] * y[:, -1:]
-    w_col = p.spk.col if x is None else p.spk.col * _inner(x[:, :-1], z[:, -1:])
-    w_cor = p.spk.corner if x is None else p.spk.corner * _inner(x[:, -1], z[:, -1])
-    db = jnp.einsum("ni,nim->nm", w_col, y[:, :-1]) + w_cor[:, None] * y[:, -1]
-    return jnp.concatenate([real, db[:, None]], 1)
+    """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows. The row
+    product of the transposed plan: the dustbin row and column trade places."""
+    w = _modulated_spokes(p, x, z)
+    return _with_spokes(ops.plan_cols(p.band, *_real(y, x, z)), w.row, w.col, w.corner, y)
 
 
 def _ext(x, token):  # [N, Lp, m], [N, m] -> [N, Lp + 1, m]
     return jnp.concatenate([x, token[:, None]], 1)
 
 
-def output(ops, band, spk, sol: Solution, flat: Flat):
+def output(ops: BandOps, band, spk, sol: Solution, flat: Flat):
     """O = P V for the real rows ``[N, Lp, dv]`` (the dustbin row's output is not returned)."""
     p = _plan(ops, band, spk, sol.u_final, sol.v_final)
     return _ext_rows(ops, p, _ext(flat.v, flat.tv))[:, :-1]
@@ -407,9 +425,92 @@ def _products(ops, p: _ExtPlan):
     return rows, cols
 
 
+def _v_before(sol: Solution):
+    """v^{r-1} for r = 1..R ``[R, N, Lp + 1]``: the stopped base v^0, then the tail's own."""
+    return jnp.concatenate([sol.v0[None], sol.v], 0)[:-1]
+
+
+class _Seed(NamedTuple):
+    """Where both adjoint schedules start: the output plan and the cotangents at step R."""
+
+    p: _ExtPlan  # the output plan P = B^R
+    g: jax.Array  # [N, Lp + 1, dv] output cotangent dO (0 on the dustbin row)
+    v: jax.Array  # [N, Lp + 1, dv] values V (the dustbin column's last)
+    u_bar: jax.Array  # [N, Lp + 1] adjoint of u^R: row sums of P∘G (+ the targets')
+    v_bar: jax.Array  # [N, Lp + 1] adjoint of v^R: column sums of P∘G (+ the targets')
+
+
+def _reverse_sweep(sup: Support, seed: _Seed, xs, products):
+    """The recursion r = R..1 of the module docstring, for either schedule: ``products(xs[r])``
+    gives ``y -> B^r y`` and ``y -> A^{rT} y``. Returns eta (the adjoint of v^0) and the
+    stacked ``α_r / a``, ``β_r / b`` ``[R, N, Lp + 1]``."""
+    n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
+    # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
+    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin).
+    inv_a, inv_b = jnp.exp(-sup.log_rows), jnp.exp(-sup.log_cols)
+
+    def step(carry, xs_r):
+        u_bar, v_bar = carry
+        b_rows, a_cols = products(xs_r)
+        c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
+            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
+        beta = v_bar
+        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta * inv_b)
+        return (jnp.zeros_like(u_bar), -a_cols(alpha * inv_a)), (alpha * inv_a, beta * inv_b)
+
+    (_, eta), (alphas, betas) = jax.lax.scan(step, (seed.u_bar, seed.v_bar), xs, reverse=True)
+    return eta, alphas, betas
+
+
+def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext):
+    """The one-reference schedule: ``A^r = diag(eA_u) P diag(eA_v)``, ``B^r = diag(eB_u) P
+    diag(eB_v)``, so every product is a product with P and ``dS = P ∘ <X_i, Z_j>``.
+
+    Returns ``Σ_j dS_ij k_j``, ``Σ_i dS_ij q_i`` (at unit score scale) and eta."""
+    scales = (_balanced_exp(sol.u_hat - sol.u_final, _v_before(sol) - sol.v_final, sup.rows, sup.cols)
+              + _balanced_exp(sol.u - sol.u_final, sol.v - sol.v_final, sup.rows, sup.cols))
+    p_rows, p_cols = _products(ops, seed.p)
+
+    def products(xs_r):
+        ea_u, ea_v, eb_u, eb_v = xs_r
+        return (lambda y: eb_u * p_rows(eb_v * y)), (lambda y: ea_v * p_cols(ea_u * y))
+
+    eta, alphas, betas = _reverse_sweep(sup, seed, scales, products)
+    # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
+    ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
+    al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
+    x = jnp.concatenate([seed.g, -al * ea_u, -eb_u], -1)
+    z = jnp.concatenate([seed.v, ea_v, be * eb_v], -1)
+    return _ext_rows(ops, seed.p, k_ext, x, z), _ext_cols(ops, seed.p, q_ext, x, z), eta
+
+
+def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext):
+    """The direct baseline: every tail plan exponentiated on its own (2R + 1 exponentials per
+    entry), ``dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)]``. Returns as
+    ``_one_reference_adjoint``."""
+    pots = (sol.u_hat, _v_before(sol), sol.u, sol.v)  # per r: A^r's (û^r, v^{r-1}), B^r's (u^r, v^r)
+    tail_plans = lambda u_hat, v_prev, u, v: (_plan(ops, band, spk, u_hat, v_prev),
+                                             _plan(ops, band, spk, u, v))
+
+    def products(xs_r):
+        a_plan, b_plan = tail_plans(*xs_r)
+        return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
+
+    eta, alphas, betas = _reverse_sweep(sup, seed, pots, products)
+    dq = _ext_rows(ops, seed.p, k_ext, seed.g, seed.v)
+    dk = _ext_cols(ops, seed.p, q_ext, seed.g, seed.v)
+    for r in range(sol.u.shape[0]):
+        a_plan, b_plan = tail_plans(*(x[r] for x in pots))
+        al, be = alphas[r][..., None], betas[r][..., None]
+        dq -= al * _ext_rows(ops, a_plan, k_ext) + _ext_rows(ops, b_plan, be * k_ext)
+        dk -= _ext_cols(ops, a_plan, al * q_ext) + be * _ext_cols(ops, b_plan, q_ext)
+    return dq, dk, eta
+
+
 def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp=None):
     """Cotangents of (q, k, v, tq, tk, tv) for the output cotangent ``g_out [N, Lp, dv]`` and
-    the cotangent ``g_logp [N, Lp]`` of the target log-plan entries (None: no targets).
+    the cotangent ``g_logp [N, Lp]`` of the target log-plan entries (None: no targets), by the
+    schedule ``spec.cfg.adjoint`` names.
 
     A target entry adds ``g`` to the score cotangent at (i, t_i) (``P ∘ (g / P) = g``: no
     division, the log domain carries it) and to the row and column sums at the last step.
@@ -417,20 +518,12 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
     Also returns eta, the adjoint of the stopped base potential v^0 (the part the stopped
     gradient drops; the bias certificate pushes it through the base).
     """
-    ops, cfg = make_ops(spec), spec.cfg
-    sup = support(flat, spec)
-    one_ref = cfg.adjoint == "one_reference"
-    g_out = jnp.where(flat.row_active[..., None], g_out, 0.0)
+    ops, sup = make_ops(spec), support(flat, spec)
     n = g_out.shape[0]
+    g_out = jnp.where(flat.row_active[..., None], g_out, 0.0)
     g_ext = _ext(g_out, jnp.zeros((n, g_out.shape[-1]), g_out.dtype))  # dustbin row: no output
     v_ext = _ext(flat.v, flat.tv)
     p = _plan(ops, band, spk, sol.u_final, sol.v_final)
-    p_rows, p_cols = _products(ops, p)
-    v_before = jnp.concatenate([sol.v0[None], sol.v[:-1]], 0)  # v^{r-1}, [R, N, Lp + 1]
-    if one_ref:  # A^r = diag(eA_u) P diag(eA_v), B^r = diag(eB_u) P diag(eB_v)
-        scales = (_balanced_exp(sol.u_hat - sol.u_final, v_before - sol.v_final, sup.rows, sup.cols)
-                  + _balanced_exp(sol.u - sol.u_final, sol.v - sol.v_final, sup.rows, sup.cols))
-
     dv_ext = _ext_cols(ops, p, g_ext)  # P^T dO
     o_ext = _ext(out, jnp.zeros((n, out.shape[-1]), out.dtype))
     u_bar = jnp.sum(g_ext * o_ext, -1)  # row sums of P∘G
@@ -440,50 +533,14 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
         g_t = jnp.where(valid, g_logp, 0.0)  # [N, Lp]
         u_bar = u_bar.at[:, :-1].add(g_t)
         v_bar = jax.vmap(lambda vb, t, g: vb.at[t].add(g))(v_bar, tc, g_t)
-    n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
-    # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
-    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin).
-    inv_a, inv_b = jnp.exp(-sup.log_rows), jnp.exp(-sup.log_cols)
-
-    def step(carry, xs):  # tail step r, taken in reverse
-        u_bar, v_bar = carry
-        if one_ref:
-            ea_u, ea_v, eb_u, eb_v = xs
-            b_rows = lambda y: eb_u * p_rows(eb_v * y)
-            a_cols = lambda y: ea_v * p_cols(ea_u * y)
-        else:  # the direct schedule: exponentiate A^r and B^r themselves
-            u_hat, v_prev, u_r, v_r = xs
-            b_rows = _products(ops, _plan(ops, band, spk, u_r, v_r))[0]
-            a_cols = _products(ops, _plan(ops, band, spk, u_hat, v_prev))[1]
-        c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
-            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
-        beta = v_bar
-        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta * inv_b)
-        return (jnp.zeros_like(u_bar), -a_cols(alpha * inv_a)), (alpha * inv_a, beta * inv_b)
-
-    xs = scales if one_ref else (sol.u_hat, v_before, sol.u, sol.v)
-    (_, eta), (alphas, betas) = jax.lax.scan(step, (u_bar, v_bar), xs, reverse=True)
-
-    scale = _scale(flat, cfg.eps)
+    seed = _Seed(p, g_ext, v_ext, u_bar, v_bar)
     q_ext, k_ext = _ext(flat.q, flat.tq), _ext(flat.k, flat.tk)
-    if one_ref:
-        # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
-        ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
-        al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
-        x = jnp.concatenate([g_ext, -al * ea_u, -eb_u], -1)
-        z = jnp.concatenate([v_ext, ea_v, be * eb_v], -1)
-        dq_ext = scale * _ext_rows(ops, p, k_ext, x, z)
-        dk_ext = scale * _ext_cols(ops, p, q_ext, x, z)
-    else:  # dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)], each plan exponentiated
-        dq_ext = _ext_rows(ops, p, k_ext, g_ext, v_ext)
-        dk_ext = _ext_cols(ops, p, q_ext, g_ext, v_ext)
-        for r in range(cfg.tail_steps):
-            a_plan = _plan(ops, band, spk, sol.u_hat[r], v_before[r])
-            b_plan = _plan(ops, band, spk, sol.u[r], sol.v[r])
-            al, be = alphas[r][..., None], betas[r][..., None]
-            dq_ext -= al * _ext_rows(ops, a_plan, k_ext) + _ext_rows(ops, b_plan, be * k_ext)
-            dk_ext -= _ext_cols(ops, a_plan, al * q_ext) + be * _ext_cols(ops, b_plan, q_ext)
-        dq_ext, dk_ext = scale * dq_ext, scale * dk_ext
+    if spec.cfg.adjoint == "one_reference":
+        dq_ext, dk_ext, eta = _one_reference_adjoint(ops, sup, sol, seed, q_ext, k_ext)
+    else:
+        dq_ext, dk_ext, eta = _four_plan_adjoint(ops, band, spk, sup, sol, seed, q_ext, k_ext)
+    scale = _scale(flat, spec.cfg.eps)
+    dq_ext, dk_ext = scale * dq_ext, scale * dk_ext
     if g_logp is not None:  # the sparse target entries of the score cotangent
         dq_ext = dq_ext.at[:, :-1].add(scale * g_t[..., None] * k_t)
         dk_ext = jax.vmap(lambda dk, t, x: dk.at[t].add(x))(dk_ext, tc, scale * g_t[..., None] * flat.q)
@@ -515,9 +572,7 @@ def _bwd(spec, res, cotangents):
     flat, sol, out = res
     g_out, g_logp, _ = cotangents  # the history's cotangent is ignored
     # The score band is recomputed (one matmul over the band) rather than kept from forward.
-    ops = make_ops(spec)
-    band = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, _scale(flat, spec.cfg.eps))
-    spk = spoke_scores(flat, spec, _scale(flat, spec.cfg.eps))
+    band, spk = extended_scores(make_ops(spec), spec, flat, spec.cfg.eps)
     grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)
     return (Flat(*grads, None, None, None),)
 

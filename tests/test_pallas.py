@@ -23,8 +23,10 @@ from jax.experimental.pallas import tpu as pltpu
 from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport
 from pfamalign.kernels import pallas_gpu, pallas_ops, pallas_tpu
 from pfamalign.kernels.band import BandGeometry, make_geometry
+from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.banded_xla import XlaBandOps
 from pfamalign.kernels.pallas_ops import PallasBandOps
+from pfamalign.kernels.sinkhorn import Spec, make_ops
 
 OUT_ATOL = 1e-5  # float32, absolute: the public op's outputs and gradients vs the reference
 GRAD_ATOL = 1e-5
@@ -285,6 +287,22 @@ def test_dispatch_on_this_backend():
     assert PallasBandOps(geom, False, wrapper="tpu")._k is pallas_tpu
     with pytest.raises(ValueError, match="wrapper must be one of"):
         PallasBandOps(geom, wrapper="mosaic")
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_every_backend_implements_band_ops(impl):
+    spec = Spec(TransportConfig(half_band=3, impl=impl), make_geometry(20, 3, pallas=True), False, False)
+    ops = make_ops(spec)
+    assert isinstance(ops, BandOps)
+    assert type(ops.resident_band) is bool and type(ops.exact_single_pass_lse) is bool
+
+
+@pytest.mark.parametrize("missing", sorted(BandOps.__abstractmethods__))
+def test_a_backend_missing_a_member_is_refused(missing):
+    members = {name: None for name in BandOps.__abstractmethods__ if name != missing}
+    incomplete = type("Incomplete", (BandOps,), members)
+    with pytest.raises(TypeError, match=missing):
+        incomplete()
 
 
 # ---- cross-lowering from this host -------------------------------------------------------------

@@ -104,6 +104,15 @@ def test_any_tail_depth(base_steps, tail_steps):
     _compare(cfg, 21, 19, [21, 15], [19, 19])
 
 
+@pytest.mark.slow
+def test_four_plan_adjoint_without_tail():
+    # R = 0: the sweep over tail plans is empty and the gradient is P∘G alone (this failed
+    # once: the baseline schedule read R + 1 previous potentials).
+    cfg = TransportConfig(half_band=4, eps=0.5, base_steps=3, tail_steps=0, dustbin="spoke",
+                          impl="xla", adjoint="four_plan", blocks=BlockSizes(8))
+    _compare(cfg, 21, 19, [21, 15], [19, 19])
+
+
 def test_eps_schedule_matches_reference():
     cfg = TransportConfig(half_band=5, eps=0.5, base_steps=6, tail_steps=2, dustbin="spoke",
                           eps_schedule=((2.0, 2), (1.0, 2), (0.5, 2)), impl="xla", blocks=BlockSizes(8))
