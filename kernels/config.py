@@ -120,6 +120,24 @@ class TransportConfig:
                     f"but base_steps (T) is {self.base_steps}"
                 )
 
+    def to_dict(self) -> dict:
+        """Plain JSON-able fields (a model directory's config.json stores them)."""
+        out = dataclasses.asdict(self)
+        out["blocks"] = {"block": self.blocks.block}
+        if self.eps_schedule is not None:
+            out["eps_schedule"] = [list(s) for s in self.eps_schedule]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TransportConfig":
+        """The inverse of ``to_dict``."""
+        data = dict(data)
+        if isinstance(data.get("blocks"), dict):
+            data["blocks"] = BlockSizes(**data["blocks"])
+        if data.get("eps_schedule") is not None:
+            data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
+        return cls(**data)
+
     def resolved(self, platform: str | None = None) -> "TransportConfig":
         """This config with ``impl="auto"`` replaced by the implementation that runs it."""
         impl = resolve_impl(self.impl, platform)

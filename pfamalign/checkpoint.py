@@ -29,6 +29,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from pfamalign import jsonio
 from pfamalign.model import Aligner, AlignerConfig
 
 MODEL_FORMAT = "pfamalign-model"
@@ -78,7 +79,7 @@ def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
 def write_json(path: pathlib.Path, data: Any) -> None:
     """Writes ``data`` as indented JSON atomically (a temporary file, then a rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(jsonio.dumps(data, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 

@@ -39,7 +39,7 @@ import typing
 from typing import Any
 
 from pfamalign.kernels import TransportConfig
-from pfamalign.model import AlignerConfig, _transport_from_dict, _transport_to_dict
+from pfamalign.model import AlignerConfig
 from pfamalign.pipelines.embed import feature_layout
 
 PAPER_BASE_STEPS = 15  # T
@@ -310,7 +310,7 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
         kw[field] = _parse_value(text, getattr(current, field), table[field].type, key)
     transport = cfg.model.transport
     if transport_kw:
-        transport = _transport_from_dict({**_transport_to_dict(transport), **transport_kw})
+        transport = TransportConfig.from_dict({**transport.to_dict(), **transport_kw})
     model = dataclasses.replace(cfg.model, transport=transport, **model_kw)
     train = cfg.train.replace(**train_kw)
     return RunConfig(model, train)

@@ -33,7 +33,6 @@ The total is ``recon_weight * recon + ce_weight * ce + mono_weight * mono``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, NamedTuple
 
 import jax
@@ -41,7 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transport_plan
-from pfamalign.kernels.config import BlockSizes
+from pfamalign import jsonio
 from pfamalign.pipelines.embed import feature_layout
 
 ENCODERS = ("none", "conv")
@@ -136,7 +135,7 @@ class AlignerConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``from_dict`` inverts it)."""
         out = dataclasses.asdict(self)
-        out["transport"] = _transport_to_dict(self.transport)
+        out["transport"] = self.transport.to_dict()
         return out
 
     @classmethod
@@ -146,28 +145,11 @@ class AlignerConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown AlignerConfig fields {unknown}")
-        data["transport"] = _transport_from_dict(data["transport"])
+        data["transport"] = TransportConfig.from_dict(data["transport"])
         return cls(**data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-
-def _transport_to_dict(cfg: TransportConfig) -> dict[str, Any]:
-    out = dataclasses.asdict(cfg)
-    out["blocks"] = {"block": cfg.blocks.block}
-    if cfg.eps_schedule is not None:
-        out["eps_schedule"] = [list(s) for s in cfg.eps_schedule]
-    return out
-
-
-def _transport_from_dict(data: dict[str, Any]) -> TransportConfig:
-    data = dict(data)
-    if isinstance(data.get("blocks"), dict):
-        data["blocks"] = BlockSizes(**data["blocks"])
-    if data.get("eps_schedule") is not None:
-        data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
-    return TransportConfig(**data)
+        return jsonio.dumps(self.to_dict(), sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ class MetricsWriter:
         if not self.active:
             return
         rec = jsonio.clean({"step": step, **record})
-        self._file.write(json.dumps(rec) + "\n")
+        self._file.write(jsonio.dumps_line(rec) + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in rec.items():
