@@ -12,14 +12,14 @@ train split, and shifts the Pfam reference pairs accordingly. Every method align
 flanked pairs:
 
 * ``sw`` / ``nw``: Smith-Waterman / Needleman-Wunsch, BLOSUM62 11 / 1 (Biopython);
-* ``hybrid_global`` / ``hybrid_local``: the model's decoder settings (the shipped model:
-  BLOSUM62 + 2 x plan, 11 / 1) in each ``mode``;
-* ``affine_global`` / ``affine_local``: the plan decoded on its own (``affine`` defaults).
+* ``model_global`` / ``model_local``: the model's decoder settings (``decoding.json``; the
+  shipped model: hybrid, BLOSUM62 + 2 x plan, 11 / 1) in each ``mode``;
+* ``plan_global`` / ``plan_local``: the plan decoded on its own (``affine`` defaults).
 
 Per method: aligned-pair precision / recall / F1 against the shifted reference (micro, with
 bootstrap 95 % intervals over pairs; pairs into the flanks count as false positives) and the
 flank false-positive rate, aligned pairs that involve a flank residue per flank residue. A
-``model`` line says where the plan puts flank rows (mean dustbin mass of flank and domain
+``plan`` line says where the plan puts flank rows (mean dustbin mass of flank and domain
 query rows, share of the plan's real mass on flank rows or columns). Then the paired F1
 differences (bootstrap over pairs and over whole families).
 """
@@ -40,8 +40,8 @@ from pfamalign.pipelines.reader import iter_pairs
 from pfamalign.residues import AA_ALPHABET
 
 STANDARD = AA_ALPHABET[:20]  # the 20 standard residues (the rest are rare codes)
-DIFFERENCES = [("hybrid_local", "hybrid_global"), ("hybrid_local", "sw"), ("hybrid_local", "nw"),
-               ("affine_local", "affine_global"), ("hybrid_global", "nw")]
+DIFFERENCES = [("model_local", "model_global"), ("model_local", "sw"), ("model_local", "nw"),
+               ("plan_local", "plan_global"), ("model_global", "nw")]
 
 
 def background_frequencies(data, split: str = "train") -> np.ndarray:
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     }
     plan_only = DecoderSettings.for_decoder("affine")
     for mode in ("global", "local"):
-        for name, settings in ((model.decoder, model), ("affine", plan_only)):
+        for name, settings in (("model", model), ("plan", plan_only)):
             s = settings.override(mode=mode)
             methods[f"{name}_{mode}"] = lambda a, b, pp, s=s: s.decode(pp, (a, b))
 
@@ -140,8 +140,8 @@ def main(argv=None) -> int:
         k_in[k_dom[0]:k_dom[1]] = True
         dustbin_flank.extend(pp.row_dustbin[~q_in])
         dustbin_domain.extend(pp.row_dustbin[q_in])
-        flank_share.append(pp.real[~q_in].sum() + pp.real[q_in][:, ~k_in].sum())
-        flank_share[-1] /= max(pp.real.sum(), 1e-12)
+        on_flanks = pp.real[~q_in].sum() + pp.real[q_in][:, ~k_in].sum()
+        flank_share.append(on_flanks / max(pp.real.sum(), 1e-12))
 
     setup = {"split": args.split, "pairs": len(records), "flank": list(args.flank), "embed": args.embed,
              "seed": args.seed, "checkpoint": str(predictor.path), "decoder": model.decoder,
@@ -152,13 +152,11 @@ def main(argv=None) -> int:
         print(jsonio.dumps_line({"method": name, **setup, "micro": summary["micro"],
                             "flank_pairs": int(fp), "flank_residues": int(residues),
                             "flank_fp_rate": fp / residues if residues else None}))
-    print(jsonio.dumps_line({"model": "plan", **setup,
+    print(jsonio.dumps_line({"plan": "where the flanks go", **setup,
                         "mean_dustbin_mass_flank_rows": float(np.mean(dustbin_flank)) if dustbin_flank else None,
                         "mean_dustbin_mass_domain_rows": float(np.mean(dustbin_domain)),
                         "mean_real_mass_share_on_flanks": float(np.mean(flank_share))}))
-    differences = [(a.replace("hybrid", model.decoder), b.replace("hybrid", model.decoder))
-                   for a, b in DIFFERENCES]
-    for a, b in differences:
+    for a, b in DIFFERENCES:
         row = {"difference": f"{a} - {b}", **setup}
         for label, groups in (("pairs", None), ("families", family)):
             cell = paired_f1_difference(counts[a], counts[b], pid, groups=groups, n_boot=args.n_boot,
