@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
+from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairs import PairAlignment
 
@@ -38,8 +38,10 @@ class DecoderSettings:
     ``affine``: Gotoh DP on ``P - threshold`` with gap costs between aligned pairs (plan-mass
     units); ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned
     residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
-    units (needs the sequences). A model directory may carry tuned values in ``decoding.json``;
-    ``for_decoder`` gives each decoder's own defaults.
+    units (needs the sequences). ``mode``: ``global`` aligns end to end (end gaps charged);
+    ``local`` finds the best-scoring segment (Smith-Waterman ends: flanks stay unaligned for
+    free). A model directory may carry tuned values in ``decoding.json``; ``for_decoder``
+    gives each decoder's own defaults.
     """
 
     decoder: str = "affine"
@@ -49,11 +51,13 @@ class DecoderSettings:
     gap_cost: float = 0.0
     min_mass: float = 0.0
     plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
-    end_gaps: bool = False  # affine / hybrid: charge leading and trailing gaps (global)
+    mode: str = "global"
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
 
@@ -61,7 +65,7 @@ class DecoderSettings:
     def for_decoder(cls, decoder: str) -> "DecoderSettings":
         """The defaults of one decoder (gap costs are in different units per decoder)."""
         if decoder == "hybrid":  # Needleman-Wunsch's BLOSUM62 gap costs, global
-            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0, end_gaps=True)
+            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0)
         return cls(decoder=decoder)
 
     def override(self, **changes) -> "DecoderSettings":
@@ -77,7 +81,11 @@ class DecoderSettings:
         path = pathlib.Path(directory) / "decoding.json"
         if not path.is_file():
             return cls()
-        return cls(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        end_gaps = fields.pop("end_gaps", None)  # files written before `mode`; `mode` wins
+        if end_gaps is not None:
+            fields.setdefault("mode", "global" if end_gaps else "local")
+        return cls(**fields)
 
     def save(self, directory: pathlib.Path) -> None:
         (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
@@ -86,16 +94,16 @@ class DecoderSettings:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
         if self.decoder == "mea":
             return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
-                              gap_cost=self.gap_cost)
+                              gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "hybrid":
             if sequences is None:
                 raise ValueError("the hybrid decoder needs the two sequences")
             return hybrid_decode(pp.real, *sequences, plan_weight=self.plan_weight,
                                  gap_open=self.gap_open, gap_extend=self.gap_extend,
-                                 min_mass=self.min_mass, end_gaps=self.end_gaps)
+                                 min_mass=self.min_mass, mode=self.mode)
         return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
                              threshold=self.threshold, row_dustbin=pp.row_dustbin,
-                             min_mass=self.min_mass, end_gaps=self.end_gaps)
+                             min_mass=self.min_mass, mode=self.mode)
 
 
 @dataclasses.dataclass

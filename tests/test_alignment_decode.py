@@ -198,17 +198,16 @@ def _affine_objective(plan, pairs, threshold, gap_open, gap_extend, ends=None):
 
 
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("end_gaps", [False, True])
-def test_affine_decode_is_optimal_against_brute_force(seed, end_gaps):
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_affine_decode_is_optimal_against_brute_force(seed, mode):
     rng = np.random.default_rng(100 + seed)
     lq, lk = rng.integers(1, 5, size=2)
     plan = rng.random((lq, lk)) ** 2
     gap_open = float(rng.uniform(0, 0.6))
     gap_extend = float(rng.uniform(0, gap_open))
     threshold = float(rng.uniform(0, 0.3))
-    ends = (int(lq), int(lk)) if end_gaps else None
-    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
-                        end_gaps=end_gaps)
+    ends = (int(lq), int(lk)) if mode == "global" else None
+    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold, mode=mode)
     best = max(_affine_objective(plan, p, threshold, gap_open, gap_extend, ends)
                for p in _proper_alignments(lq, lk))
     got = _affine_objective(plan, [tuple(p) for p in aln.pairs], threshold, gap_open, gap_extend, ends)
@@ -252,8 +251,8 @@ _AA = list("ACDEFGHIKLMNPQRSTVWY")
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("end_gaps,mode", [(True, "global"), (False, "local")])
-def test_hybrid_without_the_plan_is_needleman_wunsch_or_smith_waterman(seed, end_gaps, mode):
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_hybrid_without_the_plan_is_needleman_wunsch_or_smith_waterman(seed, mode):
     from Bio import Align
     from Bio.Align import substitution_matrices
 
@@ -263,12 +262,12 @@ def test_hybrid_without_the_plan_is_needleman_wunsch_or_smith_waterman(seed, end
     aligner = Align.PairwiseAligner(mode=mode, open_gap_score=-11, extend_gap_score=-1,
                                     substitution_matrix=substitution_matrices.load("BLOSUM62"))
     plan = rng.random((len(a), len(b)))
-    aln = hybrid_decode(plan, a, b, plan_weight=0.0, end_gaps=end_gaps)
+    aln = hybrid_decode(plan, a, b, plan_weight=0.0, mode=mode)
     assert aln.score == pytest.approx(aligner.score(a, b))
     _check_proper(aln, len(a), len(b))
     s = substitution_scores(a, b)  # the traceback's own objective equals the score
     assert _affine_objective(s, [tuple(p) for p in aln.pairs], 0.0, 11.0, 1.0,
-                             ends=(len(a), len(b)) if end_gaps else None) == pytest.approx(aln.score)
+                             ends=(len(a), len(b)) if mode == "global" else None) == pytest.approx(aln.score)
 
 
 def test_hybrid_follows_a_confident_plan_and_scores_its_objective():
@@ -278,7 +277,7 @@ def test_hybrid_follows_a_confident_plan_and_scores_its_objective():
     plan = np.full((30, 26), 1e-3)
     for i, j in truth:
         plan[i, j] = 1.0
-    aln = hybrid_decode(plan, a, b, plan_weight=100.0, end_gaps=False)
+    aln = hybrid_decode(plan, a, b, plan_weight=100.0, mode="local")
     assert [tuple(p) for p in aln.pairs] == truth
     s = substitution_scores(a, b)
     expected = sum(s[i, j] + 100.0 * plan[i, j] for i, j in truth) - 11.0 - 1.0  # one 2-gap
@@ -291,3 +290,83 @@ def test_hybrid_rejects_bad_inputs():
         hybrid_decode(np.ones((3, 4)), "ACD", "ACD", plan_weight=1.0)
     with pytest.raises(ValueError, match="plan_weight"):
         hybrid_decode(np.ones((3, 3)), "ACD", "ACD", plan_weight=-1.0)
+
+
+# ---- global and local modes of every decoder -----------------------------------------------------
+
+
+def _decoder_case(decoder, mode, seed):
+    """A tiny random plan (exact zeros, dustbin-heavy rows), the decoder's alignment, its pair
+    score matrix with barred pairs at -inf, and its gap costs, restated from the docstrings."""
+    rng = np.random.default_rng(1000 + seed)
+    lq, lk = (int(n) for n in rng.integers(1, 6, size=2))
+    plan = rng.random((lq, lk)) * (rng.random((lq, lk)) < 0.8)
+    row_db = rng.random((lq,)) * 0.9
+    min_mass = [0.0, 0.2][seed % 2]
+    if decoder == "hybrid":
+        a, b = "".join(rng.choice(_AA, lq)), "".join(rng.choice(_AA, lk))
+        weight = float(rng.uniform(0, 10))
+        aln = hybrid_decode(plan, a, b, plan_weight=weight, min_mass=min_mass, mode=mode)
+        score = np.where(plan >= min_mass, substitution_scores(a, b) + weight * plan, -np.inf)
+        return aln, score, 11.0, 1.0
+    ok = _allowed_reference(plan, row_db, None, min_mass)
+    if decoder == "mea":
+        gap = float(rng.uniform(0, 0.4))
+        aln = mea_decode(plan, row_dustbin=row_db, min_mass=min_mass, gap_cost=gap, mode=mode)
+        return aln, np.where(ok, plan, -np.inf), gap, gap  # a run of n unaligned residues: n gaps
+    gap_open = float(rng.uniform(0, 0.6))
+    gap_extend = float(rng.uniform(0, gap_open))
+    threshold = float(rng.uniform(0, 0.4))
+    aln = affine_decode(plan, gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
+                        row_dustbin=row_db, min_mass=min_mass, mode=mode)
+    return aln, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("mode", ["global", "local"])
+@pytest.mark.parametrize("decoder", ["affine", "mea", "hybrid"])
+def test_every_decoder_and_mode_is_optimal_against_brute_force(decoder, mode, seed):
+    # global: end gaps charged like inner ones; local: only gaps between pairs, so the empty
+    # alignment (value 0) is always a candidate and barred or negative flanks stay unaligned
+    aln, score, gap_open, gap_extend = _decoder_case(decoder, mode, seed)
+    lq, lk = score.shape
+    ends = (lq, lk) if mode == "global" else None
+    best = max(_affine_objective(score, p, 0.0, gap_open, gap_extend, ends)
+               for p in _proper_alignments(lq, lk))
+    _check_proper(aln, lq, lk)
+    assert all(np.isfinite(score[i, j]) for i, j in aln.pairs)
+    got = _affine_objective(score, [tuple(p) for p in aln.pairs], 0.0, gap_open, gap_extend, ends)
+    assert got == pytest.approx(best, abs=1e-9)
+    assert aln.score == pytest.approx(best, abs=1e-9)
+    if mode == "local":
+        assert best >= 0.0
+
+
+def test_local_mode_leaves_flanks_unaligned_where_global_must_pay_for_them():
+    # a confident 6-pair diagonal block inside 5-residue random flanks on each side of both
+    # sequences; the flank rows send their mass to the dustbin
+    rng = np.random.default_rng(3)
+    plan = rng.random((16, 16)) * 0.02
+    block = [(5 + n, 5 + n) for n in range(6)]
+    for i, j in block:
+        plan[i, j] = 0.9
+    row_db = np.where(np.isin(np.arange(16), [i for i, _ in block]), 0.05, 0.9)
+    local = affine_decode(plan, gap_open=0.5, gap_extend=0.1, threshold=0.05, row_dustbin=row_db,
+                          mode="local")
+    assert [tuple(p) for p in local.pairs] == block
+    assert local.score == pytest.approx(6 * (0.9 - 0.05))
+    glob = affine_decode(plan, gap_open=0.5, gap_extend=0.1, threshold=0.05, row_dustbin=row_db,
+                         mode="global")
+    assert [tuple(p) for p in glob.pairs] == block  # the dustbin rows are gaps either way ...
+    assert glob.score == pytest.approx(local.score - 4 * (0.5 + 4 * 0.1))  # ... charged here
+    assert mea_decode(plan, gap_cost=0.1, mode="local").score > mea_decode(plan, gap_cost=0.1).score
+
+
+@pytest.mark.parametrize("decode", [
+    lambda mode: mea_decode(np.ones((2, 2)), mode=mode),
+    lambda mode: affine_decode(np.ones((2, 2)), gap_open=1.0, gap_extend=0.5, mode=mode),
+    lambda mode: hybrid_decode(np.ones((2, 2)), "AC", "AC", plan_weight=1.0, mode=mode),
+])
+def test_unknown_mode_is_refused(decode):
+    with pytest.raises(ValueError, match="mode must be 'global' or 'local'"):
+        decode("semiglobal")

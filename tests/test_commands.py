@@ -261,8 +261,46 @@ def test_align_decoder_options(model_dir):
     hyb = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json",
                           "--decoder", "hybrid", "--plan-weight", "7"]).output)
     expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0,
-                             end_gaps=True)
+                             mode="global")
     assert hyb["pairs"] == expected.pairs.tolist()
+
+
+def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
+    from pfamalign.alignment.decode import hybrid_decode, mea_decode
+    from pfamalign.inference import Predictor
+
+    flank = "GSGSGSGSGSGSGSGSGSGS"  # scores below zero against the domain under BLOSUM62
+    long_b = flank + PDZ_B + flank
+    _, pp = Predictor(model_dir).align(PDZ_A, long_b)
+    out = {}
+    for mode in ("global", "local"):
+        res = run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "hybrid",
+                   "--plan-weight", "0", "--mode", mode])
+        out[mode] = json.loads(res.output)["pairs"]
+        expected = hybrid_decode(pp.real, PDZ_A, long_b, plan_weight=0.0, mode=mode)
+        assert out[mode] == expected.pairs.tolist()
+    # global pays for the flanks; local (Smith-Waterman at plan weight 0) keeps to the domain
+    assert all(len(flank) <= j < len(flank) + len(PDZ_B) for _, j in out["local"])
+    assert out["local"] != out["global"]
+    mea = json.loads(run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea",
+                          "--gap-cost", "0.01", "--mode", "local"]).output)
+    expected = mea_decode(pp.real, row_dustbin=pp.row_dustbin, gap_cost=0.01, mode="local")
+    assert mea["pairs"] == expected.pairs.tolist()
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--mode", "semi"])
+    assert res.exit_code != 0 and "global" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("fields,mode", [({"end_gaps": True}, "global"), ({"end_gaps": False}, "local"),
+                                         ({"end_gaps": True, "mode": "local"}, "local"), ({}, "global")])
+def test_decoding_json_from_before_mode_still_loads(tmp_path, fields, mode):
+    from pfamalign.inference import DecoderSettings
+
+    (tmp_path / "decoding.json").write_text(json.dumps({"decoder": "hybrid", "gap_open": 11.0, **fields}))
+    loaded = DecoderSettings.load(tmp_path)
+    assert loaded.mode == mode and loaded.decoder == "hybrid"
+    loaded.save(tmp_path)  # written back with `mode` only
+    saved = json.loads((tmp_path / "decoding.json").read_text())
+    assert saved["mode"] == mode and "end_gaps" not in saved
 
 
 def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, dataset, tmp_path, capsys):

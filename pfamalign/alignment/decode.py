@@ -20,6 +20,11 @@ Row i is computed at once: ``D_j = max(M[i-1, j-1] + w_ij, M[i-1, j])`` is eleme
 tables (does ``M[i, j]`` equal its left / upper neighbour); the traceback walks back from
 ``(Lq, Lk)`` in at most ``Lq + Lk`` steps, preferring gaps on ties (a pair is only taken when
 it strictly adds mass). Memory: ``2 Lq Lk`` bytes (8 MB at 2000 x 2000) besides the plan.
+
+Every decoder takes ``mode``: ``"global"`` charges unaligned residues at the ends like inner
+ones; ``"local"`` looks for the best-scoring segment (Smith-Waterman: score floor at 0, best
+cell anywhere), so flanks outside it stay unaligned for free. Local MEA and the affine-gap
+decoders share the Gotoh engine (``_gotoh_pairs``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ def _check_dustbin(mass, length: int, name: str) -> np.ndarray | None:
     return arr
 
 
+MODES = ("global", "local")
+
+
+def _is_local(mode: str) -> bool:
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'global' or 'local', got {mode!r}")
+    return mode == "local"
+
+
 def allowed_pairs(plan, *, row_dustbin=None, col_dustbin=None,
                   min_mass: float = 0.0) -> np.ndarray:
     """Boolean ``[Lq, Lk]`` of the pairs the decoder may take.
@@ -77,7 +91,7 @@ def _allowed(plan: np.ndarray, row_dustbin, col_dustbin, min_mass: float) -> np.
 
 
 def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.0,
-               gap_cost: float = 0.0) -> PairAlignment:
+               gap_cost: float = 0.0, mode: str = "global") -> PairAlignment:
     """Maximum-expected-accuracy alignment of a transport plan.
 
     Args:
@@ -86,6 +100,10 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
       col_dustbin: optional ``[Lk]`` mass each key column receives from the dustbin row.
       min_mass: pairs with ``P_ij < min_mass`` are never aligned.
       gap_cost: linear cost per unaligned residue (>= 0); 0 is plain MEA.
+      mode: ``"global"`` charges every unaligned residue; ``"local"`` only those between the
+        first and the last pair (the flanks outside the aligned segment are free). Local runs
+        the Gotoh engine with ``gap_open = gap_extend = gap_cost`` and free ends; with
+        ``gap_cost = 0`` both modes reach the same value.
 
     Returns:
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective
@@ -94,8 +112,10 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
     plan = _check_plan(plan)
     if not np.isfinite(gap_cost) or gap_cost < 0:
         raise ValueError(f"gap_cost must be finite and >= 0, got {gap_cost}")
-    lq, lk = plan.shape
     ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)  # [Lq, Lk]
+    if _is_local(mode):
+        return _gotoh_alignment(plan, np.where(ok, plan, -np.inf), gap_cost, gap_cost, mode)
+    lq, lk = plan.shape
     pairs = _mea_pairs(plan, ok, 2.0 * gap_cost)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     score = float(conf.sum()) - gap_cost * (lq + lk - 2 * len(pairs))
@@ -148,15 +168,17 @@ def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float = 0.0,
-                  row_dustbin=None, min_mass: float = 0.0, end_gaps: bool = False) -> PairAlignment:
+                  row_dustbin=None, min_mass: float = 0.0, mode: str = "global") -> PairAlignment:
     """Affine-gap alignment of a transport plan: a Gotoh DP on the shifted masses.
 
     Maximizes ``sum_{(i, j) aligned} (P_ij - threshold) - sum_gaps (gap_open + (len - 1)
-    gap_extend)`` over proper alignments, where only gaps *between* aligned pairs are charged
-    (unaligned residues before the first and after the last pair are free, in both
-    sequences), unless ``end_gaps`` (global: leading and trailing gaps are charged too). MEA (``mea_decode``) is the case ``gap_open = gap_extend = threshold = 0``;
-    the gap costs add the block structure of real alignments (one indel opening costs more
-    than its extension), which a plan's independent pair masses do not carry.
+    gap_extend)`` over proper alignments. ``mode="global"`` charges leading and trailing gaps
+    like inner ones; ``mode="local"`` charges only gaps *between* aligned pairs, so the best
+    segment wins (Smith-Waterman ends: pairs with ``P_ij < threshold`` score negative, which
+    is what stops the segment; with ``threshold = 0`` every allowed pair adds and local keeps
+    everything it can reach). MEA (``mea_decode``) is the case ``gap_open = gap_extend =
+    threshold = 0``; the gap costs add the block structure of real alignments (one indel
+    opening costs more than its extension), which a plan's independent pair masses do not carry.
 
     Row-vectorized like ``mea_decode``: the horizontal-gap state of a row is a cumulative max
     (a gap opened at column k and extended to j scores ``open_k + k e - (j - 1) e``), so the
@@ -168,7 +190,9 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
       gap_open, gap_extend: gap costs (``gap_open >= gap_extend >= 0``).
       threshold: mass subtracted from every pair (pairs below it cost more than they bring).
       row_dustbin, min_mass: pairs excluded as in ``mea_decode`` (dustbin-dominated rows,
-        masses below ``min_mass``).
+        masses below ``min_mass``): such rows are gaps (charged in global mode, free outside
+        the segment in local mode).
+      mode: ``"global"`` or ``"local"``.
 
     Returns:
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective.
@@ -177,18 +201,19 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold}")
     ok = _allowed(plan, row_dustbin, None, min_mass)
-    return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, end_gaps)
+    return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, mode)
 
 
 def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open: float = 11.0,
-                  gap_extend: float = 1.0, min_mass: float = 0.0, end_gaps: bool = True) -> PairAlignment:
+                  gap_extend: float = 1.0, min_mass: float = 0.0, mode: str = "global") -> PairAlignment:
     """Affine-gap alignment on BLOSUM62 scores plus the plan: ``BLOSUM62(a_i, b_j) +
     plan_weight * P_ij``, gaps in BLOSUM units (open / extend as Smith-Waterman's 11 / 1).
 
     The substitution matrix scores one residue pair at a time; the plan brings what the
-    aligner learned from context. At ``plan_weight = 0`` this is Needleman-Wunsch (global, end
-    gaps charged; ``end_gaps=False``: Smith-Waterman) on BLOSUM62; a large weight approaches
-    the affine plan decoder. Same Gotoh DP and traceback as ``affine_decode``.
+    aligner learned from context. At ``plan_weight = 0`` this is Needleman-Wunsch on BLOSUM62
+    (``mode="global"``, end gaps charged) or Smith-Waterman (``mode="local"``: the best-scoring
+    segment, flanks unaligned); a large weight approaches the affine plan decoder. Same Gotoh
+    DP and traceback as ``affine_decode``.
 
     Returns:
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective.
@@ -204,14 +229,15 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
     if not np.isfinite(min_mass) or min_mass < 0:
         raise ValueError(f"min_mass must be finite and >= 0, got {min_mass}")
     score = substitution_scores(seq_a, seq_b) + plan_weight * plan
-    return _gotoh_alignment(plan, np.where(plan >= min_mass, score, -np.inf), gap_open, gap_extend, end_gaps)
+    return _gotoh_alignment(plan, np.where(plan >= min_mass, score, -np.inf), gap_open, gap_extend, mode)
 
 
-def _gotoh_alignment(plan: np.ndarray, score: np.ndarray, gap_open, gap_extend, end_gaps: bool) -> PairAlignment:
+def _gotoh_alignment(plan: np.ndarray, score: np.ndarray, gap_open, gap_extend, mode: str) -> PairAlignment:
     """The best affine-gap alignment on ``score``, each pair with its plan mass as confidence."""
+    local = _is_local(mode)
     if not (np.isfinite(gap_open) and np.isfinite(gap_extend) and gap_open >= gap_extend >= 0):
         raise ValueError(f"need gap_open >= gap_extend >= 0, got {gap_open}, {gap_extend}")
-    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), end_gaps)
+    pairs, value = _gotoh_pairs(score, float(gap_open), float(gap_extend), local)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     return PairAlignment(pairs=pairs, confidence=conf, score=value, query_length=plan.shape[0],
                          key_length=plan.shape[1])
@@ -221,15 +247,17 @@ _START, _M, _X, _Y = 3, 0, 1, 2  # traceback codes: fresh start, pair, query gap
 
 
 def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float,
-                 end_gaps: bool = False) -> tuple[np.ndarray, float]:
+                 local: bool) -> tuple[np.ndarray, float]:
     """Best affine-gap path through ``score [Lq, Lk]`` (-inf = barred).
 
     States at cell (i, j) of the ``(Lq + 1) x (Lk + 1)`` lattice: M (pair (i-1, j-1) aligned
     last), X (query residue i-1 unaligned, a vertical move), Y (key residue j-1 unaligned, a
-    horizontal move). ``end_gaps=False``: a path may start fresh at any pair (value 0 before
-    it) and end after any pair (leading and trailing residues are free). ``end_gaps=True``:
-    global, from the origin (an M state of value 0) to ``(Lq, Lk)``, end gaps charged like
-    inner ones (Needleman-Wunsch's convention).
+    horizontal move). ``local``: Smith-Waterman -- a path starts fresh at any pair whose best
+    predecessor is not positive (the score floor at 0) and ends at the best M cell anywhere;
+    the empty alignment (value 0) wins when no pair scores positive. This is the same optimum
+    as freeing leading and trailing gaps in both sequences (an optimal local path starts and
+    ends with a pair). Global: from the origin (an M state of value 0) to ``(Lq, Lk)``, end
+    gaps charged like inner ones (Needleman-Wunsch's convention).
     """
     lq, lk = score.shape
     neg = -np.inf
@@ -239,7 +267,7 @@ def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float,
     ptr_x = np.zeros((lq + 1, lk + 1), np.int8)  # state at (i-1, j) before the vertical move
     ptr_y = np.zeros((lq + 1, lk + 1), np.int32)  # column k where the horizontal gap opened
     src_y = np.zeros((lq + 1, lk), np.int8)  # state at (i, k) the gap opened from (M or X)
-    if end_gaps:  # row 0: the origin, then a leading key gap
+    if not local:  # row 0: the origin, then a leading key gap
         m_prev[0] = 0.0
         y_prev[1:] = -gap_open - ks * gap_extend
         src_y[0, 0] = _M
@@ -248,7 +276,7 @@ def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float,
         prev = np.stack([m_prev[:-1], x_prev[:-1], y_prev[:-1]])  # states at (i-1, j-1)
         arg = prev.argmax(0)
         before = prev[arg, ks]
-        fresh = np.zeros(lk, bool) if end_gaps else ~(before > 0.0)  # a fresh start beats all
+        fresh = ~(before > 0.0) if local else np.zeros(lk, bool)  # a fresh start beats all
         m_cur = np.full(lk + 1, neg)
         m_cur[1:] = np.where(fresh, 0.0, before) + score[i - 1]
         ptr_m[i, 1:] = np.where(fresh, _START, arg)
@@ -264,12 +292,12 @@ def _gotoh_pairs(score: np.ndarray, gap_open: float, gap_extend: float,
         ptr_y[i, 1:] = np.maximum.accumulate(np.where(new, ks, 0))
         y_cur = np.full(lk + 1, neg)
         y_cur[1:] = run - ks * gap_extend
-        if not end_gaps:
+        if local:
             j = int(np.argmax(m_cur))
             if m_cur[j] > best:
                 best, best_at = float(m_cur[j]), (i, j)
         m_prev, x_prev, y_prev = m_cur, x_cur, y_cur
-    if end_gaps:
+    if not local:
         ends = np.array([m_prev[lk], x_prev[lk], y_prev[lk]])
         state, best = int(np.argmax(ends)), float(ends.max())
         i, j = lq, lk

@@ -56,8 +56,8 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
     raise click.UsageError("give SEQ_A SEQ_B, or --stockholm FILE --ids ID_A ID_B, or --data DIR")
 
 
-DECODER_FIELDS = ("decoder", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass", "plan_weight",
-                  "end_gaps")
+DECODER_FIELDS = ("decoder", "mode", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass",
+                  "plan_weight")
 
 
 def decoder_options(f):
@@ -68,14 +68,17 @@ def decoder_options(f):
                      help="Plan decoder: affine-gap DP on the plan, maximum expected accuracy, or "
                           "affine-gap DP on BLOSUM62 + plan weight x plan. Default: the model's "
                           "decoding.json (the shipped model: hybrid)."),
+        click.option("--mode", type=click.Choice(["global", "local"]), default=None,
+                     help="global: align the sequences end to end (end gaps charged). local: find "
+                          "the homologous segment inside longer sequences (Smith-Waterman ends: the "
+                          "best-scoring stretch, flanks left unaligned for free; mea: only gaps "
+                          "inside the segment cost). Default: the model's decoding.json (the "
+                          "shipped model: global)."),
         click.option("--gap-open", type=float, default=None,
                      help="affine / hybrid: cost of opening a gap (plan-mass / BLOSUM62 units)."),
         click.option("--gap-extend", type=float, default=None, help="affine / hybrid: cost of each further gap residue."),
         click.option("--plan-weight", type=float, default=None,
                      help="hybrid: BLOSUM62 units per unit of plan mass."),
-        click.option("--end-gaps/--free-end-gaps", default=None,
-                     help="affine / hybrid: charge leading and trailing gaps (global alignment) "
-                          "or leave them free (local)."),
         click.option("--threshold", type=float, default=None, help="affine: mass subtracted from every aligned pair."),
         click.option("--gap-cost", type=float, default=None, help="mea: cost per unaligned residue."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
