@@ -3,8 +3,12 @@ symmetry, fitting by counting, the shipped parameters and the posterior decoder.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import json
 import math
+import pathlib
+import sys
 import time
 
 import numpy as np
@@ -12,6 +16,10 @@ import pytest
 
 from pfamalign.alignment import pairhmm
 from pfamalign.alignment.pairhmm import RESIDUES, PairHMM, default_pairhmm, fit, match_posteriors
+from pfamalign.inference import DecoderSettings, PairPlan
+from test_commands import dataset  # noqa: F401  (the tiny prepared dataset, a fixture)
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 
 
 def random_hmm(seed: int, n_gap_types: int, gap_switch: float = 0.1) -> PairHMM:
@@ -150,7 +158,92 @@ def test_500_by_500_under_a_second():
     rng = np.random.default_rng(1)
     a, b = ("".join(rng.choice(list(RESIDUES), 500)) for _ in range(2))
     hmm = default_pairhmm()
-    match_posteriors(hmm, a[:50], b[:50])
-    t0 = time.perf_counter()
-    match_posteriors(hmm, a, b)
-    assert time.perf_counter() - t0 < 1.0
+    times = []
+    for _ in range(3):  # the best of three: the machine is shared
+        t0 = time.perf_counter()
+        match_posteriors(hmm, a, b)
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 1.0
+
+
+# ---- the posterior decoder ------------------------------------------------------------------
+
+def proper_alignments(lq: int, lk: int):
+    """Every proper alignment (pairs strictly increasing in both indices) of lq x lk residues."""
+    cells = [(i, j) for i in range(lq) for j in range(lk)]
+    for n in range(min(lq, lk) + 1):
+        for pairs in itertools.combinations(cells, n):
+            if all(a[0] < b[0] and a[1] < b[1] for a, b in zip(pairs, pairs[1:])):
+                yield pairs
+
+
+def plan_for(a: str, b: str, seed: int):
+    rng = np.random.default_rng(seed)
+    full = np.zeros((len(a) + 1, len(b) + 1))
+    full[:-1] = rng.dirichlet(np.ones(len(b) + 1), size=len(a))  # rows: real keys, then the dustbin
+    return PairPlan(full)
+
+
+@pytest.mark.parametrize("alpha, gap_cost, seed", [(0.0, 0.0, 0), (0.5, 0.0, 1), (0.3, 0.1, 2), (1.0, 0.05, 3)])
+def test_posterior_decoder_maximizes_the_mixed_expected_accuracy(alpha, gap_cost, seed):
+    a, b = "MKWVC", "MKVC"
+    pp = plan_for(a, b, seed)
+    mixed = alpha * pp.real + (1 - alpha) * match_posteriors(default_pairhmm(), a, b)
+    objective = lambda pairs: sum(mixed[p] for p in pairs) - gap_cost * (len(a) + len(b) - 2 * len(pairs))
+    best = max(objective(p) for p in proper_alignments(len(a), len(b)))
+    aln = DecoderSettings(decoder="posterior", alpha=alpha, gap_cost=gap_cost).decode(pp, (a, b))
+    assert objective([tuple(p) for p in aln.pairs]) == pytest.approx(best)
+    assert aln.score == pytest.approx(best)
+
+
+def test_posterior_decoder_uses_given_posteriors_and_needs_sequences():
+    a, b = "MKWVCH", "MKVCH"
+    pp = plan_for(a, b, 4)
+    settings = DecoderSettings(decoder="posterior", alpha=0.0)
+    planted = np.eye(6, 5)[::-1, ::-1] * 0.9  # a path the sequences' own posteriors would not give
+    np.testing.assert_array_equal(settings.decode(pp, (a, b), hmm_posteriors=planted).pairs,
+                                  [[i + 1, i] for i in range(5)])
+    with pytest.raises(ValueError, match="needs the two sequences"):
+        settings.decode(pp)
+    with pytest.raises(ValueError, match="alpha"):
+        DecoderSettings(decoder="posterior", alpha=1.5)
+
+
+def test_old_decoding_files_still_load(tmp_path):
+    (tmp_path / "decoding.json").write_text('{"decoder": "hybrid", "gap_open": 11.0, "gap_extend": 1.0, '
+                                            '"plan_weight": 2.0, "end_gaps": true}')
+    loaded = DecoderSettings.load(tmp_path)
+    assert loaded.decoder == "hybrid" and loaded.alpha == DecoderSettings().alpha
+    posterior = loaded.override(decoder="posterior", alpha=0.4)
+    posterior.save(tmp_path)
+    assert DecoderSettings.load(tmp_path) == posterior
+
+
+# ---- the scripts ----------------------------------------------------------------------------
+
+def run_script(name: str, argv: list[str]):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name).main(argv)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def test_fit_script_writes_a_parameter_file_with_its_recipe(dataset, tmp_path, capsys):
+    out = tmp_path / "hmm.json"
+    assert run_script("fit_pairhmm", ["--data", str(dataset), "--gap-types", "1", "--out", str(out)]) == 0
+    hmm = PairHMM.from_json(out.read_text())
+    assert hmm.n_gap_types == 1
+    assert "--gap-types 1" in json.loads(out.read_text())["recipe"]
+    assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_script_scores_every_method_on_the_same_pairs(dataset, capsys):
+    assert run_script("bench_posterior", ["--data", str(dataset), "--split", "test", "--pairs", "3",
+                                          "--alpha", "0.5", "--n-boot", "10"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    scored = {r["method"]: r for r in rows if "f1" in r}
+    assert {"mea (plan)", "shipped", "nw", "posterior alpha=0.0 gap_cost=0.0"} <= set(scored)
+    assert all(0 <= r["f1"] <= 1 and r["n_pairs"] == 3 for r in scored.values())
+    assert {r["minus"] for r in rows if "minus" in r} >= {"nw", "shipped", "mea (plan)"}
