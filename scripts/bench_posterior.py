@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(jsonio.dumps_line({**meta, "method": name, "f1": f1(counts[name]),
                                  "f1_below30": f1(counts[name][low]), "n_below30": int(low.sum())}), flush=True)
     if chosen is not None:
-        for base in [b for b in ("probcons", "nw", "shipped", "mea (plan)") if b in counts]:
+        hmm_alone = "posterior alpha=0.0 gap_cost=0.0"  # what the plan adds to the pair-HMM
+        for base in [b for b in ("probcons", "nw", "shipped", "mea (plan)", hmm_alone) if b in counts]:
             for resample, groups in (("pairs", None), ("families", families)):
                 diff = paired_f1_difference(counts[chosen], counts[base], pid, groups=groups, n_boot=args.n_boot,
                                             seed=args.seed)
