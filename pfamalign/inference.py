@@ -39,10 +39,11 @@ class DecoderSettings:
     ``affine``: Gotoh DP on ``P - threshold`` with gap costs between aligned pairs (plan-mass
     units); ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned
     residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
-    units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P +
-    (1 - alpha) * P_hmm``, the plan mixed with the shipped pair-HMM's match posteriors (needs the
-    sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA). A model directory may carry tuned values in ``decoding.json``;
-    ``for_decoder`` gives each decoder's own defaults.
+    units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
+    + (1 - alpha) * P_hmm``, the plan mixed with the shipped pair-HMM's match posteriors (needs
+    the sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
+    A model directory may carry tuned values in ``decoding.json``; ``for_decoder`` gives each
+    decoder's own defaults.
     """
 
     decoder: str = "affine"
