@@ -17,6 +17,7 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
+from pfamalign.alignment.pairhmm import default_pairhmm, match_posteriors
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -28,7 +29,7 @@ def default_model_dir() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
 
 
-DECODERS = ("affine", "mea", "hybrid")
+DECODERS = ("affine", "mea", "hybrid", "posterior")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +39,12 @@ class DecoderSettings:
     ``affine``: Gotoh DP on ``P - threshold`` with gap costs between aligned pairs (plan-mass
     units); ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned
     residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
-    units (needs the sequences). ``mode``: ``global`` aligns end to end (end gaps charged);
-    ``local`` finds the best-scoring segment (Smith-Waterman ends: flanks stay unaligned for
-    free). A model directory may carry tuned values in ``decoding.json``; ``for_decoder``
-    gives each decoder's own defaults.
+    units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
+    + (1 - alpha) * P_hmm``, the plan mixed with the shipped pair-HMM's match posteriors (needs
+    the sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
+    ``mode``: ``global`` aligns end to end (end gaps charged); ``local`` finds the best-scoring
+    segment (Smith-Waterman ends: flanks stay unaligned for free). A model directory may carry
+    tuned values in ``decoding.json``; ``for_decoder`` gives each decoder's own defaults.
     """
 
     decoder: str = "affine"
@@ -52,6 +55,7 @@ class DecoderSettings:
     min_mass: float = 0.0
     plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
     mode: str = "global"
+    alpha: float = 0.5  # posterior: the plan's share of the mixed posterior
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
@@ -60,6 +64,8 @@ class DecoderSettings:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
 
     @classmethod
     def for_decoder(cls, decoder: str) -> "DecoderSettings":
@@ -90,8 +96,20 @@ class DecoderSettings:
     def save(self, directory: pathlib.Path) -> None:
         (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
 
-    def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:
-        """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
+    def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
+               hmm_posteriors: np.ndarray | None = None) -> PairAlignment:
+        """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
+        and ``posterior``; ``hmm_posteriors``: their pair-HMM match posteriors if already
+        computed (``posterior``)."""
+        if self.decoder == "posterior":
+            if sequences is None:
+                raise ValueError("the posterior decoder needs the two sequences")
+            mixed = self.alpha * pp.real
+            if self.alpha < 1:
+                if hmm_posteriors is None:
+                    hmm_posteriors = match_posteriors(default_pairhmm(), *sequences)
+                mixed = mixed + (1 - self.alpha) * hmm_posteriors
+            return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "mea":
             return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
                               gap_cost=self.gap_cost, mode=self.mode)

@@ -5,6 +5,7 @@ Submodules (import what you need; ``plots`` pulls in matplotlib):
 
 * ``pairs``         -- ``PairAlignment``, pair / target conversions, the diagonal reference
 * ``decode``        -- ``mea_decode``: maximum-expected-accuracy alignment of a plan
+* ``pairhmm``       -- a learned pair-HMM: match posteriors by forward-backward, fitting by counting
 * ``baselines``     -- Needleman-Wunsch, Smith-Waterman (BLOSUM62, 11/1), diagonal pairs
 * ``metrics``       -- aligned-pair P/R/F1 (micro, macro, bootstrap, identity bins), plan metrics
 * ``formats``       -- pair text, aligned FASTA, Stockholm, CIGAR, JSON

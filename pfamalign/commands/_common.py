@@ -57,17 +57,18 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
 
 
 DECODER_FIELDS = ("decoder", "mode", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass",
-                  "plan_weight")
+                  "plan_weight", "alpha")
 
 
 def decoder_options(f):
     """Click options overriding the model's decoding settings (``decoding.json`` in the model
     directory, else the built-in defaults)."""
     options = [
-        click.option("--decoder", type=click.Choice(["affine", "mea", "hybrid"]), default=None,
-                     help="Plan decoder: affine-gap DP on the plan, maximum expected accuracy, or "
-                          "affine-gap DP on BLOSUM62 + plan weight x plan. Default: the model's "
-                          "decoding.json (the shipped model: hybrid)."),
+        click.option("--decoder", type=click.Choice(["affine", "mea", "hybrid", "posterior"]), default=None,
+                     help="Plan decoder: affine-gap DP on the plan, maximum expected accuracy, "
+                          "affine-gap DP on BLOSUM62 + plan weight x plan, or maximum expected "
+                          "accuracy on alpha x plan + (1 - alpha) x the pair-HMM's match "
+                          "posteriors. Default: the model's decoding.json."),
         click.option("--mode", type=click.Choice(["global", "local"]), default=None,
                      help="global: align the sequences end to end (end gaps charged). local: find "
                           "the homologous segment inside longer sequences (Smith-Waterman ends: the "
@@ -80,7 +81,10 @@ def decoder_options(f):
         click.option("--plan-weight", type=float, default=None,
                      help="hybrid: BLOSUM62 units per unit of plan mass."),
         click.option("--threshold", type=float, default=None, help="affine: mass subtracted from every aligned pair."),
-        click.option("--gap-cost", type=float, default=None, help="mea: cost per unaligned residue."),
+        click.option("--gap-cost", type=float, default=None, help="mea / posterior: cost per unaligned residue."),
+        click.option("--alpha", type=float, default=None,
+                     help="posterior: the plan's share of the mixed posterior (0 = pair-HMM only, "
+                          "1 = plan only)."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
     ]
     for option in reversed(options):

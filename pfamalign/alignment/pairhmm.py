@@ -1,0 +1,279 @@
+"""A ProbCons-style pair-HMM: posterior match probabilities ``P(x_i ~ y_j)`` by forward-backward.
+
+States: a match state M (emits a residue pair) and, per gap type g (short and long gaps, or
+one type), an insert state X_g (a query residue against a gap) and Y_g (a key residue against
+a gap). Transitions, symmetric in the two sequences:
+
+    M   -> X_g, M -> Y_g : gap_open[g]          M -> M : 1 - 2 sum(gap_open)
+    X_g -> X_g           : gap_extend[g]        X_g -> M : (1 - gap_extend[g]) (1 - gap_switch)
+    X_g -> Y_h           : (1 - gap_extend[g]) gap_switch w_h,   w_h = gap_open[h] / sum(gap_open)
+
+and the same with X and Y exchanged (the switch lets a gap in one sequence follow a gap in the
+other, as Pfam's unaligned insert regions do). A path starts as if from M at the origin and
+ends at ``(Lq, Lk)`` in any state, so end gaps are charged like inner ones (ProbCons' choice).
+
+Emissions are log-odds ``log p(a, b) - log q(a) - log q(b)`` for M and 0 for the insert
+states: every path emits each residue once, so the background factors are common to all paths
+and cancel from the posteriors. Residues outside the 20 standard ones score 0.
+
+Forward and backward run row by row in log space. A row's M and X states depend on the row
+above only; Y_g is a first-order recurrence along the row, ``y_j = lse(c_j, log e + y_{j-1})``,
+solved at once as ``j log e + logcumsumexp_k(c_k - k log e)``. So the cost is ``Lq`` vector
+operations of length ``Lk`` per state, and the memory two ``[Lq + 1, Lk + 1]`` float tables.
+
+Parameters are learned by counting on reference alignments (``fit``): residue-pair and
+background counts, gap opens, switches, and a mixture of geometric gap lengths (EM) for the
+gap types. The shipped parameters (``assets/pairhmm.json``) come from
+``scripts/fit_pairhmm.py`` on the training families of the bundled dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import json
+import pathlib
+from typing import Iterable
+
+import numpy as np
+
+from pfamalign import jsonio
+
+RESIDUES = "ACDEFGHIKLMNPQRSTVWY"  # emission alphabet; any other letter is index 20 (scores 0)
+ASSET = "pairhmm.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _index_table() -> np.ndarray:
+    table = np.full(128, len(RESIDUES), np.int64)
+    for n, a in enumerate(RESIDUES):
+        table[ord(a)] = table[ord(a.lower())] = n
+    return table
+
+
+def residue_indices(seq: str) -> np.ndarray:
+    """Index of each residue in ``RESIDUES`` (20 for every other letter)."""
+    return _index_table()[np.frombuffer(seq.encode("ascii"), np.uint8)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairHMM:
+    """Parameters: ``pair_probs [20, 20]`` joint residue-pair probabilities of the match state
+    (symmetric), ``background [20]`` residue frequencies, ``gap_open [G]``, ``gap_extend [G]``
+    per gap type and ``gap_switch`` (see the module docstring)."""
+
+    pair_probs: np.ndarray
+    background: np.ndarray
+    gap_open: np.ndarray
+    gap_extend: np.ndarray
+    gap_switch: float
+
+    def __post_init__(self):
+        for name in ("pair_probs", "background", "gap_open", "gap_extend"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), np.float64))
+        n = len(RESIDUES)
+        if self.pair_probs.shape != (n, n) or self.background.shape != (n,):
+            raise ValueError(f"need pair_probs [{n}, {n}] and background [{n}]")
+        if self.gap_open.ndim != 1 or self.gap_open.shape != self.gap_extend.shape:
+            raise ValueError("gap_open and gap_extend must be 1-d of one length (the gap types)")
+        if not (np.all(self.pair_probs > 0) and np.all(self.background > 0)):
+            raise ValueError("emission probabilities must be positive")
+        if not (np.all(self.gap_open > 0) and 2 * self.gap_open.sum() < 1):
+            raise ValueError(f"need gap_open > 0 with 2 sum(gap_open) < 1, got {self.gap_open}")
+        if not (np.all(self.gap_extend > 0) and np.all(self.gap_extend < 1) and 0 <= self.gap_switch < 1):
+            raise ValueError("need 0 < gap_extend < 1 and 0 <= gap_switch < 1")
+
+    @property
+    def n_gap_types(self) -> int:
+        return len(self.gap_open)
+
+    def log_odds(self) -> np.ndarray:
+        """``[21, 21]`` match log-odds; row and column 20 (non-standard residues) are 0."""
+        n = len(RESIDUES)
+        out = np.zeros((n + 1, n + 1))
+        out[:n, :n] = np.log(self.pair_probs) - np.log(self.background)[:, None] - np.log(self.background)[None, :]
+        return out
+
+    def log_transitions(self) -> dict[str, np.ndarray]:
+        """Log transition probabilities: ``mm`` (scalar), ``open [G]`` (M -> X_g and M -> Y_g),
+        ``extend [G]``, ``close [G]`` (X_g -> M), ``switch [G, G]`` (X_g -> Y_h and Y_g -> X_h)."""
+        weights = self.gap_open / self.gap_open.sum()
+        leave = np.log1p(-self.gap_extend)
+        with np.errstate(divide="ignore"):  # gap_switch = 0: log 0 = -inf, no switches
+            log_switch = np.log(self.gap_switch)
+        return {"mm": np.log1p(-2 * self.gap_open.sum()), "open": np.log(self.gap_open),
+                "extend": np.log(self.gap_extend), "close": leave + np.log1p(-self.gap_switch),
+                "switch": leave[:, None] + log_switch + np.log(weights)[None, :]}
+
+    # ---- persistence ---------------------------------------------------------------------
+    def to_json(self, recipe: str = "") -> str:
+        return jsonio.dumps({"format": "pfamalign-pairhmm", "residues": RESIDUES, "recipe": recipe,
+                             "pair_probs": self.pair_probs.tolist(), "background": self.background.tolist(),
+                             "gap_open": self.gap_open.tolist(), "gap_extend": self.gap_extend.tolist(),
+                             "gap_switch": float(self.gap_switch)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "PairHMM":
+        data = json.loads(text)
+        if data.get("format") != "pfamalign-pairhmm" or data.get("residues") != RESIDUES:
+            raise ValueError("not a pfamalign pair-HMM parameter file (format or residue order differs)")
+        return cls(pair_probs=data["pair_probs"], background=data["background"], gap_open=data["gap_open"],
+                   gap_extend=data["gap_extend"], gap_switch=data["gap_switch"])
+
+
+def asset_path() -> pathlib.Path:
+    return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / ASSET))
+
+
+@functools.lru_cache(maxsize=None)
+def default_pairhmm() -> PairHMM:
+    """The parameters shipped with the package (fitted on the bundled training families)."""
+    return PairHMM.from_json(asset_path().read_text())
+
+
+# ---- forward-backward ----------------------------------------------------------------------
+
+def _lse(*terms) -> np.ndarray:
+    """Elementwise log-sum-exp of broadcastable arrays (-inf where all are -inf)."""
+    stack = np.stack(np.broadcast_arrays(*terms))
+    top = stack.max(axis=0)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.exp(stack - safe).sum(axis=0))
+
+
+def _geometric_scan(c: np.ndarray, log_decay: np.ndarray) -> np.ndarray:
+    """``y[:, j] = lse(c[:, j], log_decay + y[:, j-1])`` along the last axis, for ``c [G, n]``."""
+    k = np.arange(c.shape[1]) * log_decay[:, None]
+    return k + np.logaddexp.accumulate(c - k, axis=1)
+
+
+def _emissions(hmm: PairHMM, seq_a: str, seq_b: str) -> np.ndarray:
+    return hmm.log_odds()[residue_indices(seq_a)[:, None], residue_indices(seq_b)[None, :]]
+
+
+def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """Log forward and backward values of the match state on the ``(Lq + 1) x (Lk + 1)``
+    lattice (``[i, j]``: residues up to i and j emitted, the last pair (i-1, j-1) by M) and
+    ``log Z``, the log-likelihood ratio of the two sequences against the background."""
+    t = hmm.log_transitions()
+    emit = _emissions(hmm, seq_a, seq_b)
+    lq, lk = emit.shape
+    g = hmm.n_gap_types
+    neg = -np.inf
+    fwd_m = np.full((lq + 1, lk + 1), neg)
+    fwd_m[0, 0] = 0.0  # the path starts as if from M at the origin
+    x_row = np.full((g, lk + 1), neg)
+    y_row = np.full((g, lk + 1), neg)
+    for i in range(lq + 1):
+        m_row = fwd_m[i]
+        if i > 0:
+            m_row[1:] = _lse(t["mm"] + fwd_m[i - 1, :-1], *(t["close"][h] + x_row[h, :-1] for h in range(g)),
+                             *(t["close"][h] + y_row[h, :-1] for h in range(g))) + emit[i - 1]
+            x_row = _lse(t["open"][:, None] + fwd_m[i - 1][None, :], t["extend"][:, None] + x_row,
+                         *(t["switch"][h][:, None] + y_row[h][None, :] for h in range(g)))
+        enter_y = np.full((g, lk + 1), neg)  # into Y_g at (i, j) from M or X_h at (i, j - 1)
+        enter_y[:, 1:] = _lse(t["open"][:, None] + m_row[None, :-1],
+                              *(t["switch"][h][:, None] + x_row[h][None, :-1] for h in range(g)))
+        y_row = _geometric_scan(enter_y, t["extend"])
+    log_z = float(_lse(fwd_m[lq, lk], *x_row[:, lk], *y_row[:, lk]))
+
+    bwd_m = np.full((lq + 1, lk + 1), neg)
+    x_next = np.full((g, lk + 1), neg)  # backward of X_g on row i + 1
+    for i in range(lq, -1, -1):
+        diag = np.full(lk + 1, neg)  # the next move is a pair: emission plus M at (i+1, j+1)
+        if i < lq:
+            diag[:-1] = emit[i] + bwd_m[i + 1, 1:]
+        end = np.full(lk + 1, neg)
+        if i == lq:
+            end[lk] = 0.0  # every state may end the path at (Lq, Lk)
+        # Y_g at (i, j): close to a pair, switch to X_h (down), extend to Y_g at (i, j + 1)
+        leave_y = _lse(t["close"][:, None] + diag[None, :], end[None, :],
+                       *(t["switch"][:, h][:, None] + x_next[h][None, :] for h in range(g)))
+        y_row = _geometric_scan(leave_y[:, ::-1], t["extend"])[:, ::-1]
+        y_right = np.full((g, lk + 1), neg)  # Y_h at (i, j + 1)
+        y_right[:, :-1] = y_row[:, 1:]
+        bwd_m[i] = _lse(t["mm"] + diag, end, *(t["open"][h] + x_next[h] for h in range(g)),
+                        *(t["open"][h] + y_right[h] for h in range(g)))
+        x_next = _lse(t["close"][:, None] + diag[None, :], end[None, :], t["extend"][:, None] + x_next,
+                      *(t["switch"][:, h][:, None] + y_right[h][None, :] for h in range(g)))
+    return fwd_m, bwd_m, log_z
+
+
+def match_posteriors(hmm: PairHMM, seq_a: str, seq_b: str) -> np.ndarray:
+    """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j."""
+    if not seq_a or not seq_b:
+        raise ValueError("both sequences must be non-empty")
+    fwd_m, bwd_m, log_z = log_forward_backward(hmm, seq_a, seq_b)
+    return np.minimum(np.exp(fwd_m[1:, 1:] + bwd_m[1:, 1:] - log_z), 1.0)
+
+
+# ---- fitting by counting ---------------------------------------------------------------------
+
+def _gap_runs(target: np.ndarray, key_length: int) -> tuple[list[int], int, int, int]:
+    """The gap runs of one reference alignment (as the model reads it: between consecutive
+    pairs, before the first and after the last) and its transition counts.
+
+    Returns (run lengths, M -> M count, gap openings, switches). A segment with unaligned
+    residues in both sequences is read as a query run, then a switch, then a key run.
+    """
+    rows = np.flatnonzero(target >= 0)
+    corners = [(-1, -1)] + [(int(i), int(target[i])) for i in rows] + [(len(target), key_length)]
+    runs, mm, opens, switches = [], 0, 0, 0
+    for (i0, j0), (i1, j1) in zip(corners[:-1], corners[1:]):
+        di, dj = i1 - i0 - 1, j1 - j0 - 1
+        if di == 0 and dj == 0:
+            mm += (i1, j1) != (len(target), key_length)  # the end is no transition
+            continue
+        opens += 1
+        switches += di > 0 and dj > 0
+        runs += [d for d in (di, dj) if d > 0]
+    return runs, mm, opens, switches
+
+
+def _geometric_mixture(lengths: np.ndarray, n_types: int, iterations: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Maximum-likelihood mixture of geometric run lengths (``P(L) = (1 - e) e^(L-1)``, L >= 1)
+    by EM: returns the weights and extension probabilities, shortest gaps first."""
+    lengths = np.asarray(lengths, np.float64)
+    weights = np.full(n_types, 1.0 / n_types)
+    extend = np.quantile(1 - 1 / lengths, np.linspace(0.25, 0.9, n_types)).clip(0.05, 0.99)
+    for _ in range(iterations):
+        log_p = np.log(weights)[:, None] + np.log1p(-extend)[:, None] + (lengths - 1)[None, :] * np.log(extend)[:, None]
+        resp = np.exp(log_p - np.logaddexp.reduce(log_p, axis=0))
+        weights = resp.sum(1) / resp.sum()
+        extend = ((resp * (lengths - 1)).sum(1) / (resp * lengths).sum(1)).clip(1e-3, 1 - 1e-6)
+    order = np.argsort(extend)
+    return weights[order], extend[order]
+
+
+def fit(records: Iterable[dict], *, n_gap_types: int = 2, pseudocount: float = 1.0) -> PairHMM:
+    """Supervised maximum-likelihood parameters from reference alignments (pair records with
+    ``q_seq``, ``k_seq`` and ``target``): residue-pair counts of the aligned pairs (both
+    orders, so the emissions are symmetric), background counts of all residues, transition
+    counts, and an EM mixture of geometric gap lengths for the gap types; ``pseudocount`` is
+    added to every count."""
+    n = len(RESIDUES)
+    pairs = np.zeros((n + 1, n + 1))
+    background = np.zeros(n + 1)
+    runs: list[int] = []
+    mm = opens = switches = 0
+    for rec in records:
+        a, b = residue_indices(rec["q_seq"]), residue_indices(rec["k_seq"])
+        target = np.asarray(rec["target"])
+        rows = np.flatnonzero(target >= 0)
+        np.add.at(pairs, (a[rows], b[target[rows]]), 1.0)
+        np.add.at(pairs, (b[target[rows]], a[rows]), 1.0)
+        background += np.bincount(a, minlength=n + 1) + np.bincount(b, minlength=n + 1)
+        r, m, o, s = _gap_runs(target, len(b))
+        runs += r
+        mm, opens, switches = mm + m, opens + o, switches + s
+    if not runs or mm == 0:
+        raise ValueError("the reference alignments have no gaps or no consecutive pairs to count")
+    pair_probs = pairs[:n, :n] + pseudocount
+    background = background[:n] + pseudocount
+    weights, extend = _geometric_mixture(np.asarray(runs), n_gap_types)
+    open_total = (opens + pseudocount) / (2 * (mm + opens) + 2 * pseudocount)  # per side
+    return PairHMM(pair_probs=pair_probs / pair_probs.sum(), background=background / background.sum(),
+                   gap_open=open_total * weights, gap_extend=extend,
+                   gap_switch=(switches + pseudocount) / (len(runs) + 2 * pseudocount))

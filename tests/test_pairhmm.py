@@ -1,0 +1,249 @@
+"""The pair-HMM: forward-backward against brute-force path enumeration, posterior sanity,
+symmetry, fitting by counting, the shipped parameters and the posterior decoder."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import pathlib
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from pfamalign.alignment import pairhmm
+from pfamalign.alignment.pairhmm import RESIDUES, PairHMM, default_pairhmm, fit, match_posteriors
+from pfamalign.inference import DecoderSettings, PairPlan
+from test_commands import dataset  # noqa: F401  (the tiny prepared dataset, a fixture)
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
+
+
+def random_hmm(seed: int, n_gap_types: int, gap_switch: float = 0.1) -> PairHMM:
+    rng = np.random.default_rng(seed)
+    n = len(RESIDUES)
+    pairs = rng.random((n, n)) + 0.1
+    return PairHMM(pair_probs=(pairs + pairs.T) / (pairs + pairs.T).sum(), background=rng.dirichlet(np.ones(n)) + 0.01,
+                   gap_open=rng.uniform(0.02, 0.15, n_gap_types), gap_extend=rng.uniform(0.2, 0.9, n_gap_types),
+                   gap_switch=gap_switch)
+
+
+def transition(hmm: PairHMM, src: tuple, dst: tuple) -> float:
+    """P(src -> dst) for states ("M",), ("X", g), ("Y", g), written from the model's definition."""
+    w = hmm.gap_open / hmm.gap_open.sum()
+    if src[0] == "M":
+        return 1 - 2 * hmm.gap_open.sum() if dst[0] == "M" else hmm.gap_open[dst[1]]
+    leave = 1 - hmm.gap_extend[src[1]]
+    if dst[0] == "M":
+        return leave * (1 - hmm.gap_switch)
+    if dst[0] == src[0]:
+        return hmm.gap_extend[src[1]] if dst[1] == src[1] else 0.0
+    return leave * hmm.gap_switch * w[dst[1]]
+
+
+def brute_force(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
+    """Sums every state path from the origin (as if from M) to (Lq, Lk): the match posteriors
+    and the total likelihood ratio."""
+    odds = np.exp(hmm.log_odds())
+    ia, ib = pairhmm.residue_indices(a), pairhmm.residue_indices(b)
+    gaps = range(hmm.n_gap_types)
+    states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
+    post = np.zeros((len(a), len(b)))
+    total = 0.0
+
+    def walk(i, j, state, prob, pairs):
+        nonlocal total
+        if (i, j) == (len(a), len(b)):
+            total += prob
+            for p in pairs:
+                post[p] += prob
+        for nxt in states:
+            if nxt[0] == "M" and i < len(a) and j < len(b):
+                walk(i + 1, j + 1, nxt, prob * transition(hmm, state, nxt) * odds[ia[i], ib[j]], pairs + [(i, j)])
+            elif nxt[0] == "X" and i < len(a):
+                walk(i + 1, j, nxt, prob * transition(hmm, state, nxt), pairs)
+            elif nxt[0] == "Y" and j < len(b):
+                walk(i, j + 1, nxt, prob * transition(hmm, state, nxt), pairs)
+
+    walk(0, 0, ("M",), 1.0, [])
+    return post / total, total
+
+
+@pytest.mark.parametrize("n_gap_types", [1, 2])
+def test_transitions_out_of_every_state_sum_to_one(n_gap_types):
+    hmm = random_hmm(0, n_gap_types)
+    t = {k: np.exp(v) for k, v in hmm.log_transitions().items()}
+    gaps = range(n_gap_types)
+    states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
+    for src in states:
+        assert sum(transition(hmm, src, dst) for dst in states) == pytest.approx(1.0)
+    # the log table says the same as the definition
+    assert t["mm"] == pytest.approx(transition(hmm, ("M",), ("M",)))
+    for g, h in itertools.product(gaps, gaps):
+        assert t["switch"][g, h] == pytest.approx(transition(hmm, ("X", g), ("Y", h)))
+
+
+@pytest.mark.parametrize("a, b, n_gap_types, seed", [
+    ("AC", "W", 2, 0), ("ACD", "ACD", 1, 1), ("MKV", "MKLV", 2, 2), ("WYCH", "HCY", 2, 3), ("GAXB", "GAPW", 1, 4),
+])
+def test_posteriors_match_brute_force(a, b, n_gap_types, seed):
+    hmm = random_hmm(seed, n_gap_types)
+    expected, total = brute_force(hmm, a, b)
+    _, bwd_m, log_z = pairhmm.log_forward_backward(hmm, a, b)
+    assert log_z == pytest.approx(math.log(total), rel=1e-10)
+    assert bwd_m[0, 0] == pytest.approx(log_z, rel=1e-10)  # backward from the start agrees
+    np.testing.assert_allclose(match_posteriors(hmm, a, b), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_no_switch_bars_adjacent_opposite_gaps():
+    hmm = random_hmm(5, 1, gap_switch=0.0)
+    expected, _ = brute_force(hmm, "ACW", "AW")
+    np.testing.assert_allclose(match_posteriors(hmm, "ACW", "AW"), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_posteriors_are_probabilities_and_transpose_under_swap():
+    rng = np.random.default_rng(0)
+    a = "".join(rng.choice(list(RESIDUES), 60))
+    b = a[5:40] + "".join(rng.choice(list(RESIDUES), 30))
+    hmm = random_hmm(6, 2)
+    post = match_posteriors(hmm, a, b)
+    assert post.shape == (60, 65)
+    assert post.min() >= 0 and post.max() <= 1
+    assert post.sum(axis=1).max() <= 1 + 1e-9 and post.sum(axis=0).max() <= 1 + 1e-9
+    np.testing.assert_allclose(match_posteriors(hmm, b, a), post.T, rtol=1e-8, atol=1e-12)
+
+
+def test_fit_counts_the_reference_alignments():
+    # one pair: AC-DE / A-WDE -> pairs (0,0) (2,2) (3,3); one segment with a gap in both
+    records = [{"q_seq": "ACDE", "k_seq": "AWDE", "target": np.array([0, -1, 2, 3])}]
+    hmm = fit(records, n_gap_types=1, pseudocount=1.0)
+    n = len(RESIDUES)
+    pairs = np.ones((n, n))
+    for x, y in [("A", "A"), ("D", "D"), ("E", "E")]:
+        pairs[RESIDUES.index(x), RESIDUES.index(y)] += 2  # both orders
+    np.testing.assert_allclose(hmm.pair_probs, pairs / pairs.sum())
+    counts = np.ones(n)
+    for c in "ACDEAWDE":
+        counts[RESIDUES.index(c)] += 1
+    np.testing.assert_allclose(hmm.background, counts / counts.sum())
+    # transitions out of M: start->(0,0), (2,2)->(3,3) are M->M; one opening (the C / W segment)
+    assert hmm.gap_open[0] == pytest.approx((1 + 1) / (2 * 3 + 2))
+    assert hmm.gap_switch == pytest.approx((1 + 1) / (2 + 2))  # one switch over two runs
+    assert hmm.gap_extend[0] == pytest.approx(1e-3)  # runs of length 1: the EM floor
+
+
+def test_gap_mixture_separates_short_and_long_runs():
+    rng = np.random.default_rng(0)
+    lengths = np.r_[rng.geometric(0.7, 4000), rng.geometric(0.05, 1000)]  # extend 0.3 and 0.95
+    weights, extend = pairhmm._geometric_mixture(lengths, 2)
+    np.testing.assert_allclose(extend, [0.3, 0.95], atol=0.03)
+    np.testing.assert_allclose(weights, [0.8, 0.2], atol=0.03)
+
+
+def test_shipped_parameters_load_and_round_trip():
+    hmm = default_pairhmm()
+    again = PairHMM.from_json(hmm.to_json())
+    for name in ("pair_probs", "background", "gap_open", "gap_extend", "gap_switch"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(hmm, name))
+    lo = hmm.log_odds()
+    assert all(lo[k, k] > 0 for k in range(len(RESIDUES)))  # identities score above background
+    with pytest.raises(ValueError, match="pair-HMM parameter file"):
+        PairHMM.from_json('{"format": "other"}')
+
+
+def test_500_by_500_under_a_second():
+    rng = np.random.default_rng(1)
+    a, b = ("".join(rng.choice(list(RESIDUES), 500)) for _ in range(2))
+    hmm = default_pairhmm()
+    times = []
+    for _ in range(3):  # the best of three: the machine is shared
+        t0 = time.perf_counter()
+        match_posteriors(hmm, a, b)
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 1.0
+
+
+# ---- the posterior decoder ------------------------------------------------------------------
+
+def proper_alignments(lq: int, lk: int):
+    """Every proper alignment (pairs strictly increasing in both indices) of lq x lk residues."""
+    cells = [(i, j) for i in range(lq) for j in range(lk)]
+    for n in range(min(lq, lk) + 1):
+        for pairs in itertools.combinations(cells, n):
+            if all(a[0] < b[0] and a[1] < b[1] for a, b in zip(pairs, pairs[1:])):
+                yield pairs
+
+
+def plan_for(a: str, b: str, seed: int):
+    rng = np.random.default_rng(seed)
+    full = np.zeros((len(a) + 1, len(b) + 1))
+    full[:-1] = rng.dirichlet(np.ones(len(b) + 1), size=len(a))  # rows: real keys, then the dustbin
+    return PairPlan(full)
+
+
+@pytest.mark.parametrize("alpha, gap_cost, seed", [(0.0, 0.0, 0), (0.5, 0.0, 1), (0.3, 0.1, 2), (1.0, 0.05, 3)])
+def test_posterior_decoder_maximizes_the_mixed_expected_accuracy(alpha, gap_cost, seed):
+    a, b = "MKWVC", "MKVC"
+    pp = plan_for(a, b, seed)
+    mixed = alpha * pp.real + (1 - alpha) * match_posteriors(default_pairhmm(), a, b)
+    objective = lambda pairs: sum(mixed[p] for p in pairs) - gap_cost * (len(a) + len(b) - 2 * len(pairs))
+    best = max(objective(p) for p in proper_alignments(len(a), len(b)))
+    aln = DecoderSettings(decoder="posterior", alpha=alpha, gap_cost=gap_cost).decode(pp, (a, b))
+    assert objective([tuple(p) for p in aln.pairs]) == pytest.approx(best)
+    assert aln.score == pytest.approx(best)
+
+
+def test_posterior_decoder_uses_given_posteriors_and_needs_sequences():
+    a, b = "MKWVCH", "MKVCH"
+    pp = plan_for(a, b, 4)
+    settings = DecoderSettings(decoder="posterior", alpha=0.0)
+    planted = np.eye(6, 5)[::-1, ::-1] * 0.9  # a path the sequences' own posteriors would not give
+    np.testing.assert_array_equal(settings.decode(pp, (a, b), hmm_posteriors=planted).pairs,
+                                  [[i + 1, i] for i in range(5)])
+    with pytest.raises(ValueError, match="needs the two sequences"):
+        settings.decode(pp)
+    with pytest.raises(ValueError, match="alpha"):
+        DecoderSettings(decoder="posterior", alpha=1.5)
+
+
+def test_old_decoding_files_still_load(tmp_path):
+    (tmp_path / "decoding.json").write_text('{"decoder": "hybrid", "gap_open": 11.0, "gap_extend": 1.0, '
+                                            '"plan_weight": 2.0, "end_gaps": true}')
+    loaded = DecoderSettings.load(tmp_path)
+    assert loaded.decoder == "hybrid" and loaded.alpha == DecoderSettings().alpha
+    posterior = loaded.override(decoder="posterior", alpha=0.4)
+    posterior.save(tmp_path)
+    assert DecoderSettings.load(tmp_path) == posterior
+
+
+# ---- the scripts ----------------------------------------------------------------------------
+
+def run_script(name: str, argv: list[str]):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name).main(argv)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def test_fit_script_writes_a_parameter_file_with_its_recipe(dataset, tmp_path, capsys):
+    out = tmp_path / "hmm.json"
+    assert run_script("fit_pairhmm", ["--data", str(dataset), "--gap-types", "1", "--out", str(out)]) == 0
+    hmm = PairHMM.from_json(out.read_text())
+    assert hmm.n_gap_types == 1
+    assert "--gap-types 1" in json.loads(out.read_text())["recipe"]
+    assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_script_scores_every_method_on_the_same_pairs(dataset, capsys):
+    assert run_script("bench_posterior", ["--data", str(dataset), "--split", "test", "--pairs", "3",
+                                          "--alpha", "0.5", "--n-boot", "10"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    scored = {r["method"]: r for r in rows if "f1" in r}
+    assert {"mea (plan)", "shipped", "nw", "posterior alpha=0.0 gap_cost=0.0"} <= set(scored)
+    assert all(0 <= r["f1"] <= 1 and r["n_pairs"] == 3 for r in scored.values())
+    assert {r["minus"] for r in rows if "minus" in r} >= {"nw", "shipped", "mea (plan)"}
