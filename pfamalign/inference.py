@@ -14,7 +14,6 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pfamalign import jsonio
 from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairs import PairAlignment
@@ -80,7 +79,9 @@ class DecoderSettings:
         return cls(**json.loads(path.read_text()))
 
     def save(self, directory: pathlib.Path) -> None:
-        (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
+        from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
+
+        write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self))
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``."""
