@@ -254,6 +254,8 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
                 model = nnx.merge(state.graphdef, local_params(state.params))
                 ckpt.save_model(model_dir, model, cfg.model, params=state.params)
                 if jax.process_index() == 0:
+                    progress.log(f"choosing the decoder on up to {tune_pairs} val pairs"
+                                 if tune_pairs else "recording the model's data")
                     decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
                                            seed=cfg.train.data.seed)
                     writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})
