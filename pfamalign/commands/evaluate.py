@@ -83,6 +83,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     for key, what in (("trained_on", "trained on"), ("tuned_on", "had its decoder tuned on")):
         if overlap.get(key):
             click.echo(f"Warning: the model {what} {len(overlap[key])} of the evaluated families "
-                       f"({', '.join(overlap[key])}): their scores are not those of unseen "
-                       "families (the test split of the model's dataset is).", err=True)
+                       f"({', '.join(overlap[key])}): these scores overstate its accuracy on new "
+                       "families; score families it never saw (the test split of its dataset).",
+                       err=True)
     evaluation.render(summary)
