@@ -5,6 +5,13 @@ A **model directory** is what ``align`` / ``eval`` load::
     MODEL/config.json     {"format": "pfamalign-model", "format_version": 1,
                            "model": AlignerConfig (incl. TransportConfig, embedder id and dim)}
     MODEL/params/         the parameters (orbax, a nested dict of arrays: nnx.to_pure_dict)
+    MODEL/decoding.json   the decoder settings (``inference.DecoderSettings``), chosen on the
+                          validation families at the end of ``pfamalign train``
+    MODEL/training.json   what the model learnt from: {"dataset": {path, config_hash,
+                          embedder_id}, "trained_on": {"split", "families": [accessions]},
+                          "decoder": {"source": "tuned" | "default_model" | ..., "split",
+                          "families", "n_pairs", "f1", "f1_below30", "settings"}}; ``eval``
+                          warns when the families it scores overlap these
 
 A **run directory** (``pfamalign train --out RUN``) holds::
 
@@ -33,6 +40,7 @@ from pfamalign import jsonio
 from pfamalign.model import Aligner, AlignerConfig
 
 MODEL_FORMAT = "pfamalign-model"
+TRAINING_RECORD = "training.json"
 MODEL_FORMAT_VERSION = 1
 
 
@@ -76,11 +84,24 @@ def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
 # Model directories
 # ---------------------------------------------------------------------------------------------
 
-def write_json(path: pathlib.Path, data: Any) -> None:
-    """Writes ``data`` as indented JSON atomically (a temporary file, then a rename)."""
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Writes ``data`` as indented JSON (``jsonio``) atomically: a temporary file, then a
+    rename, so that a reader never sees half a file."""
+    path = pathlib.Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(jsonio.dumps(data, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def write_training_record(directory: str | os.PathLike, record: dict) -> None:
+    """Writes ``MODEL/training.json`` (see the module docstring)."""
+    write_json(pathlib.Path(directory) / TRAINING_RECORD, record)
+
+
+def read_training_record(directory: str | os.PathLike) -> dict | None:
+    """``MODEL/training.json``, or None for a model directory without one."""
+    path = pathlib.Path(directory) / TRAINING_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConfig | None = None,

@@ -22,10 +22,10 @@ Reconstruction averages the heads' errors (each head has its own values).
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import os
 import pathlib
 import sys
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smit
 from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
                                          diagonal_plan_metrics, paired_f1_difference, plan_metrics,
                                          prf_by_identity)
+from pfamalign.checkpoint import read_training_record, write_json
 from pfamalign.model import Aligner, aligner_loss
 
 BASELINES: dict[str, Callable] = {
@@ -140,6 +141,18 @@ class Evaluation:
         return out
 
 
+def model_plans(predictor, records: Sequence[dict], *, features: str = "records",
+                batch_size: int = 8) -> Iterator:
+    """The model's ``PairPlan`` of each record, in order: from the records' stored
+    embeddings (``features="records"``) or embedding their residues (``"featurize"``)."""
+    if features == "records":
+        feats = [(r["q_feat"], r["k_feat"]) for r in records]
+    else:
+        flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
+        feats = list(zip(flat[0::2], flat[1::2]))
+    return predictor.plans(feats, batch_size=batch_size)
+
+
 def evaluate(records: Iterable[dict], *, predictor=None, features: str = "records",
              baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None,
              batch_size: int = 8, advance=lambda n=1: None) -> Evaluation:
@@ -154,18 +167,16 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         if b not in BASELINES:
             raise ValueError(f"unknown baseline {b!r}; choose from {sorted(BASELINES)}")
     methods = (["model"] if predictor is not None else []) + list(baselines)
+    if not methods:
+        raise ValueError("nothing to score: no model and no baselines")
     dustbin = predictor is not None and predictor.config.dustbin
     ev = Evaluation(methods, {m: [] for m in methods}, {"model": [], "diagonal": []})
     pending: list[dict] = []
 
     def flush():
         if predictor is not None and pending:
-            if features == "records":
-                feats = [(r["q_feat"], r["k_feat"]) for r in pending]
-            else:
-                flat = predictor.featurize([s for r in pending for s in (r["q_seq"], r["k_seq"])])
-                feats = list(zip(flat[0::2], flat[1::2]))
-            for r, pp in zip(pending, predictor.plans(feats, batch_size=batch_size)):
+            plans = model_plans(predictor, pending, features=features, batch_size=batch_size)
+            for r, pp in zip(pending, plans):
                 aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 ev.plan["model"].append(model_plan_metrics(pp.real, pp.row_dustbin, r["target"],
@@ -187,6 +198,23 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     return ev
 
 
+def sample_across_families(families: Sequence[str], max_pairs: int, *, seed: int = 0) -> np.ndarray:
+    """Sorted indices of at most ``max_pairs`` items, drawn round-robin over the families
+    (``families``: one label per item): each round takes one random item of every family
+    not yet exhausted, families in a random order. Every family is represented when
+    ``max_pairs`` >= the number of families, family counts differ by at most one (beyond
+    exhausted families) and the draw is a function of ``seed``."""
+    labels = np.unique(np.asarray(families, dtype=str), return_inverse=True)[1].reshape(-1)
+    rng = np.random.default_rng(seed)
+    position = rng.permutation(labels.max() + 1) if labels.size else labels
+    rank = np.empty(labels.size, np.int64)  # the round in which each item is drawn
+    for family in range(position.size):
+        members = rng.permutation(np.flatnonzero(labels == family))
+        rank[members] = np.arange(members.size)
+    order = np.lexsort((position[labels], rank))  # by round, then family position
+    return np.sort(order[:max(max_pairs, 0)])
+
+
 def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022):
     """Pair records sampled from Stockholm files (the same sampler as `prepare`)."""
     from pfamalign.pipelines.pairs import SamplingConfig, sample_family
@@ -199,11 +227,12 @@ def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int =
 
 def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
                  pairs_per_family: int = 50, seed: int = 0, max_pairs: int | None = None,
-                 embedder_id: str | None = None) -> tuple[Iterable[dict], int | None, str]:
-    """``(records, how many or None, features)`` of one source: a dataset split (``data``),
-    else pairs sampled from the ``stockholm`` files. ``features`` is ``"records"`` when the
-    dataset's stored embeddings are the model's (``embedder_id``), else ``"featurize"``."""
-    features, total = "featurize", None
+                 embedder_id: str | None = None) -> tuple[Iterable[dict], int, str]:
+    """``(records, how many, features)`` of one source: a dataset split (``data``), else
+    pairs sampled from the ``stockholm`` files. ``max_pairs`` draws that many across the
+    families (``sample_across_families``, seeded by ``seed``) rather than the first ones,
+    which would all come from one family. ``features`` is ``"records"`` when the dataset's
+    stored embeddings are the model's (``embedder_id``), else ``"featurize"``."""
     if data is not None:
         from pfamalign.pipelines import reader
 
@@ -211,14 +240,31 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
         if split not in ds.splits or ds.num_pairs(split) == 0:
             raise ValueError(f"{data} has no pairs in split {split!r} (splits: {ds.splits})")
         same = embedder_id is not None and ds.embedder_id == embedder_id
-        features = "records" if same else "featurize"
-        records, total = reader.iter_pairs(data, split, features=same), ds.num_pairs(split)
-    else:
-        records = stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed)
-    if max_pairs is not None:
-        records = itertools.islice(records, max_pairs)
-        total = min(total, max_pairs) if total is not None else max_pairs
-    return records, total, features
+        source = ds.source(split, features=same)
+        chosen = range(len(source))
+        if max_pairs is not None and max_pairs < len(source):
+            families = [r["family"] for r in reader.iter_pairs(data, split)]
+            chosen = sample_across_families(families, max_pairs, seed=seed)
+        return (source[i] for i in chosen), len(chosen), "records" if same else "featurize"
+    records = list(stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed))
+    if max_pairs is not None and max_pairs < len(records):
+        chosen = sample_across_families([r["family"] for r in records], max_pairs, seed=seed)
+        records = [records[i] for i in chosen]
+    return records, len(records), "featurize"
+
+
+def training_overlap(model_dir, families: Iterable[str]) -> dict | None:
+    """The evaluated families (keys or accessions) that the model in ``model_dir`` trained on
+    (``trained_on``) or had its decoder tuned on (``tuned_on``), by version-free accession,
+    from the model's training record; None when the model has none."""
+    from pfamalign.pipelines.stockholm import accession_base
+
+    record = read_training_record(model_dir)
+    if record is None:
+        return None
+    evaluated = {accession_base(f) for f in families}
+    return {"trained_on": sorted(evaluated & set(record["trained_on"]["families"])),
+            "tuned_on": sorted(evaluated & set(record["decoder"].get("families", [])))}
 
 
 def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_family: int = 50,
@@ -226,7 +272,9 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
         baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None, n_boot: int = 1000,
         seed: int = 0, json_path=None, plot_path=None, quiet: bool = False) -> dict:
     """``pfamalign eval``: scores the pairs of one source (``pair_records``), writes the JSON
-    and the plot when asked, and returns the summary. ValueError for unusable inputs."""
+    and the plot (atomically) when asked, and returns the summary; with a model, the summary's
+    ``training_overlap`` names the scored families the model trained or was tuned on.
+    ValueError for unusable inputs."""
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
     embedder_id = predictor.config.embedder_id if predictor is not None else None
@@ -239,8 +287,10 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     if not ev.pid:
         raise ValueError("no pairs to score")
     summary = ev.summary(n_boot=n_boot, seed=seed)
+    if predictor is not None:
+        summary["training_overlap"] = training_overlap(predictor.path, ev.families)
     if json_path:
-        pathlib.Path(json_path).write_text(to_json(summary))
+        write_json(pathlib.Path(json_path), summary)
     if plot_path:
         plot(summary, plot_path)
     return summary
@@ -336,7 +386,9 @@ def plot(summary: dict, path) -> pathlib.Path:
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path = pathlib.Path(path)
-    fig.savefig(path, dpi=120)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # keeps the suffix: the image format
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
     return path
 
 

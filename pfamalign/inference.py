@@ -14,7 +14,6 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import default_pairhmm, match_posteriors
@@ -94,7 +93,9 @@ class DecoderSettings:
         return cls(**fields)
 
     def save(self, directory: pathlib.Path) -> None:
-        (pathlib.Path(directory) / "decoding.json").write_text(jsonio.dumps(dataclasses.asdict(self)))
+        from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
+
+        write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self))
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
                hmm_posteriors: np.ndarray | None = None) -> PairAlignment:

@@ -282,6 +282,21 @@ def build_summary(out: pathlib.Path, families: list[dict], plan: dict, fin_resid
     }
 
 
+def empty_split_warnings(summary: dict, fractions, seed: int) -> list[str]:
+    """A warning per split that was asked for (fraction > 0) but holds no pair: families are
+    assigned whole, so few families can leave a split empty (training would then have no
+    validation, evaluation no test)."""
+    used = summary["families"]["used"]
+    if not used:
+        return []  # no pairs at all: the notes say so
+    given = ",".join(f"{f:g}" for f in fractions)
+    return [f"the {split} split is empty: none of the {used} families with pairs was assigned "
+            f"to it (--splits {given}, --seed {seed}). Splits take whole families; raise its "
+            f"fraction in --splits or try another --seed."
+            for split, fraction in zip(SPLITS, fractions)
+            if fraction > 0 and summary["splits"][split]["pairs"] == 0]
+
+
 def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
                 embedder: Embedder | None = None) -> PrepareResult:
     """Builds (or resumes, or recognizes as complete) the dataset described by ``cfg``."""
@@ -391,6 +406,7 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
                             cfg.dtype, computed, notes, from_cache=from_cache)
     if summary["pairs"]["total"] == 0:
         summary["notes"].append("no pairs were produced: check the skipped table")
+    summary["warnings"] = empty_split_warnings(summary, cfg.split_fractions, cfg.seed)
     manifest = _manifest(cfg, out, output_config, chash, embedder, plan, fin, summary,
                          input_names)
     rec.write_json(out / "manifest.json", manifest)

@@ -147,6 +147,7 @@ def test_bad_pairs_file_names_the_line(model_dir, tmp_path):
 def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset, tmp_path):
     from pfamalign.alignment.baselines import needleman_wunsch
     from pfamalign.alignment.metrics import alignment_counts
+    from pfamalign.evaluation import sample_across_families
     from pfamalign.pipelines import reader
 
     out = tmp_path / "eval.json"
@@ -157,8 +158,10 @@ def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset
     assert "NW-BLOSUM62" in res.output and "pfamalign" in res.output
     summary = json.loads(out.read_text())
     assert summary["n_pairs"] == 8 and set(summary["methods"]) == {"model", "diagonal", "nw", "sw"}
-    # NW's F1 recomputed independently on the same pairs
-    recs = list(reader.iter_pairs(dataset, "train"))[:8]
+    # NW's F1 recomputed independently on the same pairs: 8 drawn across the families
+    split = list(reader.iter_pairs(dataset, "train"))
+    recs = [split[i] for i in sample_across_families([r["family"] for r in split], 8, seed=0)]
+    assert len({r["family"] for r in recs}) == min(8, len({r["family"] for r in split}))
     counts = np.array([alignment_counts(needleman_wunsch(r["q_seq"], r["k_seq"]).pairs, r["target"])
                        for r in recs]).sum(0)
     f1 = 2 * counts[0] / (counts[1] + counts[2])
@@ -188,6 +191,66 @@ def test_eval_input_errors(model_dir, dataset):
     assert res.exit_code != 0 and "exactly one of --data" in res.output
     res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--baselines", "nw,blast", "--no-model"])
     assert res.exit_code != 0 and "unknown baseline" in res.output
+    res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--baselines", "", "--no-model"])
+    assert res.exit_code == 2 and "nothing to score" in res.output and res.exception is not None
+    assert isinstance(res.exception, SystemExit)  # a usage message, not a traceback
+
+
+def test_eval_without_baselines_scores_the_model_alone(model_dir, dataset, tmp_path):
+    res = run(["eval", "--data", dataset, "--split", "val", "--checkpoint", model_dir, "--max-pairs", 2,
+               "--baselines", "", "--bootstrap", 10, "--json", tmp_path / "e.json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "e.json").read_text())
+    assert set(summary["methods"]) == {"model"} and summary["model_minus"] == {}
+
+
+def test_eval_warns_when_the_model_saw_the_evaluated_families(model_dir, dataset, tmp_path):
+    import shutil
+
+    from pfamalign import checkpoint
+    from pfamalign.training.rundir import split_families
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    train, val = split_families(dataset, "train"), split_families(dataset, "val")
+    checkpoint.write_training_record(model, {"dataset": {}, "trained_on": {"families": train},
+                                             "decoder": {"families": val}})
+    warned = set()
+    for split in ("train", "val", "test"):
+        res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--split", split,
+                                        "--checkpoint", str(model), "--baselines", "nw",
+                                        "--bootstrap", "10", "--json", str(tmp_path / "e.json"),
+                                        "--quiet"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        overlap = json.loads((tmp_path / "e.json").read_text())["training_overlap"]
+        evaluated = {r["family"].split(".")[0] for r in reader_pairs(dataset, split)}
+        assert overlap == {"trained_on": sorted(evaluated & set(train)),
+                           "tuned_on": sorted(evaluated & set(val))}
+        assert ("Warning: the model trained on" in res.stderr) == bool(overlap["trained_on"])
+        assert ("had its decoder tuned on" in res.stderr) == bool(overlap["tuned_on"])
+        warned |= {key for key, families in overlap.items() if families}
+    assert warned == {"trained_on", "tuned_on"}  # each warning was seen, on its own split
+    # no training record (a model from before it existed): no claim either way
+    res = run(["eval", "--data", dataset, "--split", "train", "--checkpoint", model_dir, "--max-pairs", 2,
+               "--baselines", "nw", "--bootstrap", 10, "--json", tmp_path / "e.json", "--quiet"])
+    assert json.loads((tmp_path / "e.json").read_text())["training_overlap"] is None
+    assert "Warning" not in res.stderr
+
+
+def test_the_shipped_model_records_its_training_families():
+    from pfamalign.evaluation import training_overlap
+    from pfamalign.inference import default_model_dir
+
+    # fn3 (PF00041) is a training family of the shipped model, RRM_1 (PF00076) a test family,
+    # HATPase_c (PF02518) a validation family (assets/default_model/TRAINING.md)
+    assert training_overlap(default_model_dir(), ["PF00041.20", "PF00076.13", "PF02518.29"]) == {
+        "trained_on": ["PF00041"], "tuned_on": ["PF02518"]}
+
+
+def reader_pairs(dataset, split):
+    from pfamalign.pipelines import reader
+
+    return list(reader.iter_pairs(dataset, split))
 
 
 # ---- barycenter ----------------------------------------------------------------------------
@@ -307,6 +370,8 @@ def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, data
     import importlib.util
     import shutil
 
+    from pfamalign import tuning
+
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tune_decoder.py"
     spec = importlib.util.spec_from_file_location("tune_decoder", script)
     tune = importlib.util.module_from_spec(spec)
@@ -317,7 +382,7 @@ def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, data
                       "--max-pairs", "4", "--write"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     scored, best = lines[:-1], lines[-1]
-    assert len(scored) == len(tune.grid()) and {r["decoder"] for r in scored} == {"affine", "mea", "hybrid"}
+    assert len(scored) == len(tuning.candidate_settings()) and {r["decoder"] for r in scored} == {"affine", "mea", "hybrid"}
     assert best["f1"] == max(r["f1"] for r in scored)
     from pfamalign.inference import DecoderSettings
 

@@ -59,3 +59,44 @@ def test_validation_and_eval_give_the_same_plan_metrics(name, dataset, tmp_path)
     n_aligned = sum(int((r["target"] >= 0).sum()) for r in records)
     n_rows = sum(len(r["target"]) for r in records)
     assert pooled.n_ce == (n_rows if cfg.model.dustbin else n_aligned)
+
+
+# ---- drawing pairs across families (`eval --max-pairs`, the decoder tuning) -------------------
+
+SIZES = {"a": 10, "b": 2, "c": 5, "d": 1}
+STORED = [f for f, n in SIZES.items() for _ in range(n)]  # records are stored family by family
+
+
+@pytest.mark.parametrize("max_pairs", [0, 1, 3, 4, 7, 12, 18, 30])
+def test_sample_across_families_draws_round_robin(max_pairs):
+    idx = evaluation.sample_across_families(STORED, max_pairs, seed=3)
+    assert len(idx) == min(max_pairs, len(STORED)) == len(set(idx.tolist()))
+    assert list(idx) == sorted(idx)
+    counts = {f: sum(STORED[i] == f for i in idx) for f in SIZES}
+    # round robin: a family short of its size has at most one pair fewer than any other
+    top = max(counts.values())
+    assert all(counts[f] <= SIZES[f] for f in SIZES)
+    assert all(counts[f] >= top - 1 for f in SIZES if counts[f] < SIZES[f])
+    if max_pairs >= len(SIZES):
+        assert all(counts.values())  # every family represented
+    else:
+        assert top <= 1  # one pair from each of max_pairs families
+
+
+def test_sample_across_families_is_a_function_of_the_seed():
+    draw = lambda seed: evaluation.sample_across_families(STORED, 5, seed=seed).tolist()
+    assert draw(0) == draw(0)
+    assert len({tuple(draw(seed)) for seed in range(10)}) > 1
+    # the first pairs in stored order would all come from one family
+    assert len({STORED[i] for i in draw(0)}) == len(SIZES)
+
+
+def test_pair_records_max_pairs_covers_every_family(dataset):
+    all_val = list(reader.iter_pairs(dataset, "val"))
+    records, total, _ = evaluation.pair_records(data=dataset, split="val", max_pairs=4, seed=1)
+    records = list(records)
+    assert total == len(records) == 4
+    assert {r["family"] for r in records} == {r["family"] for r in all_val}  # 2 families
+    keys = lambda rs: [(r["family"], r["pair_index"]) for r in rs]
+    want = evaluation.sample_across_families([r["family"] for r in all_val], 4, seed=1)
+    assert keys(records) == keys([all_val[i] for i in want])

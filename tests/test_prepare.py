@@ -141,6 +141,26 @@ def test_cli_prints_summary_and_rerun_is_a_no_op(tmp_path):
         "config"]["seed"] == 1
 
 
+def test_an_empty_split_is_reported_with_what_to_change(tmp_path):
+    """One family over train and val: the split it was not assigned to is empty, and prepare
+    says so (even with -q) rather than training finding no validation pairs later."""
+    from pfamalign.pipelines.splits import assign_split
+
+    family = SEED / "PF05371.sto"
+    got = assign_split("PF05371", seed=0, fractions=(0.5, 0.5, 0.0))
+    empty = {"train": "val", "val": "train"}[got]
+    res = _cli(["prepare", "shards", "--pfam", str(family), "--out", str(tmp_path / "ds"),
+                "--pairs-per-family", "4", "--splits", "0.5,0.5,0", "--seed", "0", "-q"])
+    assert res.exit_code == 0, res.output
+    text = _flat(res.output)
+    assert f"Warning: the {empty} split is empty" in text
+    assert "--splits 0.5,0.5,0" in text and "--seed 0" in text
+    assert f"the {got} split is empty" not in text
+    assert "the test split" not in text  # asked to be empty (fraction 0): no warning
+    summary = json.loads((tmp_path / "ds" / "manifest.json").read_text())["summary"]
+    assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith(f"the {empty} split")
+
+
 def test_refuses_a_foreign_non_empty_directory(tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
     with pytest.raises(PrepareError, match="not empty"):

@@ -1,8 +1,10 @@
 """`pfamalign train`: the loop on real shards, data parallelism, checkpoints, resume, stops."""
 
+import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +17,9 @@ from click.testing import CliRunner
 
 from flax import nnx
 
-from pfamalign import checkpoint, evaluation
+from pfamalign import checkpoint, evaluation, tuning
+from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
+from pfamalign.pipelines import reader
 from pfamalign.training import loop as train, rundir, step as train_step
 from pfamalign.model import aligner_loss
 from pfamalign.cli import main as cli
@@ -26,6 +30,7 @@ from pfamalign.pipelines.prepare import run_prepare
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEED = ROOT / "tests" / "data" / "pfam_seed"
 STEPS = 6
+TUNE_PAIRS = 6
 
 # A small align_ce (the real op, T=15, band 1024) on one padded shape (lengths <= 160).
 TINY = {"encoder_layers": 1, "encoder_width": 32, "head_dim": 16, "value_dim": 8,
@@ -62,9 +67,11 @@ def _assert_same(a, b):
 
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory):
-    """An uninterrupted run (8 devices) with validation at steps 0 and 6."""
+    """An uninterrupted run (8 devices) with validation at steps 0 and 6; its decoder is
+    tuned on 6 val pairs."""
     out = tmp_path_factory.mktemp("ref") / "run"
-    result = train.run(dataset, out, _cfg(dataset, **{"train.eval_every": STEPS}), quiet=True)
+    result = train.run(dataset, out, _cfg(dataset, **{"train.eval_every": STEPS}), quiet=True,
+                       tune_pairs=TUNE_PAIRS)
     return result
 
 
@@ -95,6 +102,58 @@ def test_run_writes_metrics_config_checkpoints_and_model(reference, dataset):
     # the final model directory and the newest checkpoint load to the same parameters
     _assert_same(_params(out / "model"), _params(out / "checkpoints" / "6"))
     _assert_same(_params(out), _params(out / "model"))
+
+
+def test_run_chooses_the_decoder_on_val_and_records_what_it_learnt_from(reference, dataset):
+    model_dir = reference.out_dir / "model"
+    record = checkpoint.read_training_record(model_dir)
+    assert record["dataset"]["config_hash"] == reader.PairDataset(dataset).config_hash
+    assert record["trained_on"]["families"] == rundir.split_families(dataset, "train")
+    decoder = record["decoder"]
+    assert decoder == reference.decoder and decoder["source"] == "tuned"
+    assert decoder["n_pairs"] == TUNE_PAIRS
+    assert decoder["families"] == rundir.split_families(dataset, "val")  # every val family
+    chosen = DecoderSettings.load(model_dir)
+    assert dataclasses.asdict(chosen) == decoder["settings"]
+    assert chosen in tuning.candidate_settings()
+    tuned = [r for r in (json.loads(line) for line in
+                         (reference.out_dir / "metrics.jsonl").read_text().splitlines())
+             if "tune/f1" in r]
+    assert len(tuned) == 1 and tuned[0]["tune/f1"] == decoder["f1"]
+
+    # the same pairs through `pfamalign eval`'s path: the chosen decoder's F1 is the one
+    # recorded, and no other candidate beats it
+    predictor = Predictor(model_dir)
+    records, _, features = evaluation.pair_records(
+        data=dataset, split="val", max_pairs=TUNE_PAIRS, seed=0,
+        embedder_id=predictor.config.embedder_id)
+    records = list(records)
+
+    def f1(settings):
+        ev = evaluation.evaluate(records, predictor=predictor, features=features, baselines=(),
+                                 decoding=settings)
+        return ev.summary(n_boot=0)["methods"]["model"]["prf"]["all"]["micro"]["f1"]["value"]
+
+    assert f1(chosen) == pytest.approx(decoder["f1"])
+    others = [DecoderSettings(), DecoderSettings.for_decoder("hybrid"),
+              DecoderSettings(decoder="mea")]
+    assert all(f1(s) <= decoder["f1"] + 1e-12 for s in others)
+
+
+def test_no_val_pairs_falls_back_to_the_shipped_decoder(reference, tmp_path):
+    data = tmp_path / "ds"
+    run_prepare(PrepareConfig(inputs=(str(SEED / "PF05371.sto"),), out=str(data),
+                              embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=4),
+                              split_fractions=(1.0, 0.0, 0.0)), quiet=True)
+    model_dir = tmp_path / "model"
+    shutil.copytree(reference.out_dir / "model", model_dir)
+    (model_dir / "decoding.json").unlink()
+    decoder = train.finish_model(model_dir, data, tune_pairs=TUNE_PAIRS)
+    assert decoder["source"] == "default_model" and "no val pairs" in decoder["reason"]
+    assert DecoderSettings.load(model_dir) == DecoderSettings.load(default_model_dir())
+    record = checkpoint.read_training_record(model_dir)
+    assert record["decoder"] == decoder and record["trained_on"]["families"] == ["PF05371"]
 
 
 def test_a_few_steps_lower_the_training_loss(reference, dataset):
@@ -161,11 +220,15 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
     assert not (out / "model").exists()
     monkeypatch.undo()
-    second = train.run(dataset, out, _cfg(dataset), quiet=True)
+    second = train.run(dataset, out, _cfg(dataset), quiet=True, tune_pairs=None)
     assert (second.start_step, second.step) == (3, STEPS)
     _assert_same(_params(out / "model"), _params(reference.out_dir / "model"))
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if "train/loss" in r]
     assert steps == list(range(1, STEPS + 1))  # no duplicated lines after the resume
+    # without tuning the model gets the shipped model's decoder, and says so
+    assert second.decoder["source"] == "default_model" and "--no-tune" in second.decoder["reason"]
+    assert DecoderSettings.load(out / "model") == DecoderSettings.load(default_model_dir())
 
 
 _SLOW_TRAIN = """
@@ -188,7 +251,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(reference, dataset
     out = tmp_path / "run"
     env = dict(os.environ, CI="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
                XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    args = ["train", "--data", str(dataset), "--config", "align_ce", "--out", str(out), "--quiet"]
+    args = ["train", "--data", str(dataset), "--config", "align_ce", "--out", str(out), "--quiet",
+            "--tune-pairs", str(TUNE_PAIRS)]
     for key, value in TINY.items():
         args += ["--set", f"{key}={value}"]
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_TRAIN, *args], env=env,
@@ -259,7 +323,8 @@ def _cli(args):
 def test_cli_help():
     res = _cli(["train", "--help"])
     assert res.exit_code == 0
-    for text in ("k2_eps1", "align_ce", "--distributed", "--set", "--tensorboard", "TPU pod"):
+    for text in ("k2_eps1", "align_ce", "--distributed", "--set", "--tensorboard", "TPU pod",
+                 "--tune-pairs", "--no-tune"):
         assert text in res.output
 
 

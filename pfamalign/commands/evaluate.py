@@ -25,7 +25,8 @@ from pfamalign.commands._common import decoder_options, decoder_settings, fail
               help="ESM-2 weights for ESM-2 checkpoints.")
 @click.option("--baselines", default="diagonal,nw,sw", show_default=True,
               help="Comma-separated baselines: diagonal, nw, sw (empty for none).")
-@click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs (first ones).")
+@click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs, drawn across the families (seeded by --seed; "
+                   "every family represented when N >= the number of families).")
 @click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and the sampling.")
 @decoder_options
@@ -58,6 +59,9 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:
         raise click.UsageError(f"unknown baseline(s) {unknown}; choose from {sorted(evaluation.BASELINES)}")
+    if no_model and not base:
+        raise click.UsageError("nothing to score: --no-model with no --baselines; name at least "
+                               f"one of {', '.join(evaluation.BASELINES)} or drop --no-model")
     predictor = settings = None
     if not no_model:
         from pfamalign.inference import Predictor
@@ -75,4 +79,11 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
                                  quiet=quiet)
     except ValueError as err:
         fail(str(err))
+    overlap = summary.get("training_overlap") or {}
+    for key, what in (("trained_on", "trained on"), ("tuned_on", "had its decoder tuned on")):
+        if overlap.get(key):
+            click.echo(f"Warning: the model {what} {len(overlap[key])} of the evaluated families "
+                       f"({', '.join(overlap[key])}): these scores overstate its accuracy on new "
+                       "families; score families it never saw (the test split of its dataset).",
+                       err=True)
     evaluation.render(summary)

@@ -135,6 +135,8 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                                    "families and continue.") from err
     except (EmbedderError, PrepareError, ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from err
+    for warning in result.summary.get("warnings", []):  # even with --quiet: act on it now
+        click.echo(f"Warning: {warning}", err=True)
     if not quiet:
         from rich.console import Console
 

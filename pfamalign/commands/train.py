@@ -30,6 +30,11 @@ from pfamalign.configs import CONFIG_NAMES
               help="Override a config field (repeatable): a model field (heads=2), "
                    "transport.<field> (transport.eps=0.5) or train.<field> "
                    "(train.warmup_steps=50).")
+@click.option("--tune-pairs", type=click.IntRange(min=1), default=500, show_default=True,
+              help="At the end, choose the model's decoder on this many val pairs (drawn "
+                   "across the val families); written to OUT/model/decoding.json.")
+@click.option("--no-tune", is_flag=True,
+              help="Skip the decoder choice: OUT/model gets the shipped model's decoder.")
 @click.option("--allow-changes", is_flag=True,
               help="Resume even though optimisation settings (--lr, --steps, ...) differ "
                    "from the saved run's (e.g. a lower LR after a divergence).")
@@ -46,7 +51,7 @@ from pfamalign.configs import CONFIG_NAMES
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary.")
 @click.pass_context
 def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every, ckpt_every,
-          seed, set_items, allow_changes, distributed, coordinator, num_processes, process_id,
+          seed, set_items, tune_pairs, no_tune, allow_changes, distributed, coordinator, num_processes, process_id,
           tensorboard, quiet):
     """Train an aligner on a prepared dataset.
 
@@ -65,7 +70,10 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
     Re-running the same command resumes from the newest checkpoint (same step, same data
     position); SIGTERM or Ctrl-C save a checkpoint and exit (status 128 + signal). A NaN or
     inf loss stops the run and leaves the last good checkpoint. OUT/model/ is the final model
-    (`pfamalign align --checkpoint OUT/model`); OUT itself loads its newest checkpoint.
+    (`pfamalign align --checkpoint OUT/model`); OUT itself loads its newest checkpoint. The
+    run ends by choosing the model's decoder on the val families (MEA, affine, hybrid;
+    best aligned-pair F1; OUT/model/decoding.json) and recording the dataset and families it
+    learnt from (OUT/model/training.json, which `pfamalign eval` checks for overlap).
 
     \b
     Devices and hosts: data parallel over every device JAX sees (the batch is split, the
@@ -108,7 +116,8 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
     try:
         cfg = training.run_config(data_dir, out_dir, config_name, overrides=overrides)
         result = training.run(data_dir, out_dir, cfg, tensorboard=tensorboard, quiet=quiet,
-                              allow_changes=allow_changes)
+                              allow_changes=allow_changes,
+                              tune_pairs=None if no_tune else tune_pairs)
     except training.OptionsError as err:
         raise click.UsageError(str(err)) from None
     except (training.TrainingError, CheckpointError, ValueError, FileNotFoundError) as err:

@@ -7,6 +7,10 @@ restores the newest checkpoint and continues with batch N: the parameters after 
 bit-identical to those of an uninterrupted run (tested with SIGKILL). SIGTERM / SIGINT save a
 checkpoint at the current step and exit cleanly. A non-finite loss or gradient stops the run
 without saving (the step is not applied), so the last good checkpoint stays the newest.
+
+The end of a finished run: ``RUN/model`` (parameters), its decoder chosen on the val split
+(``decoding.json``) and the record of what it learnt from (``training.json``), see
+``finish_model``.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import numpy as np
 from flax import nnx
 
 from pfamalign import checkpoint as ckpt
-from pfamalign import evaluation
+from pfamalign import evaluation, tuning
 from pfamalign.configs import RunConfig, TrainConfig
 from pfamalign.pipelines import reader
 from pfamalign.training.errors import NonFiniteLoss, TrainingError
-from pfamalign.training.rundir import MetricsWriter, ProgressLine, open_run
+from pfamalign.training.rundir import (MetricsWriter, ProgressLine, data_info, open_run,
+                                       split_families)
 from pfamalign.training.step import (abstract_state, check_batch, init_state, local_params,
                                      make_mesh, make_train_step, shard_batch)
 
@@ -77,6 +82,7 @@ class TrainResult:
     last_metrics: dict[str, float]
     last_eval: dict[str, float]
     model_dir: pathlib.Path | None
+    decoder: dict | None  # how the model's decoder was chosen (``tuning.choose_decoder``)
 
 
 class _StopFlag:
@@ -124,8 +130,11 @@ def _mean_records(records: list[dict]) -> dict[str, float]:
 
 def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig, *,
         mesh=None, tensorboard: bool = False, quiet: bool = False,
-        allow_changes: bool = False) -> TrainResult:
+        allow_changes: bool = False, tune_pairs: int | None = 500) -> TrainResult:
     """Trains (or resumes) a run into ``out_dir``; see the module docstring.
+
+    A finished run saves ``RUN/model`` and chooses its decoder on at most ``tune_pairs``
+    pairs of the val split (None: no tuning, the shipped model's decoder); ``finish_model``.
 
     ``allow_changes``: resume even if the optimisation settings differ from the saved run's
     (see ``rundir.check_resumable``); the run's ``config.json`` then records the new ones.
@@ -183,6 +192,7 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
         return result
 
     last_eval, last_metrics, window, saved_step = {}, {}, [], resume_step
+    model_dir = decoder = None
     interrupted = False
     try:
         with _StopFlag() as stop:
@@ -239,17 +249,37 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
                 name = signal.Signals(stop.signal).name if stop.signal else "signal"
                 progress.log(f"{name}: saved a checkpoint at step {step} in {manager_dir}; "
                              "re-run the same command to resume")
+            else:
+                model_dir = out_dir / "model"
+                model = nnx.merge(state.graphdef, local_params(state.params))
+                ckpt.save_model(model_dir, model, cfg.model, params=state.params)
+                if jax.process_index() == 0:
+                    progress.log(f"choosing the decoder on up to {tune_pairs} val pairs"
+                                 if tune_pairs else "recording the model's data")
+                    decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
+                                           seed=cfg.train.data.seed)
+                    writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})
+                    progress.log(tuning.describe(decoder))
     finally:
         progress.close()
         writer.close()
         checkpoints.close()
-    model_dir = None
-    if not interrupted:
-        model_dir = out_dir / "model"
-        model = nnx.merge(state.graphdef, local_params(state.params))
-        ckpt.save_model(model_dir, model, cfg.model, params=state.params)
     return TrainResult(out_dir, step, start_step, interrupted, stop.signal if interrupted else None,
-                       last_metrics, last_eval, model_dir)
+                       last_metrics, last_eval, model_dir, decoder)
+
+
+def finish_model(model_dir: pathlib.Path, data_dir, *, tune_pairs: int | None,
+                 seed: int = 0) -> dict:
+    """Chooses the model's decoder on the val split (``tuning.choose_decoder``, at most
+    ``tune_pairs`` pairs; None skips tuning) and writes ``MODEL/training.json``: the dataset
+    and the families the model trained and was tuned on. Returns the decoder record."""
+    decoder = tuning.choose_decoder(model_dir, data_dir, split="val", max_pairs=tune_pairs,
+                                    seed=seed)
+    ckpt.write_training_record(model_dir, {
+        "dataset": data_info(data_dir),
+        "trained_on": {"split": "train", "families": split_families(data_dir, "train")},
+        "decoder": decoder})
+    return decoder
 
 
 def _prepare_batch(batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ resumes only with the same model, trajectory and dataset (see ``check_resumable`
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -73,6 +74,15 @@ def data_info(data_dir) -> dict:
     return {"path": str(pathlib.Path(data_dir).absolute()), "config_hash": ds.config_hash,
             "embedder_id": ds.embedder_id, "dim": ds.dim,
             "pairs": {s: ds.num_pairs(s) for s in ds.splits}}
+
+
+def split_families(data_dir, split: str) -> list[str]:
+    """The version-free accessions of the families with pairs in ``split`` (the dataset's
+    families table)."""
+    ds = reader.PairDataset(data_dir)
+    with open(ds.path / ds.manifest["families_table"], newline="") as f:
+        return sorted({row["accession_base"] for row in csv.DictReader(f, delimiter="\t")
+                       if row["split"] == split and int(row["n_pairs"] or 0) > 0})
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
