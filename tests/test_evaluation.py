@@ -3,6 +3,8 @@
 
 import pathlib
 
+import numpy as np
+
 import pytest
 
 from pfamalign import checkpoint, evaluation
@@ -100,3 +102,41 @@ def test_pair_records_max_pairs_covers_every_family(dataset):
     keys = lambda rs: [(r["family"], r["pair_index"]) for r in rs]
     want = evaluation.sample_across_families([r["family"] for r in all_val], 4, seed=1)
     assert keys(records) == keys([all_val[i] for i in want])
+
+
+def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
+    """A challenger with the higher F1 replaces the incumbent only when the paired bootstrap
+    interval of the difference is above zero."""
+    from pfamalign import tuning
+    from pfamalign.inference import DecoderSettings, PairPlan
+
+    n = 8
+    def pair(family, shift):  # plan mass 0.3 on the diagonal shifted by `shift`; target: diagonal
+        plan = np.zeros((n + 1, n + 1))
+        plan[np.arange(n - shift), np.arange(shift, n)] = 0.3
+        rec = {"q_seq": "ACDEFGHI", "k_seq": "ACDEFGHI", "target": np.arange(n), "pid": 100.0,
+               "family": family, "q_feat": np.zeros((n, 1)), "k_feat": np.zeros((n, 1))}
+        return rec, PairPlan(plan)
+
+    class FixedPlans:  # the predictor interface tuning uses, plans given
+        def __init__(self, plans):
+            self._plans = plans
+
+        def plans(self, feats, batch_size=8):
+            return iter(self._plans)
+
+    incumbent = DecoderSettings(decoder="mea", min_mass=0.5)  # aligns nothing here
+    challenger = DecoderSettings(decoder="mea")  # follows the plan, right or wrong
+
+    def tune(pairs):
+        records, plans = zip(*pairs)
+        return tuning.tune(FixedPlans(list(plans)), list(records), candidates=[incumbent, challenger],
+                           incumbent=incumbent)
+
+    # right on every pair of 12 families: evidence, the challenger wins
+    won = tune([pair(f"PF{i:05d}", 0) for i in range(12)])
+    assert won.best == challenger and won.margin["low"] > 0 and won.margin["resampled"] == "families"
+    # right on one pair, wrong on the other: a higher F1 but no evidence, the incumbent stays
+    kept = tune([pair("PF00001", 0), pair("PF00002", 1)])
+    assert [r["f1"] for r in kept.rows][1] > [r["f1"] for r in kept.rows][0]
+    assert kept.best == incumbent and kept.margin["value"] > 0 and not kept.margin["low"] > 0

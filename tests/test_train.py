@@ -137,7 +137,14 @@ def test_run_chooses_the_decoder_on_val_and_records_what_it_learnt_from(referenc
     assert f1(chosen) == pytest.approx(decoder["f1"])
     others = [DecoderSettings(), DecoderSettings.for_decoder("hybrid"),
               DecoderSettings(decoder="mea")]
-    assert all(f1(s) <= decoder["f1"] + 1e-12 for s in others)
+    margin = decoder["margin_over_incumbent"]
+    if margin is None:  # the best candidate won outright: no other candidate beats it
+        assert all(f1(s) <= decoder["f1"] + 1e-12 for s in others)
+    elif margin["low"] > 0:  # a challenger beat the incumbent with evidence
+        assert chosen != tuning.incumbent_settings()
+        assert all(f1(s) <= decoder["f1"] + 1e-12 for s in others)
+    else:  # a better-looking challenger without evidence: the incumbent stays
+        assert chosen == tuning.incumbent_settings() and margin["value"] > 0
 
 
 def test_no_val_pairs_falls_back_to_the_shipped_decoder(reference, tmp_path):
