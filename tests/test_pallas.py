@@ -132,6 +132,7 @@ class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
     INTERPRET = False
 
 
+@pytest.mark.gpu
 class TestPrimitivesGPU(TestPrimitivesGPUInterpret):
     INTERPRET = False
 
