@@ -5,7 +5,10 @@
 - every kernel shape the benchmark (``scripts/bench_transport.py``) and the training
   configurations reach — collected by tracing the op's forward and gradient — gets a tiling
   that fits the H100, A100 and consumer budgets;
-- the lowered Triton call carries the chosen tile edge, ``num_warps`` and ``num_stages``.
+- the lowered Triton call carries the chosen tile edge, ``num_warps`` and ``num_stages``;
+- where PyPI ``triton`` is installed (not a dependency: the tests skip without it), Triton
+  compiles the lowered IR for sm_90 / sm_80 / sm_86 on this CPU host: main's tiling asks for
+  exactly the 295,424 bytes the H100 refused, and every chosen tiling fits, below the model.
 """
 
 from __future__ import annotations
@@ -150,23 +153,80 @@ def test_bench_reaches_the_h100_failing_shape(used_shapes):
     assert (128, BENCH_MODULATED) in used_shapes["bench-L1024"]
 
 
-# ---- the lowered Triton call carries the choice ------------------------------------------------
+# ---- the lowered Triton call carries the choice, and Triton agrees ------------------------------
+
+
+def _lower_triton(shape: KernelShape, geom, n: int = 1):
+    """The Triton kernel for ``shape`` (LSE when ``shape.m == 0``, else a product) lowered for
+    "cuda" on the band tiling ``geom``; returns (StableHLO text, the custom call's config)."""
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp = geom.length
+    if not shape.m:
+        fn, specs = pallas_gpu.band_lse, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)]
+    else:
+        fn = pallas_gpu.band_product
+        specs = [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2 + [f32(n, lp, shape.m)]
+        specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
+    # The undecorated function: a monkeypatched budget must reach a fresh trace.
+    f = functools.partial(fn.__wrapped__, geom=geom, interpret=False)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    from test_accelerators import _custom_calls
+
+    (call,) = _custom_calls(lowered)
+    return lowered.as_text(), call.attributes["mhlo.backend_config"]
 
 
 @pytest.mark.parametrize("device_class", sorted(SMEM_BUDGET))
 def test_lowered_triton_call_uses_the_chosen_tiling(device_class, monkeypatch):
     monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET[device_class])
     geom = make_geometry(1024, 256, pallas=True)
-    lp, n = geom.length, 2
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-    specs = [f32(n, lp, 64), f32(n, lp, 64), f32(n, lp), f32(n, lp), f32(n, lp, 64), f32(n, lp, 68),
-             f32(n, lp, 68)]
-    f = functools.partial(pallas_gpu.band_product.__wrapped__, geom=geom, interpret=False)
-    text = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+    text, _ = _lower_triton(BENCH_MODULATED, geom, n=2)
     want = gpu_budget.choose(BENCH_MODULATED, geom.block, SMEM_BUDGET[device_class])
     assert f"num_warps = {want.num_warps} : i32" in text
     assert f"num_stages = {want.num_stages} : i32" in text
-    assert f"grid_y = {lp // want.block} : i32" in text  # one program per (re-tiled) row block
+    assert f"grid_y = {geom.length // want.block} : i32" in text  # one program per re-tiled row block
+
+
+def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
+    """Shared memory Triton (PyPI ``triton``, on this CPU host) allocates for the lowered kernel
+    when compiling it for ``sm_<cc>`` with the call's own num_warps and num_stages."""
+    triton = pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    from jax._src.lib.mlir import ir
+    from jaxlib.triton import dialect
+    from triton.backends.compiler import GPUTarget
+
+    ctx = ir.Context()
+    dialect.register_dialect(ctx)
+    module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes, context=ctx)
+    path = tmp_path / "kernel.ttir"
+    path.write_text(str(module))
+    options = {key: ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages")}
+    return triton.compile(str(path), target=GPUTarget("cuda", cc, 32), options=options).metadata.shared
+
+
+def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
+    """main's fixed tiling (128-wide, 4 warps, 2 stages) of the benchmark's modulated product,
+    compiled for sm_90 here, asks for exactly the bytes the H100 refused."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(pallas_gpu, "tiling", lambda geom, shape: (geom, gpu_budget.GpuTiling(128, 4, 2)))
+    _, config = _lower_triton(BENCH_MODULATED, make_geometry(1024, 256, pallas=True))
+    assert _triton_shared_bytes(config, 90, tmp_path) == H100_REQUESTED
+
+
+@pytest.mark.parametrize("device_class, cc", [("h100", 90), ("a100", 80), ("consumer", 86)])
+@pytest.mark.parametrize("shape", [KernelShape(64), KernelShape(64, 64), BENCH_MODULATED, KernelShape(32, 32, 36),
+                                   KernelShape(64, 16, 20)], ids=str)
+def test_triton_allocation_fits_and_is_bounded_by_the_model(shape, device_class, cc, monkeypatch, tmp_path):
+    """The chosen tiling, compiled by Triton for the device's architecture: its real shared
+    memory is within the device's budget and below the model's figure."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    budget = SMEM_BUDGET[device_class]
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: budget)
+    geom = make_geometry(1024, 256, pallas=True)
+    chosen = gpu_budget.choose(shape, geom.block, budget)
+    _, config = _lower_triton(shape, geom)
+    shared = _triton_shared_bytes(config, cc, tmp_path)
+    assert 0 < shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages) <= budget
 
 
 def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
