@@ -158,8 +158,8 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         config = TransportConfig(**settings)
     elif settings:
         raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
-    config = config.resolved()
     check_inputs(q, k, v, q_len, k_len, tokens, config)
+    config = config.resolved(length=max(q.shape[2], k.shape[2]))
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
     if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):
         raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, got {jnp.shape(targets)}")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
+from pfamalign.kernels.config import einsum as _einsum
 
 
 def _log_or_neg_inf(ssum):
@@ -79,7 +80,7 @@ class XlaBandOps(BandOps):
         qb = self._blocks(q)
         ke = self._ext_blocks(k)
         tiles = jnp.stack(
-            [jnp.einsum("nird,nicd->nirc", qb, ke[:, kb : kb + g.n_blocks]) for kb in range(g.n_diag)]
+            [_einsum("nird,nicd->nirc", qb, ke[:, kb : kb + g.n_blocks]) for kb in range(g.n_diag)]
         )
         mask = (
             jnp.asarray(g.band_mask())[:, None, None]
@@ -128,20 +129,20 @@ class XlaBandOps(BandOps):
         if x is None:
             return tile
         ze = self._ext_blocks(z)[:, kb : kb + self.g.n_blocks]
-        return tile * jnp.einsum("nirm,nicm->nirc", self._blocks(x), ze)
+        return tile * _einsum("nirm,nicm->nirc", self._blocks(x), ze)
 
     def plan_rows(self, plan: Band, y, x=None, z=None):
         """``out_i = sum_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` on columns."""
         ye = self._ext_blocks(y)
         out = 0.0
         for kb in range(self.g.n_diag):
-            out = out + jnp.einsum("nirc,nicm->nirm", self._modulated(plan, kb, x, z),
+            out = out + _einsum("nirc,nicm->nirm", self._modulated(plan, kb, x, z),
                                    ye[:, kb : kb + self.g.n_blocks])
         return out.reshape(y.shape[0], self.g.length, y.shape[-1])
 
     def plan_cols(self, plan: Band, y, x=None, z=None):
         """``out_j = sum_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` on rows."""
         yb = self._blocks(y)
-        part = jnp.stack([jnp.einsum("nirc,nirm->nicm", self._modulated(plan, kb, x, z), yb)
+        part = jnp.stack([_einsum("nirc,nirm->nicm", self._modulated(plan, kb, x, z), yb)
                           for kb in range(self.g.n_diag)])
         return self._fold(part, jnp.add)

@@ -6,10 +6,27 @@ import dataclasses
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
+KERNELS = ("auto", "tpu", "gpu")
+
+# Every f32 contraction of the op (XLA path, reference, kernels) runs at this precision: the
+# default lets GPUs use TF32 and TPUs bf16 inputs, far outside the op's 1e-5 promise.
+F32_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def einsum(subscripts: str, *operands):
+    """``jnp.einsum`` at ``F32_PRECISION``: the op's contractions outside the kernels."""
+    return jnp.einsum(subscripts, *operands, precision=F32_PRECISION)
+
+
+# Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
+# ("reference"). UNMEASURED: None keeps the kernels at every size until a GPU run of
+# ``scripts/bench_transport.py --impls reference,xla,pallas`` sets it (no guessed number).
+GPU_DENSE_CROSSOVER: int | None = None
 
 
 class DustbinTokens(NamedTuple):
@@ -29,12 +46,21 @@ def accelerator(platform: str | None = None) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else "cpu"
 
 
-def resolve_impl(impl: str, platform: str | None = None) -> str:
+def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None) -> str:
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU and GPU, the banded
-    XLA path on CPU (where Pallas would run in interpret mode). Other values pass through."""
+    XLA path on CPU (where Pallas would run in interpret mode). On GPU, problems shorter than
+    ``GPU_DENSE_CROSSOVER`` (when set; ``length`` = the longer sequence) take dense autodiff.
+    Other values pass through. ``platform`` defaults to this host's backend: a config lowered
+    for another platform from here names its impl explicitly."""
     if impl != "auto":
         return impl
-    return "xla" if accelerator(platform) == "cpu" else "pallas"
+    kind = accelerator(platform)
+    if kind == "cpu":
+        return "xla"
+    if kind == "gpu" and GPU_DENSE_CROSSOVER is not None and length is not None \
+            and length < GPU_DENSE_CROSSOVER:
+        return "reference"
+    return "pallas"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +100,11 @@ class TransportConfig:
       adjoint: "one_reference" (every tail plan is a diagonal rescaling of one plan: one exp per
         entry) or "four_plan" (each tail plan exponentiated on its own; the direct baseline).
       blocks: tile sizes of the banded layout.
-      interpret: run Pallas kernels in interpret mode (default: when the backend is CPU).
+      interpret: run Pallas kernels in interpret mode (default: when the lowering platform is
+        CPU).
+      kernel: the Pallas kernel wrapper: "auto" (the default: Mosaic when lowered for TPU,
+        Triton for CUDA / ROCm, interpret mode on CPU, chosen per lowering platform), "tpu" or
+        "gpu" to force one.
     """
 
     half_band: int
@@ -87,6 +117,7 @@ class TransportConfig:
     adjoint: str = "one_reference"
     blocks: BlockSizes = BlockSizes()
     interpret: bool | None = None
+    kernel: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.half_band, int) or self.half_band < 0:
@@ -103,6 +134,8 @@ class TransportConfig:
             raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
         if self.adjoint not in ADJOINTS:
             raise ValueError(f"adjoint must be one of {ADJOINTS}, got {self.adjoint!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
@@ -138,9 +171,10 @@ class TransportConfig:
             data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
         return cls(**data)
 
-    def resolved(self, platform: str | None = None) -> "TransportConfig":
-        """This config with ``impl="auto"`` replaced by the implementation that runs it."""
-        impl = resolve_impl(self.impl, platform)
+    def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
+        """This config with ``impl="auto"`` replaced by the implementation that runs it
+        (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
+        impl = resolve_impl(self.impl, platform, length=length)
         return self if impl == self.impl else dataclasses.replace(self, impl=impl)
 
     def base_stages(self) -> tuple[tuple[float, int], ...]:

@@ -9,6 +9,10 @@ Triton wants every loaded array to be a power of two in size and ``tl.dot`` oper
 least 16 in every dimension: the tile edge must be such a power of two, and feature dims are
 zero-padded to one here (zero features change no inner product; padded output columns are
 cut off).
+
+Shared memory: each call re-tiles the band with the edge, ``num_warps`` and ``num_stages`` that
+``gpu_budget.choose`` picks for the device's budget (the band tiling's edge divided by a power
+of two; the band mask is exact at any edge). Interpret mode runs the same tiling.
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pfamalign.kernels import tile_math
-from pfamalign.kernels.band import BandGeometry
-
-MIN_DOT = 16  # smallest tl.dot operand dimension
+from pfamalign.kernels import gpu_budget, tile_math
+from pfamalign.kernels.band import BandGeometry, make_geometry
+from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
 
 
 def check_geometry(geom: BandGeometry) -> None:
@@ -39,8 +42,17 @@ def check_geometry(geom: BandGeometry) -> None:
 def _pad_features(x):
     """``[N, Lp, f]`` -> ``[N, Lp, f']``, f' the next power of two >= max(f, 16), zero filled."""
     f = x.shape[-1]
-    fp = max(MIN_DOT, pl.next_power_of_2(f))
+    fp = gpu_budget.padded(f)
     return x if fp == f else jnp.pad(x, ((0, 0), (0, 0), (0, fp - f)))
+
+
+def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTiling]:
+    """The band re-tiled for this device's shared memory, and the launch settings. Tiles below
+    ``MIN_DOT`` (interpret mode only) are kept as they are."""
+    if geom.block < MIN_DOT:
+        return geom, GpuTiling(geom.block, gpu_budget.num_warps(geom.block), gpu_budget.STAGES[0])
+    t = gpu_budget.choose(shape, geom.block, gpu_budget.device_budget())
+    return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
 
 
 def _rows(b: int, f: int | None = None):
@@ -71,14 +83,16 @@ def _tile_logits(q, a, k_ref, c_ref, i_blk, j_blk, geom: BandGeometry):
                                  row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
 
 
-def _call(kernel, geom: BandGeometry, *, in_specs, out_spec, out_shape, interpret, name):
+def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, out_shape, interpret,
+          name):
     return pl.pallas_call(
         kernel,
         grid=(out_shape.shape[0], geom.n_blocks),
         in_specs=in_specs,
         out_specs=out_spec,
         out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=pltriton.CompilerParams(num_warps=launch.num_warps,
+                                                num_stages=launch.num_stages),
         interpret=interpret,
         name=name,
     )
@@ -106,13 +120,14 @@ def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False):
     Same contract as ``pallas_tpu.band_lse``: q, k ``[N, Lp, d]`` (scale applied to q),
     col_off ``[N, Lp]`` (-inf = inactive key). Returns ``[N, Lp]`` f32.
     """
-    n, lp, _ = q.shape
+    n, lp, d = q.shape
     if not interpret:
         check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(d))
     q, k = _pad_features(q), _pad_features(k)
     dp, b = q.shape[-1], geom.block
     return _call(
-        functools.partial(_lse_kernel, geom=geom), geom,
+        functools.partial(_lse_kernel, geom=geom), geom, launch,
         in_specs=[_rows(b, dp), _whole(lp, dp), _whole(lp)],  # q [b, d'], k [Lp, d'], c [Lp]
         out_spec=_rows(b),  # [b]
         out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
@@ -149,11 +164,12 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
     on keys, x ``[N, Lp, mx]`` on rows and z ``[N, Lp, mx]`` on keys (both or neither).
     Returns ``[N, Lp, m]`` f32.
     """
-    n, lp, _ = q.shape
+    n, lp, d = q.shape
     m = y.shape[-1]
     modulated = x is not None
     if not interpret:
         check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(d, m, x.shape[-1] if modulated else 0))
     q, k, y = _pad_features(q), _pad_features(k), _pad_features(y)
     dp, mp, b = q.shape[-1], y.shape[-1], geom.block
     # q [b, d'], k [Lp, d'], a [b], c [Lp], y [Lp, m']
@@ -164,7 +180,7 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
         in_specs += [_rows(b, x.shape[-1]), _whole(lp, z.shape[-1])]  # x [b, mx'], z [Lp, mx']
         operands += [x, z]
     out = _call(
-        functools.partial(_product_kernel, geom=geom, modulated=modulated), geom,
+        functools.partial(_product_kernel, geom=geom, modulated=modulated), geom, launch,
         in_specs=in_specs,
         out_spec=_rows(b, mp),  # [b, m']
         out_shape=jax.ShapeDtypeStruct((n, lp, mp), jnp.float32),

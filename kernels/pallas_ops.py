@@ -13,13 +13,17 @@ row instead of one per tile entry), and the column primitives are the row kernel
 transposed problem: the band ``|i - j| <= W`` is symmetric and the padded problem square, so
 swapping (q, k), the masks, the potentials and (x, z) turns rows into columns.
 
-Wrapper dispatch on ``jax.default_backend()``: "tpu" -> ``pallas_tpu`` (Mosaic), "gpu" /
-"cuda" / "rocm" -> ``pallas_gpu`` (Triton), "cpu" -> interpret mode of ``CPU_WRAPPER``.
+Wrapper dispatch follows the platform the op is *lowered* for, not the host
+(``jax.lax.platform_dependent``: only the target's branch is lowered): "tpu" -> ``pallas_tpu``
+(Mosaic), "cuda" / "rocm" -> ``pallas_gpu`` (Triton), "cpu" -> interpret mode of
+``CPU_WRAPPER``. So ``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`` on a CPU host
+gets the Mosaic kernels.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,7 @@ from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.config import accelerator
 
 WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
+PLATFORMS = ("cpu", "tpu", "cuda", "rocm")  # the lowering platforms a kernel call has a branch for
 # On CPU both wrappers run through the same HLO interpreter (tests cover both). The Triton one
 # takes n_diag times fewer grid steps (its band loop is inside the kernel) and no pl.when
 # branches, so its interpret mode compiles and runs faster.
@@ -59,41 +64,62 @@ def _offsets(active, values=None):
     return jnp.where(active, 0.0 if values is None else values, -jnp.inf).astype(jnp.float32)
 
 
-def _default_wrapper() -> str:
-    kind = accelerator()
-    return CPU_WRAPPER if kind == "cpu" else kind
-
-
 class PallasBandOps(BandOps):
     """The ``BandOps`` primitives as Pallas kernels that recompute score tiles from q and k.
 
     Args:
       geom: the band tiling (``make_geometry(..., pallas=True)`` gives kernel-legal tiles).
-      interpret: run the kernels in interpret mode; ``None`` means "iff the default backend is
-        CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
-      wrapper: "tpu" or "gpu" to force a kernel wrapper (default: from the backend).
+      interpret: run the kernels in interpret mode; ``None`` means "iff the lowering platform
+        is CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
+      wrapper: "tpu" or "gpu" to force a kernel wrapper; "auto" (or None): the lowering
+        platform's (``CPU_WRAPPER`` on CPU).
     """
 
     resident_band = False  # scores are recomputed inside every kernel: there is no plan to keep
     exact_single_pass_lse = True  # the kernels' log-sum-exp keeps a running max
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = None):
-        if wrapper is None:
-            wrapper = _default_wrapper()
-        if wrapper not in WRAPPERS:
-            raise ValueError(f"wrapper must be one of {sorted(WRAPPERS)}, got {wrapper!r}")
-        if interpret is None:
-            interpret = jax.default_backend() == "cpu"
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
+        wrapper = wrapper or "auto"
+        if wrapper != "auto" and wrapper not in WRAPPERS:
+            raise ValueError(f"wrapper must be one of {['auto', *sorted(WRAPPERS)]}, got {wrapper!r}")
         self.g = geom
         self.wrapper = wrapper
         self.interpret = interpret
-        self._k = WRAPPERS[wrapper]
+
+    def branch(self, platform: str) -> tuple[str, Any] | None:
+        """``(wrapper, interpret)`` run when lowering for ``platform``; None when there is none
+        (compiled kernels on CPU, or an "auto" wrapper whose tile rules reject the tiling: its
+        platform is then left out, and lowering for it fails)."""
+        kind = accelerator(platform)
+        interpret = (kind == "cpu") if self.interpret is None else self.interpret
+        wrapper = self.wrapper if self.wrapper != "auto" else (CPU_WRAPPER if kind == "cpu" else kind)
+        if interpret:
+            return wrapper, interpret
+        if kind == "cpu":
+            return None
+        if self.wrapper == "auto":
+            try:
+                WRAPPERS[wrapper].check_geometry(self.g)
+            except ValueError:
+                return None
+        return wrapper, interpret
+
+    def _kernel(self, name: str) -> Callable:
+        """Kernel ``name`` ("band_lse" or "band_product") of the lowering platform's wrapper."""
+        fns = {}
+        for platform in PLATFORMS:
+            if (choice := self.branch(platform)) is not None:
+                wrapper, interpret = choice
+                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.g,
+                                                  interpret=interpret)
+        if len({(f.func, repr(f.keywords)) for f in fns.values()}) == 1:
+            return next(iter(fns.values()))  # the same kernel everywhere: no dispatch needed
+        return lambda *args: jax.lax.platform_dependent(*args, **fns)
 
     # ---- kernels on the (possibly transposed) problem ------------------------------------------
     def _lse(self, q, k, q_active, k_active, scale, k_bias):
         """``LSE_j (S_ij + k_bias_j)`` per q-row; -inf for rows with no active entry."""
-        lse = self._k.band_lse(q * scale, k, _offsets(k_active, k_bias), geom=self.g,
-                               interpret=self.interpret)
+        lse = self._kernel("band_lse")(q * scale, k, _offsets(k_active, k_bias))
         # A row offset is constant along the reduction: inactive rows get their -inf here, which
         # spares the kernel a [N, Lp, 128] row-vector operand on TPU.
         return lse + _offsets(q_active)
@@ -102,8 +128,8 @@ class PallasBandOps(BandOps):
         """``Σ_j exp(S_ij + q_pot_i + k_pot_j) <x_i, z_j> y_j`` per q-row."""
         if (x is None) != (z is None):
             raise ValueError("x and z must be given together")
-        return self._k.band_product(q * scale, k, _offsets(q_active, q_pot), _offsets(k_active, k_pot),
-                                    y, x, z, geom=self.g, interpret=self.interpret)
+        return self._kernel("band_product")(q * scale, k, _offsets(q_active, q_pot),
+                                            _offsets(k_active, k_pot), y, x, z)
 
     # ---- scores ---------------------------------------------------------------------------
     def scores(self, q, k, row_active, col_active, scale) -> Scores:

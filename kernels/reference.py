@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pfamalign.kernels.config import DustbinTokens, TransportConfig
+from pfamalign.kernels.config import DustbinTokens, TransportConfig, einsum
 
 
 def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: str):
@@ -80,7 +80,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     if cfg.dustbin == "capacity":
         log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
         log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
-    dots = jnp.einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
+    dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
 
     history_u, history_v = [], []
     dots_base = jax.lax.stop_gradient(dots)
@@ -116,7 +116,7 @@ def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, ta
     """``O = P V`` for the real query rows and ``log P_{i, t_i}`` (targets ``[B, Lq]``, Lk = the
     dustbin column, -1 = none) densely; differentiable by autodiff."""
     plan, log_plan, v_ext, hist = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
-    out = jnp.einsum("bhij,bhjv->bhiv", plan[:, :, :-1], v_ext)
+    out = einsum("bhij,bhjv->bhiv", plan[:, :, :-1], v_ext)
     logp = None
     if targets is not None:
         t = jnp.asarray(targets)[:, None, :, None]  # [B, 1, Lq, 1]

@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TransportConfig
+from pfamalign.kernels.config import TransportConfig, einsum
 
 
 class Flat(NamedTuple):
@@ -99,7 +99,7 @@ def make_ops(spec: Spec) -> BandOps:
     if spec.cfg.impl == "pallas":
         from pfamalign.kernels.pallas_ops import PallasBandOps
 
-        return PallasBandOps(spec.geom, interpret=spec.cfg.interpret)
+        return PallasBandOps(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel)
     if spec.cfg.impl == "xla":
         from pfamalign.kernels.banded_xla import XlaBandOps
 
@@ -143,9 +143,9 @@ def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
     if not spec.has_dustbin:
         off = jnp.full(flat.row_active.shape, -jnp.inf, flat.q.dtype)
         return Spokes(off, off, jnp.full((n,), -jnp.inf, flat.q.dtype))
-    col = jnp.einsum("nid,nd->ni", flat.q, flat.tk) * scale
-    row = jnp.einsum("nd,njd->nj", flat.tq, flat.k) * scale
-    corner = jnp.einsum("nd,nd->n", flat.tq, flat.tk) * scale
+    col = einsum("nid,nd->ni", flat.q, flat.tk) * scale
+    row = einsum("nd,njd->nj", flat.tq, flat.k) * scale
+    corner = einsum("nd,nd->n", flat.tq, flat.tk) * scale
     return Spokes(jnp.where(flat.row_active, col, -jnp.inf), jnp.where(flat.col_active, row, -jnp.inf), corner)
 
 
@@ -358,7 +358,7 @@ def _with_spokes(real, to_slot, from_slot, corner, y):
     support: real line l gains ``to_slot[l] y[slot]``, and the dustbin line is
     ``Σ_l from_slot[l] y[l] + corner y[slot]``. Returns ``[N, Lp + 1, m]``."""
     real = real + to_slot[..., None] * y[:, -1:]
-    db = jnp.einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
+    db = einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
     return jnp.concatenate([real, db[:, None]], 1)
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# f32 matmuls: Mosaic would otherwise round the inputs to bf16; Triton maps this to IEEE f32.
-_PRECISION = jax.lax.Precision.HIGHEST
+from pfamalign.kernels.config import F32_PRECISION as _PRECISION  # Mosaic fp32, Triton "ieee"
+
 _NT = (((1,), (1,)), ((), ()))  # contract the feature axis of both operands: a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
 

@@ -97,6 +97,8 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     cfg = configs.get_config(name, embedder_id=embedder, feature_dim=dim,
                              overrides={"encoder": encoder, "train.batch_size": batch})
     mesh = train.make_mesh()
+    dev = jax.devices()[0]
+    print(f"# device: {dev.platform} {dev.device_kind} (x{jax.device_count()})", file=sys.stderr, flush=True)
     train.check_batch(batch, mesh)
     state = train.init_state(cfg, mesh)
     step = train.make_train_step(cfg, mesh)

@@ -132,6 +132,7 @@ class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
     INTERPRET = False
 
 
+@pytest.mark.gpu
 class TestPrimitivesGPU(TestPrimitivesGPUInterpret):
     INTERPRET = False
 
@@ -279,12 +280,21 @@ def test_default_tiles_are_legal_for_both_wrappers():
     assert make_geometry(20, 3).block == 24  # the XLA path keeps its own dense tile
 
 
-def test_dispatch_on_this_backend():
+def test_dispatch_follows_the_lowering_platform():
+    """(wrapper, interpret) per lowering platform, whatever this host's backend is."""
     geom = make_geometry(20, 3, pallas=True)
     ops = PallasBandOps(geom)
-    if jax.default_backend() == "cpu":
-        assert ops.interpret is True and ops.wrapper == pallas_ops.CPU_WRAPPER
-    assert PallasBandOps(geom, False, wrapper="tpu")._k is pallas_tpu
+    assert ops.branch("cpu") == (pallas_ops.CPU_WRAPPER, True)
+    assert ops.branch("tpu") == ("tpu", False)
+    assert ops.branch("cuda") == ops.branch("rocm") == ("gpu", False)
+    forced = PallasBandOps(geom, wrapper="tpu")
+    assert forced.branch("cpu") == ("tpu", True) and forced.branch("cuda") == ("tpu", False)
+    assert PallasBandOps(geom, False).branch("cpu") is None  # no compiled kernels on CPU
+    assert PallasBandOps(geom, True).branch("tpu") == ("tpu", True)  # forced interpret
+    # An "auto" wrapper whose tile rules reject the tiling has no branch (block 8: neither).
+    illegal = PallasBandOps(make_geometry(40, 3, 8))
+    assert illegal.branch("tpu") is None and illegal.branch("cuda") is None
+    assert illegal.branch("cpu") == (pallas_ops.CPU_WRAPPER, True)
     with pytest.raises(ValueError, match="wrapper must be one of"):
         PallasBandOps(geom, wrapper="mosaic")
 

@@ -376,3 +376,25 @@ def test_auto_impl_is_resolved_by_the_kernels_per_platform():
     assert resolve_impl("reference", "tpu") == "reference"  # explicit choices pass through
     assert TransportConfig(half_band=4).impl == "auto"
     assert TransportConfig(half_band=4).resolved("cpu").impl == "xla"
+
+
+def test_gpu_dense_crossover_is_unset_until_measured(monkeypatch):
+    """The size rule on GPU is a hook: off (kernels at every size) until a GPU benchmark sets
+    ``GPU_DENSE_CROSSOVER``; then dense autodiff below it, on GPU only."""
+    from pfamalign.kernels import config, resolve_impl
+
+    assert config.GPU_DENSE_CROSSOVER is None
+    assert resolve_impl("auto", "cuda", length=64) == "pallas"
+    monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", 4096)
+    assert resolve_impl("auto", "cuda", length=1024) == "reference"
+    assert resolve_impl("auto", "cuda", length=4096) == "pallas"
+    assert resolve_impl("auto", "tpu", length=1024) == "pallas"
+    assert resolve_impl("auto", "cpu", length=1024) == "xla"
+    assert TransportConfig(half_band=4).resolved("cuda", length=100).impl == "reference"
+
+
+def test_kernel_wrapper_setting_is_validated_and_round_trips():
+    cfg = TransportConfig(half_band=4, kernel="tpu")
+    assert TransportConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        TransportConfig(half_band=4, kernel="mosaic")

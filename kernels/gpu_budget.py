@@ -1,0 +1,107 @@
+"""Shared-memory budget of the Triton kernels: tile edge, ``num_warps`` and ``num_stages``.
+
+On an H100 every compiled call failed with ``Shared memory size limit exceeded: requested
+295424, available: 232448`` at 128-wide tiles. This module is the one place that models what
+a kernel asks for and picks the largest tiling that fits the device.
+
+The model (``smem_bytes``), per program, for f32 tiles of edge ``b`` and feature widths padded
+as ``pallas_gpu`` pads them (next power of two, at least 16):
+
+- every key-side tile the band loop loads (k ``[b, d]``, y ``[b, m]``, z ``[b, mx]``, the key
+  offsets ``[b]``) is staged by Triton's software pipeliner in ``num_stages`` buffers;
+- every dot operand that is not such a tile needs one layout-conversion buffer: q ``[b, d]``,
+  the plan tile ``[b, b]`` (the A of ``p @ y``), x ``[b, mx]``;
+- one ``[b]`` row of reduction scratch (the LSE's max and sum).
+
+It counts every buffer as live at once, so it bounds Triton's allocation from above (Triton
+reuses buffers whose lifetimes do not overlap). Checked against Triton itself: PyPI ``triton``
+3.9 compiles the lowered kernels for sm_90 / sm_80 / sm_86 on a CPU host
+(``tests/test_gpu_budget.py``, skipped without it). main's tiling of the benchmark's
+modulated product (d = dv = 64, R = 2: mx = 68 -> 128; 128-wide tiles, 2 stages) asks for
+exactly the 295,424 bytes the H100 refused, where the model says 427,520; over the kernels and
+tilings measured, the model is 1.0-1.6x Triton's figure and never below it. The real figure
+on hardware is XLA's Triton's, checked by ``pytest -m gpu``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+KIB = 1024
+# Shared memory one block may use (the opt-in maximum), by device class.
+SMEM_BUDGET = {"h100": 227 * KIB, "a100": 163 * KIB, "consumer": 99 * KIB}
+# Compute capability -> device class; anything else gets the smallest listed budget.
+_CLASS_BY_CC = {"9.0": "h100", "8.0": "a100", "8.7": "a100"}
+MIN_DOT = 16  # smallest tl.dot operand dimension (and so the smallest compiled tile edge)
+STAGES = (2, 1)  # pipeline depths tried, deepest first
+
+
+def padded(f: int) -> int:
+    """A feature width as the Triton wrapper pads it: next power of two, at least ``MIN_DOT``."""
+    return max(MIN_DOT, 1 << (max(int(f), 1) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTiling:
+    """Launch settings of one Triton kernel call."""
+
+    block: int  # square tile edge (rows and keys)
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelShape:
+    """The feature widths of one kernel call (unpadded): d of q and k, m of y (0 for the LSE
+    kernel), mx of x and z (0 when unmodulated)."""
+
+    d: int
+    m: int = 0
+    mx: int = 0
+
+
+def smem_bytes(shape: KernelShape, block: int, num_stages: int, itemsize: int = 4) -> int:
+    """Upper bound on the shared memory (bytes) of one program; see the module docstring."""
+    d = padded(shape.d)
+    m = padded(shape.m) if shape.m else 0
+    mx = padded(shape.mx) if shape.mx else 0
+    staged = block * (d + m + mx + 1)  # k, y, z tiles and the key offsets
+    once = block * d + block * mx + (block * block if m else 0)  # q, x, the plan tile
+    scratch = block  # reduction row
+    return itemsize * (num_stages * staged + once + scratch)
+
+
+def num_warps(block: int) -> int:
+    """8 warps for 128-wide tiles (a [128, 128] f32 tile is 64 registers a thread), else 4 (as
+    JAX's Pallas GPU attention)."""
+    return 8 if block >= 128 else 4
+
+
+def device_budget(device=None) -> int:
+    """Shared-memory budget of ``device`` (default: the first local GPU). Without a GPU (for
+    instance when lowering for "cuda" from a CPU host) the smallest listed budget, which fits
+    every listed device."""
+    if device is None:
+        try:
+            device = jax.local_devices(backend="gpu")[0]
+        except RuntimeError:
+            return min(SMEM_BUDGET.values())
+    cc = str(getattr(device, "compute_capability", ""))
+    return SMEM_BUDGET[_CLASS_BY_CC.get(cc, "consumer")]
+
+
+def choose(shape: KernelShape, max_block: int, budget: int) -> GpuTiling:
+    """The largest tile edge (a power of two dividing ``max_block``, the band tiling's edge),
+    then the deepest pipeline, whose modelled shared memory fits ``budget``.
+
+    Raises ValueError when not even ``MIN_DOT``-wide tiles at one stage fit."""
+    block = max_block
+    while block >= MIN_DOT:
+        for stages in STAGES:
+            if smem_bytes(shape, block, stages) <= budget:
+                return GpuTiling(block, num_warps(block), stages)
+        block //= 2
+    raise ValueError(f"no Triton tiling of {shape} fits {budget} bytes of shared memory "
+                     f"(tile edge at most {max_block})")

@@ -1,0 +1,214 @@
+"""The transport op on TPU and CUDA, checked from this CPU host by lowering (and on a GPU by
+``pytest -m gpu``):
+
+- every f32 contraction is pinned to full precision: the StableHLO ``dot_general``s carry
+  ``precision = [HIGHEST, HIGHEST]``, the Triton ``tt.dot``s ``inputPrecision = ieee`` and the
+  Mosaic ``tpu.matmul``s ``contract_precision<fp32>`` (a control with an unpinned dot shows
+  each check can fail);
+- the kernel wrapper follows the lowering platform: the whole op (forward and gradient, dustbin
+  none / spoke / capacity, a ragged batch) lowered for "tpu" holds the Mosaic kernels and for
+  "cuda" the Triton ones, with ``kernel="auto"`` and nothing forced.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.lib.mlir import ir
+
+from pfamalign.kernels import DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport
+from pfamalign.kernels.band import make_geometry
+
+PLATFORMS = ("tpu", "cuda")
+KERNEL_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+OUT_ATOL = 1e-5  # the op's promise against the dense reference, outputs and gradients
+
+# A ragged batch, rectangular: (Lq, Lk, q_len, k_len); B = 2, H = 2.
+LQ, LK, Q_LEN, K_LEN = 300, 260, (290, 170), (260, 231)
+
+
+def _inputs(lq, lk, *, b=2, h=2, d=32, dv=16, seed=0):
+    rng = np.random.default_rng(seed)
+    arr = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    tokens = DustbinTokens(arr(h, d), arr(h, d), arr(h, dv))
+    return arr(b, h, lq, d), arr(b, h, lk, d), arr(b, h, lk, dv), tokens, arr(b, h, lq, dv)
+
+
+def _value_and_grad(cfg: TransportConfig, q_len, k_len, g):
+    """Loss and its gradient in (q, k, v, tokens): the op's forward and custom VJP."""
+    def loss(q, k, v, tokens):
+        return jnp.sum(g * transport(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config=cfg))
+    return jax.value_and_grad(loss, (0, 1, 2, 3))
+
+
+@functools.lru_cache(maxsize=None)
+def _lowered(impl: str, dustbin: str, platform: str):
+    """The op (forward + gradient) lowered for ``platform`` from this host."""
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl=impl)
+    q, k, v, tokens, g = _inputs(LQ, LK)
+    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
+    return jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)).trace(*specs).lower(lowering_platforms=(platform,))
+
+
+# ---- reading precisions out of lowered modules --------------------------------------------------
+
+
+def unpinned_f32_dots(text: str) -> list[str]:
+    """The f32 ``stablehlo.dot_general`` lines without full precision (HIGHEST or an algorithm)."""
+    dots = [ln.strip() for ln in text.splitlines() if "stablehlo.dot_general" in ln and "f32>" in ln]
+    return [ln for ln in dots if "precision = [HIGHEST, HIGHEST]" not in ln and "algorithm =" not in ln]
+
+
+def _custom_calls(lowered) -> list:
+    found = []
+
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    if inner.name == "stablehlo.custom_call":
+                        found.append(inner)
+                    walk(inner)
+
+    walk(lowered.compiler_ir("stablehlo").operation)
+    return found
+
+
+def kernel_dots(lowered, platform: str) -> list[str]:
+    """Every matmul inside the lowered kernels, in generic MLIR form: ``tt.dot`` (Triton) or
+    ``tpu.matmul`` (Mosaic)."""
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    bodies = []
+    for call in _custom_calls(lowered):
+        target = ir.StringAttr(call.attributes["call_target_name"]).value
+        if platform == "cuda" and target == KERNEL_CALL["cuda"]:
+            bodies.append(ir.StringAttr(call.attributes["mhlo.backend_config"]["ir"]).value_bytes)
+        elif platform == "tpu" and target == KERNEL_CALL["tpu"]:
+            config = json.loads(ir.StringAttr(call.attributes["backend_config"]).value)
+            bodies.append(base64.b64decode(config["custom_call_config"]["body"]))
+    if platform == "cuda":
+        from jaxlib.triton import dialect
+
+        dialect.register_dialect(ctx)
+        op_name = '"tt.dot"'
+    else:
+        from jaxlib.mosaic.python import tpu
+
+        tpu.register_dialect(ctx)
+        op_name = "tpu.matmul"
+    lines = []
+    for body in bodies:
+        text = ir.Module.parse(body, context=ctx).operation.get_asm(print_generic_op_form=True)
+        lines += [ln.strip() for ln in text.splitlines() if op_name in ln]
+    return lines
+
+
+def unpinned_kernel_dots(lowered, platform: str) -> list[str]:
+    """The f32 kernel matmuls not at full precision (Triton ieee = 2; Mosaic fp32)."""
+    pinned = "inputPrecision = 2 " if platform == "cuda" else "contract_precision<fp32>"
+    return [ln for ln in kernel_dots(lowered, platform) if "f32" in ln and pinned not in ln]
+
+
+def _lower_kernel(platform: str, monkeypatch=None, precision=None):
+    """One modulated product kernel lowered for ``platform`` (``precision`` overrides the pin)."""
+    if precision is not None:
+        monkeypatch.setattr(tile_math, "_PRECISION", precision)
+    geom = make_geometry(320, 70, 128)
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp = geom.length
+    specs = [f32(2, lp, 32), f32(2, lp, 32), f32(2, lp), f32(2, lp), f32(2, lp, 8), f32(2, lp, 12),
+             f32(2, lp, 12)]
+    mod = pallas_tpu if platform == "tpu" else pallas_gpu
+    # The undecorated function: the jitted one would reuse its trace from before the override.
+    f = functools.partial(mod.band_product.__wrapped__, geom=geom, interpret=False)
+    return jax.jit(f).trace(*specs).lower(lowering_platforms=(platform,))
+
+
+# ---- exact f32 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("impl", ["reference", "xla", "pallas"])
+def test_every_f32_dot_of_the_op_is_pinned(impl, platform):
+    text = _lowered(impl, "spoke", platform).as_text()
+    assert "stablehlo.dot_general" in text
+    assert unpinned_f32_dots(text) == []
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_kernel_matmul_is_pinned(platform):
+    dots = kernel_dots(_lowered("pallas", "spoke", platform), platform)
+    assert len(dots) >= 3  # the score, modulation and product matmuls at least
+    assert unpinned_kernel_dots(_lowered("pallas", "spoke", platform), platform) == []
+
+
+def test_an_unpinned_einsum_is_caught():
+    f32 = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    text = jax.jit(lambda a, b: jnp.einsum("id,jd->ij", a, b)).trace(f32, f32).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert len(unpinned_f32_dots(text)) == 1
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_an_unpinned_kernel_matmul_is_caught(platform, monkeypatch):
+    assert unpinned_kernel_dots(_lower_kernel(platform), platform) == []
+    default = _lower_kernel(platform, monkeypatch, jax.lax.Precision.DEFAULT)
+    assert len(unpinned_kernel_dots(default, platform)) == 3  # scores, modulation, product
+
+
+# ---- the wrapper follows the lowering platform -------------------------------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
+def test_whole_op_lowers_to_the_platforms_kernels(dustbin, platform):
+    """Forward and gradient, ragged batch, ``kernel="auto"``, ``interpret=None``: the module
+    holds the target's kernels and no other."""
+    text = _lowered("pallas", dustbin, platform).as_text()
+    other = KERNEL_CALL["cuda" if platform == "tpu" else "tpu"]
+    assert text.count(KERNEL_CALL[platform]) >= 4  # row and column LSE, plan products
+    assert other not in text
+
+
+# ---- on a GPU: the compiled Triton kernels ----------------------------------------------------
+
+
+def _skip_without_gpu():
+    if jax.default_backend() != "gpu":
+        pytest.skip(f"compiled Triton kernels need a GPU backend, have {jax.default_backend()!r}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
+def test_compiled_op_matches_reference_on_gpu(dustbin):
+    """The public op through the compiled Triton kernels vs dense autodiff, default settings."""
+    _skip_without_gpu()
+    q, k, v, tokens, g = _inputs(LQ, LK)
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="pallas")
+    ref_cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="reference")
+    got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
+    want = jax.jit(_value_and_grad(ref_cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_benchmark_shape_runs_exactly_on_gpu(impl):
+    """The benchmark's first size (L = 1024, W = 256, d = dv = 64, T = 15, R = 2) compiles within
+    the device's shared memory and matches dense autodiff to 1e-5."""
+    _skip_without_gpu()
+    q, k, v, tokens, g = _inputs(1024, 1024, b=1, h=1, d=64, dv=64)
+    lens = (1024,)
+    run = lambda impl: jax.jit(_value_and_grad(
+        TransportConfig(half_band=256, base_steps=15, tail_steps=2, impl=impl), lens, lens, g))(q, k, v, tokens)
+    got, want = run(impl), run("reference")
+    for a, b in zip(jax.tree.leaves(got[1])[:3], jax.tree.leaves(want[1])[:3]):
+        np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=0)

@@ -1,0 +1,255 @@
+"""The Triton kernels' shared-memory budget model (``kernels.gpu_budget``), on this CPU host:
+
+- the model bounds the one real figure we have (H100, 128-wide tiles, 2 stages: 295,424 bytes
+  requested) and predicts that failure;
+- every kernel shape the benchmark (``scripts/bench_transport.py``) and the training
+  configurations reach — collected by tracing the op's forward and gradient — gets a tiling
+  that fits the H100, A100 and consumer budgets;
+- the lowered Triton call carries the chosen tile edge, ``num_warps`` and ``num_stages``;
+- where PyPI ``triton`` is installed (not a dependency: the tests skip without it), Triton
+  compiles the lowered IR for sm_90 / sm_80 / sm_86 on this CPU host: main's tiling asks for
+  exactly the 295,424 bytes the H100 refused, and every chosen tiling fits, below the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pfamalign import configs
+from pfamalign.kernels import TransportConfig, gpu_budget, pallas_gpu, transport
+from pfamalign.kernels.band import make_geometry
+from pfamalign.kernels.gpu_budget import SMEM_BUDGET, KernelShape
+
+H100_REQUESTED = 295_424  # bytes, "Shared memory size limit exceeded" on main's tiling
+H100_AVAILABLE = 232_448
+# The largest kernel of that benchmark: the backward's modulated product, d = dv = 64, R = 2.
+BENCH_MODULATED = KernelShape(d=64, m=64, mx=64 + 2 * 2)
+
+
+def test_budgets_are_the_devices_opt_in_maxima():
+    assert SMEM_BUDGET["h100"] == H100_AVAILABLE
+    assert SMEM_BUDGET == {"h100": 227 * 1024, "a100": 163 * 1024, "consumer": 99 * 1024}
+
+
+def test_model_bounds_and_predicts_the_h100_failure():
+    modelled = gpu_budget.smem_bytes(BENCH_MODULATED, block=128, num_stages=2)
+    assert modelled >= H100_REQUESTED
+    assert modelled > SMEM_BUDGET["h100"]  # main's fixed tiling is refused, as on the H100
+
+
+def test_model_grows_with_every_argument():
+    base = gpu_budget.smem_bytes(KernelShape(32, 32, 32), 64, 2)
+    assert gpu_budget.smem_bytes(KernelShape(32, 32, 32), 128, 2) > base
+    assert gpu_budget.smem_bytes(KernelShape(32, 32, 32), 64, 3) > base
+    assert gpu_budget.smem_bytes(KernelShape(64, 32, 32), 64, 2) > base
+    assert gpu_budget.smem_bytes(KernelShape(32, 64, 32), 64, 2) > base
+    assert gpu_budget.smem_bytes(KernelShape(32, 32, 64), 64, 2) > base
+    assert gpu_budget.smem_bytes(KernelShape(32, 32, 32), 64, 2, itemsize=2) < base
+
+
+def test_choice_keeps_large_tiles_where_they_fit_and_shrinks_where_not():
+    lse = gpu_budget.choose(KernelShape(64), 128, SMEM_BUDGET["h100"])
+    assert (lse.block, lse.num_stages, lse.num_warps) == (128, 2, 8)
+    big = gpu_budget.choose(BENCH_MODULATED, 128, SMEM_BUDGET["h100"])
+    assert big.block < 128
+    assert gpu_budget.smem_bytes(BENCH_MODULATED, big.block, big.num_stages) <= SMEM_BUDGET["h100"]
+    # The next larger tile, or the next deeper pipeline, would not fit.
+    assert gpu_budget.smem_bytes(BENCH_MODULATED, 2 * big.block, 1) > SMEM_BUDGET["h100"]
+    if big.num_stages < gpu_budget.STAGES[0]:
+        assert gpu_budget.smem_bytes(BENCH_MODULATED, big.block, big.num_stages + 1) > SMEM_BUDGET["h100"]
+
+
+def test_choice_refuses_when_nothing_fits():
+    with pytest.raises(ValueError, match="fits 1000 bytes"):
+        gpu_budget.choose(KernelShape(64, 64, 64), 128, 1000)
+
+
+@pytest.mark.parametrize("cc, device_class", [("9.0", "h100"), ("8.0", "a100"), ("8.6", "consumer"),
+                                              ("8.9", "consumer")])
+def test_device_budget_by_compute_capability(cc, device_class):
+    device = types.SimpleNamespace(compute_capability=cc)
+    assert gpu_budget.device_budget(device) == SMEM_BUDGET[device_class]
+
+
+def test_without_a_gpu_the_budget_fits_every_device():
+    if jax.default_backend() == "gpu":
+        pytest.skip("this host has a GPU")
+    assert gpu_budget.device_budget() == min(SMEM_BUDGET.values())
+
+
+# ---- every shape the benchmark and the training configurations use ------------------------------
+
+
+def _trace_shapes(cfg: TransportConfig, *, lq, lk, h, d, dv, monkeypatch) -> set:
+    """(band tile edge, KernelShape) of every Triton kernel call in the op's forward + gradient."""
+    seen = set()
+    real = pallas_gpu.tiling
+
+    def record(geom, shape):
+        seen.add((geom.block, shape))
+        return real(geom, shape)
+
+    monkeypatch.setattr(pallas_gpu, "tiling", record)
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    tokens = (f32(h, d), f32(h, d), f32(h, dv))
+    lens = jnp.array([min(lq, lk)])
+
+    def loss(q, k, v, t):
+        return jnp.sum(transport(q, k, v, lens, lens, t if cfg.dustbin != "none" else None, config=cfg))
+
+    jax.eval_shape(jax.grad(loss, (0, 1, 2, 3)), f32(1, h, lq, d), f32(1, h, lk, d), f32(1, h, lk, dv), tokens)
+    return seen
+
+
+def _bench_cases():
+    """scripts/bench_transport.py: d = dv = 64, T = 15, R = 2, W = 256 (1024 from L = 16384)."""
+    for length, w in ((1024, 256), (16384, 1024)):
+        yield f"bench-L{length}", TransportConfig(half_band=w, tail_steps=2, impl="pallas"), length, 1, 64, 64
+
+
+def _train_cases():
+    """Every named training configuration at its own heads, d, dv, R, dustbin and W."""
+    for name in configs.CONFIG_NAMES:
+        run = configs.get_config(name, embedder_id="builtin/onehot+blosum62", feature_dim=50)
+        m = run.model
+        cfg = TransportConfig.from_dict({**m.transport.to_dict(), "impl": "pallas"})
+        yield name, cfg, 1024, m.heads, m.head_dim, m.value_dim
+
+
+CASES = {name: rest for name, *rest in (*_bench_cases(), *_train_cases())}
+
+
+@pytest.fixture(scope="module")
+def used_shapes():
+    mp = pytest.MonkeyPatch()
+    try:
+        out = {}
+        for name, (cfg, length, h, d, dv) in CASES.items():
+            out[name] = _trace_shapes(cfg, lq=length, lk=length, h=h, d=d, dv=dv, monkeypatch=mp)
+        return out
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("device_class", sorted(SMEM_BUDGET))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_used_kernel_shape_fits(case, device_class, used_shapes):
+    shapes = used_shapes[case]
+    assert any(s.mx for _, s in shapes) and any(not s.m for _, s in shapes)  # products and LSEs seen
+    budget = SMEM_BUDGET[device_class]
+    for block, shape in shapes:
+        t = gpu_budget.choose(shape, block, budget)
+        assert t.block >= gpu_budget.MIN_DOT and block % t.block == 0
+        assert gpu_budget.smem_bytes(shape, t.block, t.num_stages) <= budget, (shape, t)
+
+
+def test_bench_reaches_the_h100_failing_shape(used_shapes):
+    assert (128, BENCH_MODULATED) in used_shapes["bench-L1024"]
+
+
+# ---- the lowered Triton call carries the choice, and Triton agrees ------------------------------
+
+
+def _lower_triton(shape: KernelShape, geom, n: int = 1):
+    """The Triton kernel for ``shape`` (LSE when ``shape.m == 0``, else a product) lowered for
+    "cuda" on the band tiling ``geom``; returns (StableHLO text, the custom call's config)."""
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp = geom.length
+    if not shape.m:
+        fn, specs = pallas_gpu.band_lse, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)]
+    else:
+        fn = pallas_gpu.band_product
+        specs = [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2 + [f32(n, lp, shape.m)]
+        specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
+    # The undecorated function: a monkeypatched budget must reach a fresh trace.
+    f = functools.partial(fn.__wrapped__, geom=geom, interpret=False)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    from test_accelerators import _custom_calls
+
+    (call,) = _custom_calls(lowered)
+    return lowered.as_text(), call.attributes["mhlo.backend_config"]
+
+
+@pytest.mark.parametrize("device_class", sorted(SMEM_BUDGET))
+def test_lowered_triton_call_uses_the_chosen_tiling(device_class, monkeypatch):
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET[device_class])
+    geom = make_geometry(1024, 256, pallas=True)
+    text, _ = _lower_triton(BENCH_MODULATED, geom, n=2)
+    want = gpu_budget.choose(BENCH_MODULATED, geom.block, SMEM_BUDGET[device_class])
+    assert f"num_warps = {want.num_warps} : i32" in text
+    assert f"num_stages = {want.num_stages} : i32" in text
+    assert f"grid_y = {geom.length // want.block} : i32" in text  # one program per re-tiled row block
+
+
+def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
+    """Shared memory Triton (PyPI ``triton``, on this CPU host) allocates for the lowered kernel
+    when compiling it for ``sm_<cc>`` with the call's own num_warps and num_stages."""
+    triton = pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    from jax._src.lib.mlir import ir
+    from jaxlib.triton import dialect
+    from triton.backends.compiler import GPUTarget
+
+    ctx = ir.Context()
+    dialect.register_dialect(ctx)
+    module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes, context=ctx)
+    path = tmp_path / "kernel.ttir"
+    path.write_text(str(module))
+    options = {key: ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages")}
+    return triton.compile(str(path), target=GPUTarget("cuda", cc, 32), options=options).metadata.shared
+
+
+def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
+    """main's fixed tiling (128-wide, 4 warps, 2 stages) of the benchmark's modulated product,
+    compiled for sm_90 here, asks for exactly the bytes the H100 refused."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(pallas_gpu, "tiling", lambda geom, shape: (geom, gpu_budget.GpuTiling(128, 4, 2)))
+    _, config = _lower_triton(BENCH_MODULATED, make_geometry(1024, 256, pallas=True))
+    assert _triton_shared_bytes(config, 90, tmp_path) == H100_REQUESTED
+
+
+@pytest.mark.parametrize("device_class, cc", [("h100", 90), ("a100", 80), ("consumer", 86)])
+@pytest.mark.parametrize("shape", [KernelShape(64), KernelShape(64, 64), BENCH_MODULATED, KernelShape(32, 32, 36),
+                                   KernelShape(64, 16, 20)], ids=str)
+def test_triton_allocation_fits_and_is_bounded_by_the_model(shape, device_class, cc, monkeypatch, tmp_path):
+    """The chosen tiling, compiled by Triton for the device's architecture: its real shared
+    memory is within the device's budget and below the model's figure."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    budget = SMEM_BUDGET[device_class]
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: budget)
+    geom = make_geometry(1024, 256, pallas=True)
+    chosen = gpu_budget.choose(shape, geom.block, budget)
+    _, config = _lower_triton(shape, geom)
+    shared = _triton_shared_bytes(config, cc, tmp_path)
+    assert 0 < shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages) <= budget
+
+
+def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
+    """A product and an LSE at a budget that forces 32-wide tiles under a 128-wide band tiling
+    agree with the unconstrained tiling (interpret mode, same code path as compiled)."""
+    geom = make_geometry(256, 40, pallas=True)
+    rng = np.random.default_rng(0)
+    arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+    # Positive y, x, z: no cancellation, so a re-ordered sum agrees to f32 rounding.
+    q, k = arr(1, 256, 16) * 0.25, arr(1, 256, 16)
+    y, x, z = (jnp.abs(arr(1, 256, m)) for m in (8, 4, 4))
+    a, c = arr(1, 256) * 0.1, arr(1, 256) * 0.1
+
+    def run():
+        f = functools.partial(pallas_gpu.band_product.__wrapped__, geom=geom, interpret=True)
+        g = functools.partial(pallas_gpu.band_lse.__wrapped__, geom=geom, interpret=True)
+        return np.asarray(f(q, k, a, c, y, x, z)), np.asarray(g(q, k, c))
+
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: 10**9)
+    wide = run()
+    small = gpu_budget.smem_bytes(KernelShape(16, 8, 4), 32, 2)
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: small)
+    assert pallas_gpu.tiling(geom, KernelShape(16, 8, 4))[0].block == 32
+    narrow = run()
+    np.testing.assert_allclose(narrow[0], wide[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(narrow[1], wide[1], rtol=1e-6, atol=1e-6)
