@@ -120,7 +120,7 @@ def tune_fold(args, model: pathlib.Path, data: pathlib.Path, fold_dir: pathlib.P
     return split
 
 
-def test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dict]:
+def sample_test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dict]:
     """Up to ``max_pairs`` test pairs, round-robin over the families (each family's pairs in a
     seeded random order), with their stored features."""
     plain = reader.PairSource(data, "test", features=False)
@@ -220,7 +220,7 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
                                 f"the dataset's ({ds.embedder_id})")
         info["model"], info["decoding"] = str(model), dataclasses.asdict(predictor.decoding)
     print(f"fold {fold}: evaluate", file=sys.stderr, flush=True)
-    records = test_pairs(data, args.max_pairs_per_fold, args.seed)
+    records = sample_test_pairs(data, args.max_pairs_per_fold, args.seed)
     info["test_families"] = sorted({accession_base(r["family"]) for r in records})
     if args.no_train:
         seen = seen_families(args.seen_data)
@@ -245,6 +245,16 @@ def _cell(c: dict, signed: bool = False) -> str:
     return fmt.format(v) + ci
 
 
+def decoder_note(fold: dict) -> str:
+    """The model's decoder in a fold and where it was chosen, e.g. ``hybrid, plan weight 2 (val)``."""
+    d = fold.get("decoding")
+    if d is None:
+        return "—"
+    name = d["decoder"] + (f", plan weight {d['plan_weight']:g}" if d["decoder"] == "hybrid" else "")
+    where = fold["decoder_chosen_on"]
+    return f"{name} ({where.split()[0] if where.endswith('of the fold') else 'fixed'})"
+
+
 def markdown(folds: list[dict], pooled: dict, note: str) -> str:
     methods = pooled["methods"]
     n_pairs = {b: next(iter(methods.values()))["prf"][b]["n_pairs"] for b in BINS}
@@ -263,13 +273,15 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
     for m, why in pooled.get("skipped_baselines", {}).items():
         lines.append(f"\n{m} not scored: {why}")
     lines += ["", "Per fold (micro F1, all pairs):", "",
-              "| fold | test families | pairs | " + " | ".join(e["label"] for e in methods.values()) + " |",
-              "| --- | --- | --- |" + " --- |" * len(methods)]
+              "| fold | test families | pairs | decoder (chosen on) | "
+              + " | ".join(e["label"] for e in methods.values()) + " |",
+              "| --- | --- | --- | --- |" + " --- |" * len(methods)]
     for f in folds:
         s = f["summary"]
         cells = [f"{s['methods'][m]['prf']['all']['micro']['f1']['value']:.3f}"
                  if m in s["methods"] else "—" for m in methods]
-        lines.append(f"| {f['fold']} | {s['n_families']} | {s['n_pairs']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {f['fold']} | {s['n_families']} | {s['n_pairs']} | {decoder_note(f)} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
