@@ -5,6 +5,8 @@ Every method is scored on the same sequence pairs:
 - aligned-pair precision / recall / F1 of its discrete alignment against the reference pairs
   (micro = pooled counts, the headline; macro = mean over pairs), overall and by percent-
   identity bin, with bootstrap 95 % intervals over pairs (the same resamples for every method);
+- seconds spent per method (the model: plans and decoding; external aligners: their
+  subprocesses included);
 - for methods with a plan (the model, the diagonal reference): the seed paper's plan metrics
   (sparse CE, barycenter MAE, within-5, monotonicity violation; reconstruction when the model
   exposes values), by ``model_plan_metrics`` in both paths.
@@ -25,6 +27,7 @@ import dataclasses
 import os
 import pathlib
 import sys
+import time
 from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -33,7 +36,8 @@ import numpy as np
 from flax import nnx
 
 from pfamalign import jsonio
-from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
+from pfamalign.alignment.baselines import (EXTERNAL_ALIGNERS, diagonal_pairs, external_align,
+                                           needleman_wunsch, smith_waterman)
 from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
                                          diagonal_plan_metrics, paired_f1_difference, plan_metrics,
                                          prf_by_identity)
@@ -44,8 +48,11 @@ BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
     "nw": lambda r: needleman_wunsch(r["q_seq"], r["k_seq"]).pairs,
     "sw": lambda r: smith_waterman(r["q_seq"], r["k_seq"]).pairs,
+    "probcons": lambda r: external_align("probcons", r["q_seq"], r["k_seq"]).pairs,
+    "muscle": lambda r: external_align("muscle", r["q_seq"], r["k_seq"]).pairs,
 }
-LABELS = {"model": "pfamalign", "diagonal": "diagonal", "nw": "NW-BLOSUM62", "sw": "SW-BLOSUM62"}
+LABELS = {"model": "pfamalign", "diagonal": "diagonal", "nw": "NW-BLOSUM62", "sw": "SW-BLOSUM62",
+          "probcons": "ProbCons", "muscle": "MUSCLE"}
 PLAN_METRICS = ("reconstruction", "sparse_ce", "barycenter_mae", "within5",
                 "monotonicity_violation")
 
@@ -114,19 +121,23 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class Evaluation:
-    """Per-method aligned-pair counts ``[N, 3]`` and plan metrics, plus per-pair identity."""
+    """Per-method aligned-pair counts ``[N, 3]``, plan metrics and seconds, plus per-pair
+    identity; ``skipped``: requested baselines that could not run, with the reason."""
 
     methods: list[str]
     counts: dict[str, list] = dataclasses.field(default_factory=dict)
     plan: dict[str, list] = dataclasses.field(default_factory=dict)
     pid: list = dataclasses.field(default_factory=list)
     families: list = dataclasses.field(default_factory=list)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self, *, n_boot: int = 1000, seed: int = 0) -> dict:
         pid = np.asarray(self.pid, np.float64)
-        out = {"n_pairs": len(self.pid), "n_families": len(set(self.families)), "methods": {}}
+        out = {"n_pairs": len(self.pid), "n_families": len(set(self.families)), "methods": {},
+               "skipped_baselines": dict(self.skipped)}
         for m in self.methods:
-            entry = {"label": LABELS.get(m, m),
+            entry = {"label": LABELS.get(m, m), "seconds": self.seconds.get(m, 0.0),
                      "prf": prf_by_identity(np.asarray(self.counts[m], np.int64).reshape(-1, 3), pid,
                                             n_boot=n_boot, seed=seed)}
             if self.plan.get(m):
@@ -161,26 +172,34 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     Records are pair dicts with ``q_seq``, ``k_seq``, ``target`` and ``pid`` (the pipelines'
     pair record); with ``features="records"`` they also carry ``q_feat`` / ``k_feat`` (the
     dataset's stored embeddings), with ``features="featurize"`` the predictor embeds residues.
-    ``decoding``: DecoderSettings for the model (default: the model's own).
+    ``decoding``: DecoderSettings for the model (default: the model's own). An external
+    baseline whose binary is not installed is left out and named in ``Evaluation.skipped``.
     """
     for b in baselines:
         if b not in BASELINES:
             raise ValueError(f"unknown baseline {b!r}; choose from {sorted(BASELINES)}")
-    methods = (["model"] if predictor is not None else []) + list(baselines)
+    skipped = {b: EXTERNAL_ALIGNERS[b].missing() for b in baselines if b in EXTERNAL_ALIGNERS}
+    skipped = {b: why for b, why in skipped.items() if why}
+    baselines = [b for b in baselines if b not in skipped]
+    methods = (["model"] if predictor is not None else []) + baselines
     if not methods:
-        raise ValueError("nothing to score: no model and no baselines")
+        raise ValueError("nothing to score: no model and no baselines"
+                         + (f" ({'; '.join(skipped.values())})" if skipped else ""))
     dustbin = predictor is not None and predictor.config.dustbin
-    ev = Evaluation(methods, {m: [] for m in methods}, {"model": [], "diagonal": []})
+    ev = Evaluation(methods, {m: [] for m in methods}, {"model": [], "diagonal": []},
+                    seconds={m: 0.0 for m in methods}, skipped=skipped)
     pending: list[dict] = []
 
     def flush():
         if predictor is not None and pending:
+            start = time.perf_counter()
             plans = model_plans(predictor, pending, features=features, batch_size=batch_size)
             for r, pp in zip(pending, plans):
                 aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 ev.plan["model"].append(model_plan_metrics(pp.real, pp.row_dustbin, r["target"],
                                                            dustbin=dustbin))
+            ev.seconds["model"] += time.perf_counter() - start
         advance(len(pending))
         pending.clear()
 
@@ -189,7 +208,10 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         ev.pid.append(float(rec["pid"]))
         ev.families.append(rec.get("family", ""))
         for b in baselines:
-            ev.counts[b].append(alignment_counts(BASELINES[b](rec), target))
+            start = time.perf_counter()
+            pairs = BASELINES[b](rec)
+            ev.seconds[b] += time.perf_counter() - start
+            ev.counts[b].append(alignment_counts(pairs, target))
         ev.plan["diagonal"].append(diagonal_plan_metrics(target, len(rec["k_seq"]), dustbin=dustbin))
         pending.append(rec)
         if len(pending) >= 4 * batch_size:
@@ -335,6 +357,10 @@ def render(summary: dict, console=None) -> None:
                     f"{prf['all']['micro']['precision']['value']:.3f}",
                     f"{prf['all']['micro']['recall']['value']:.3f}")
     console.print(tab)
+    for m, why in summary.get("skipped_baselines", {}).items():
+        console.print(f"[bold]{LABELS.get(m, m)} not scored[/bold]: {why}")
+    console.print("seconds per method: " + ", ".join(
+        f"{e['label']} {e['seconds']:.1f}" for e in summary["methods"].values()))
     if summary.get("model_minus"):
         tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI: "
                           "resampling pairs / whole families)")

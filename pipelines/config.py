@@ -8,7 +8,8 @@ import json
 import math
 
 from pfamalign.pipelines.pairs import SamplingConfig
-from pfamalign.pipelines.splits import DEFAULT_FRACTIONS, check_fractions
+from pfamalign.pipelines.splits import (DEFAULT_FRACTIONS, FOLD_VAL_FRACTION, check_fold,
+                                        check_fractions)
 
 FORMAT_VERSION = 1
 DTYPES = ("float16", "float32")
@@ -33,6 +34,7 @@ class PrepareConfig:
     dtype: str = "float16"
     sampling: SamplingConfig = SamplingConfig()
     split_fractions: tuple[float, float, float] = DEFAULT_FRACTIONS
+    fold: tuple[int, int] | None = None  # (K, N): cross-validation fold K of N, replaces the fractions
     seed: int = 0
     skip_bad: bool = False
     families_per_chunk: int = 64
@@ -57,6 +59,8 @@ class PrepareConfig:
         if self.engine not in ("local", "beam"):
             raise ValueError(f"engine must be 'local' or 'beam', got {self.engine!r}")
         check_fractions(self.split_fractions)
+        if self.fold is not None:
+            check_fold(*self.fold)
         for name in ("families_per_chunk", "seqs_per_part", "records_per_shard", "workers",
                      "toks_per_batch"):
             if getattr(self, name) < 1:
@@ -72,13 +76,20 @@ class PrepareConfig:
                          "dtype": self.dtype, "long_policy": self.long_policy,
                          "toks_per_batch": self.toks_per_batch},
             "sampling": dataclasses.asdict(self.sampling),
-            "split_fractions": list(self.split_fractions),
+            **self._split_rule(),
             "seed": self.seed,
             "skip_bad": self.skip_bad,
             "families_per_chunk": self.families_per_chunk,
             "seqs_per_part": self.seqs_per_part,
             "records_per_shard": self.records_per_shard,
         }
+
+    def _split_rule(self) -> dict:
+        """The split entries of the output config (without a fold, exactly the keys of
+        datasets made before folds existed, so their hashes do not change)."""
+        if self.fold is None:
+            return {"split_fractions": list(self.split_fractions)}
+        return {"fold": list(self.fold), "fold_val_fraction": FOLD_VAL_FRACTION}
 
 
 def config_hash(output_config: dict) -> str:

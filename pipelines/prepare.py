@@ -341,7 +341,7 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
     work.make()
     for d in (work.root, work.chunks, work.plan, work.emb):
         stages.clean_tmp(d)
-    opts = stages.IngestOptions(cfg.sampling, cfg.seed, cfg.split_fractions, cfg.skip_bad,
+    opts = stages.IngestOptions(cfg.sampling, cfg.seed, cfg.split_fractions, cfg.fold, cfg.skip_bad,
                                 embedder.max_residues)
     cache = None
     if cfg.reuse_embeddings:

@@ -34,7 +34,7 @@ import numpy as np
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines.config import part_of
 from pfamalign.pipelines.pairs import SamplingConfig, sample_family
-from pfamalign.pipelines.splits import SPLITS, assign_split
+from pfamalign.pipelines.splits import SPLITS, assign_fold_split, assign_split
 from pfamalign.pipelines.stockholm import RawFamily, StockholmError, accession_base, parse_family
 
 
@@ -101,6 +101,7 @@ class IngestOptions:
     sampling: SamplingConfig
     seed: int
     split_fractions: tuple[float, float, float]
+    fold: tuple[int, int] | None  # cross-validation fold (K, N): overrides split_fractions
     skip_bad: bool
     max_residues: int | None
 
@@ -143,7 +144,11 @@ def process_family(raw: RawFamily, duplicate_of: str | None, opts: IngestOptions
         if not opts.skip_bad:
             raise
         return _family_meta(raw, skip="malformed Stockholm", error=str(err)), [], []
-    split = assign_split(family.key, seed=opts.seed, fractions=opts.split_fractions)
+    if opts.fold is None:
+        split = assign_split(family.key, seed=opts.seed, fractions=opts.split_fractions)
+    else:
+        split = assign_fold_split(family.key, fold=opts.fold[0], n_folds=opts.fold[1],
+                                  seed=opts.seed)
     fp = sample_family(family, opts.sampling, seed=opts.seed, split=split,
                        max_residues=opts.max_residues)
     meta = _family_meta(raw, split=split, n_seqs=fp.n_seqs, n_usable=fp.n_usable,

@@ -1,11 +1,18 @@
 """Needleman-Wunsch / Smith-Waterman baselines against an independent Gotoh DP, the gap
-convention, residue handling and the diagonal reference."""
+convention, residue handling, the diagonal reference, and the external aligners (ProbCons,
+MUSCLE): their aligned FASTA read back into pairs, the missing-binary path, and a real run
+when installed."""
+
+import shutil
 
 import numpy as np
 import pytest
 from Bio.Align import substitution_matrices
 
-from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman
+from pfamalign import evaluation
+from pfamalign.alignment.baselines import (EXTERNAL_ALIGNERS, ExternalAlignerError,
+                                           aligned_fasta_pairs, diagonal_pairs, external_align,
+                                           needleman_wunsch, smith_waterman)
 from pfamalign.residues import normalize_sequence, scoring_sequence
 
 B62 = substitution_matrices.load("BLOSUM62")
@@ -127,3 +134,60 @@ def test_diagonal_pairs():
     assert diagonal_pairs(4, 4)[:, 1].tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError):
         diagonal_pairs(0, 3)
+
+
+# ---- external aligners ------------------------------------------------------------------------
+
+
+def test_aligned_fasta_pairs_of_a_hand_made_alignment():
+    # columns:  0 1 2 3 4 5 6 7
+    #   q:      M K - V L . A W     q residues: M0 K1 V2 L3 A4 W5
+    #   k:      M - R V - G A W     k residues: M0 R1 V2 G3 A4 W5
+    text = ">k some description\nM-RV\n-GAW\n>q\nMK-VL.AW\n"
+    pairs = aligned_fasta_pairs(text)
+    assert pairs.dtype == np.int64
+    assert pairs.tolist() == [[0, 0], [2, 2], [4, 4], [5, 5]]
+    assert aligned_fasta_pairs(text, query="k", key="q").tolist() == [[0, 0], [2, 2], [4, 4], [5, 5]]
+    assert aligned_fasta_pairs(">q\nAB-\n>k\n--C\n").shape == (0, 2)
+    for bad, match in [(">q\nAB\n>k\nA\n", "differ in length"), (">q\nAB\n", "no row 'k'"),
+                       ("AB\n>q\nAB\n", "header"), (">q\nA\n>q\nA\n", "twice")]:
+        with pytest.raises(ExternalAlignerError, match=match):
+            aligned_fasta_pairs(bad)
+
+
+def test_missing_external_aligner_is_named_and_evaluation_goes_on(monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    for name, tool in EXTERNAL_ALIGNERS.items():
+        assert f"Debian package '{tool.package}'" in tool.missing()
+        with pytest.raises(ExternalAlignerError, match=f"apt install {tool.package}"):
+            external_align(name, "MKV", "MKV")
+    record = {"q_seq": "MKVLAAG", "k_seq": "MKVLSAG", "target": np.arange(7), "pid": 71.0,
+              "family": "PF00001"}
+    ev = evaluation.evaluate([record], baselines=("nw", "probcons", "muscle"))
+    assert ev.methods == ["nw"] and set(ev.skipped) == {"probcons", "muscle"}
+    summary = ev.summary(n_boot=0)
+    assert list(summary["methods"]) == ["nw"]
+    assert "apt install muscle" in summary["skipped_baselines"]["muscle"]
+    assert summary["methods"]["nw"]["prf"]["all"]["micro"]["f1"]["value"] == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(EXTERNAL_ALIGNERS))
+def test_external_aligner_runs_when_installed(name):
+    if shutil.which(EXTERNAL_ALIGNERS[name].binary) is None:
+        pytest.skip(f"{name} is not installed")
+    a, b = "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"
+    aln = external_align(name, a, b)
+    assert (aln.query_length, aln.key_length) == (len(a), len(b))
+    pairs = aln.pairs
+    assert (np.diff(pairs, axis=0) > 0).all()  # a proper alignment: monotone in both sequences
+    assert pairs[:, 0].max() < len(a) and pairs[:, 1].max() < len(b)
+    # the shared prefix and suffix are aligned residue to residue
+    assert [[k, k] for k in range(11)] == pairs[:11].tolist()
+    assert pairs[-2:].tolist() == [[len(a) - 2, len(b) - 2], [len(a) - 1, len(b) - 1]]
+    same = external_align(name, "ACDEFGHIKLMNPQRSTVWY", "ACDEFGHIKLMNPQRSTVWY").pairs
+    assert same.tolist() == [[k, k] for k in range(20)]
+    record = {"q_seq": a, "k_seq": b, "target": np.full(len(a), -1), "pid": 80.0}
+    record["target"][pairs[:, 0]] = pairs[:, 1]  # its own alignment as the reference: F1 1
+    summary = evaluation.evaluate([record], baselines=(name,)).summary(n_boot=0)
+    assert summary["methods"][name]["prf"]["all"]["micro"]["f1"]["value"] == 1.0
+    assert summary["methods"][name]["seconds"] > 0

@@ -203,6 +203,33 @@ def test_split_ignores_version_and_is_deterministic():
     assert more[:3000] == a
 
 
+def test_folds_partition_families_and_keep_versions_together():
+    keys = [f"PF{i:05d}" for i in range(2000)]
+    n = 5
+    by_fold = [[splits.assign_fold_split(k, fold=f, n_folds=n, seed=0) for k in keys] for f in range(n)]
+    for i, key in enumerate(keys):  # test in exactly one fold: the fold of its split fraction
+        tested = [f for f in range(n) if by_fold[f][i] == "test"]
+        u = splits.split_fraction_of(key, 0)
+        assert tested == [int(u * n)] and tested[0] / n <= u < (tested[0] + 1) / n
+    for f in range(n):
+        counts = {s: by_fold[f].count(s) / len(keys) for s in splits.SPLITS}
+        assert abs(counts["test"] - 1 / n) < 0.03
+        assert abs(counts["val"] - splits.FOLD_VAL_FRACTION * (1 - 1 / n)) < 0.025
+    # the validation slices differ between folds (the second hash is salted with the fold)
+    assert [s == "val" for s in by_fold[0]] != [s == "val" for s in by_fold[1]]
+    # seed and hmmalign versions of one family land on the same side of every fold
+    for acc in ("PF00041", "PF00076"):
+        for f in range(n):
+            assert (splits.assign_fold_split(f"{acc}.20", fold=f, n_folds=n)
+                    == splits.assign_fold_split(f"{acc}.24", fold=f, n_folds=n)
+                    == splits.assign_fold_split(acc, fold=f, n_folds=n))
+    assert by_fold[0] == [splits.assign_fold_split(k, fold=0, n_folds=n, seed=0) for k in keys]
+    assert by_fold[0] != [splits.assign_fold_split(k, fold=0, n_folds=n, seed=1) for k in keys]
+    for fold, n_folds in ((5, 5), (-1, 5), (0, 1)):
+        with pytest.raises(ValueError, match="K/N"):
+            splits.assign_fold_split("PF00001", fold=fold, n_folds=n_folds)
+
+
 def test_split_fraction_validation():
     with pytest.raises(ValueError, match="summing to 1"):
         splits.assign_split("PF00001", fractions=(0.5, 0.1, 0.1))

@@ -370,6 +370,35 @@ def test_duplicate_family_and_nonstandard_residues(tmp_path):
 # Real data, multi-family stream, Beam
 # ------------------------------------------------------------------------------------------
 
+def test_fold_dataset_takes_its_splits_from_the_fold(tmp_path):
+    from pfamalign.pipelines.splits import assign_fold_split
+
+    out = tmp_path / "fold"
+    res = _cli(["prepare", "shards", "--pfam", str(SEED), "--out", str(out), "--fold", "1/3",
+                "--pairs-per-family", "4", "-q"])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["fold"] == [1, 3] and "split_fractions" not in manifest["config"]
+    import pandas as pd
+
+    fams = pd.read_csv(out / "families.tsv", sep="\t", keep_default_na=False)
+    assert len(fams) > 5
+    for key, split in zip(fams["key"], fams["split"]):
+        assert split == assign_fold_split(key, fold=1, n_folds=3)
+    assert "test" in set(fams["split"]) and "train" in set(fams["split"])
+    # a fold is part of the dataset's identity; without one the config keeps its old keys
+    # (so the hashes of datasets made before folds existed do not change)
+    args = dict(input_digests=[], embedder_id="builtin/onehot", embedder_fingerprint="x", dim=21)
+    plain = _cfg(tmp_path / "a").output_config(**args)
+    assert "fold" not in plain and plain["split_fractions"] == [0.8, 0.1, 0.1]
+    assert _cfg(tmp_path / "a", fold=(0, 3)).output_config(**args) != _cfg(
+        tmp_path / "a", fold=(1, 3)).output_config(**args)
+    for bad, message in (("1-3", "expected K/N"), ("3/3", "0 <= K < N")):
+        res = CliRunner().invoke(cli, ["prepare", "shards", "--pfam", str(SEED), "--out",
+                                       str(tmp_path / "bad"), "--fold", bad], env={"CI": "1"})
+        assert res.exit_code != 0 and message in _flat(res.output) and "Traceback" not in res.output
+
+
 def test_real_data_versions_share_a_split(shared_pfam, tmp_path):
     out = tmp_path / "ds"
     result = run_prepare(_cfg(out, inputs=[shared_pfam / "seed_stockholm",

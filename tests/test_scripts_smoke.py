@@ -11,6 +11,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
@@ -71,3 +72,65 @@ def test_help_mentions_defaults():
         with pytest.raises(SystemExit) as exc:
             module.main(["--help"])
         assert exc.value.code == 0
+
+
+# ---- scripts/crossval.py ------------------------------------------------------------------------
+
+PFAM_SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+CROSSVAL = ["--pfam", str(PFAM_SEED), "--folds", "2", "--pairs-per-family", "4",
+            "--max-pairs-per-fold", "10", "--bootstrap", "20"]
+
+
+def _crossval(argv, capsys):
+    module = importlib.import_module("crossval")
+    assert module.main(argv) == 0
+    out = capsys.readouterr()
+    return [json.loads(line) for line in out.out.splitlines() if line.startswith("{")], out
+
+
+def test_crossval_baselines_every_family_tested_once_and_resumes(tmp_path, capsys):
+    from pfamalign.pipelines.splits import fold_of
+    from pfamalign.pipelines.stockholm import accession_base
+
+    argv = CROSSVAL + ["--workdir", str(tmp_path / "cv"), "--baselines-only",
+                       "--markdown", str(tmp_path / "table.md")]
+    rows, _ = _crossval(argv, capsys)
+    folds, pooled = rows[:-1], rows[-1]
+    assert [r["fold"] for r in folds] == [0, 1] and pooled["fold"] == "pooled"
+    families = [r["test_families"] for r in folds]
+    assert not set(families[0]) & set(families[1])  # each family is tested in one fold only
+    for k, fams in enumerate(families):
+        assert fams and all(fold_of(f, seed=0, n_folds=2) == k for f in fams)
+        evaluated = folds[k]["summary"]
+        assert evaluated["n_pairs"] <= 10 and evaluated["n_families"] == len(fams)
+    assert pooled["summary"]["n_pairs"] == sum(r["summary"]["n_pairs"] for r in folds)
+    # pooled = the folds' pairs together: NW's pooled F1 from the per-fold pooled counts
+    results = [json.loads((tmp_path / "cv" / f"fold{k}" / "result.json").read_text()) for k in (0, 1)]
+    counts = np.concatenate([np.asarray(r["evaluation"]["counts"]["nw"]) for r in results])
+    tp, n_pred, n_ref = counts.sum(0)
+    assert pooled["f1"]["nw"]["all"] == pytest.approx(2 * tp / (n_pred + n_ref))
+    assert {accession_base(f) for r in results for f in r["evaluation"]["families"]} == \
+        set(families[0]) | set(families[1])
+    methods = set(pooled["f1"])
+    assert {"nw", "sw", "diagonal"} <= methods and "model" not in methods
+    table = (tmp_path / "table.md").read_text()
+    assert "| NW-BLOSUM62 |" in table and "| 1 |" in table
+    before = [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
+    rows_again, out = _crossval(argv, capsys)
+    assert out.err.count("done earlier") == 2 and rows_again[-1]["f1"] == pooled["f1"]
+    assert before == [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
+
+
+@pytest.mark.slow
+def test_crossval_trains_tunes_and_compares_the_model(tmp_path, capsys):
+    tiny = ["encoder_layers=1", "encoder_width=16", "head_dim=8", "value_dim=8",
+            "transport.base_steps=3"]
+    argv = CROSSVAL + ["--workdir", str(tmp_path / "cv"), "--only", "1", "--steps", "2",
+                       "--batch-size", "8", "--tune-pairs", "8"]
+    rows, _ = _crossval(argv + [x for s in tiny for x in ("--set", s)], capsys)
+    fold, pooled = rows
+    assert fold["decoder_chosen_on"] in ("val families of the fold", "train families of the fold")
+    assert (tmp_path / "cv" / "fold1" / "run" / "model" / "decoding.json").is_file()
+    assert {"model", "model_mea", "nw"} <= set(pooled["f1"])
+    diff = pooled["summary"]["model_minus_by_family"]["nw"]["all"]
+    assert diff["n_groups"] == len(fold["test_families"]) and diff["low"] <= diff["value"] <= diff["high"]

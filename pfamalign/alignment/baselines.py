@@ -7,12 +7,22 @@
   means ``11 + n`` (Biopython's ``scoring="blastp"`` preset: open -12); pass ``gap_open=12``
   for that convention.
 * The diagonal reference: query row i -> ``round(i (Lk - 1) / (Lq - 1))``.
+* External aligners (ProbCons, MUSCLE 5; the Debian packages ``probcons``, ``muscle``) run as
+  subprocesses on a two-sequence FASTA with their default settings; their aligned FASTA is
+  read back into aligned pairs (``aligned_fasta_pairs``).
 
 Residues are validated and mapped for scoring as described in ``pfamalign.residues`` (``U->C``,
 ``O->K``, ``J->X``; lowercase accepted).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from typing import Callable
 
 import numpy as np
 
@@ -73,6 +83,107 @@ def diagonal_pairs(query_length: int, key_length: int) -> np.ndarray:
     """
     target = diagonal_target(query_length, key_length)
     return np.stack([np.arange(query_length), target], axis=1).astype(np.int64)
+
+
+# ---- external aligners -----------------------------------------------------------------------
+
+
+class ExternalAlignerError(RuntimeError):
+    """An external aligner is missing, failed, or printed something that is not the alignment."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalAligner:
+    """A command-line aligner: ``argv(in_fasta, out_fasta)``; the aligned FASTA comes on stdout
+    when ``stdout_output``, else in ``out_fasta``."""
+
+    binary: str
+    package: str  # the Debian package that installs it
+    argv: Callable[[str, str], list[str]]
+    stdout_output: bool
+
+    def missing(self) -> str | None:
+        """None when the binary is on PATH, else a message naming the package."""
+        if shutil.which(self.binary):
+            return None
+        return (f"{self.binary} not found on PATH: install the Debian package "
+                f"'{self.package}' (apt install {self.package}) to score it")
+
+
+EXTERNAL_ALIGNERS = {
+    # ProbCons prints its banner on stderr and the alignment (input order) on stdout.
+    "probcons": ExternalAligner("probcons", "probcons", lambda fa, out: ["probcons", fa], True),
+    # One thread: the evaluation runs many small alignments, threads only add overhead.
+    "muscle": ExternalAligner("muscle", "muscle", lambda fa, out: [
+        "muscle", "-align", fa, "-output", out, "-threads", "1"], False),
+}
+
+
+def read_fasta(text: str) -> dict[str, str]:
+    """``{name: sequence}`` of a FASTA text (name = first word of the header; lines joined)."""
+    records: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(">"):
+            name = line[1:].split()[0] if line[1:].split() else ""
+            if name in records:
+                raise ExternalAlignerError(f"FASTA name {name!r} appears twice")
+            records[name] = []
+        elif line:
+            if name is None:
+                raise ExternalAlignerError("FASTA text does not start with a '>' header")
+            records[name].append(line)
+    return {n: "".join(parts) for n, parts in records.items()}
+
+
+def aligned_fasta_pairs(text: str, query: str = "q", key: str = "k") -> np.ndarray:
+    """Aligned pairs ``[n, 2]`` (0-based query / key residue indices) of the rows named
+    ``query`` and ``key`` of an aligned FASTA: the columns where neither has a gap ('-' or
+    '.')."""
+    rows = read_fasta(text)
+    for name in (query, key):
+        if name not in rows:
+            raise ExternalAlignerError(f"aligned FASTA has no row {name!r} (rows: {list(rows)})")
+    a, b = rows[query], rows[key]
+    if len(a) != len(b):
+        raise ExternalAlignerError(f"aligned rows differ in length: {len(a)} vs {len(b)}")
+    gap_a = np.array([c in "-." for c in a], bool)
+    gap_b = np.array([c in "-." for c in b], bool)
+    index_a = np.cumsum(~gap_a) - 1  # residue index of each column (valid where not a gap)
+    index_b = np.cumsum(~gap_b) - 1
+    both = ~gap_a & ~gap_b
+    return np.stack([index_a[both], index_b[both]], axis=1).astype(np.int64).reshape(-1, 2)
+
+
+def external_align(name: str, seq_a: str, seq_b: str, *, timeout: float = 600.0) -> PairAlignment:
+    """Aligns two sequences with the external aligner ``name`` (``EXTERNAL_ALIGNERS``);
+    ExternalAlignerError when it is missing, fails, or loses a residue."""
+    tool = EXTERNAL_ALIGNERS[name]
+    message = tool.missing()
+    if message:
+        raise ExternalAlignerError(message)
+    a = scoring_sequence(seq_a, name="seq_a")  # the aligners know the 20 + X B Z codes
+    b = scoring_sequence(seq_b, name="seq_b")
+    with tempfile.TemporaryDirectory(prefix=f"pfamalign-{name}-") as tmp:
+        fasta, out = pathlib.Path(tmp, "in.fa"), pathlib.Path(tmp, "out.fa")
+        fasta.write_text(f">q\n{a}\n>k\n{b}\n")
+        try:
+            proc = subprocess.run(tool.argv(str(fasta), str(out)), capture_output=True, text=True,
+                                  timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired as err:
+            raise ExternalAlignerError(f"{name} took over {timeout:.0f} s") from err
+        if proc.returncode != 0:
+            raise ExternalAlignerError(f"{name} failed (exit {proc.returncode}): "
+                                       f"{proc.stderr.strip()[-500:]}")
+        text = proc.stdout if tool.stdout_output else out.read_text()
+    rows = read_fasta(text)
+    for label, seq in (("q", a), ("k", b)):
+        got = rows.get(label, "").replace("-", "").replace(".", "").upper()
+        if got != seq:
+            raise ExternalAlignerError(f"{name} returned row {label!r} that is not the input sequence")
+    return PairAlignment(pairs=aligned_fasta_pairs(text), confidence=None, score=float("nan"),
+                         query_length=len(a), key_length=len(b))
 
 
 BASELINES = {"needleman_wunsch": needleman_wunsch, "smith_waterman": smith_waterman}

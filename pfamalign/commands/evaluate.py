@@ -24,7 +24,8 @@ from pfamalign.commands._common import decoder_options, decoder_settings, fail
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for ESM-2 checkpoints.")
 @click.option("--baselines", default="diagonal,nw,sw", show_default=True,
-              help="Comma-separated baselines: diagonal, nw, sw (empty for none).")
+              help="Comma-separated baselines: diagonal, nw, sw, probcons, muscle (the last two "
+                   "run the installed Debian packages; empty for none).")
 @click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs, drawn across the families (seeded by --seed; "
                    "every family represented when N >= the number of families).")
 @click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")

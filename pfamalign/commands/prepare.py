@@ -19,6 +19,16 @@ def _floats(text: str, name: str, n: int | None = None) -> tuple[float, ...]:
     return values
 
 
+def _fold(text: str | None) -> tuple[int, int] | None:
+    """``"K/N"`` -> ``(K, N)``; None stays None (the --splits fractions apply)."""
+    if text is None:
+        return None
+    k, sep, n = text.partition("/")
+    if not (sep and k.strip().isdigit() and n.strip().isdigit()):
+        raise click.BadParameter(f"expected K/N such as 0/5, got {text!r}", param_hint="--fold")
+    return int(k), int(n)
+
+
 @click.group()
 def prepare():
     """Prepare datasets from Pfam alignments."""
@@ -61,6 +71,9 @@ def prepare():
                    "aligned by column like match states.")
 @click.option("--splits", "split_text", default="0.8,0.1,0.1", show_default=True,
               help="train,val,test fractions (by family).")
+@click.option("--fold", "fold_text", default=None, metavar="K/N",
+              help="Cross-validation fold K of N (0-based), instead of --splits: test = the "
+                   "families of fold K, val = about 10 % of the others, train = the rest.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the family split and the pair sampling.")
 @click.option("--skip-bad", is_flag=True,
@@ -90,7 +103,7 @@ def prepare():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars and no summary.")
 def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, dtype,
            pairs_per_family, min_len, max_len, stratify_pid, pid_bins, inserts, split_text,
-           seed, skip_bad, workers, engine, beam_args, records_per_shard, families_per_chunk,
+           fold_text, seed, skip_bad, workers, engine, beam_args, records_per_shard, families_per_chunk,
            seqs_per_part, reuse, keep_work,
            overwrite, device, threads, quiet):
     """Build train/val/test pair shards from Pfam Stockholm alignments.
@@ -123,6 +136,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                             long_policy=long_policy, toks_per_batch=toks_per_batch, dtype=dtype,
                             sampling=sampling,
                             split_fractions=_floats(split_text, "--splits", 3),  # type: ignore
+                            fold=_fold(fold_text),
                             seed=seed, skip_bad=skip_bad, workers=workers,
                             records_per_shard=records_per_shard,
                             families_per_chunk=families_per_chunk, seqs_per_part=seqs_per_part,

@@ -1,0 +1,382 @@
+"""Cross-validated accuracy over Pfam families: every family is a test family of exactly one fold.
+
+    python scripts/crossval.py --workdir runs/cv5 --folds 5 --max-pairs-per-fold 200
+    python scripts/crossval.py --workdir runs/cv5_shipped --no-train \\
+        --checkpoint pfamalign/assets/default_model --seen-data data_b62_1k
+    python scripts/crossval.py --workdir runs/cv5_baselines --baselines-only
+
+Per fold K of N: ``pfamalign prepare shards --fold K/N`` (test = the fold's families, val = about
+10 % of the others), ``pfamalign train`` with the given recipe (default: the shipped model's,
+pfamalign/assets/default_model/TRAINING.md), the decoder chosen on the fold's val families
+(``scripts/tune_decoder.py --write``; on the training families when the fold has no val
+family, and said so), then ``pfamalign.evaluation`` on up to ``--max-pairs-per-fold`` test pairs
+taken round-robin across the fold's families: the model with its tuned decoder and with the
+plan-only MEA decoder, NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on
+the same pairs. The folds are then pooled: micro F1 per identity bin with bootstrap CIs, and
+the model minus each method with the family-resampling (cluster) bootstrap CI.
+
+Output: one JSON line per fold and one for the pooled folds on stdout, and a markdown table
+(on stdout after the JSON lines, or in ``--markdown FILE``). Resumable: each fold's result is
+kept in WORKDIR/foldK/result.json and reused when the settings match; the dataset and the
+training resume on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tune_decoder  # scripts/ is on sys.path (the scripts run as python scripts/NAME.py)
+
+from pfamalign import evaluation, jsonio
+from pfamalign.alignment.metrics import IDENTITY_BINS
+from pfamalign.inference import DecoderSettings, Predictor
+from pfamalign.pipelines import reader
+from pfamalign.pipelines.config import PrepareConfig
+from pfamalign.pipelines.pairs import SamplingConfig
+from pfamalign.pipelines.prepare import PrepareError, run_prepare
+from pfamalign.pipelines.stockholm import StockholmError, accession_base
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PFAM = ROOT.parent / "shared" / "data" / "pfam"
+DEFAULT_PFAM = [PFAM / "seed_stockholm", PFAM / "hmmalign_stockholm"]
+# The shipped model's recipe (pfamalign/assets/default_model/TRAINING.md).
+EMBEDDER = "builtin/onehot+blosum62"
+RECIPE_SETS = ["train.warmup_steps=50", "position_features=0", "substitution_window=8"]
+BASELINES = ("nw", "sw", "diagonal", "probcons", "muscle")
+MEA = DecoderSettings.for_decoder("mea")
+LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)"}
+BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
+
+
+class CrossvalError(RuntimeError):
+    """A step of a fold failed (the message names the step and its log)."""
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_cli(args: list[str], log: pathlib.Path, step: str) -> None:
+    """One ``pfamalign`` command in a child process (training: its memory and its compiled
+    programs go with it), its output appended to ``log``."""
+    with log.open("a") as out:
+        proc = subprocess.run([sys.executable, "-m", "pfamalign.cli", *args], stdout=out,
+                              stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text()[-2000:]
+        raise CrossvalError(f"{step} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
+# ---- the steps of one fold ------------------------------------------------------------------
+
+
+def prepare_fold(args, fold: int, fold_dir: pathlib.Path, reuse: list[pathlib.Path]) -> pathlib.Path:
+    """The fold's dataset, as ``pfamalign prepare shards --fold K/N`` makes it (a no-op when it
+    is complete; it resumes otherwise)."""
+    data = fold_dir / "data"
+    sampling = SamplingConfig(pairs_per_family=args.pairs_per_family, stratify_pid=True)
+    cfg = PrepareConfig(inputs=tuple(str(p) for p in args.pfam), out=str(data), embedder=EMBEDDER,
+                        sampling=sampling, fold=(fold, args.folds), seed=args.seed,
+                        reuse_embeddings=tuple(str(r) for r in reuse))
+    try:
+        run_prepare(cfg, quiet=True)
+    except (PrepareError, StockholmError, ValueError) as err:
+        raise CrossvalError(f"fold {fold}: prepare failed: {err}") from err
+    return data
+
+
+def train_fold(args, data: pathlib.Path, fold_dir: pathlib.Path) -> pathlib.Path:
+    model = fold_dir / "run" / "model"
+    if not (model / "config.json").is_file():
+        cmd = ["train", "--data", str(data), "--config", args.config, "--out",
+               str(fold_dir / "run"), "--steps", str(args.steps), "--batch-size",
+               str(args.batch_size), "--lr", str(args.lr), "-q"]
+        cmd += [x for s in RECIPE_SETS + args.set for x in ("--set", s)]
+        run_cli(cmd, fold_dir / "train.log", f"{fold_dir.name}: train")
+    return model
+
+
+def tune_fold(args, model: pathlib.Path, data: pathlib.Path, fold_dir: pathlib.Path) -> str:
+    """Writes the decoder chosen on the val families (the training families when the fold has
+    none) into ``model``; returns the split it was chosen on."""
+    ds = reader.PairDataset(data)
+    split = "val" if "val" in ds.splits and ds.num_pairs("val") else "train"
+    with (fold_dir / "tune_decoder.jsonl").open("w") as log, contextlib.redirect_stdout(log):
+        tune_decoder.main(["--data", str(data), "--checkpoint", str(model), "--split", split,
+                           "--max-pairs", str(args.tune_pairs), "--write"])
+    return split
+
+
+def sample_test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dict]:
+    """Up to ``max_pairs`` test pairs, round-robin over the families (each family's pairs in a
+    seeded random order), with their stored features."""
+    plain = reader.PairSource(data, "test", features=False)
+    by_family: dict[str, list[int]] = {}
+    for i in range(len(plain)):
+        by_family.setdefault(plain[i]["family"], []).append(i)
+    rng = np.random.default_rng(seed)
+    queues = [list(rng.permutation(idx)) for _, idx in sorted(by_family.items())]
+    chosen: list[int] = []
+    while len(chosen) < max_pairs and any(queues):
+        for q in queues:
+            if q and len(chosen) < max_pairs:
+                chosen.append(int(q.pop(0)))
+    features = reader.PairSource(data, "test", features=True)
+    return [features[i] for i in sorted(chosen)]
+
+
+def evaluate_fold(records: list[dict], predictor, baselines) -> evaluation.Evaluation:
+    """The model with its own (tuned) decoder and with the plan-only MEA decoder, and the
+    baselines, on the same pairs; families grouped by accession (seed and hmmalign versions of
+    one family are one cluster)."""
+    records = [{**r, "family": accession_base(r["family"])} for r in records]
+    ev = evaluation.evaluate(records, predictor=predictor, baselines=baselines)
+    if predictor is not None:
+        mea = evaluation.evaluate(records, predictor=predictor, baselines=(), decoding=MEA)
+        ev.methods.insert(1, "model_mea")
+        ev.counts["model_mea"], ev.seconds["model_mea"] = mea.counts["model"], mea.seconds["model"]
+    return ev
+
+
+def raw(ev: evaluation.Evaluation) -> dict:
+    """What pooling needs of a fold's evaluation (counts, identity, families, seconds)."""
+    return {"methods": ev.methods, "counts": {m: np.asarray(ev.counts[m]).tolist() for m in ev.methods},
+            "pid": list(ev.pid), "families": list(ev.families), "seconds": ev.seconds,
+            "skipped": ev.skipped}
+
+
+def pool(raws: list[dict]) -> evaluation.Evaluation:
+    """One Evaluation over the pairs of several folds (the methods every fold has)."""
+    methods = [m for m in raws[0]["methods"] if all(m in r["methods"] for r in raws)]
+    ev = evaluation.Evaluation(methods, {m: [] for m in methods}, {},
+                               seconds={m: 0.0 for m in methods})
+    for r in raws:
+        for m in methods:
+            ev.counts[m] += r["counts"][m]
+            ev.seconds[m] += r["seconds"][m]
+        ev.pid += r["pid"]
+        ev.families += r["families"]
+        ev.skipped.update(r["skipped"])
+    return ev
+
+
+def labelled(summary: dict) -> dict:
+    for m, entry in summary["methods"].items():
+        entry["label"] = LABELS.get(m, entry["label"])
+    return summary
+
+
+def seen_families(seen_data: pathlib.Path | None) -> set[str] | None:
+    """Accessions in the train / val splits of the fixed model's training dataset."""
+    if seen_data is None:
+        return None
+    import pandas as pd
+
+    fams = pd.read_csv(pathlib.Path(seen_data) / "families.tsv", sep="\t", keep_default_na=False)
+    return set(fams.loc[fams["split"].isin(["train", "val"]), "accession_base"])
+
+
+def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict:
+    fold_dir = args.workdir / f"fold{fold}"
+    result_path = fold_dir / "result.json"
+    if result_path.is_file():
+        done = json.loads(result_path.read_text())
+        if done.get("settings") == settings:
+            print(f"fold {fold}: done earlier ({result_path})", file=sys.stderr)
+            return done
+        print(f"fold {fold}: {result_path} has other settings; redoing it", file=sys.stderr)
+    fold_dir.mkdir(parents=True, exist_ok=True)
+    print(f"fold {fold}: prepare", file=sys.stderr, flush=True)
+    data = prepare_fold(args, fold, fold_dir, reuse)
+    ds = reader.PairDataset(data)
+    info = {"fold": fold, "n_folds": args.folds, "settings": settings, "data": str(data),
+            "split_families": {s: ds.manifest["splits"][s]["families"] for s in ds.splits}}
+    predictor, model = None, None
+    if args.no_train:
+        model = args.checkpoint
+        info["decoder_chosen_on"] = "the checkpoint's own decoding.json"
+    elif not args.baselines_only:
+        print(f"fold {fold}: train ({args.steps} steps)", file=sys.stderr, flush=True)
+        model = train_fold(args, data, fold_dir)
+        print(f"fold {fold}: choose the decoder", file=sys.stderr, flush=True)
+        info["decoder_chosen_on"] = tune_fold(args, model, data, fold_dir) + " families of the fold"
+    if model is not None:
+        predictor = Predictor(model)
+        if predictor.config.embedder_id != ds.embedder_id:
+            raise CrossvalError(f"the model's features ({predictor.config.embedder_id}) are not "
+                                f"the dataset's ({ds.embedder_id})")
+        info["model"], info["decoding"] = str(model), dataclasses.asdict(predictor.decoding)
+    print(f"fold {fold}: evaluate", file=sys.stderr, flush=True)
+    records = sample_test_pairs(data, args.max_pairs_per_fold, args.seed)
+    info["test_families"] = sorted({accession_base(r["family"]) for r in records})
+    if args.no_train:
+        seen = seen_families(args.seen_data)
+        info["fixed_model_saw"] = (sorted(seen & set(info["test_families"])) if seen is not None
+                                   else "unknown (one fixed model for every fold; pass --seen-data)")
+    ev = evaluate_fold(records, predictor, BASELINES)
+    result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap,
+                                                                            seed=args.seed))}
+    write_atomic(result_path, jsonio.dumps(result))
+    return json.loads(jsonio.dumps(result))  # the same values a resumed run reads back
+
+
+# ---- reporting ------------------------------------------------------------------------------
+
+
+def _cell(c: dict, signed: bool = False) -> str:
+    v, lo, hi = c["value"], c["low"], c["high"]
+    if v is None or not np.isfinite(v):
+        return "—"
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    ci = f" [{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None and np.isfinite(lo) else ""
+    return fmt.format(v) + ci
+
+
+def decoder_note(fold: dict) -> str:
+    """The model's decoder in a fold and where it was chosen, e.g. ``hybrid, plan weight 2 (val)``."""
+    d = fold.get("decoding")
+    if d is None:
+        return "—"
+    name = d["decoder"] + (f", plan weight {d['plan_weight']:g}" if d["decoder"] == "hybrid" else "")
+    where = fold["decoder_chosen_on"]
+    return f"{name} ({where.split()[0] if where.endswith('of the fold') else 'fixed'})"
+
+
+def markdown(folds: list[dict], pooled: dict, note: str) -> str:
+    methods = pooled["methods"]
+    n_pairs = {b: next(iter(methods.values()))["prf"][b]["n_pairs"] for b in BINS}
+    lines = [f"Aligned-pair micro F1, {len(folds)} folds pooled: {pooled['n_pairs']} test pairs "
+             f"of {pooled['n_families']} families, each family unseen in its fold "
+             f"(bootstrap 95 % CI over pairs). {note}", "",
+             "| method | " + " | ".join(f"{b} (n={n_pairs[b]})" for b in BINS) + " | s / pair |",
+             "| --- |" + " --- |" * (len(BINS) + 1)]
+    for entry in methods.values():
+        per_pair = entry["seconds"] / max(pooled["n_pairs"], 1)
+        lines.append(f"| {entry['label']} | " + " | ".join(_cell(entry["prf"][b]["micro"]["f1"])
+                                                             for b in BINS) + f" | {per_pair:.4f} |")
+    for m, diff in pooled.get("model_minus_by_family", {}).items():
+        lines.append(f"| pfamalign − {methods[m]['label']} (CI resampling families) | "
+                     + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
+    for m, why in pooled.get("skipped_baselines", {}).items():
+        lines.append(f"\n{m} not scored: {why}")
+    lines += ["", "Per fold (micro F1, all pairs):", "",
+              "| fold | test families | pairs | decoder (chosen on) | "
+              + " | ".join(e["label"] for e in methods.values()) + " |",
+              "| --- | --- | --- | --- |" + " --- |" * len(methods)]
+    for f in folds:
+        s = f["summary"]
+        cells = [f"{s['methods'][m]['prf']['all']['micro']['f1']['value']:.3f}"
+                 if m in s["methods"] else "—" for m in methods]
+        lines.append(f"| {f['fold']} | {s['n_families']} | {s['n_pairs']} | {decoder_note(f)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def headline(summary: dict) -> dict:
+    """The micro F1 per method and bin (the JSON line's short form)."""
+    return {m: {b: e["prf"][b]["micro"]["f1"]["value"] for b in BINS}
+            for m, e in summary["methods"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=pathlib.Path, required=True,
+                        help="fold datasets, runs and results (reused on a re-run)")
+    parser.add_argument("--pfam", type=pathlib.Path, action="append", default=None,
+                        help="Stockholm files or directories (repeat; default: the seed and "
+                             "hmmalign files of ../shared/data/pfam)")
+    parser.add_argument("--folds", type=int, default=5, help="N (default 5)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated folds to run and pool (default: all)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="fold assignment, pair sampling and bootstrap seed (default 0)")
+    parser.add_argument("--pairs-per-family", type=int, default=1000,
+                        help="pairs sampled per family by prepare (default 1000, the shipped recipe)")
+    parser.add_argument("--max-pairs-per-fold", type=int, default=200,
+                        help="test pairs scored per fold, round-robin over its families (default 200)")
+    parser.add_argument("--config", default="align_ce", help="training config (default align_ce)")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"training override, after the recipe's {' '.join(RECIPE_SETS)}")
+    parser.add_argument("--tune-pairs", type=int, default=500,
+                        help="val pairs for choosing the decoder (default 500)")
+    parser.add_argument("--no-train", action="store_true",
+                        help="evaluate one fixed model (--checkpoint) in every fold")
+    parser.add_argument("--checkpoint", type=pathlib.Path, default=None,
+                        help="with --no-train: the model directory")
+    parser.add_argument("--seen-data", type=pathlib.Path, default=None,
+                        help="with --no-train: the fixed model's training dataset, to name the "
+                             "test families it saw")
+    parser.add_argument("--baselines-only", action="store_true", help="no model: the baselines only")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--markdown", type=pathlib.Path, default=None,
+                        help="write the markdown table here instead of stdout")
+    args = parser.parse_args(argv)
+    if args.no_train and args.checkpoint is None:
+        parser.error("--no-train needs --checkpoint MODEL")
+    if args.checkpoint is not None and not args.no_train:
+        parser.error("--checkpoint goes with --no-train")
+    if args.no_train and args.baselines_only:
+        parser.error("give at most one of --no-train and --baselines-only")
+    args.pfam = args.pfam or DEFAULT_PFAM
+    for p in args.pfam:
+        if not p.exists():
+            parser.error(f"Pfam input not found: {p}")
+    folds = (list(range(args.folds)) if args.only is None
+             else sorted({int(k) for k in args.only.split(",") if k.strip()}))
+    if not folds or not all(0 <= k < args.folds for k in folds):
+        parser.error(f"--only must name folds in 0..{args.folds - 1}")
+
+    mode = "baselines" if args.baselines_only else "fixed" if args.no_train else "trained"
+    settings = {"mode": mode, "seed": args.seed, "pairs_per_family": args.pairs_per_family,
+                "max_pairs_per_fold": args.max_pairs_per_fold, "bootstrap": args.bootstrap,
+                "pfam": [str(p.resolve()) for p in args.pfam]}
+    if mode == "trained":
+        settings["recipe"] = {"config": args.config, "steps": args.steps, "batch_size": args.batch_size,
+                              "lr": args.lr, "set": RECIPE_SETS + args.set, "tune_pairs": args.tune_pairs}
+    if mode == "fixed":
+        settings["checkpoint"] = str(args.checkpoint.resolve())
+    try:
+        results, reuse = [], []
+        for k in folds:
+            results.append(run_fold(args, k, settings, reuse))
+            reuse = reuse or [args.workdir / f"fold{k}" / "data"]  # same embeddings every fold
+            print(jsonio.dumps_line({"fold": k, **{x: results[-1].get(x) for x in (
+                "test_families", "split_families", "decoder_chosen_on", "decoding", "fixed_model_saw")},
+                "f1": headline(results[-1]["summary"]), "summary": results[-1]["summary"]}), flush=True)
+    except CrossvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    ev = pool([r["evaluation"] for r in results])
+    pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed))
+    print(jsonio.dumps_line({"fold": "pooled", "folds": folds, "settings": settings,
+                             "f1": headline(pooled), "summary": pooled}), flush=True)
+    note = {"trained": f"One model trained per fold ({args.config}, {args.steps} steps).",
+            "fixed": f"One fixed model ({args.checkpoint}) in every fold: it may have trained on "
+                     "some folds' test families (see fixed_model_saw).",
+            "baselines": "Baselines only."}[mode]
+    table = markdown(results, pooled, note)
+    if args.markdown:
+        write_atomic(args.markdown, table)
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
