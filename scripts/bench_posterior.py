@@ -17,47 +17,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.alignment.baselines import needleman_wunsch
+from pfamalign.alignment.baselines import EXTERNAL_ALIGNERS, external_align, needleman_wunsch
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
+from pfamalign.tuning import micro_f1
 
 ALPHAS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 GAP_COSTS = (0.0, 0.05)
-
-
-def probcons_pairs(seq_a: str, seq_b: str) -> np.ndarray:
-    """ProbCons' alignment of two sequences as aligned index pairs ``[n, 2]``."""
-    with tempfile.NamedTemporaryFile("w", suffix=".fa") as fasta:
-        fasta.write(f">a\n{seq_a}\n>b\n{seq_b}\n")
-        fasta.flush()
-        out = subprocess.run(["probcons", fasta.name], capture_output=True, text=True, check=True).stdout
-    rows: dict[str, str] = {}
-    for block in out.split(">")[1:]:
-        name, *lines = block.splitlines()
-        rows[name.strip()] = "".join(lines)
-    pairs, i, j = [], 0, 0
-    for x, y in zip(rows["a"], rows["b"]):
-        if x != "-" and y != "-":
-            pairs.append((i, j))
-        i += x != "-"
-        j += y != "-"
-    return np.asarray(pairs, np.int64).reshape(-1, 2)
-
-
-def f1(counts: np.ndarray) -> float:
-    tp, n_pred, n_ref = counts.sum(axis=0)
-    return float(2 * tp / max(n_pred + n_ref, 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     methods["mea (plan)"] = decoded(DecoderSettings(decoder="mea"))
     methods["shipped"] = decoded(predictor.decoding)
     methods["nw"] = lambda r, pp, post: needleman_wunsch(r["q_seq"], r["k_seq"]).pairs
-    if shutil.which("probcons"):
-        methods["probcons"] = lambda r, pp, post: probcons_pairs(r["q_seq"], r["k_seq"])
+    if not EXTERNAL_ALIGNERS["probcons"].missing():
+        methods["probcons"] = lambda r, pp, post: external_align("probcons", r["q_seq"], r["k_seq"]).pairs
     chosen = None
     if args.alpha is not None:
         chosen = f"chosen posterior alpha={args.alpha} gap_cost={args.gap_cost}"
@@ -115,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     low = pid < 30
     for name, align in methods.items():
         counts[name] = score(align)
-        print(jsonio.dumps_line({**meta, "method": name, "f1": f1(counts[name]),
-                                 "f1_below30": f1(counts[name][low]), "n_below30": int(low.sum())}), flush=True)
+        print(jsonio.dumps_line({**meta, "method": name, "f1": micro_f1(counts[name]),
+                                 "f1_below30": micro_f1(counts[name][low]), "n_below30": int(low.sum())}), flush=True)
     if chosen is not None:
         hmm_alone = "posterior alpha=0.0 gap_cost=0.0"  # what the plan adds to the pair-HMM
         for base in [b for b in ("probcons", "nw", "shipped", "mea (plan)", hmm_alone) if b in counts]:
