@@ -16,7 +16,7 @@ import numpy as np
 
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
-from pfamalign.alignment.pairhmm import default_pairhmm, match_posteriors
+from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
@@ -97,18 +97,21 @@ class DecoderSettings:
 
         write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self))
 
+    def uses_pairhmm(self) -> bool:
+        return self.decoder == "posterior" and self.alpha < 1
+
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
-               hmm_posteriors: np.ndarray | None = None) -> PairAlignment:
+               hmm_posteriors: np.ndarray | None = None, hmm: PairHMM | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
-        and ``posterior``; ``hmm_posteriors``: their pair-HMM match posteriors if already
-        computed (``posterior``)."""
+        and ``posterior``; for ``posterior``, ``hmm_posteriors`` (their pair-HMM match
+        posteriors, if already computed) or ``hmm`` (the parameters; default: the shipped)."""
         if self.decoder == "posterior":
             if sequences is None:
                 raise ValueError("the posterior decoder needs the two sequences")
             mixed = self.alpha * pp.real
-            if self.alpha < 1:
+            if self.uses_pairhmm():
                 if hmm_posteriors is None:
-                    hmm_posteriors = match_posteriors(default_pairhmm(), *sequences)
+                    hmm_posteriors = match_posteriors(hmm or default_pairhmm(), *sequences)
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
             return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "mea":
@@ -165,6 +168,7 @@ class Predictor:
         self.path = path
         self.model, self.config = ckpt.load_model(path)
         self.decoding = DecoderSettings.load(path)
+        self.pairhmm = model_pairhmm(path)
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
@@ -210,7 +214,7 @@ class Predictor:
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
-        return (decoding or self.decoding).decode(pp, sequences)
+        return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
               ) -> tuple[PairAlignment, PairPlan]:

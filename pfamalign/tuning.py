@@ -81,7 +81,7 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
     ``features`` as there). Each pair's plan (and pair-HMM posterior, when a candidate uses
     it) is computed once and decoded by every candidate (no plan is kept). With an
     ``incumbent``, the best candidate wins only with evidence (module docstring)."""
-    from pfamalign.alignment.pairhmm import default_pairhmm, match_posteriors
+    from pfamalign.alignment.pairhmm import match_posteriors
     from pfamalign.evaluation import model_plans
     from pfamalign.pipelines.stockholm import accession_base
 
@@ -91,11 +91,11 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
     records = list(records)
     if not records:
         raise ValueError("no pairs to tune the decoder on")
-    needs_hmm = any(c.decoder == "posterior" and c.alpha < 1 for c in candidates)
+    needs_hmm = any(c.uses_pairhmm() for c in candidates)
     counts = np.zeros((len(candidates), len(records), 3), np.int64)
     for n, (r, pp) in enumerate(zip(records, model_plans(predictor, records, features=features))):
         seqs = (r["q_seq"], r["k_seq"])
-        hmm = match_posteriors(default_pairhmm(), *seqs) if needs_hmm else None
+        hmm = match_posteriors(predictor.pairhmm, *seqs) if needs_hmm else None
         for c, settings in enumerate(candidates):
             counts[c, n] = alignment_counts(settings.decode(pp, seqs, hmm_posteriors=hmm).pairs,
                                             r["target"])

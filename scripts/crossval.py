@@ -37,6 +37,7 @@ import numpy as np
 import tune_decoder  # scripts/ is on sys.path (the scripts run as python scripts/NAME.py)
 
 from pfamalign import evaluation, jsonio
+from pfamalign.alignment import pairhmm
 from pfamalign.alignment.metrics import IDENTITY_BINS
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
@@ -106,6 +107,8 @@ def train_fold(args, data: pathlib.Path, fold_dir: pathlib.Path) -> pathlib.Path
                str(args.batch_size), "--lr", str(args.lr), "-q"]
         cmd += [x for s in RECIPE_SETS + args.set for x in ("--set", s)]
         run_cli(cmd, fold_dir / "train.log", f"{fold_dir.name}: train")
+    if not (model / pairhmm.MODEL_FILE).is_file():  # models trained before training counted it
+        pairhmm.fit_for_model(model, data, split="train")
     return model
 
 

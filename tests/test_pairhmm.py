@@ -247,3 +247,27 @@ def test_bench_script_scores_every_method_on_the_same_pairs(dataset, capsys):
     assert {"mea (plan)", "shipped", "nw", "posterior alpha=0.0 gap_cost=0.0"} <= set(scored)
     assert all(0 <= r["f1"] <= 1 and r["n_pairs"] == 3 for r in scored.values())
     assert {r["minus"] for r in rows if "minus" in r} >= {"nw", "shipped", "mea (plan)"}
+
+
+def test_a_model_directory_uses_its_own_pairhmm(tmp_path):
+    """A model with ``pairhmm.json`` decodes with those parameters, not the shipped ones."""
+    import shutil
+
+    from pfamalign.alignment import pairhmm
+    from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir(), model)
+    shipped = pairhmm.default_pairhmm()
+    own = pairhmm.PairHMM(shipped.pair_probs, shipped.background, shipped.gap_open * 0.2,
+                          shipped.gap_extend, shipped.gap_switch)  # far fewer gaps
+    (model / pairhmm.MODEL_FILE).write_text(own.to_json())
+    predictor = Predictor(model)
+    assert np.array_equal(predictor.pairhmm.gap_open, own.gap_open)
+    a, b = "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"
+    hmm_only = DecoderSettings(decoder="posterior", alpha=0.0)
+    pp = next(predictor.plans([tuple(predictor.featurize([a, b]))]))
+    mine = predictor.decode(pp, hmm_only, (a, b))
+    expected = hmm_only.decode(pp, (a, b), hmm_posteriors=pairhmm.match_posteriors(own, a, b))
+    assert np.array_equal(mine.pairs, expected.pairs)
+    assert not np.allclose(pairhmm.match_posteriors(own, a, b), pairhmm.match_posteriors(shipped, a, b))

@@ -106,6 +106,14 @@ def test_run_writes_metrics_config_checkpoints_and_model(reference, dataset):
 
 def test_run_chooses_the_decoder_on_val_and_records_what_it_learnt_from(reference, dataset):
     model_dir = reference.out_dir / "model"
+    # the model's own pair-HMM, counted on its training families only
+    from pfamalign.alignment import pairhmm
+
+    own = pairhmm.model_pairhmm(model_dir)
+    counted = pairhmm.fit(reader.iter_pairs(dataset, "train"))
+    assert (model_dir / pairhmm.MODEL_FILE).is_file()
+    np.testing.assert_array_equal(own.pair_probs, counted.pair_probs)
+    assert not np.array_equal(own.pair_probs, pairhmm.default_pairhmm().pair_probs)
     record = checkpoint.read_training_record(model_dir)
     assert record["dataset"]["config_hash"] == reader.PairDataset(dataset).config_hash
     assert record["trained_on"]["families"] == rundir.split_families(dataset, "train")

@@ -126,10 +126,21 @@ def asset_path() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / ASSET))
 
 
+MODEL_FILE = "pairhmm.json"  # a model directory's own parameters (fitted on its training families)
+
+
 @functools.lru_cache(maxsize=None)
 def default_pairhmm() -> PairHMM:
     """The parameters shipped with the package (fitted on the bundled training families)."""
     return PairHMM.from_json(asset_path().read_text())
+
+
+def model_pairhmm(model_dir: pathlib.Path) -> PairHMM:
+    """A model directory's pair-HMM (``pairhmm.json``, fitted on the families the model trained
+    on), else the shipped one: a model evaluated on held-out families must not use
+    parameters counted on them."""
+    path = pathlib.Path(model_dir) / MODEL_FILE
+    return PairHMM.from_json(path.read_text()) if path.is_file() else default_pairhmm()
 
 
 # ---- forward-backward ----------------------------------------------------------------------
@@ -277,3 +288,17 @@ def fit(records: Iterable[dict], *, n_gap_types: int = 2, pseudocount: float = 1
     return PairHMM(pair_probs=pair_probs / pair_probs.sum(), background=background / background.sum(),
                    gap_open=open_total * weights, gap_extend=extend,
                    gap_switch=(switches + pseudocount) / (len(runs) + 2 * pseudocount))
+
+
+def fit_for_model(model_dir: pathlib.Path, data_dir, *, split: str = "train") -> PairHMM:
+    """Counts the pair-HMM on a dataset's ``split`` (the model's training families) and writes
+    it into the model directory (``MODEL_FILE``, atomically), so that the ``posterior``
+    decoder of that model never uses parameters counted on the families it is scored on."""
+    from pfamalign.pipelines import reader
+
+    hmm = fit(reader.iter_pairs(data_dir, split))
+    path = pathlib.Path(model_dir) / MODEL_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(hmm.to_json(f"counted on the {split} split of {reader.PairDataset(data_dir).config_hash}"))
+    tmp.replace(path)
+    return hmm

@@ -27,6 +27,7 @@ from flax import nnx
 
 from pfamalign import checkpoint as ckpt
 from pfamalign import evaluation, tuning
+from pfamalign.alignment import pairhmm
 from pfamalign.configs import RunConfig, TrainConfig
 from pfamalign.pipelines import reader
 from pfamalign.training.errors import NonFiniteLoss, TrainingError
@@ -270,9 +271,11 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
 
 def finish_model(model_dir: pathlib.Path, data_dir, *, tune_pairs: int | None,
                  seed: int = 0) -> dict:
-    """Chooses the model's decoder on the val split (``tuning.choose_decoder``, at most
-    ``tune_pairs`` pairs; None skips tuning) and writes ``MODEL/training.json``: the dataset
-    and the families the model trained and was tuned on. Returns the decoder record."""
+    """Counts the model's own pair-HMM on the train split (``pairhmm.fit_for_model``), chooses
+    the model's decoder on the val split (``tuning.choose_decoder``, at most ``tune_pairs``
+    pairs; None skips tuning) and writes ``MODEL/training.json``: the dataset and the families
+    the model trained and was tuned on. Returns the decoder record."""
+    pairhmm.fit_for_model(model_dir, data_dir, split="train")
     decoder = tuning.choose_decoder(model_dir, data_dir, split="val", max_pairs=tune_pairs,
                                     seed=seed)
     ckpt.write_training_record(model_dir, {
