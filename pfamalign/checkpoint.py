@@ -37,6 +37,7 @@ import jax
 from flax import nnx
 
 from pfamalign import jsonio
+from pfamalign.pipelines import records
 from pfamalign.model import Aligner, AlignerConfig
 
 MODEL_FORMAT = "pfamalign-model"
@@ -88,9 +89,7 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     """Writes ``data`` as indented JSON (``jsonio``) atomically: a temporary file, then a
     rename, so that a reader never sees half a file."""
     path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(jsonio.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    records.write_text(path, jsonio.dumps(data, sort_keys=True) + "\n")
 
 
 def write_training_record(directory: str | os.PathLike, record: dict) -> None:

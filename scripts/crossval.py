@@ -27,11 +27,9 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import tune_decoder  # scripts/ is on sys.path (the scripts run as python scripts/NAME.py)
@@ -41,6 +39,7 @@ from pfamalign.alignment import pairhmm
 from pfamalign.alignment.metrics import IDENTITY_BINS
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
+from pfamalign.pipelines.records import write_text
 from pfamalign.pipelines.config import PrepareConfig
 from pfamalign.pipelines.pairs import SamplingConfig
 from pfamalign.pipelines.prepare import PrepareError, run_prepare
@@ -60,14 +59,6 @@ BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
 class CrossvalError(RuntimeError):
     """A step of a fold failed (the message names the step and its log)."""
-
-
-def write_atomic(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def run_cli(args: list[str], log: pathlib.Path, step: str) -> None:
@@ -232,7 +223,7 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
     ev = evaluate_fold(records, predictor, BASELINES)
     result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap,
                                                                             seed=args.seed))}
-    write_atomic(result_path, jsonio.dumps(result))
+    write_text(result_path, jsonio.dumps(result))
     return json.loads(jsonio.dumps(result))  # the same values a resumed run reads back
 
 
@@ -375,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             "baselines": "Baselines only."}[mode]
     table = markdown(results, pooled, note)
     if args.markdown:
-        write_atomic(args.markdown, table)
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        write_text(args.markdown, table)
     else:
         print(table)
     return 0

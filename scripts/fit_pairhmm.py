@@ -12,14 +12,12 @@ and switches, a geometric mixture of gap lengths per gap type, plus pseudocounts
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
-import tempfile
 
 from pfamalign import jsonio
 from pfamalign.alignment.pairhmm import asset_path, fit
-from pfamalign.pipelines import reader
+from pfamalign.pipelines import reader, records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = (f"python scripts/fit_pairhmm.py --data {pathlib.Path(args.data).name} --split {args.split} "
               f"--gap-types {args.gap_types} --pseudocount {args.pseudocount}")
     out = pathlib.Path(args.out) if args.out else asset_path()
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(hmm.to_json(recipe))
-    os.chmod(tmp.name, 0o644)  # a package file, readable by all (the temporary file is private)
-    os.replace(tmp.name, out)  # atomic: a reader never sees half a file
+    records.write_text(out, hmm.to_json(recipe))  # atomic: a reader never sees half a file
     print(jsonio.dumps_line({"out": str(out), "gap_open": hmm.gap_open.tolist(), "gap_extend": hmm.gap_extend.tolist(),
                              "gap_switch": hmm.gap_switch}))
     return 0

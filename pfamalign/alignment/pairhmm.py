@@ -294,11 +294,9 @@ def fit_for_model(model_dir: pathlib.Path, data_dir, *, split: str = "train") ->
     """Counts the pair-HMM on a dataset's ``split`` (the model's training families) and writes
     it into the model directory (``MODEL_FILE``, atomically), so that the ``posterior``
     decoder of that model never uses parameters counted on the families it is scored on."""
-    from pfamalign.pipelines import reader
+    from pfamalign.pipelines import reader, records
 
     hmm = fit(reader.iter_pairs(data_dir, split))
-    path = pathlib.Path(model_dir) / MODEL_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(hmm.to_json(f"counted on the {split} split of {reader.PairDataset(data_dir).config_hash}"))
-    tmp.replace(path)
+    recipe = f"counted on the {split} split of {reader.PairDataset(data_dir).config_hash}"
+    records.write_text(pathlib.Path(model_dir) / MODEL_FILE, hmm.to_json(recipe))
     return hmm
