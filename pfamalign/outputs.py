@@ -1,0 +1,76 @@
+"""Where every command's output goes: standard output, or a file written atomically.
+
+``open_output(path, inputs=...)`` is the one way a command writes a user-named file: the text
+goes to a temporary file in the target directory and is renamed into place only when the
+block ends without an error, so an interrupted or failed run leaves the previous file (or
+none) and never a truncated one. An output path that names one of the command's inputs is
+refused before anything is opened (``align --pairs f.tsv -o f.tsv`` would otherwise truncate
+its own input), and a missing parent directory is a clear error, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import sys
+from typing import IO, Iterable, Iterator
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written as asked (the message says how to fix it)."""
+
+
+def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> pathlib.Path:
+    """``path`` as a Path after the checks every output gets: it is not one of ``inputs``, its
+    directory exists, and it is not a directory itself."""
+    path = pathlib.Path(path)
+    for source in inputs:
+        if source is not None and str(source) != "-" and _same_file(path, pathlib.Path(source)):
+            raise OutputError(f"output {path} is also an input; write the output to another file")
+    if path.is_dir():
+        raise OutputError(f"output {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise OutputError(f"output directory {path.parent} does not exist; create it first "
+                          f"(mkdir -p {path.parent})")
+    return path
+
+
+def temporary_path(path: pathlib.Path) -> pathlib.Path:
+    """The temporary name beside ``path`` that an atomic write fills before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> Iterator[pathlib.Path]:
+    """Yields a temporary path to write (by any library: a plot, an archive); renames it onto
+    ``path`` when the block succeeds, removes it when it fails."""
+    path = check_output_path(path, inputs)
+    tmp = temporary_path(path)
+    try:
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def open_output(path: os.PathLike | None, inputs: Iterable[os.PathLike | None] = (), *,
+                mode: str = "w") -> Iterator[IO]:
+    """A text sink: standard output when ``path`` is None or ``-``, else an atomic file."""
+    if path is None or str(path) == "-":
+        yield sys.stdout if "b" not in mode else sys.stdout.buffer
+        return
+    with atomic_path(path, inputs) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as sink:
+            yield sink
