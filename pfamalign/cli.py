@@ -12,6 +12,7 @@ _COMMANDS = {
     "prepare": ("prepare", "prepare"),
     "train": ("train", "train"),
     "align": ("align", "align"),
+    "search": ("search", "search"),
     "eval": ("evaluate", "evaluate"),
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
@@ -39,6 +40,7 @@ def main():
       pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/   # build a dataset
       pfamalign train --data data/ --out runs/align_ce             # train an aligner
       pfamalign align SEQ_A SEQ_B                                  # align two sequences
+      pfamalign search query.fasta db.fasta                        # rank hits, E-values
     """
 
 

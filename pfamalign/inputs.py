@@ -1,24 +1,146 @@
-"""Reading the pairs to align into pair records: sequences given as residues or one-record FASTA
-files, pairs files (TSV), two rows of a Stockholm alignment, and dataset pairs.
+"""Reading the pairs to align into pair records: sequences given as residues or FASTA files
+(``-`` = standard input; one reader, ``read_fasta``, for every FASTA the package reads), pairs
+files (TSV), two rows of a Stockholm alignment, and dataset pairs.
 
 A pair record is a dict with the keys of a dataset pair (``pfamalign.pipelines.reader``):
 ``q_id``, ``k_id``, ``q_seq``, ``k_seq``, ``target`` (the reference column of each query
 residue, -1 where none; None without a reference alignment) and ``pid`` (percent identity, None
 without one). Bad input raises ``ValueError`` (``IndexError`` for a dataset index) with a
-message that says what to fix.
+message that says what to fix. Streaming readers of many records (``read_fasta``,
+``read_pairs_tsv``) *yield* a ``BadRecord`` (a ValueError naming ``file:line``) in place of a
+record they cannot use and go on, so a batch job can report it and continue; raise it to stop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import pathlib
-from typing import Iterator
+import sys
+from typing import IO, Iterable, Iterator
 
 FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
+MAX_LINE = 1 << 20  # characters per line: longer is not a sequence file (and must not fill memory)
+MAX_RECORD = 1 << 22  # residues per FASTA record (far above any protein; bounds memory)
+STDIN = "-"
+
+
+class BadRecord(ValueError):
+    """One unusable record of a batch input; the message starts with its ``file:line``."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+@dataclasses.dataclass(frozen=True)
+class FastaRecord:
+    id: str
+    seq: str
+    where: str  # file:line of the header
+
+
+def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
+    """(1-based number, text without the newline) of each line; a line over MAX_LINE raises."""
+    lineno = 0
+    while True:
+        try:
+            line = handle.readline(MAX_LINE + 1)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{source}:{lineno + 1}: not UTF-8 text ({err.reason})") from err
+        if not line:
+            return
+        lineno += 1
+        if len(line) > MAX_LINE:
+            raise ValueError(f"{source}:{lineno}: line longer than {MAX_LINE} characters; "
+                             "is this a FASTA file?")
+        yield lineno, line.rstrip("\n\r")
+
+
+def fasta_records(handle: IO[str], source: str, *, validate: bool = True
+                  ) -> Iterator[FastaRecord | BadRecord]:
+    """Streams the records of FASTA text (id = first word of the header, sequence lines
+    joined). ``validate``: residues checked and upper-cased, a bad record yielded as a
+    ``BadRecord``; without it (aligned FASTA with gaps) the rows come as written. Text that is
+    not FASTA at all (no header before the first sequence line, an over-long line) raises."""
+    from pfamalign.residues import normalize_sequence
+
+    header: tuple[int, str] | None = None
+    parts: list[str] = []
+    size = 0
+
+    def finish():
+        lineno, text = header
+        where = f"{source}:{lineno}"
+        words = text.split()
+        if not words:
+            return BadRecord(where, "FASTA header without a name")
+        seq = "".join(parts)
+        if not validate:
+            return FastaRecord(words[0], seq, where)
+        if not seq:
+            return BadRecord(where, f"record {words[0]!r} has no residues")
+        try:
+            return FastaRecord(words[0], normalize_sequence(seq, name=f"record {words[0]!r}"), where)
+        except ValueError as err:
+            return BadRecord(where, str(err))
+
+    for lineno, line in _bounded_lines(handle, source):
+        if line.startswith(">"):
+            if header is not None:
+                yield finish()
+            header, parts, size = (lineno, line[1:]), [], 0
+        elif line.strip():
+            if header is None:
+                raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header")
+            size += len(line)
+            if size > MAX_RECORD:
+                raise ValueError(f"{source}:{header[0]}: record longer than {MAX_RECORD} residues")
+            parts.append(line.strip())
+    if header is not None:
+        yield finish()
+
+
+def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord | BadRecord]:
+    """Streams the records of a FASTA file, ``-`` for standard input (see ``fasta_records``);
+    a file without any record raises."""
+    name = str(path)
+    if name == STDIN:
+        handle, source = contextlib.nullcontext(sys.stdin), "<stdin>"
+    else:
+        try:
+            handle, source = open(name, encoding="utf-8"), name
+        except OSError as err:
+            raise ValueError(f"{name}: cannot read FASTA file ({err.strerror})") from err
+    with handle as lines:
+        count = 0
+        for count, record in enumerate(fasta_records(lines, source), 1):
+            yield record
+        if count == 0:
+            raise ValueError(f"{source}: no FASTA records (a record starts with a '>' header line)")
+
+
+def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator[dict | BadRecord]:
+    """Pair records of a multi-FASTA file: the first record against each of the others, or
+    every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``."""
+    records = []
+    for item in read_fasta(path):
+        if isinstance(item, BadRecord):
+            yield item
+        else:
+            records.append(item)
+    if len(records) < 2:
+        raise ValueError(f"{path}: need at least two usable FASTA records to align, found {len(records)}")
+    firsts = records if all_pairs else records[:1]
+    for n, a in enumerate(firsts):
+        for b in records[n + 1:]:
+            yield {**_bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
 
 
 def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
-    """(id, residues) of a sequence argument: a FASTA file path, or the residues.
+    """(id, residues) of a sequence argument: a FASTA file path (``-``: standard input), or
+    the residues.
 
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
     empty) and upper-cased.
@@ -27,20 +149,16 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
 
     path = pathlib.Path(arg)
     looks_like_path = os.sep in arg or path.suffix.lower() in FASTA_SUFFIXES
-    if looks_like_path or (len(arg) < 255 and path.is_file()):  # long residue strings are no names
-        if not path.is_file():
+    if arg == STDIN or looks_like_path or (len(arg) < 255 and path.is_file()):  # long residue strings are no names
+        if arg != STDIN and not path.is_file():
             raise ValueError(f"{arg}: no such FASTA file")
-        from Bio import SeqIO
-
-        try:
-            records = list(SeqIO.parse(str(path), "fasta"))
-        except Exception as err:  # Biopython raises several types on malformed input
-            raise ValueError(f"{arg}: not a readable FASTA file ({err})") from err
+        records = list(read_fasta(arg))
         if len(records) != 1:
             raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} "
-                             "(use --pairs for many pairs)")
-        rec = records[0]
-        seq_id, residues = rec.id or default_id, str(rec.seq)
+                             "(give one multi-FASTA file alone, or use --pairs, for many pairs)")
+        if isinstance(records[0], BadRecord):
+            raise records[0]
+        seq_id, residues = records[0].id, records[0].seq
     else:
         seq_id, residues = default_id, arg
     return seq_id, normalize_sequence(residues, name=f"{seq_id} ({arg[:20]}...)" if len(arg) > 20 else seq_id)
@@ -52,12 +170,13 @@ def pair_from_sequences(seq_a: str, seq_b: str) -> dict:
     return _bare_pair(id_a, sa, id_b, sb)
 
 
-def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict]:
+def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict | BadRecord]:
     """Streams the pair records of a tab-separated pairs file.
 
     Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` (ids
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
-    also carries ``where`` (``path:line``), for error messages about that pair.
+    also carries ``where`` (``path:line``), for error messages about that pair; a malformed
+    line comes as a ``BadRecord``.
     """
     with open(path) as handle:
         for lineno, line in enumerate(handle, 1):
@@ -68,9 +187,9 @@ def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict]:
             if len(cols) == 2:
                 cols = [f"pair{lineno}_a", cols[0], f"pair{lineno}_b", cols[1]]
             elif len(cols) != 4:
-                raise ValueError(
-                    f"{path}:{lineno}: expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, ID_B, SEQ_B) "
-                    f"tab-separated columns, found {len(cols)}")
+                yield BadRecord(f"{path}:{lineno}", "expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, "
+                                f"ID_B, SEQ_B) tab-separated columns, found {len(cols)}")
+                continue
             yield {**_bare_pair(*cols), "where": f"{path}:{lineno}"}
 
 

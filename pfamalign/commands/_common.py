@@ -3,6 +3,7 @@ and turning them into library inputs."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
 
@@ -99,3 +100,31 @@ def decoder_settings(base, options: dict):
         return base.override(**{k: options.pop(k) for k in DECODER_FIELDS})
     except ValueError as err:
         fail(str(err))
+
+
+def batch_options(f):
+    """``--strict`` and ``--quiet``, the options of every batch job (``pfamalign.batch``)."""
+    f = click.option("--quiet", is_flag=True, help="No progress bar on standard error.")(f)
+    return click.option("--strict", is_flag=True,
+                        help="Stop at the first bad record (default: report it with its "
+                             "file:line, go on, exit 1 at the end).")(f)
+
+
+@contextlib.contextmanager
+def batch_progress(description: str, total: int | None, quiet: bool):
+    """An ``advance()`` callable driving a progress bar on standard error (none when ``quiet``
+    or when standard error is not a terminal)."""
+    from pfamalign.pipelines.progress import Bars, progress_enabled
+
+    with Bars(progress_enabled(quiet)) as bars:
+        yield bars.task(description, total)
+
+
+def error_line(error, as_json: bool) -> str:
+    """A skipped record as a line of a batch job's output: a JSON object (JSON lines) or a
+    ``#`` comment (every text format here skips them)."""
+    if as_json:
+        from pfamalign import jsonio
+
+        return jsonio.dumps_line({"error": str(error), "where": error.where}) + "\n"
+    return f"# error: {error}\n"

@@ -1,0 +1,91 @@
+"""Batch jobs that survive bad records: ``align --pairs``, multi-FASTA ``align``, ``search`` and
+``eval`` report a record they cannot use (its ``file:line`` and why) on standard error and in
+their output, go on with the rest, and exit non-zero at the end; ``--strict`` stops at the
+first one instead.
+
+``aligned(predictor, items, settings, errors)`` runs pair records through the one batch API,
+``Predictor.align_records``, after checking each one (residues, length) so that a bad pair
+never reaches the engine, and hands back results and errors in input order although the
+engine may read ahead of what it yields.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Iterable, Iterator
+
+from pfamalign.inputs import BadRecord
+
+
+class BatchErrors:
+    """The bad records of one job: each is echoed on standard error as it is met; ``strict``
+    raises the first one instead (the command turns it into its error exit)."""
+
+    def __init__(self, strict: bool = False, stream=None):
+        self.strict = strict
+        self.stream = stream
+        self.records: list[BadRecord] = []
+
+    def add(self, error: BadRecord) -> None:
+        if self.strict:
+            raise error
+        self.records.append(error)
+        print(f"Error: skipped {error}", file=self.stream or sys.stderr, flush=True)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def summary(self) -> str:
+        return (f"{len(self)} record(s) failed and were skipped (listed above); "
+                "fix them, or pass --strict to stop at the first")
+
+
+def check_pair(pair: dict, max_length: int) -> dict:
+    """The pair record with validated, upper-cased residues; a BadRecord naming its ``where``
+    when a sequence is empty, not protein or longer than ``max_length``."""
+    from pfamalign.residues import normalize_sequence
+
+    where = pair.get("where", f"{pair['q_id']} vs {pair['k_id']}")
+    try:
+        seqs = {}
+        for key, id_key in (("q_seq", "q_id"), ("k_seq", "k_id")):
+            seq = normalize_sequence(pair[key], name=str(pair[id_key]))
+            if len(seq) > max_length:
+                raise ValueError(f"{pair[id_key]} has {len(seq)} residues, more than this model "
+                                 f"accepts ({max_length}); split it into domains or raise --max-length")
+            seqs[key] = seq
+    except ValueError as err:
+        raise BadRecord(where, str(err)) from err
+    return {**pair, **seqs}
+
+
+def aligned(predictor, items: Iterable[dict | BadRecord], settings, errors: BatchErrors
+            ) -> Iterator[tuple[dict, object, object] | BadRecord]:
+    """``(pair, AlignmentRecord, PairPlan)`` per usable pair and the ``BadRecord`` of each
+    unusable one, in input order (each error is also given to ``errors`` when it is yielded)."""
+    pending: collections.deque = collections.deque()  # what the engine has read, not yet yielded
+
+    def usable() -> Iterator[dict]:
+        for item in items:
+            if not isinstance(item, BadRecord):
+                try:
+                    item = check_pair(item, predictor.max_length)
+                except BadRecord as err:
+                    item = err
+            if isinstance(item, BadRecord) and errors.strict:
+                raise item
+            pending.append(item)
+            if not isinstance(item, BadRecord):
+                yield item
+
+    def flush_errors() -> Iterator[BadRecord]:
+        while pending and isinstance(pending[0], BadRecord):
+            error = pending.popleft()
+            errors.add(error)
+            yield error
+
+    for rec, pp in predictor.align_records(usable(), settings):
+        yield from flush_errors()
+        yield pending.popleft(), rec, pp
+    yield from flush_errors()

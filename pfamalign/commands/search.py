@@ -1,0 +1,115 @@
+"""``pfamalign search``: align queries with a database of sequences and rank the hits."""
+
+from __future__ import annotations
+
+import pathlib
+
+import click
+
+from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
+                                       decoder_settings, error_line, fail)
+
+
+@click.command()
+@click.argument("query")
+@click.argument("database", required=False)
+@click.option("--all-vs-all", is_flag=True,
+              help="Search every sequence of QUERY against all the others (no DATABASE).")
+@click.option("--max-hits", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Report at most this many hits per query (the best).")
+@click.option("--evalue", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Report hits with an E-value at most this.")
+@click.option("--decoys", type=click.IntRange(min=10), default=50, show_default=True,
+              help="Shuffled decoys aligned per query for the E-value fit.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the decoys.")
+@click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "json"]), default="tsv", show_default=True,
+              help="tsv: the hit table; json: one JSON object per hit (JSON lines) with its columns "
+                   "and the full alignment.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+              help="Write the hits here instead of standard output.")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+              help="Model directory (default: the model shipped with pfamalign).")
+@click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
+@decoder_options
+@click.option("--max-length", type=int, default=4096, show_default=True,
+              help="Skip sequences longer than this (residues).")
+@batch_options
+def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out, checkpoint, weights,
+           max_length, strict, quiet, **decoding):
+    """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
+
+    \b
+    Every query is aligned with every database sequence by the model and its decoder; hits
+    are ranked by the decoder's score (the shipped model: the expected number of correctly
+    aligned pairs, i.e. the summed posterior mass of the alignment).
+
+    \b
+    Statistics: per query, --decoys database sequences shuffled residue by residue are
+    aligned the same way, a Gumbel (extreme-value) law is fitted to their scores by maximum
+    likelihood, and for a database of N sequences
+      E-value = N * P(decoy score >= score),  bitscore = lambda (score - mu) / ln 2,
+    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail).
+
+    \b
+    Output (tsv): after a '# Fields:' line, BLAST tabular columns, best hit first per query,
+      qseqid sseqid pident length mismatch gapopen qstart qend sstart send evalue bitscore
+    plus mean_confidence (mean plan mass of the aligned pairs). Coordinates are 1-based
+    inclusive over the aligned region (first to last aligned pair); length counts its
+    columns, gaps included; pident = 100 x identical pairs / length.
+
+    \b
+    A bad record (file:line) is reported on standard error and as a '# error:' line (json:
+    an {"error": ...} object), the rest is searched, and the exit status is 1 at the end;
+    --strict stops at the first.
+
+    \b
+    Examples:
+      pfamalign search query.fasta db.fasta -o hits.tsv
+      pfamalign search family.fasta --all-vs-all --evalue 1e-3
+      cat q.fasta | pfamalign search - db.fasta -f json --max-hits 10
+    """
+    import json
+
+    from pfamalign import inputs
+    from pfamalign import search as lib
+    from pfamalign.alignment.formats import to_json
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.jsonio import dumps_line
+    from pfamalign.outputs import open_output
+
+    if all_vs_all == (database is not None):
+        raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
+    errors = BatchErrors(strict)
+    try:
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        settings = decoder_settings(predictor.decoding, decoding)
+        queries = lib.usable_records(inputs.read_fasta(query), predictor.max_length, errors)
+        db = queries if all_vs_all else lib.usable_records(inputs.read_fasta(database),
+                                                           predictor.max_length, errors)
+        if not queries:
+            raise ValueError(f"{query}: no usable query sequences")
+        per_query = decoys + len(db) - (1 if all_vs_all else 0)
+        with open_output(out, inputs=(query, database)) as sink, \
+                batch_progress("searching", len(queries) * per_query, quiet) as advance:
+            if fmt == "tsv":
+                sink.write(lib.tsv_header())
+            for error in errors.records:  # the records dropped while reading
+                sink.write(error_line(error, fmt == "json"))
+            for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
+                                     decoys=decoys, max_hits=max_hits, evalue=evalue, seed=seed,
+                                     advance=advance):
+                if isinstance(result, inputs.BadRecord):
+                    sink.write(error_line(result, fmt == "json"))
+                    continue
+                for hit in result.hits:
+                    if fmt == "tsv":
+                        sink.write(lib.format_tsv_row(hit.columns))
+                    else:
+                        alignment = json.loads(to_json(hit.record))
+                        sink.write(dumps_line({**hit.columns, "score": hit.score,
+                                               "alignment": alignment}) + "\n")
+    except (FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    if errors:
+        fail(errors.summary(), code=1)

@@ -1,0 +1,227 @@
+"""Database search: every query aligned with every database sequence, hits ranked by the
+decoder's score, with E-values from an extreme-value fit on shuffled decoys.
+
+Score. A hit's score is the objective of the decoder that produced its alignment
+(``PairAlignment.score``): for the shipped model's posterior decoder (global MEA, no gap cost)
+the *expected number of correctly aligned pairs*, the summed mixed plan / pair-HMM posterior
+mass along the path; for ``affine`` / ``hybrid`` their DP objective. Hits are ranked by it
+and the E-value and bit score are functions of it, so the three agree.
+
+Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
+database sequences drawn at random (seeded) are shuffled residue by residue (same length and
+composition, no homology left) and aligned with the query exactly like the database. The
+decoy scores are fitted by maximum likelihood with a Gumbel (extreme-value) law,
+``P(S >= s) = 1 - exp(-exp(-lambda (s - mu)))``; then, for a database of ``N`` sequences,
+
+    E(s) = N * P(S >= s),      bits(s) = lambda (s - mu) / ln 2,
+
+so ``E ~= N 2^-bits`` in the tail, as for BLAST's bit scores (the search space counted in
+sequences, not residues). The fit is per query, so its length and composition are part of the
+null; the decoys mix the database's lengths, so the E-value of a hit is calibrated over the
+database, not for that subject's length alone.
+
+Hit table: BLAST tabular columns (``COLUMNS``) over the aligned region, the stretch from the
+first to the last aligned pair (end gaps of a global alignment are not part of it), 1-based
+inclusive coordinates; ``length`` counts the region's columns (pairs and gap columns),
+``pident`` is 100 x identical pairs / ``length``, ``mismatch`` the non-identical pairs,
+``gapopen`` the gap runs (between two pairs, ``seq_a``'s unaligned residues form one run and
+``seq_b``'s another, as every output of the package prints them); plus ``mean_confidence``,
+the mean plan mass of the aligned pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from pfamalign.inputs import BadRecord, FastaRecord
+
+COLUMNS = ("qseqid", "sseqid", "pident", "length", "mismatch", "gapopen", "qstart", "qend",
+           "sstart", "send", "evalue", "bitscore", "mean_confidence")
+DEFAULT_DECOYS = 50
+MIN_DECOYS = 10  # fewer cannot pin down two parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class Gumbel:
+    """A Gumbel (maximum) law: ``P(S >= s) = 1 - exp(-exp(-lam (s - mu)))``."""
+
+    mu: float
+    lam: float
+
+    def sf(self, s) -> np.ndarray:
+        """``P(S >= s)``, accurate in the far tail (``-expm1``)."""
+        return -np.expm1(-np.exp(-self.lam * (np.asarray(s, np.float64) - self.mu)))
+
+    def bits(self, s) -> np.ndarray:
+        return self.lam * (np.asarray(s, np.float64) - self.mu) / math.log(2)
+
+    @classmethod
+    def fit(cls, scores: Sequence[float]) -> "Gumbel":
+        """Maximum-likelihood fit. With ``beta = 1 / lam`` the likelihood equations are
+        ``beta = mean(x) - sum(x w) / sum(w)``, ``w = exp(-x / beta)`` (solved by bisection:
+        the difference falls monotonically in beta) and ``mu = -beta log mean(w)``."""
+        x = np.asarray(scores, np.float64)
+        if x.ndim != 1 or len(x) < 2 or not np.all(np.isfinite(x)):
+            raise ValueError("need at least two finite scores to fit a Gumbel law")
+        spread = float(x.std())
+        if spread <= 0:
+            raise ValueError("all decoy scores are equal; cannot fit a Gumbel law")
+        z = x - x.min()  # shift for stable exponentials; shifts mu only
+
+        def excess(beta):
+            w = np.exp(-z / beta)
+            return z.mean() - (z * w).sum() / w.sum() - beta
+
+        lo, hi = spread * 1e-6, spread * 10  # excess(lo) > 0 > excess(hi)
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+            if hi / lo < 1 + 1e-12:
+                break
+        beta = math.sqrt(lo * hi)
+        mu = x.min() - beta * math.log(np.mean(np.exp(-z / beta)))
+        return cls(mu=float(mu), lam=1.0 / beta)
+
+
+def shuffled(seq: str, rng: np.random.Generator) -> str:
+    """The residues of ``seq`` in random order (same length and composition)."""
+    return "".join(rng.permutation(list(seq)))
+
+
+def hit_columns(rec) -> dict | None:
+    """The BLAST tabular columns (all but evalue / bitscore) of an AlignmentRecord, or None
+    for an alignment without aligned pairs (no hit)."""
+    pairs = rec.pairs
+    if len(pairs) == 0:
+        return None
+    a = np.frombuffer(rec.seq_a.encode(), np.uint8)[pairs[:, 0]]
+    b = np.frombuffer(rec.seq_b.encode(), np.uint8)[pairs[:, 1]]
+    identical = int((a == b).sum())
+    steps = np.diff(pairs, axis=0) - 1  # unaligned residues of each sequence between pairs
+    length = len(pairs) + int(steps.sum())
+    conf = rec.confidence
+    return {
+        "qseqid": rec.id_a, "sseqid": rec.id_b,
+        "pident": 100.0 * identical / length, "length": length,
+        "mismatch": len(pairs) - identical, "gapopen": int((steps > 0).sum()),
+        "qstart": int(pairs[0, 0]) + 1, "qend": int(pairs[-1, 0]) + 1,
+        "sstart": int(pairs[0, 1]) + 1, "send": int(pairs[-1, 1]) + 1,
+        "mean_confidence": float(conf.mean()) if conf is not None else float("nan"),
+    }
+
+
+@dataclasses.dataclass
+class Hit:
+    record: object  # AlignmentRecord
+    columns: dict  # hit_columns plus evalue and bitscore
+    score: float
+
+
+@dataclasses.dataclass
+class QueryResult:
+    query: FastaRecord
+    hits: list[Hit]  # best first, after the E-value and count limits
+    null: Gumbel
+    n_database: int
+
+
+def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRecord], settings, errors, *,
+           all_vs_all: bool = False, decoys: int = DEFAULT_DECOYS, max_hits: int | None = None,
+           evalue: float | None = None, seed: int = 0, advance: Callable[[int], None] = lambda n=1: None
+           ) -> Iterator[QueryResult | BadRecord]:
+    """Streams one QueryResult per query (in order; see the module docstring for the score and
+    the statistics) and the BadRecord of each pair that could not be aligned (also given to
+    ``errors``, a ``batch.BatchErrors``). ``all_vs_all``: ``queries`` is ``database`` and a
+    sequence is not searched against itself."""
+    from pfamalign.batch import aligned
+
+    if decoys < MIN_DECOYS:
+        raise ValueError(f"need at least {MIN_DECOYS} decoys per query for the E-value fit, got {decoys}")
+    if not database:
+        raise ValueError("the database has no usable sequences")
+
+    def pairs() -> Iterator[dict]:
+        for qn, query in enumerate(queries):
+            rng = np.random.default_rng([seed, qn])
+            for n in rng.integers(len(database), size=decoys):
+                yield _pair(query, FastaRecord(f"decoy{n}", shuffled(database[n].seq, rng), "decoy"), qn, True)
+            for sn, subject in enumerate(database):
+                if not (all_vs_all and sn == qn):
+                    yield _pair(query, subject, qn, False)
+
+    current, null_scores, hits = None, [], []
+
+    def finish() -> QueryResult:
+        null = Gumbel.fit(null_scores)
+        n_db = len(database) - (1 if all_vs_all else 0)
+        ranked = []
+        for hit in sorted(hits, key=lambda h: -h.score):
+            hit.columns["evalue"] = float(n_db * null.sf(hit.score))
+            hit.columns["bitscore"] = float(null.bits(hit.score))
+            if evalue is None or hit.columns["evalue"] <= evalue:
+                ranked.append(hit)
+        return QueryResult(queries[current], ranked[:max_hits], null, n_db)
+
+    for item in aligned(predictor, pairs(), settings, errors):
+        if isinstance(item, BadRecord):
+            yield item
+            continue
+        pair, rec, _ = item
+        advance(1)
+        if pair["qn"] != current:
+            if current is not None:
+                yield finish()
+            current, null_scores, hits = pair["qn"], [], []
+        if pair["decoy"]:
+            null_scores.append(rec.score)
+            continue
+        columns = hit_columns(rec)
+        if columns is not None:
+            hits.append(Hit(rec, columns, rec.score))
+    if current is not None:
+        yield finish()
+
+
+def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dict:
+    return {"q_id": query.id, "k_id": subject.id, "q_seq": query.seq, "k_seq": subject.seq,
+            "target": None, "pid": None, "where": subject.where, "qn": qn, "decoy": decoy}
+
+
+def usable_records(items: Iterable[FastaRecord | BadRecord], max_length: int, errors) -> list[FastaRecord]:
+    """The records of a FASTA stream that can be searched; the others go to ``errors`` once
+    (not once per query)."""
+    kept = []
+    for item in items:
+        if not isinstance(item, BadRecord) and len(item.seq) > max_length:
+            item = BadRecord(item.where, f"{item.id} has {len(item.seq)} residues, more than this "
+                                         f"model accepts ({max_length}); split it into domains")
+        if isinstance(item, BadRecord):
+            errors.add(item)
+        else:
+            kept.append(item)
+    return kept
+
+
+def format_tsv_row(columns: dict) -> str:
+    """One hit-table line (BLAST's number formats: pident 2 decimals, E-value 2 significant
+    digits, bit score 1 decimal)."""
+    cells = []
+    for name in COLUMNS:
+        value = columns[name]
+        if name in ("pident", "mean_confidence"):
+            cells.append(f"{value:.2f}" if name == "pident" else f"{value:.3f}")
+        elif name == "evalue":
+            cells.append(f"{value:.2g}")
+        elif name == "bitscore":
+            cells.append(f"{value:.1f}")
+        else:
+            cells.append(str(value))
+    return "\t".join(cells) + "\n"
+
+
+def tsv_header() -> str:
+    return "# Fields: " + ", ".join(COLUMNS) + "\n"
