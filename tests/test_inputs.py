@@ -3,6 +3,7 @@ without a model."""
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
 
@@ -23,13 +24,13 @@ def test_pairs_tsv_records_ids_and_lines(tmp_path):
     assert got[1]["where"] == f"{path}:4" and got[1]["target"] is None
 
 
-def test_bad_pairs_tsv_line_streams_then_names_the_line(tmp_path):
+def test_bad_pairs_tsv_line_is_yielded_as_a_bad_record_and_reading_goes_on(tmp_path):
     path = tmp_path / "bad.tsv"
-    path.write_text("MKV\tMKL\nMKV\n")
-    pairs = inputs.read_pairs_tsv(path)
-    assert next(pairs)["q_seq"] == "MKV"
-    with pytest.raises(ValueError, match="bad.tsv:2: expected 2"):
-        next(pairs)
+    path.write_text("MKV\tMKL\nMKV\nAAA\tCCC\n")
+    first, bad, last = inputs.read_pairs_tsv(path)
+    assert first["q_seq"] == "MKV" and last["q_seq"] == "AAA"
+    assert isinstance(bad, inputs.BadRecord) and bad.where == f"{path}:2"
+    assert str(bad).startswith(f"{path}:2: expected 2")
 
 
 def test_sequence_arguments(tmp_path):
@@ -56,3 +57,64 @@ def test_json_policy_is_strict_and_plain():
     assert "\n" not in line
     assert json.loads(line) == {"nan": None, "inf": None, "arr": [1.5, None], "flag": True,
                                 "path": "a/b", "3": [1, 2]}
+
+
+# ---- FASTA ---------------------------------------------------------------------------------
+
+
+def test_fasta_reader_joins_lines_names_records_and_reports_bad_ones(tmp_path):
+    path = tmp_path / "many.fa"
+    path.write_text(">a first\nmkv\nLL\n\n>b\nMK1\n>\nAAA\n>c\n>d\nWW\r\n")
+    got = list(inputs.read_fasta(path))
+    assert [(r.id, r.seq, r.where) for r in (got[0], got[4])] == [("a", "MKVLL", f"{path}:1"),
+                                                                  ("d", "WW", f"{path}:10")]
+    bad = got[1:4]
+    assert all(isinstance(b, inputs.BadRecord) for b in bad)
+    assert [b.where for b in bad] == [f"{path}:5", f"{path}:7", f"{path}:9"]
+    assert "non-protein character '1'" in str(bad[0]) and "without a name" in str(bad[1])
+    assert "has no residues" in str(bad[2])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("MKV\n>a\nMKV\n", "many.fa:1: not FASTA: sequence before the first '>'"),
+    ("", "no FASTA records"),
+    ("\n\n", "no FASTA records"),
+])
+def test_text_that_is_not_fasta_raises_naming_the_line(tmp_path, text, message):
+    path = tmp_path / "many.fa"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        list(inputs.read_fasta(path))
+
+
+def test_fasta_lines_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_LINE", 10)
+    path = tmp_path / "long.fa"
+    path.write_text(">a\nMKVLLMKVLLMKV\n")
+    with pytest.raises(ValueError, match="long.fa:2: line longer than 10 characters"):
+        list(inputs.read_fasta(path))
+    path.write_bytes(b">a\n\xff\xfe\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        list(inputs.read_fasta(path))
+
+
+def test_dash_reads_fasta_from_standard_input(monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(">q\nMKVL\n>k\nMKIL\n>r\nMRVL\n"))
+    pairs = list(inputs.fasta_pairs("-"))
+    assert [(p["q_id"], p["k_id"], p["where"]) for p in pairs] == [("q", "k", "<stdin>:3"),
+                                                                   ("q", "r", "<stdin>:5")]
+    monkeypatch.setattr("sys.stdin", io.StringIO(">only\nmkvl\n"))
+    assert inputs.read_sequence("-", "seq_a") == ("only", "MKVL")
+
+
+def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
+    path = tmp_path / "fam.fasta"
+    path.write_text(">a\nMKV\n>b\nMKL\n>c\nMK*\n>d\nMRL\n")
+    first = list(inputs.fasta_pairs(path))
+    assert isinstance(first[0], inputs.BadRecord) and first[0].where == f"{path}:5"
+    assert [(p["q_id"], p["k_id"]) for p in first[1:]] == [("a", "b"), ("a", "d")]
+    every = [p for p in inputs.fasta_pairs(path, all_pairs=True) if isinstance(p, dict)]
+    assert [(p["q_id"], p["k_id"]) for p in every] == [("a", "b"), ("a", "d"), ("b", "d")]
+    path.write_text(">a\nMKV\n")
+    with pytest.raises(ValueError, match="at least two usable FASTA records"):
+        list(inputs.fasta_pairs(path))

@@ -18,6 +18,7 @@ Residues are validated and mapped for scoring as described in ``pfamalign.residu
 from __future__ import annotations
 
 import dataclasses
+import io
 import pathlib
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from pfamalign.alignment.pairs import PairAlignment, diagonal_target
+from pfamalign.inputs import BadRecord, fasta_records
 from pfamalign.residues import blosum62, scoring_sequence
 
 
@@ -120,21 +122,21 @@ EXTERNAL_ALIGNERS = {
 
 
 def read_fasta(text: str) -> dict[str, str]:
-    """``{name: sequence}`` of a FASTA text (name = first word of the header; lines joined)."""
-    records: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith(">"):
-            name = line[1:].split()[0] if line[1:].split() else ""
-            if name in records:
-                raise ExternalAlignerError(f"FASTA name {name!r} appears twice")
-            records[name] = []
-        elif line:
-            if name is None:
-                raise ExternalAlignerError("FASTA text does not start with a '>' header")
-            records[name].append(line)
-    return {n: "".join(parts) for n, parts in records.items()}
+    """``{name: row}`` of an aligner's FASTA output (``inputs.fasta_records``, rows as written:
+    gaps kept); ExternalAlignerError when it is not FASTA or a name appears twice."""
+    rows: dict[str, str] = {}
+    try:
+        for rec in fasta_records(io.StringIO(text), "aligner output", validate=False):
+            if isinstance(rec, BadRecord):
+                raise rec
+            if rec.id in rows:
+                raise ExternalAlignerError(f"FASTA name {rec.id!r} appears twice")
+            rows[rec.id] = rec.seq
+    except ExternalAlignerError:
+        raise
+    except ValueError as err:
+        raise ExternalAlignerError(str(err)) from err
+    return rows
 
 
 def aligned_fasta_pairs(text: str, query: str = "q", key: str = "k") -> np.ndarray:

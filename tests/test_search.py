@@ -1,0 +1,246 @@
+"""``pfamalign search``: the Gumbel fit and E-values, the BLAST tabular columns, and the command
+end to end on real Pfam sequences with the shipped model."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pfamalign.alignment.formats import AlignmentRecord
+from pfamalign.cli import main
+from pfamalign.search import COLUMNS, Gumbel, hit_columns, shuffled
+
+SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+def test_gumbel_fit_recovers_known_parameters_and_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    mu, beta, n = 12.0, 2.5, 20000
+    x = rng.gumbel(mu, beta, n)
+    fit = Gumbel.fit(x)
+    # ML standard errors of the Gumbel law: sd(mu) ~ 1.05 beta / sqrt(n), sd(beta) ~ 0.78 beta / sqrt(n)
+    assert abs(fit.mu - mu) < 5 * 1.05 * beta / math.sqrt(n)
+    assert abs(1 / fit.lam - beta) < 5 * 0.78 * beta / math.sqrt(n)
+    ref_mu, ref_beta = stats.gumbel_r.fit(x)  # an independent optimizer on the same likelihood
+    assert fit.mu == pytest.approx(ref_mu, rel=1e-6) and 1 / fit.lam == pytest.approx(ref_beta, rel=1e-6)
+    s = np.linspace(5, 60, 12)
+    np.testing.assert_allclose(fit.sf(s), stats.gumbel_r.sf(s, fit.mu, 1 / fit.lam), rtol=1e-9)
+
+
+def test_bits_and_evalue_agree_in_the_tail():
+    null = Gumbel(mu=3.0, lam=1.7)
+    s = np.array([10.0, 15.0, 20.0])
+    n = 1000
+    np.testing.assert_allclose(n * null.sf(s), n * 2.0 ** -null.bits(s), rtol=1e-4)
+
+
+@pytest.mark.parametrize("scores", [[1.0], [2.0, 2.0, 2.0], [1.0, float("nan"), 3.0]])
+def test_gumbel_fit_refuses_unusable_scores(scores):
+    with pytest.raises(ValueError):
+        Gumbel.fit(scores)
+
+
+def test_evalues_of_null_scores_are_calibrated():
+    """Fit on 200 decoys, score 1000 fresh null draws as the database: the number of null hits
+    with E <= x averages about x (the fit's own noise makes the far tail slightly liberal)."""
+    rng = np.random.default_rng(1)
+    counts = {1: [], 10: [], 100: []}
+    for _ in range(300):
+        null = Gumbel.fit(rng.gumbel(3.0, 0.7, 200))
+        evalue = 1000 * null.sf(rng.gumbel(3.0, 0.7, 1000))
+        for x in counts:
+            counts[x].append((evalue <= x).sum())
+    assert 0.8 < np.mean(counts[1]) < 1.4
+    assert 9.0 < np.mean(counts[10]) < 11.5
+    assert 95 < np.mean(counts[100]) < 106
+
+
+def test_shuffled_keeps_length_and_composition():
+    seq = "MKVLAAGIVGLLLAWWC"
+    out = shuffled(seq, np.random.default_rng(0))
+    assert sorted(out) == sorted(seq) and out != seq
+
+
+# ---- hit table -------------------------------------------------------------------------------
+
+
+def _independent_columns(rec: AlignmentRecord) -> dict:
+    """The BLAST columns read off the gapped rows: trim to the first..last aligned column,
+    then count columns, identities, mismatches and gap runs."""
+    row_a, row_b = rec.gapped()
+    both = [n for n, (x, y) in enumerate(zip(row_a, row_b)) if x != "-" and y != "-"]
+    a, b = row_a[both[0]: both[-1] + 1], row_b[both[0]: both[-1] + 1]
+    runs = sum(1 for row in (a, b) for n, c in enumerate(row) if c == "-" and (n == 0 or row[n - 1] != "-"))
+    same = sum(x == y and x != "-" for x, y in zip(a, b))
+    aligned = sum(x != "-" and y != "-" for x, y in zip(a, b))
+    return {"length": len(a), "pident": 100 * same / len(a), "mismatch": aligned - same, "gapopen": runs,
+            "qstart": len(row_a[: both[0]].replace("-", "")) + 1,
+            "qend": len(row_a[: both[-1] + 1].replace("-", "")),
+            "sstart": len(row_b[: both[0]].replace("-", "")) + 1,
+            "send": len(row_b[: both[-1] + 1].replace("-", ""))}
+
+
+def test_hit_columns_by_hand():
+    # A: MKVLAAGIV, B: WKVLGIVW; pairs K-K V-V L-L | (A,A unaligned) G-G I-I V-V
+    rec = AlignmentRecord("MKVLAAGIV", "WKVLGIVW", np.array([[1, 1], [2, 2], [3, 3], [6, 4], [7, 5], [8, 6]]),
+                          id_a="a", id_b="b", confidence=np.full(6, 0.5))
+    cols = hit_columns(rec)
+    assert {k: cols[k] for k in ("qstart", "qend", "sstart", "send", "length", "mismatch", "gapopen")} == {
+        "qstart": 2, "qend": 9, "sstart": 2, "send": 7, "length": 8, "mismatch": 0, "gapopen": 1}
+    assert cols["pident"] == pytest.approx(75.0) and cols["mean_confidence"] == pytest.approx(0.5)
+
+
+def test_hit_columns_match_the_gapped_rows_on_random_alignments():
+    rng = np.random.default_rng(3)
+    letters = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+    for _ in range(200):
+        la, lb = rng.integers(3, 40, size=2)
+        seq_a, seq_b = "".join(rng.choice(letters[:4], la)), "".join(rng.choice(letters[:4], lb))
+        n = rng.integers(1, min(la, lb) + 1)
+        pairs = np.stack([np.sort(rng.choice(la, n, replace=False)), np.sort(rng.choice(lb, n, replace=False))], 1)
+        rec = AlignmentRecord(seq_a, seq_b, pairs, confidence=rng.random(n))
+        cols, ref = hit_columns(rec), _independent_columns(rec)
+        assert {k: cols[k] for k in ref} == pytest.approx(ref)
+    empty = AlignmentRecord("MKV", "MKV", np.zeros((0, 2), int))
+    assert hit_columns(empty) is None
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+def _family_fasta(path: pathlib.Path, files: dict[str, int]) -> list[tuple[str, str]]:
+    """The first n rows (de-gapped) of each Stockholm fixture, named ID|FAMILY."""
+    from pfamalign.pipelines.pairs import family_arrays
+    from pfamalign.pipelines.stockholm import read_families
+
+    records = []
+    for name, n in files.items():
+        for family in read_families([str(SEED / name)]):
+            fa = family_arrays(family)
+            records += [(f"{family.seq_ids[i]}|{name[:7]}", fa.residues[i]) for i in range(n)]
+    path.write_text("".join(f">{i}\n{s}\n" for i, s in records))
+    return records
+
+
+@pytest.fixture(scope="module")
+def fastas(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("search")
+    queries = _family_fasta(tmp / "q.fasta", {"PF00041.sto": 1, "PF00076.sto": 1})
+    db = _family_fasta(tmp / "db.fasta", {"PF00041.sto": 4, "PF00076.sto": 4})
+    return tmp, queries, db
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = text.splitlines()
+    comments = [x for x in lines if x.startswith("#")]
+    return comments, [x.split("\t") for x in lines if x and not x.startswith("#")]
+
+
+def test_search_writes_the_blast_hit_table(fastas):
+    tmp, queries, db = fastas
+    out = tmp / "hits.tsv"
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                    "-o", str(out), "--evalue", "1000"])
+    assert res.exit_code == 0, res.output
+    comments, rows = _table(out.read_text())
+    assert comments == ["# Fields: " + ", ".join(COLUMNS)]
+    lengths = dict(queries + db)
+    assert {r[0] for r in rows} == {q for q, _ in queries}
+    for qid in {r[0] for r in rows}:
+        mine = [r for r in rows if r[0] == qid]
+        assert len(mine) == len(db)  # each query against each database sequence (the query is in db too)
+        bits = [float(r[11]) for r in mine]
+        evalues = [float(r[10]) for r in mine]
+        assert bits == sorted(bits, reverse=True) and evalues == sorted(evalues)
+        for r in mine:
+            assert len(r) == len(COLUMNS)
+            qstart, qend, sstart, send = map(int, r[6:10])
+            assert 1 <= qstart <= qend <= len(lengths[r[0]]) and 1 <= sstart <= send <= len(lengths[r[1]])
+            assert 0 <= float(r[2]) <= 100 and 0 <= float(r[12]) <= 1
+        # the best hit of a query shares its family (the query itself is in the database)
+        assert mine[0][1] == qid and float(mine[0][2]) == 100.0
+
+
+def test_search_json_alignment_matches_its_columns_and_limits_apply(fastas):
+    tmp, queries, db = fastas
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                    "-f", "json", "--max-hits", "2", "--evalue", "1000"])
+    assert res.exit_code == 0, res.output
+    hits = [json.loads(x) for x in res.stdout.splitlines()]
+    assert len(hits) == 2 * len(queries)
+    for hit in hits:
+        rec = AlignmentRecord(hit["alignment"]["seq_a"], hit["alignment"]["seq_b"],
+                              np.array(hit["alignment"]["pairs"]).reshape(-1, 2))
+        assert {k: hit[k] for k in ("qstart", "qend", "length", "gapopen")} == {
+            k: hit_columns(rec)[k] for k in ("qstart", "qend", "length", "gapopen")}
+        assert hit["score"] == pytest.approx(hit["alignment"]["score"])
+    strict = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                       "--evalue", "0"])
+    assert strict.exit_code == 0 and _table(strict.stdout)[1] == []
+
+
+def test_search_all_vs_all_skips_self_and_reads_stdin(fastas):
+    tmp, queries, db = fastas
+    text = "".join(f">{i}\n{s}\n" for i, s in queries + db[1:2])  # three distinct sequences
+    res = CliRunner().invoke(main, ["search", "-", "--all-vs-all", "--decoys", "10", "--evalue", "1000"], input=text)
+    assert res.exit_code == 0, res.output
+    rows = _table(res.stdout)[1]
+    assert len(rows) == 3 * 2 and all(r[0] != r[1] for r in rows)
+
+
+def test_search_reports_bad_records_and_goes_on_unless_strict(fastas):
+    tmp, queries, db = fastas
+    bad_db = tmp / "bad_db.fasta"
+    bad_db.write_text((tmp / "db.fasta").read_text() + ">broken\nMKV*LL\n>fine\nMKVLAAGIVGLLLA\n")
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(bad_db), "--decoys", "10",
+                                    "--evalue", "1000"])
+    line = 2 * len(db) + 1
+    assert res.exit_code == 1
+    assert f"Error: skipped {bad_db}:{line}: record 'broken'" in res.stderr
+    assert f"# error: {bad_db}:{line}: record 'broken'" in res.stdout
+    rows = _table(res.stdout)[1]
+    assert len(rows) == len(queries) * (len(db) + 1) and "fine" in {r[1] for r in rows}
+    out = tmp / "strict.tsv"
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(bad_db), "--strict", "-o", str(out)])
+    assert res.exit_code == 2 and f"{bad_db}:{line}" in res.stderr and not out.exists()
+
+
+def test_search_usage_errors_need_no_model(fastas):
+    tmp, _, _ = fastas
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta")])
+    assert res.exit_code == 2 and "--all-vs-all" in res.output
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "3"])
+    assert res.exit_code == 2 and "--decoys" in res.output
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "-o", str(tmp / "db.fasta")])
+    assert res.exit_code == 2 and "also an input" in res.output
+
+
+@pytest.mark.slow
+def test_shipped_model_evalues_of_shuffled_sequences_are_calibrated(tmp_path):
+    """Real model, real sequences: a query searched against 150 shuffled Pfam sequences (a
+    database with no homolog) gets null E-values: about x hits with E <= x."""
+    from pfamalign import search as lib
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    records = _family_fasta(tmp_path / "all.fasta", {"PF00041.sto": 20, "PF00076.sto": 20})
+    rng = np.random.default_rng(5)
+    db = [FastaRecord(f"s{n}", shuffled(records[n % len(records)][1], rng), "x") for n in range(150)]
+    queries = [FastaRecord(*records[n], "q") for n in (0, 25)]
+    predictor = Predictor()
+    results = list(lib.search(predictor, queries, db, predictor.decoding, BatchErrors(),
+                              decoys=100, evalue=None))
+    evalues = np.array([h.columns["evalue"] for r in results for h in r.hits])
+    assert len(evalues) == 300
+    assert (evalues <= 1).sum() <= 6  # expected 2 for two queries; Poisson(2) exceeds 6 with p < 0.005
+    assert 8 <= (evalues <= 10).sum() <= 36  # expected 20
