@@ -52,7 +52,7 @@ def check_pair(pair: dict, max_length: int) -> dict:
         for key, id_key in (("q_seq", "q_id"), ("k_seq", "k_id")):
             seq = normalize_sequence(pair[key], name=str(pair[id_key]))
             if len(seq) > max_length:
-                raise ValueError(f"{pair[id_key]} has {len(seq)} residues, more than this model "
+                raise ValueError(f"{pair[id_key]} of {len(seq)} residues is longer than this model "
                                  f"accepts ({max_length}); split it into domains or raise --max-length")
             seqs[key] = seq
     except ValueError as err:

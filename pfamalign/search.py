@@ -197,7 +197,7 @@ def usable_records(items: Iterable[FastaRecord | BadRecord], max_length: int, er
     kept = []
     for item in items:
         if not isinstance(item, BadRecord) and len(item.seq) > max_length:
-            item = BadRecord(item.where, f"{item.id} has {len(item.seq)} residues, more than this "
+            item = BadRecord(item.where, f"{item.id} of {len(item.seq)} residues is longer than this "
                                          f"model accepts ({max_length}); split it into domains")
         if isinstance(item, BadRecord):
             errors.add(item)

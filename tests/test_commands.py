@@ -134,11 +134,46 @@ def test_align_without_model_directory_says_what_to_do(tmp_path):
     assert res.exit_code != 0 and "config.json missing" in res.output
 
 
-def test_bad_pairs_file_names_the_line(model_dir, tmp_path):
+def test_bad_pairs_are_reported_with_their_line_and_the_batch_goes_on(model_dir, tmp_path):
     bad = tmp_path / "bad.tsv"
-    bad.write_text(f"{PDZ_A}\t{PDZ_B}\n{PDZ_A}\n")
-    res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "-f", "cigar"])
-    assert res.exit_code != 0 and "bad.tsv:2" in res.output
+    bad.write_text(f"{PDZ_A}\t{PDZ_B}\n{PDZ_A}\nx\tMK1\ty\t{PDZ_B}\n{PDZ_B}\t{PDZ_A}\n")
+    res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "-f", "json"])
+    assert res.exit_code == 1
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [x.get("where") or x["id_a"] for x in lines] == ["pair1_a", f"{bad}:2", f"{bad}:3", "pair4_a"]
+    assert "expected 2" in lines[1]["error"] and "non-protein character '1'" in lines[2]["error"]
+    assert f"Error: skipped {bad}:2" in res.stderr and f"Error: skipped {bad}:3" in res.stderr
+    assert "2 record(s) failed" in res.stderr
+    text = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "-f", "cigar"])
+    assert text.exit_code == 1 and text.stdout.splitlines()[1].startswith(f"# error: {bad}:2: expected 2")
+
+
+def test_strict_stops_at_the_first_bad_record_and_writes_no_file(model_dir, tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(f"{PDZ_A}\t{PDZ_B}\n{PDZ_A}\n{PDZ_B}\t{PDZ_A}\n")
+    out = tmp_path / "out.txt"
+    res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "--strict",
+                                    "-o", str(out)])
+    assert res.exit_code == 2 and f"{bad}:2: expected 2" in res.stderr and not out.exists()
+
+
+def test_align_multi_fasta_first_against_others_all_pairs_and_stdin(model_dir, tmp_path):
+    fam = tmp_path / "fam.fasta"
+    fam.write_text(f">a\n{PDZ_A}\n>b\n{PDZ_B}\n>c\n{PDZ_B[5:]}\n")
+    res = run(["align", fam, "--checkpoint", model_dir, "-f", "json"])
+    assert res.exit_code == 0, res.output
+    assert [(x["id_a"], x["id_b"]) for x in map(json.loads, res.stdout.splitlines())] == [("a", "b"), ("a", "c")]
+    res = run(["align", "-", "--all-pairs", "--checkpoint", model_dir, "-f", "json"], input=fam.read_text())
+    assert res.exit_code == 0, res.output
+    got = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [(x["id_a"], x["id_b"]) for x in got] == [("a", "b"), ("a", "c"), ("b", "c")]
+    single = run(["align", "-", str(fam).replace("fam", "one"), "--checkpoint", model_dir], input=">q\nMKV\n")
+    assert single.exit_code != 0 and "no such FASTA file" in single.output
+    one = tmp_path / "one.fasta"
+    one.write_text(f">b\n{PDZ_B}\n")
+    res = run(["align", "-", one, "--checkpoint", model_dir, "-f", "json"], input=f">a\n{PDZ_A}\n")
+    assert res.exit_code == 0 and json.loads(res.stdout)["pairs"] == got[0]["pairs"]
+    assert CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--all-pairs"]).exit_code == 2
 
 
 # ---- eval ----------------------------------------------------------------------------------
