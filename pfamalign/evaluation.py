@@ -237,19 +237,29 @@ def sample_across_families(families: Sequence[str], max_pairs: int, *, seed: int
     return np.sort(order[:max(max_pairs, 0)])
 
 
-def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022):
-    """Pair records sampled from Stockholm files (the same sampler as `prepare`)."""
+def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022, errors=None):
+    """Pair records sampled from Stockholm files (the same sampler as `prepare`). A malformed
+    family raises, or with ``errors`` (a ``batch.BatchErrors``) is reported there (file:line)
+    and skipped."""
+    from pfamalign.inputs import BadRecord
     from pfamalign.pipelines.pairs import SamplingConfig, sample_family
-    from pfamalign.pipelines.stockholm import read_families
+    from pfamalign.pipelines.stockholm import StockholmError, iter_inputs, parse_family
 
     cfg = SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len)
-    for family in read_families([str(p) for p in paths]):
+    for raw in iter_inputs([str(p) for p in paths], skip_bad=errors is not None):
+        try:
+            family = parse_family(raw)
+        except StockholmError as err:
+            if errors is None:
+                raise
+            errors.add(BadRecord(f"{err.path}:{err.line}", err.message))
+            continue
         yield from sample_family(family, cfg, seed=seed, split="eval").pairs
 
 
 def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
                  pairs_per_family: int = 50, seed: int = 0, max_pairs: int | None = None,
-                 embedder_id: str | None = None) -> tuple[Iterable[dict], int, str]:
+                 embedder_id: str | None = None, errors=None) -> tuple[Iterable[dict], int, str]:
     """``(records, how many, features)`` of one source: a dataset split (``data``), else
     pairs sampled from the ``stockholm`` files. ``max_pairs`` draws that many across the
     families (``sample_across_families``, seeded by ``seed``) rather than the first ones,
@@ -268,7 +278,8 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
             families = [r["family"] for r in reader.iter_pairs(data, split)]
             chosen = sample_across_families(families, max_pairs, seed=seed)
         return (source[i] for i in chosen), len(chosen), "records" if same else "featurize"
-    records = list(stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed))
+    records = list(stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed,
+                                     errors=errors))
     if max_pairs is not None and max_pairs < len(records):
         chosen = sample_across_families([r["family"] for r in records], max_pairs, seed=seed)
         records = [records[i] for i in chosen]
@@ -292,23 +303,26 @@ def training_overlap(model_dir, families: Iterable[str]) -> dict | None:
 def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_family: int = 50,
         max_pairs: int | None = None, predictor=None,
         baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None, n_boot: int = 1000,
-        seed: int = 0, json_path=None, plot_path=None, quiet: bool = False) -> dict:
+        seed: int = 0, json_path=None, plot_path=None, quiet: bool = False, errors=None) -> dict:
     """``pfamalign eval``: scores the pairs of one source (``pair_records``), writes the JSON
     and the plot (atomically) when asked, and returns the summary; with a model, the summary's
     ``training_overlap`` names the scored families the model trained or was tuned on.
-    ValueError for unusable inputs."""
+    ValueError for unusable inputs; a malformed Stockholm family goes to ``errors`` (a
+    ``batch.BatchErrors``; None: it raises) and into the summary's ``errors``."""
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
     embedder_id = predictor.config.embedder_id if predictor is not None else None
     records, total, features = pair_records(
         data=data, split=split, stockholm=stockholm, pairs_per_family=pairs_per_family, seed=seed,
-        max_pairs=max_pairs, embedder_id=embedder_id)
+        max_pairs=max_pairs, embedder_id=embedder_id, errors=errors)
     with Bars(progress_enabled(quiet)) as bars:
         ev = evaluate(records, predictor=predictor, features=features, baselines=baselines,
                       decoding=decoding, advance=bars.task("scoring pairs", total))
     if not ev.pid:
         raise ValueError("no pairs to score")
     summary = ev.summary(n_boot=n_boot, seed=seed)
+    if errors is not None:
+        summary["errors"] = [{"where": e.where, "error": str(e)} for e in errors.records]
     if predictor is not None:
         summary["training_overlap"] = training_overlap(predictor.path, ev.families)
     if json_path:
@@ -342,6 +356,8 @@ def render(summary: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console(width=None if sys.stdout.isatty() else 150)  # no wrapping in logs
+    for error in summary.get("errors", ()):
+        console.print(f"skipped (malformed): {error['error']}", markup=False, highlight=False)
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     first = next(iter(summary["methods"].values()))["prf"]
     tab = Table(title=f"aligned-pair F1 (micro, 95% bootstrap CI) — {summary['n_pairs']} pairs, "

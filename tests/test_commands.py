@@ -221,6 +221,20 @@ def test_eval_on_stockholm_files_baselines_only(tmp_path):
     assert summary["n_pairs"] == 5 and set(summary["methods"]) == {"nw", "diagonal"}
 
 
+def test_eval_skips_a_malformed_stockholm_family_unless_strict(tmp_path):
+    bad = tmp_path / "bad.sto"
+    bad.write_text("# STOCKHOLM 1.0\nseq1/1-5 MKV-L\nseq2/1-3 MK\n//\n")  # rows of unequal width
+    args = ["eval", "--stockholm", SEED / "PF00041.sto", "--stockholm", bad, "--no-model", "--pairs-per-family",
+            5, "--baselines", "nw", "--bootstrap", 20, "--json", tmp_path / "e.json", "--quiet"]
+    res = run(args)
+    assert res.exit_code == 1
+    assert f"Error: skipped {bad}:" in res.stderr and "1 record(s) failed" in res.stderr
+    summary = json.loads((tmp_path / "e.json").read_text())
+    assert summary["n_pairs"] == 5 and [e["where"].split(":")[0] for e in summary["errors"]] == [str(bad)]
+    res = run([*args, "--strict"])
+    assert res.exit_code == 2 and f"{bad}:" in res.stderr
+
+
 def test_eval_input_errors(model_dir, dataset):
     res = CliRunner().invoke(main, ["eval", "--checkpoint", str(model_dir)])
     assert res.exit_code != 0 and "exactly one of --data" in res.output

@@ -102,12 +102,14 @@ def decoder_settings(base, options: dict):
         fail(str(err))
 
 
+strict_option = click.option("--strict", is_flag=True,
+                             help="Stop at the first bad record (default: report it with its "
+                                  "file:line, go on, exit 1 at the end).")
+
+
 def batch_options(f):
     """``--strict`` and ``--quiet``, the options of every batch job (``pfamalign.batch``)."""
-    f = click.option("--quiet", is_flag=True, help="No progress bar on standard error.")(f)
-    return click.option("--strict", is_flag=True,
-                        help="Stop at the first bad record (default: report it with its "
-                             "file:line, go on, exit 1 at the end).")(f)
+    return strict_option(click.option("--quiet", is_flag=True, help="No progress bar on standard error.")(f))
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import decoder_options, decoder_settings, fail
+from pfamalign.commands._common import decoder_options, decoder_settings, fail, strict_option
 
 
 @click.command("eval")
@@ -36,8 +36,9 @@ from pfamalign.commands._common import decoder_options, decoder_settings, fail
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="PNG of F1 by identity bin per method.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@strict_option
 def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
-             bootstrap, seed, json_out, plot, quiet, **decoding):
+             bootstrap, seed, json_out, plot, quiet, strict, **decoding):
     """Score the aligner against reference alignments, beside the baselines.
 
     \b
@@ -47,12 +48,18 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     seed paper's plan metrics (sparse CE, barycenter MAE, within-5, monotonicity violation).
 
     \b
+    A malformed family of a --stockholm file is reported (file:line) on standard error and
+    in --json ("errors"), the others are scored, and the exit status is 1 at the end;
+    --strict stops at the first.
+
+    \b
     Examples:
       pfamalign eval --data data/ --split test --plot f1.png
       pfamalign eval --stockholm PF00595.sto --checkpoint runs/x/model --json eval.json
     """
 
     from pfamalign import evaluation
+    from pfamalign.batch import BatchErrors
 
     if (data is None) == (not stockholm):
         raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
@@ -72,12 +79,13 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
         except (FileNotFoundError, ValueError) as err:
             fail(str(err))
         settings = decoder_settings(predictor.decoding, decoding)
+    errors = BatchErrors(strict)
     try:
         summary = evaluation.run(data=data, split=split, stockholm=stockholm,
                                  pairs_per_family=pairs_per_family, max_pairs=max_pairs,
                                  predictor=predictor, baselines=base, decoding=settings,
                                  n_boot=bootstrap, seed=seed, json_path=json_out, plot_path=plot,
-                                 quiet=quiet)
+                                 quiet=quiet, errors=errors)
     except ValueError as err:
         fail(str(err))
     overlap = summary.get("training_overlap") or {}
@@ -88,3 +96,5 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
                        "families; score families it never saw (the test split of its dataset).",
                        err=True)
     evaluation.render(summary)
+    if errors:
+        fail(errors.summary(), code=1)
