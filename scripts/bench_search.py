@@ -1,0 +1,180 @@
+"""Retrieval on held-out Pfam families: pfamalign search against Smith-Waterman BLOSUM62.
+
+    nice -n 10 python scripts/bench_search.py --json          # the README figures (~5 min)
+    python scripts/bench_search.py --per-family 3 --decoys 10  # a quick look
+
+Sequences: ``--per-family`` sequences (seeded draw, at most ``--max-len`` residues) of every
+family of the dataset's ``--split`` (default: the test split of ``/work/data/data_b62_1k``,
+families the shipped model never trained on) with at least three usable sequences; a family
+present in two source files is read from the first. Every sequence is a query against all
+the others (``pfamalign.search.search`` with ``all_vs_all``); a hit is relevant when it comes
+from the query's family. Both methods rank the same pairs: pfamalign by its decoder score
+(what ``pfamalign search`` ranks by), SW by its BLOSUM62 score (gap open 11, extend 1).
+
+Per query: ROC1 (the share of the query's relatives scored above its best-scoring unrelated
+sequence) and average precision; the figures are means over queries with 95 % intervals
+from a bootstrap over *families* (the queries of a family are not independent), and the
+paired difference pfamalign - SW on the same resamples. Calibration: pfamalign's unrelated
+hits with E <= 1 and <= 10 against what the E-values promise (at most x per query).
+One JSON line per method, one for the difference, one for calibration and timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+import _common
+
+DEFAULT_DATA = pathlib.Path("/work/data/data_b62_1k")
+
+
+def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: int, seed: int
+                     ) -> list[tuple[str, str, str]]:
+    """``(family, id, residues)`` of the chosen sequences (see the module docstring)."""
+    from pfamalign.pipelines.pairs import family_arrays
+    from pfamalign.pipelines.stockholm import read_families
+
+    rng = np.random.default_rng(seed)
+    chosen, seen = [], set()
+    with open(data / "families.tsv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle, delimiter="\t") if r["split"] == split]
+    for row in rows:
+        base = row["accession_base"]
+        if base in seen:
+            continue
+        for family in read_families([row["source"]]):
+            fa = family_arrays(family)
+            usable = [i for i, s in enumerate(fa.residues) if 10 <= len(s) <= max_len]
+            if len(usable) < 3:
+                continue
+            seen.add(base)
+            for i in sorted(rng.choice(usable, min(per_family, len(usable)), replace=False)):
+                chosen.append((base, family.seq_ids[i].replace(" ", "_"), fa.residues[i]))
+    return chosen
+
+
+def roc1_ap(scores: np.ndarray, relevant: np.ndarray) -> tuple[float, float]:
+    """ROC1 and average precision of one query's ranking (higher score first; ties broken
+    against the relevant ones, so a constant score earns nothing)."""
+    order = np.lexsort((relevant, -scores))  # by score, unrelated first among equals
+    rel = relevant[order]
+    n_pos = rel.sum()
+    first_negative = np.argmax(~rel) if (~rel).any() else len(rel)
+    roc1 = rel[:first_negative].sum() / n_pos
+    ranks = np.flatnonzero(rel) + 1
+    ap = float(np.mean(np.arange(1, n_pos + 1) / ranks))
+    return float(roc1), ap
+
+
+def family_bootstrap(values: dict[str, np.ndarray], families: np.ndarray, n_boot: int, seed: int) -> dict:
+    """Mean over queries and 95 % percentile interval over family resamples, for each array
+    in ``values`` (the same resamples for all)."""
+    rng = np.random.default_rng(seed)
+    names = np.unique(families)
+    members = [np.flatnonzero(families == f) for f in names]
+    out = {k: {"mean": float(v.mean()), "boot": []} for k, v in values.items()}
+    for _ in range(n_boot):
+        idx = np.concatenate([members[i] for i in rng.integers(len(names), size=len(names))])
+        for k, v in values.items():
+            out[k]["boot"].append(v[idx].mean())
+    for k in out:
+        lo, hi = np.percentile(out[k].pop("boot"), [2.5, 97.5])
+        out[k]["ci"] = [round(float(lo), 4), round(float(hi), 4)]
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA,
+                        help=f"dataset directory with families.tsv (default {DEFAULT_DATA})")
+    parser.add_argument("--split", default="test", help="families of this split (default test)")
+    parser.add_argument("--per-family", type=int, default=6, help="sequences per family (default 6)")
+    parser.add_argument("--max-len", type=int, default=400, help="longest sequence used (default 400)")
+    parser.add_argument("--decoys", type=int, default=30, help="decoys per query for the E-values (default 30)")
+    parser.add_argument("--checkpoint", type=pathlib.Path, default=None, help="model (default: the shipped one)")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="family resamples (default 2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    _common.add_output_args(parser, repeats=None)
+    args = parser.parse_args(argv)
+
+    from pfamalign import search as lib
+    from pfamalign.alignment.baselines import smith_waterman
+    from pfamalign.batch import BatchErrors
+    from pfamalign.evaluation import training_overlap
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    chosen = family_sequences(args.data, args.split, args.per_family, args.max_len, args.seed)
+    records = [FastaRecord(f"{n}_{sid}", seq, fam) for n, (fam, sid, seq) in enumerate(chosen)]
+    family_of = {r.id: fam for r, (fam, _, _) in zip(records, chosen)}
+    index = {r.id: n for n, r in enumerate(records)}
+    n = len(records)
+    predictor = Predictor(args.checkpoint)
+    families = sorted(set(family_of.values()))
+    overlap = training_overlap(predictor.path, families) or {}
+    config = {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items() if k != "json"}
+    config.update(n_sequences=n, families=families, trained_on=overlap.get("trained_on", []),
+                  tuned_on=overlap.get("tuned_on", []))
+    report = _common.Report("retrieval: each sequence against all others, same family = relevant",
+                            ["method", "roc1", "roc1_ci", "map", "map_ci", "seconds"],
+                            json_lines=args.json, script="bench_search", config=config)
+
+    model_scores = np.full((n, n), np.nan)
+    evalues = np.full((n, n), np.nan)
+    start = time.perf_counter()
+    done = 0
+    for result in lib.search(predictor, records, records, predictor.decoding, BatchErrors(strict=True),
+                             all_vs_all=True, decoys=args.decoys, seed=args.seed):
+        q = index[result.query.id]
+        for hit in result.hits:
+            s = index[hit.columns["sseqid"]]
+            model_scores[q, s], evalues[q, s] = hit.score, hit.columns["evalue"]
+        done += 1
+        print(f"  query {done}/{n}", file=sys.stderr, flush=True)
+    model_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    sw_scores = np.full((n, n), np.nan)
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                sw_scores[a, b] = smith_waterman(records[a].seq, records[b].seq).score
+    sw_seconds = time.perf_counter() - start
+
+    fam = np.array([family_of[r.id] for r in records])
+    per_query = {"pfamalign_roc1": [], "pfamalign_ap": [], "sw_roc1": [], "sw_ap": []}
+    for q in range(n):
+        others = np.arange(n) != q
+        relevant = fam[others] == fam[q]
+        for name, scores in (("pfamalign", model_scores), ("sw", sw_scores)):
+            row = np.nan_to_num(scores[q, others], nan=-np.inf)  # a pair without a hit ranks last
+            roc1, ap = roc1_ap(row, relevant)
+            per_query[f"{name}_roc1"].append(roc1)
+            per_query[f"{name}_ap"].append(ap)
+    values = {k: np.array(v) for k, v in per_query.items()}
+    values["diff_roc1"] = values["pfamalign_roc1"] - values["sw_roc1"]
+    values["diff_ap"] = values["pfamalign_ap"] - values["sw_ap"]
+    boot = family_bootstrap(values, fam, args.bootstrap, args.seed)
+    for name, label, seconds in (("pfamalign", "pfamalign", model_seconds), ("sw", "SW-BLOSUM62", sw_seconds),
+                                 ("diff", "pfamalign - SW", None)):
+        report.add(method=label, roc1=boot[f"{name}_roc1"]["mean"], roc1_ci=boot[f"{name}_roc1"]["ci"],
+                   map=boot[f"{name}_ap"]["mean"], map_ci=boot[f"{name}_ap"]["ci"], seconds=seconds,
+                   n_queries=n, n_families=len(families))
+    unrelated = (fam[:, None] != fam[None, :]) & ~np.eye(n, dtype=bool)
+    calibration = {f"unrelated_hits_E<={x}": int((evalues[unrelated] <= x).sum()) for x in (0.1, 1, 10)}
+    report.add(method="calibration", seconds=None, n_queries=n, **calibration,
+               expected_at_most={f"E<={x}": x * n for x in (0.1, 1, 10)},
+               model_pairs_per_s=n * (n - 1 + args.decoys) / model_seconds)
+    report.note(f"{n} sequences from {len(families)} {args.split} families ({', '.join(families)}); "
+                f"unrelated pfamalign hits with E <= 0.1 / 1 / 10: {list(calibration.values())} "
+                f"(E-values promise at most {0.1 * n:g} / {n} / {10 * n})")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
