@@ -34,8 +34,8 @@ import _common
 DEFAULT_DATA = pathlib.Path("/work/data/data_b62_1k")
 
 
-def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: int, seed: int
-                     ) -> list[tuple[str, str, str]]:
+def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: int, seed: int,
+                     max_families: int | None = None) -> list[tuple[str, str, str]]:
     """``(family, id, residues)`` of the chosen sequences (see the module docstring)."""
     from pfamalign.pipelines.pairs import family_arrays
     from pfamalign.pipelines.stockholm import read_families
@@ -46,7 +46,7 @@ def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: i
         rows = [r for r in csv.DictReader(handle, delimiter="\t") if r["split"] == split]
     for row in rows:
         base = row["accession_base"]
-        if base in seen:
+        if base in seen or len(seen) == max_families:
             continue
         for family in read_families([row["source"]]):
             fa = family_arrays(family)
@@ -95,6 +95,7 @@ def main(argv=None) -> None:
                         help=f"dataset directory with families.tsv (default {DEFAULT_DATA})")
     parser.add_argument("--split", default="test", help="families of this split (default test)")
     parser.add_argument("--per-family", type=int, default=6, help="sequences per family (default 6)")
+    parser.add_argument("--max-families", type=int, default=None, help="use only the first N families")
     parser.add_argument("--max-len", type=int, default=400, help="longest sequence used (default 400)")
     parser.add_argument("--decoys", type=int, default=30, help="decoys per query for the E-values (default 30)")
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None, help="model (default: the shipped one)")
@@ -110,7 +111,8 @@ def main(argv=None) -> None:
     from pfamalign.inference import Predictor
     from pfamalign.inputs import FastaRecord
 
-    chosen = family_sequences(args.data, args.split, args.per_family, args.max_len, args.seed)
+    chosen = family_sequences(args.data, args.split, args.per_family, args.max_len, args.seed,
+                              args.max_families)
     records = [FastaRecord(f"{n}_{sid}", seq, fam) for n, (fam, sid, seq) in enumerate(chosen)]
     family_of = {r.id: fam for r, (fam, _, _) in zip(records, chosen)}
     index = {r.id: n for n, r in enumerate(records)}

@@ -74,6 +74,33 @@ def test_help_mentions_defaults():
         assert exc.value.code == 0
 
 
+# ---- scripts/bench_search.py --------------------------------------------------------------------
+
+
+def test_bench_search_ranking_metrics():
+    bench = importlib.import_module("bench_search")
+    # relevant at ranks 1 and 3, the first unrelated at rank 2
+    roc1, ap = bench.roc1_ap(np.array([4.0, 3.0, 2.0, 1.0]), np.array([True, False, True, False]))
+    assert roc1 == 0.5 and ap == pytest.approx((1 / 1 + 2 / 3) / 2)
+    roc1, ap = bench.roc1_ap(np.zeros(3), np.array([False, True, False]))  # ties count against
+    assert roc1 == 0 and ap == pytest.approx(1 / 3)
+    boot = bench.family_bootstrap({"x": np.array([1.0, 1.0, 0.0])}, np.array(["a", "a", "b"]), 200, 0)
+    assert boot["x"]["mean"] == pytest.approx(2 / 3) and boot["x"]["ci"] == [0.0, 1.0]
+
+
+@pytest.mark.slow
+def test_bench_search_runs_on_a_families_table(tmp_path, capsys):
+    table = tmp_path / "families.tsv"
+    table.write_text("accession_base\tsplit\tsource\n" + "".join(
+        f"{name}\ttest\t{PFAM_SEED / (name + '.sto')}\n" for name in ("PF00041", "PF00076", "PF02790")))
+    importlib.import_module("bench_search").main(["--data", str(tmp_path), "--per-family", "3", "--decoys", "10",
+                                                  "--bootstrap", "50", "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["method"] for r in rows] == ["pfamalign", "SW-BLOSUM62", "pfamalign - SW", "calibration"]
+    assert all(0 <= r["roc1"] <= 1 and 0 < r["map"] <= 1 for r in rows[:2])
+    assert rows[0]["n_queries"] == 9 and rows[3]["expected_at_most"]["E<=1"] == 9
+
+
 # ---- scripts/crossval.py ------------------------------------------------------------------------
 
 PFAM_SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
