@@ -6,6 +6,7 @@ import pathlib
 
 import click
 
+from pfamalign import inputs
 from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
                                        decoder_settings, error_line, fail)
 
@@ -70,7 +71,6 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     """
     import json
 
-    from pfamalign import inputs
     from pfamalign import search as lib
     from pfamalign.alignment.formats import to_json
     from pfamalign.batch import BatchErrors
@@ -80,13 +80,16 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
 
     if all_vs_all == (database is not None):
         raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
+    if query == database == inputs.STDIN:
+        raise click.UsageError("standard input (-) can be QUERY or DATABASE, not both")
     errors = BatchErrors(strict)
-    try:
+    try:  # the files are read before the model loads: a wrong file fails at once
+        query_records = list(inputs.read_fasta(query))
+        db_records = query_records if all_vs_all else list(inputs.read_fasta(database))
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
         settings = decoder_settings(predictor.decoding, decoding)
-        queries = lib.usable_records(inputs.read_fasta(query), predictor.max_length, errors)
-        db = queries if all_vs_all else lib.usable_records(inputs.read_fasta(database),
-                                                           predictor.max_length, errors)
+        queries = lib.usable_records(query_records, predictor.max_length, errors)
+        db = queries if all_vs_all else lib.usable_records(db_records, predictor.max_length, errors)
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
         per_query = decoys + len(db) - (1 if all_vs_all else 0)
