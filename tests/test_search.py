@@ -183,9 +183,9 @@ def test_search_json_alignment_matches_its_columns_and_limits_apply(fastas):
         assert {k: hit[k] for k in ("qstart", "qend", "length", "gapopen")} == {
             k: hit_columns(rec)[k] for k in ("qstart", "qend", "length", "gapopen")}
         assert hit["score"] == pytest.approx(hit["alignment"]["score"])
-    strict = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
-                                       "--evalue", "0"])
-    assert strict.exit_code == 0 and _table(strict.stdout)[1] == []
+    none = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                     "--evalue", "0"])
+    assert none.exit_code == 0 and _table(none.stdout)[1] == []
 
 
 def test_search_all_vs_all_skips_self_and_reads_stdin(fastas):
