@@ -18,7 +18,7 @@ import dataclasses
 import os
 import pathlib
 import sys
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterator
 
 FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
 MAX_LINE = 1 << 20  # characters per line: longer is not a sequence file (and must not fill memory)

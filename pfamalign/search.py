@@ -153,18 +153,19 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
                 if not (all_vs_all and sn == qn):
                     yield _pair(query, subject, qn, False)
 
-    current, null_scores, hits = None, [], []
+    n_db = len(database) - (1 if all_vs_all else 0)
 
-    def finish() -> QueryResult:
+    def finish(qn: int, null_scores: list[float], hits: list[Hit]) -> QueryResult:
         null = Gumbel.fit(null_scores)
-        n_db = len(database) - (1 if all_vs_all else 0)
         ranked = []
         for hit in sorted(hits, key=lambda h: -h.score):
             hit.columns["evalue"] = float(n_db * null.sf(hit.score))
             hit.columns["bitscore"] = float(null.bits(hit.score))
             if evalue is None or hit.columns["evalue"] <= evalue:
                 ranked.append(hit)
-        return QueryResult(queries[current], ranked[:max_hits], null, n_db)
+        return QueryResult(queries[qn], ranked[:max_hits], null, n_db)
+
+    current, null_scores, hits = None, [], []  # the query being collected (pairs come in order)
 
     for item in aligned(predictor, pairs(), settings, errors):
         if isinstance(item, BadRecord):
@@ -174,7 +175,7 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         advance(1)
         if pair["qn"] != current:
             if current is not None:
-                yield finish()
+                yield finish(current, null_scores, hits)
             current, null_scores, hits = pair["qn"], [], []
         if pair["decoy"]:
             null_scores.append(rec.score)
@@ -183,7 +184,7 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         if columns is not None:
             hits.append(Hit(rec, columns, rec.score))
     if current is not None:
-        yield finish()
+        yield finish(current, null_scores, hits)
 
 
 def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dict:

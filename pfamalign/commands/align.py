@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-import sys
 
 import click
 
