@@ -174,6 +174,8 @@ def test_align_multi_fasta_first_against_others_all_pairs_and_stdin(model_dir, t
     res = run(["align", "-", one, "--checkpoint", model_dir, "-f", "json"], input=f">a\n{PDZ_A}\n")
     assert res.exit_code == 0 and json.loads(res.stdout)["pairs"] == got[0]["pairs"]
     assert CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--all-pairs"]).exit_code == 2
+    twice = CliRunner().invoke(main, ["align", "-", "-"], input=fam.read_text())
+    assert twice.exit_code == 2 and "not both" in twice.output
 
 
 # ---- eval ----------------------------------------------------------------------------------

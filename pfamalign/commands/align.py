@@ -69,6 +69,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         raise click.UsageError("give two sequences (SEQ_A SEQ_B), one multi-FASTA file, or --pairs FILE")
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
+    if seq_a == seq_b == inputs.STDIN:
+        raise click.UsageError("standard input (-) can be SEQ_A or SEQ_B, not both")
     many = pairs_file is not None or seq_b is None
     if all_pairs and not (seq_a is not None and seq_b is None):
         raise click.UsageError("--all-pairs needs one multi-FASTA file (SEQ_A alone)")
