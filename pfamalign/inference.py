@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import json
+import math
+import numbers
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
@@ -61,6 +63,10 @@ class DecoderSettings:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:
@@ -86,11 +92,28 @@ class DecoderSettings:
         path = pathlib.Path(directory) / "decoding.json"
         if not path.is_file():
             return cls()
-        fields = json.loads(path.read_text())
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable decoding.json ({err})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"{path}: expected a JSON object of decoder settings")
         end_gaps = fields.pop("end_gaps", None)  # files written before `mode`; `mode` wins
         if end_gaps is not None:
             fields.setdefault("mode", "global" if end_gaps else "local")
-        return cls(**fields)
+        known = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise ValueError(f"{path}: unknown decoder setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(known)}")
+        for name, value in fields.items():
+            wanted = str if known[name] == "str" else (int, float)
+            if isinstance(value, bool) or not isinstance(value, wanted):
+                raise ValueError(f"{path}: {name} must be a {known[name]}, got {value!r}")
+        try:
+            return cls(**fields)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def save(self, directory: pathlib.Path) -> None:
         from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
@@ -128,6 +151,11 @@ class DecoderSettings:
                              min_mass=self.min_mass, mode=self.mode)
 
 
+# How far a query row's plan mass may stray from 1 (see ``PairPlan.check``): the trained
+# models' 17-step plans stay within 0.05, a solve at eps = 1e-6 reaches rows of mass 2.
+PLAN_TOL = 0.25
+
+
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
@@ -142,6 +170,23 @@ class PairPlan:
     @property
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
+
+    def check(self, tol: float = PLAN_TOL) -> None:
+        """Raises ValueError unless the plan is one: finite, non-negative, every query row's
+        mass (real + dustbin) within ``tol`` of 1 and no key column above 1 + ``tol``. The
+        solve is truncated (a few Sinkhorn steps), so ``tol`` is loose; a broken solve (too
+        small an eps, overflow) is far outside it, and its confidences would be meaningless."""
+        plan = self.plan
+        if not np.all(np.isfinite(plan)):
+            raise ValueError("the transport plan is not finite (overflow in the solve); "
+                             "the model's transport settings (eps) do not fit this pair")
+        rows, cols = plan[:-1].sum(axis=1), plan[:-1, :-1].sum(axis=0)
+        worst_row = float(np.max(np.abs(rows - 1.0), initial=0.0))
+        if plan.min(initial=0.0) < -tol or worst_row > tol or cols.max(initial=0.0) > 1.0 + tol:
+            raise ValueError(
+                f"the transport plan is not a plan: row mass off by up to {worst_row:.3g}, "
+                f"column mass up to {cols.max(initial=0.0):.3g} (tolerance {tol}); the solve did "
+                "not converge with the model's transport settings (eps, steps)")
 
 
 class Predictor:
@@ -214,6 +259,7 @@ class Predictor:
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
+        pp.check()  # a failed solve is an error for this pair, not an alignment
         return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None

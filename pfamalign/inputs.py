@@ -10,24 +10,37 @@ message that says what to fix.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
+import sys
 from typing import Iterator
 
 FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
+# Longest pairs-file line read (characters): lines are read with this bound, so a file
+# without line ends (/dev/zero) is an error, not an unbounded allocation.
+MAX_LINE = 1 << 20
+
+
+def is_path_argument(arg: str) -> bool:
+    """The rule for a sequence argument: a FASTA file when it starts with ``@`` (the rest is
+    the path), contains a path separator, or ends in a FASTA suffix; residues otherwise."""
+    return arg.startswith("@") or "/" in arg or os.sep in arg or \
+        pathlib.Path(arg).suffix.lower() in FASTA_SUFFIXES
 
 
 def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
-    """(id, residues) of a sequence argument: a FASTA file path, or the residues.
+    """(id, residues) of a sequence argument: a FASTA file path (``is_path_argument``), or
+    the residues.
 
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
-    empty) and upper-cased.
+    empty) and upper-cased. Residues that also name a file in the working directory are read
+    as residues, with a warning on standard error.
     """
     from pfamalign.residues import normalize_sequence
 
-    path = pathlib.Path(arg)
-    looks_like_path = os.sep in arg or path.suffix.lower() in FASTA_SUFFIXES
-    if looks_like_path or (len(arg) < 255 and path.is_file()):  # long residue strings are no names
+    if is_path_argument(arg):
+        path = pathlib.Path(arg[1:] if arg.startswith("@") else arg)
         if not path.is_file():
             raise ValueError(f"{arg}: no such FASTA file")
         from Bio import SeqIO
@@ -42,6 +55,9 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
         rec = records[0]
         seq_id, residues = rec.id or default_id, str(rec.seq)
     else:
+        if len(arg) < 255 and pathlib.Path(arg).is_file():  # long residue strings are no names
+            print(f"Warning: {arg!r} is read as residues, though a file of that name exists; "
+                  f"write ./{arg} or @{arg} to read the file", file=sys.stderr)
         seq_id, residues = default_id, arg
     return seq_id, normalize_sequence(residues, name=f"{seq_id} ({arg[:20]}...)" if len(arg) > 20 else seq_id)
 
@@ -57,10 +73,21 @@ def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict]:
 
     Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` (ids
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
-    also carries ``where`` (``path:line``), for error messages about that pair.
+    also carries ``where`` (``path:line``), for error messages about that pair. The file must
+    be UTF-8 with lines of at most ``MAX_LINE`` characters.
     """
-    with open(path) as handle:
-        for lineno, line in enumerate(handle, 1):
+    with open(path, encoding="utf-8", newline="") as handle:
+        for lineno in itertools.count(1):
+            try:
+                line = handle.readline(MAX_LINE + 1)
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({err.reason} at byte "
+                                 f"{err.start} of the block read); is it a pairs file?") from None
+            if not line:
+                break
+            if len(line) > MAX_LINE:
+                raise ValueError(f"{path}:{lineno}: line longer than {MAX_LINE} characters; "
+                                 "is it a pairs file (SEQ_A<TAB>SEQ_B per line)?")
             line = line.rstrip("\n\r")
             if not line.strip() or line.startswith("#"):
                 continue

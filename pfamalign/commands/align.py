@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-import sys
 
 import click
 
-from pfamalign.commands._common import decoder_options, decoder_settings, fail
+from pfamalign.commands._common import check_outputs, decoder_options, decoder_settings, fail
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -51,23 +49,27 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
     from pfamalign import inputs
     from pfamalign.alignment.formats import format_alignment
     from pfamalign.inference import Predictor
+    from pfamalign.outputs import atomic_path, open_output
 
     if pairs_file is None and (seq_a is None or seq_b is None):
         raise click.UsageError("give two sequences (SEQ_A SEQ_B) or --pairs FILE")
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
+    sources = (pairs_file, seq_a, seq_b, checkpoint, weights)
+    check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
         pairs = (inputs.read_pairs_tsv(pairs_file) if pairs_file
                  else [inputs.pair_from_sequences(seq_a, seq_b)])
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
         settings = decoder_settings(predictor.decoding, decoding)
-        with open(out, "w") if out else contextlib.nullcontext(sys.stdout) as sink:
+        with open_output(out, inputs=sources) as sink:
             for rec, pp in predictor.align_records(pairs, settings):
                 sink.write(format_alignment(rec, _WRITER.get(fmt, fmt)))  # ends with a newline
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
 
-                    plot_plan(pp.real, plot, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
-                              title=f"{rec.id_a} vs {rec.id_b}")
+                    with atomic_path(plot, inputs=sources) as tmp:
+                        plot_plan(pp.real, tmp, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
+                                  title=f"{rec.id_a} vs {rec.id_b}")
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))

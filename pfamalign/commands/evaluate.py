@@ -6,7 +6,7 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import decoder_options, decoder_settings, fail
+from pfamalign.commands._common import check_outputs, decoder_options, decoder_settings, fail
 
 
 @click.command("eval")
@@ -56,6 +56,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
 
     if (data is None) == (not stockholm):
         raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
+    check_outputs(json_out, plot, inputs=(data, *stockholm, checkpoint, weights))
     base = [b.strip() for b in baselines.split(",") if b.strip()]
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:
