@@ -156,3 +156,129 @@ def test_a_fault_variable_in_the_users_shell_kills_nothing(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "x.txt").read_text() == "kept"
+
+
+# ---- 2-5, 7, 8: prepare ----------------------------------------------------------------------
+
+SMALL = SEED / "PF02184.sto"
+
+
+def _prepare_cfg(out, inputs=(SMALL,), **kw):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+
+    return PrepareConfig(inputs=tuple(str(i) for i in inputs), out=str(out),
+                         sampling=SamplingConfig(pairs_per_family=4), **kw)
+
+
+def test_a_second_prepare_on_a_locked_directory_names_the_holder(tmp_path):
+    from pfamalign.pipelines.locks import directory_lock
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+
+    out = tmp_path / "ds"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pfamalign.pipelines.locks import "
+         f"directory_lock\nwith directory_lock({str(out)!r}, 'prepare'):\n"
+         "    print('locked', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(PrepareError, match=f"in use by another prepare run \\(pid {holder.pid}"):
+            run_prepare(_prepare_cfg(out), quiet=True)
+        assert not (out / "work").exists() and not (out / "manifest.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    result = run_prepare(_prepare_cfg(out), quiet=True)  # the kernel dropped the killed holder's lock
+    assert result.summary["pairs"]["total"] > 0
+    with directory_lock(out, "prepare"):  # and this run released its own
+        pass
+
+
+def test_overwrite_removes_only_what_prepare_wrote(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    first = run_prepare(_prepare_cfg(out), quiet=True)
+    (out / "train" / "my_notes.txt").write_text("mine")
+    (out / "embeddings" / "mine.npy").write_bytes(b"x")
+    (out / "README").write_text("mine too")
+    run_prepare(_prepare_cfg(out, seed=7, overwrite=True), quiet=True)
+    assert (out / "train" / "my_notes.txt").read_text() == "mine"
+    assert (out / "embeddings" / "mine.npy").read_bytes() == b"x"
+    assert (out / "README").read_text() == "mine too"
+    assert json.loads((out / "manifest.json").read_text())["config_hash"] != \
+        first.manifest["config_hash"]
+
+
+def test_overwrite_refuses_a_directory_without_a_manifest(tmp_path):
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+
+    out = tmp_path / "ds"
+    for name in ("train", "val", "test", "work", "embeddings"):
+        (out / name).mkdir(parents=True)
+        (out / name / "data.bin").write_bytes(b"precious")
+    with pytest.raises(PrepareError, match="not a pfamalign dataset"):
+        run_prepare(_prepare_cfg(out, overwrite=True), quiet=True)
+    for name in ("train", "val", "test", "work", "embeddings"):
+        assert (out / name / "data.bin").read_bytes() == b"precious"
+
+
+def test_skip_bad_keeps_a_valid_copy_after_a_broken_one(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    good = SMALL.read_text()
+    broken = good.replace("//", "bad/1-3 AC#\n//", 1)  # parses as a stream, fails the parse
+    (tmp_path / "a_broken.sto").write_text(broken)
+    (tmp_path / "b_good.sto").write_text(good)
+    out = tmp_path / "ds"
+    result = run_prepare(_prepare_cfg(out, inputs=[tmp_path / "a_broken.sto",
+                                                   tmp_path / "b_good.sto"], skip_bad=True),
+                         quiet=True)
+    s = result.summary
+    assert s["skipped"]["families"] == {"malformed Stockholm": 1}
+    assert s["families"]["used"] == 1 and s["pairs"]["total"] > 0
+
+
+def test_a_failed_prepare_does_not_block_the_rerun_its_message_suggests(tmp_path):
+    bad = tmp_path / "in"
+    bad.mkdir()
+    (bad / "a.sto").write_text(SMALL.read_text())
+    (bad / "b.sto").write_text("# STOCKHOLM 1.0\nx/1-3 AC#\n//\n")
+    out = tmp_path / "ds"
+    first = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q",
+                 "--families-per-chunk", "1"])
+    assert first.exit_code == 1 and "--skip-bad" in first.output, first.output
+    second = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q", "--skip-bad",
+                  "--families-per-chunk", "1"])
+    assert second.exit_code == 0, second.output
+    assert json.loads((out / "manifest.json").read_text())["summary"]["families"]["used"] == 1
+
+
+def test_a_stray_manifest_temporary_is_cleaned_on_rerun(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out, keep_work=True), quiet=True)
+    manifest = (out / "manifest.json").read_bytes()
+    (out / "manifest.json").rename(out / ".manifest.json.999999.tmp")  # killed before the rename
+    run_prepare(_prepare_cfg(out), quiet=True)
+    assert (out / "manifest.json").read_bytes() == manifest
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
+    import gzip
+
+    data = gzip.compress((SEED / "PF00041.sto").read_bytes() * 4)
+    gz = tmp_path / "Pfam-A.seed.gz"
+    gz.write_bytes(data[: len(data) // 2])
+    result = run(["prepare", "shards", "--pfam", gz, "--out", tmp_path / "ds", "-q"]
+                 + (["--skip-bad"] if skip_bad else []))
+    if skip_bad:  # the families before the cut are kept, the cut is reported
+        assert result.exit_code == 0, result.output
+        errors = json.loads((tmp_path / "ds" / "manifest.json").read_text())["summary"]["errors"]
+        assert any("truncated or corrupt" in e for e in errors), errors
+    else:
+        assert_clear_error(result, "truncated or corrupt")
+    assert "Aborted" not in result.output
