@@ -15,6 +15,7 @@ _COMMANDS = {
     "eval": ("evaluate", "evaluate"),
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
+    "verify": ("verify", "verify"),
 }
 
 

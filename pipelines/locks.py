@@ -29,8 +29,10 @@ class LockError(RuntimeError):
 
 @contextlib.contextmanager
 def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
-    """Holds the exclusive lock of ``directory`` (created if missing) for the block."""
+    """Holds the exclusive lock of ``directory`` (created if missing) for the block. A block
+    that fails in a directory it created, before writing anything else, removes it again."""
     directory = pathlib.Path(directory)
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -50,6 +52,11 @@ def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
         os.pwrite(fd, holder.encode("utf-8", "replace"), 0)
         try:
             yield path
+        except Exception:
+            if created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+                path.unlink()  # the run failed before writing anything: leave no directory
+                directory.rmdir()
+            raise
         finally:
             os.ftruncate(fd, 0)  # an empty lock file: nobody holds it
     finally:

@@ -47,6 +47,22 @@ from pfamalign.pipelines.splits import SPLITS
 STRING_FIELDS = ("family", "q_id", "k_id", "q_seq", "k_seq")
 
 
+def shard_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
+    """The shards of a dataset that are missing or differ from its manifest: by size (cheap,
+    on every open), and by SHA-256 with ``full`` (``pfamalign verify``)."""
+    problems = []
+    for row in manifest.get("shards", []):
+        file = path / row["path"]
+        if not file.is_file():
+            problems.append(f"{row['path']} is missing")
+        elif file.stat().st_size != row["bytes"]:
+            problems.append(f"{row['path']} has {file.stat().st_size} bytes, the manifest says "
+                            f"{row['bytes']}")
+        elif full and rec.file_sha256(file) != row["sha256"]:
+            problems.append(f"{row['path']} fails its SHA-256 (corrupt or modified)")
+    return problems
+
+
 class PairDataset:
     """A prepared dataset directory: manifest metadata and per-split sources."""
 
@@ -57,11 +73,18 @@ class PairDataset:
             hint = (" (an unfinished run: re-run the same `pfamalign prepare shards` command to "
                     "finish it)" if (self.path / "work").exists() else "")
             raise FileNotFoundError(f"{manifest_path} not found: not a prepared dataset{hint}")
-        self.manifest = json.loads(manifest_path.read_text())
-        version = self.manifest.get("format_version")
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+            version = self.manifest.get("format_version")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{manifest_path} is damaged ({err}); re-run prepare") from None
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path} has dataset format {version}; this pfamalign reads "
                              f"format {FORMAT_VERSION} (re-run prepare)")
+        damaged = shard_problems(self.path, self.manifest)
+        if damaged:
+            raise ValueError(f"{self.path} is damaged: " + "; ".join(damaged[:3]) + ". Re-run "
+                             "prepare into a new directory (`pfamalign verify` checks every byte)")
 
     @property
     def embedder_id(self) -> str:

@@ -67,14 +67,17 @@ def decode(data: bytes) -> dict[str, object]:
     """Decodes bytes written by :func:`encode` (arrays are read-only views of ``data``)."""
     if data[:4] != MAGIC:
         raise ValueError(f"not a pfamalign record (magic {data[:4]!r}, expected {MAGIC!r})")
-    (n,) = _HEADER.unpack_from(data, 4)
-    start = 8 + n
-    header = json.loads(data[8:start].decode("utf-8"))
-    out: dict[str, object] = dict(header["s"])
-    for name, dtype, shape, offset, nbytes in header["a"]:
-        arr = np.frombuffer(data, dtype=np.dtype(dtype), count=nbytes // np.dtype(dtype).itemsize,
-                            offset=start + offset)
-        out[name] = arr.reshape(shape)
+    try:
+        (n,) = _HEADER.unpack_from(data, 4)
+        start = 8 + n
+        header = json.loads(data[8:start].decode("utf-8"))
+        out: dict[str, object] = dict(header["s"])
+        for name, dtype, shape, offset, nbytes in header["a"]:
+            arr = np.frombuffer(data, dtype=np.dtype(dtype),
+                                count=nbytes // np.dtype(dtype).itemsize, offset=start + offset)
+            out[name] = arr.reshape(shape)
+    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"damaged pfamalign record ({type(err).__name__}: {err})") from None
     return out
 
 

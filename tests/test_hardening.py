@@ -282,3 +282,115 @@ def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
     else:
         assert_clear_error(result, "truncated or corrupt")
     assert "Aborted" not in result.output
+
+
+# ---- 2, 6, 7: training runs, checkpoints and models ------------------------------------------
+
+TINY = {"encoder_layers": 1, "encoder_width": 16, "head_dim": 8, "value_dim": 8,
+        "position_features": 8, "train.batch_size": 8, "train.steps": 2, "train.lr": 3e-3,
+        "train.warmup_steps": 1, "train.pad_multiple": 160, "train.max_len": 160,
+        "train.log_every": 1, "train.eval_every": 0, "train.ckpt_every": 1,
+        "train.eval_batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path_factory.mktemp("hard_data") / "ds"
+    cfg = _prepare_cfg(out, inputs=(SEED,), embedder="builtin/onehot",
+                       split_fractions=(0.7, 0.2, 0.1), seed=3)
+    run_prepare(cfg, quiet=True)
+    return out
+
+
+def _train_cfg(dataset, **extra):
+    from pfamalign.training import rundir
+
+    return rundir.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
+
+
+def test_an_infinite_learning_rate_stops_before_a_nan_checkpoint(dataset, tmp_path):
+    from pfamalign.training import loop
+
+    out = tmp_path / "run"
+    with pytest.raises(loop.NonFiniteLoss, match=r"non-finite parameters .* at step 1.*no "
+                                                 r"checkpoint was written"):
+        loop.run(dataset, out, _train_cfg(dataset, **{"train.lr": float("inf")}), quiet=True,
+                 tune_pairs=None)
+    assert not list((out / "checkpoints").glob("[0-9]*"))
+
+
+def test_a_second_training_run_into_a_locked_directory_names_the_holder(dataset, tmp_path):
+    from pfamalign.pipelines.locks import directory_lock
+    from pfamalign.training import TrainingError, loop
+
+    out = tmp_path / "run"
+    with directory_lock(out, "training"):
+        with pytest.raises(TrainingError, match=f"in use by another training run \\(pid {os.getpid()}"):
+            loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
+    assert not (out / "checkpoints").exists() and not (out / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(dataset, tmp_path_factory):
+    from pfamalign.training import loop
+
+    out = tmp_path_factory.mktemp("hard_run") / "run"
+    loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
+    return out
+
+
+def _flip_a_byte(path: pathlib.Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _largest_file(directory: pathlib.Path) -> pathlib.Path:
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(trained, tmp_path):
+    import shutil
+
+    from pfamalign import checkpoint
+
+    assert run(["verify", trained]).exit_code == 0
+    model = tmp_path / "model"
+    shutil.copytree(trained / "model", model)
+    checkpoint.load_model(model)  # intact: loads
+    _flip_a_byte(_largest_file(model / "params"))
+    with pytest.raises(checkpoint.CheckpointError, match="checksum mismatch"):
+        checkpoint.load_model(model)
+    result = run(["verify", model])
+    assert_clear_error(result, "checksum mismatch")
+
+
+def test_a_corrupt_checkpoint_is_refused_on_resume(dataset, trained, tmp_path):
+    import shutil
+
+    from pfamalign import checkpoint
+    from pfamalign.training import loop
+
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    shutil.rmtree(out / "model")
+    step = max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    _flip_a_byte(_largest_file(out / "checkpoints" / str(step) / "opt_state"))
+    with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint .*{step} fails its checksums"):
+        loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
+
+
+def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    assert run(["verify", ds]).exit_code == 0
+    shard = sorted((ds / "train").glob("pairs-*"))[0]
+    _flip_a_byte(shard)  # same size: only the full check sees it
+    assert_clear_error(run(["verify", ds]), "fails its SHA-256")
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: seen on every open
+    assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
+                       "damaged", shard.name)
