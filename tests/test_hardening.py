@@ -288,7 +288,8 @@ def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
 
 TINY = {"encoder_layers": 1, "encoder_width": 16, "head_dim": 8, "value_dim": 8,
         "position_features": 8, "train.batch_size": 8, "train.steps": 2, "train.lr": 3e-3,
-        "train.warmup_steps": 1, "train.pad_multiple": 160, "train.max_len": 160,
+        "train.warmup_steps": 1, "train.pad_multiple": 96, "train.max_len": 96,
+        "transport.half_band": 16, "transport.base_steps": 3, "transport.tail_steps": 1,
         "train.log_every": 1, "train.eval_every": 0, "train.ckpt_every": 1,
         "train.eval_batch_size": 8}
 
@@ -310,6 +311,7 @@ def _train_cfg(dataset, **extra):
     return rundir.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
 
 
+@pytest.mark.slow  # compiles a train step (15 s); test_all_finite_* is the fast check
 def test_an_infinite_learning_rate_stops_before_a_nan_checkpoint(dataset, tmp_path):
     from pfamalign.training import loop
 
@@ -332,13 +334,15 @@ def test_a_second_training_run_into_a_locked_directory_names_the_holder(dataset,
     assert not (out / "checkpoints").exists() and not (out / "config.json").exists()
 
 
-@pytest.fixture(scope="module")
-def trained(dataset, tmp_path_factory):
-    from pfamalign.training import loop
+def test_all_finite_sees_any_non_finite_float_leaf():
+    import jax.numpy as jnp
 
-    out = tmp_path_factory.mktemp("hard_run") / "run"
-    loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
-    return out
+    from pfamalign.training.step import _all_finite
+
+    tree = {"w": jnp.ones((3, 2)), "count": jnp.array(7, jnp.int32), "b": [jnp.zeros(4)]}
+    assert bool(_all_finite(tree))
+    for bad in (jnp.inf, -jnp.inf, jnp.nan):
+        assert not bool(_all_finite(dict(tree, b=[jnp.zeros(4).at[2].set(bad)])))
 
 
 def _flip_a_byte(path: pathlib.Path) -> None:
@@ -351,35 +355,50 @@ def _largest_file(directory: pathlib.Path) -> pathlib.Path:
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(trained, tmp_path):
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    from pfamalign import checkpoint
+    from pfamalign.configs import get_config
+    from pfamalign.model import build_model
+
+    cfg = get_config("align_ce", embedder_id="builtin/onehot", feature_dim=21).model
+    out = tmp_path_factory.mktemp("hard_model") / "model"
+    checkpoint.save_model(out, build_model(cfg, seed=1), cfg)
+    return out
+
+
+def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, tmp_path):
     import shutil
 
     from pfamalign import checkpoint
 
-    assert run(["verify", trained]).exit_code == 0
+    assert run(["verify", saved_model]).exit_code == 0
     model = tmp_path / "model"
-    shutil.copytree(trained / "model", model)
+    shutil.copytree(saved_model, model)
     checkpoint.load_model(model)  # intact: loads
     _flip_a_byte(_largest_file(model / "params"))
     with pytest.raises(checkpoint.CheckpointError, match="checksum mismatch"):
         checkpoint.load_model(model)
-    result = run(["verify", model])
-    assert_clear_error(result, "checksum mismatch")
+    assert_clear_error(run(["verify", model]), "checksum mismatch")
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
 
 
-def test_a_corrupt_checkpoint_is_refused_on_resume(dataset, trained, tmp_path):
-    import shutil
+def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
+    import jax
+    import jax.numpy as jnp
 
     from pfamalign import checkpoint
-    from pfamalign.training import loop
 
-    out = tmp_path / "run"
-    shutil.copytree(trained, out)
-    shutil.rmtree(out / "model")
-    step = max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
-    _flip_a_byte(_largest_file(out / "checkpoints" / str(step) / "opt_state"))
-    with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint .*{step} fails its checksums"):
-        loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
+    params, opt = {"w": jnp.arange(64.0).reshape(8, 8)}, {"m": jnp.ones(256)}
+    ckpts = checkpoint.TrainCheckpoints(tmp_path / "checkpoints")
+    ckpts.save(3, params=params, opt_state=opt, data_state={"next_index": 3}, meta={"step": 3})
+    abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
+    restored = ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
+    np.testing.assert_array_equal(restored[0]["w"], params["w"])
+    _flip_a_byte(_largest_file(tmp_path / "checkpoints" / "3" / "opt_state"))
+    with pytest.raises(checkpoint.CheckpointError, match="3 fails its checksums"):
+        ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
+    ckpts.close()
 
 
 def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_path):
