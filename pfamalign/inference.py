@@ -20,6 +20,7 @@ from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
+from pfamalign.resources import check_align_memory
 
 DEFAULT_MODEL = "default_model"
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
@@ -197,10 +198,12 @@ class Predictor:
         default model shipped with the package.
       weights: ESM-2 weights for checkpoints trained on ESM-2 features.
       max_length: longest sequence accepted (residues).
+      max_memory: refuse a pair whose estimated memory (``pfamalign.resources``) is larger
+        (bytes; None: no limit).
     """
 
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
-                 max_length: int = 4096):
+                 max_length: int = 4096, max_memory: int | None = None):
         from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
@@ -217,6 +220,7 @@ class Predictor:
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
+        self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
@@ -264,6 +268,7 @@ class Predictor:
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
               ) -> tuple[PairAlignment, PairPlan]:
+        check_align_memory(len(seq_a), len(seq_b), self.max_memory)
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp

@@ -413,3 +413,27 @@ def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_pat
     shard.write_bytes(shard.read_bytes()[:100])  # truncated: seen on every open
     assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
                        "damaged", shard.name)
+
+
+# ---- 12: memory ------------------------------------------------------------------------------
+
+def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
+    long_a, long_b = "ACDEFGHIKL" * 300, "KLMNPQRSTV" * 300
+    result = run(["align", long_a, long_b, "--max-memory", "200M"])
+    assert_clear_error(result, "3000 x 3000", "--max-memory")
+    assert "needs about" in result.output
+
+
+def test_memory_estimate_and_sizes():
+    from pfamalign import resources
+
+    assert resources.parse_size("8G") == 8 << 30 and resources.parse_size("512m") == 512 << 20
+    assert resources.parse_size("0") == 0 and resources.parse_size("1.5GiB") == 3 << 29
+    for bad in ("", "lots", "-1G", "8X"):
+        with pytest.raises(ValueError):
+            resources.parse_size(bad)
+    # the padded square grid: the longer sequence decides; 20000 x 20000 is about 20 GB
+    assert resources.estimate_align_bytes(100, 20000) == resources.estimate_align_bytes(20000, 20000)
+    assert 18e9 < resources.estimate_align_bytes(20000, 20000) < 22e9
+    resources.check_align_memory(20000, 20000, 0)  # 0: no limit
+    assert resources.default_budget() > 0

@@ -32,7 +32,11 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @decoder_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
-def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_length, **decoding):
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
+                   "Default: 80% of this machine's memory.")
+def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_length, max_memory,
+          **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files).
 
     \b
@@ -46,7 +50,7 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
       pfamalign align query.fasta target.fasta -f json --plot plan.png
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
     """
-    from pfamalign import inputs
+    from pfamalign import inputs, resources
     from pfamalign.alignment.formats import format_alignment
     from pfamalign.inference import Predictor
     from pfamalign.outputs import atomic_path, open_output
@@ -60,7 +64,9 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
     try:  # sequences are checked before the model loads; a pairs file streams
         pairs = (inputs.read_pairs_tsv(pairs_file) if pairs_file
                  else [inputs.pair_from_sequences(seq_a, seq_b)])
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        budget = (resources.default_budget() if max_memory is None
+                  else resources.parse_size(max_memory))
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget)
         settings = decoder_settings(predictor.decoding, decoding)
         with open_output(out, inputs=sources) as sink:
             for rec, pp in predictor.align_records(pairs, settings):
