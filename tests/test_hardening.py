@@ -437,3 +437,67 @@ def test_memory_estimate_and_sizes():
     assert 18e9 < resources.estimate_align_bytes(20000, 20000) < 22e9
     resources.check_align_memory(20000, 20000, 0)  # 0: no limit
     assert resources.default_budget() > 0
+
+
+# ---- 14: loading untrusted weights runs no code ----------------------------------------------
+
+class _Payload:
+    """Unpickling this creates ``marker``: what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _tiny_esm(directory):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_esm", ROOT / "data" / "tiny_esm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_tiny_esm(directory)
+
+
+@pytest.mark.parametrize("crafted", ["model", "regression"])
+def test_a_crafted_pickle_in_esm_weights_is_refused_without_running(tmp_path, monkeypatch, crafted):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, EmbedderError, load_esm
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    weights = _tiny_esm(tmp_path / "w")
+    target = weights if crafted == "model" else weights.with_name(f"{weights.stem}-contact-regression.pt")
+    marker = tmp_path / "pwned"
+    torch.save({"model": _Payload(marker)}, target)
+    with pytest.raises(EmbedderError, match="weights-only"):
+        load_esm(weights)
+    assert not marker.exists()
+
+
+def test_every_torch_load_of_esm_weights_is_weights_only(tmp_path, monkeypatch):
+    """Explicitly: fair-esm's own loader leaves it to the torch default (unsafe before 2.6)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, load_esm
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    weights = _tiny_esm(tmp_path / "w")
+    calls, real = [], torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    load_esm(weights)
+    assert calls == [True, True]  # the model and its contact-regression file
+
+
+def test_the_embed_extra_requires_a_weights_only_torch():
+    import tomllib
+
+    extras = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert "torch>=2.6" in extras["embed"]
