@@ -178,12 +178,23 @@ class TransportConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TransportConfig":
-        """The inverse of ``to_dict``."""
-        data = dict(data)
-        if isinstance(data.get("blocks"), dict):
-            data["blocks"] = BlockSizes(**data["blocks"])
-        if data.get("eps_schedule") is not None:
-            data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
+        """The inverse of ``to_dict`` (a bad field is a ValueError: configs come from files)."""
+        from pfamalign import jsonio
+
+        data = jsonio.check_fields(cls, data, "TransportConfig")
+        if "half_band" not in data:
+            raise ValueError("TransportConfig: missing field half_band")
+        blocks = data.get("blocks")
+        if blocks is not None:
+            blocks = jsonio.check_fields(BlockSizes, blocks, "TransportConfig.blocks")
+            data["blocks"] = BlockSizes(**blocks)
+        schedule = data.get("eps_schedule")
+        if schedule is not None:
+            if not (isinstance(schedule, list) and all(
+                    isinstance(s, list) and len(s) == 2 for s in schedule)):
+                raise ValueError(f"TransportConfig: eps_schedule must be [[eps, steps], ...], "
+                                 f"got {schedule!r}")
+            data["eps_schedule"] = tuple(tuple(s) for s in schedule)
         return cls(**data)
 
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":

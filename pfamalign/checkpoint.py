@@ -175,16 +175,19 @@ def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[s
 
 def _read_model_config(path: pathlib.Path) -> AlignerConfig:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if "model" not in data:
+    if not isinstance(data, dict) or "model" not in data:
         raise CheckpointError(f"{path} has no 'model' section: not a pfamalign model/run config")
     version = data.get("format_version", MODEL_FORMAT_VERSION)
     if data.get("format", MODEL_FORMAT) == MODEL_FORMAT and version != MODEL_FORMAT_VERSION:
         raise CheckpointError(f"{path}: model format {version}; this pfamalign reads "
                               f"{MODEL_FORMAT_VERSION}")
-    return AlignerConfig.from_dict(data["model"])
+    try:
+        return AlignerConfig.from_dict(data["model"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
 
 
 def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:

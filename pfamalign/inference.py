@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
@@ -97,20 +98,10 @@ class DecoderSettings:
             fields = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: not a readable decoding.json ({err})") from None
-        if not isinstance(fields, dict):
-            raise ValueError(f"{path}: expected a JSON object of decoder settings")
-        end_gaps = fields.pop("end_gaps", None)  # files written before `mode`; `mode` wins
-        if end_gaps is not None:
-            fields.setdefault("mode", "global" if end_gaps else "local")
-        known = {f.name: f.type for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - set(known))
-        if unknown:
-            raise ValueError(f"{path}: unknown decoder setting(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(known)}")
-        for name, value in fields.items():
-            wanted = str if known[name] == "str" else (int, float)
-            if isinstance(value, bool) or not isinstance(value, wanted):
-                raise ValueError(f"{path}: {name} must be a {known[name]}, got {value!r}")
+        if isinstance(fields, dict) and "end_gaps" in fields:  # files written before `mode`
+            end_gaps = fields.pop("end_gaps")
+            fields.setdefault("mode", "global" if end_gaps else "local")  # `mode` wins
+        fields = jsonio.check_fields(cls, fields, str(path))
         try:
             return cls(**fields)
         except ValueError as err:
