@@ -190,8 +190,8 @@ class TransportConfig:
             data["blocks"] = BlockSizes(**blocks)
         schedule = data.get("eps_schedule")
         if schedule is not None:
-            if not (isinstance(schedule, list) and all(
-                    isinstance(s, list) and len(s) == 2 for s in schedule)):
+            if not (isinstance(schedule, (list, tuple)) and all(
+                    isinstance(s, (list, tuple)) and len(s) == 2 for s in schedule)):
                 raise ValueError(f"TransportConfig: eps_schedule must be [[eps, steps], ...], "
                                  f"got {schedule!r}")
             data["eps_schedule"] = tuple(tuple(s) for s in schedule)

@@ -143,7 +143,7 @@ class DecoderSettings:
                              min_mass=self.min_mass, mode=self.mode)
 
 
-# How far a query row's plan mass may stray from 1 (see ``PairPlan.check``): the trained
+# How far a plan's masses may stray from their bounds (``PairPlan.check``): the trained
 # models' 17-step plans stay within 0.05, a solve at eps = 1e-6 reaches rows of mass 2.
 PLAN_TOL = 0.25
 
@@ -164,21 +164,30 @@ class PairPlan:
         return self.plan[:-1, -1]
 
     def check(self, tol: float = PLAN_TOL) -> None:
-        """Raises ValueError unless the plan is one: finite, non-negative, every query row's
-        mass (real + dustbin) within ``tol`` of 1 and no key column above 1 + ``tol``. The
-        solve is truncated (a few Sinkhorn steps), so ``tol`` is loose; a broken solve (too
-        small an eps, overflow) is far outside it, and its confidences would be meaningless."""
+        """Raises ValueError unless the plan is one (docs/design.md §3.3, §8): finite,
+        non-negative, no entry (a confidence) and no key column above 1 + ``tol`` (the solve
+        ends on the column half-step), and each query row's mass (real + dustbin) within
+        ``tol`` of [min(1, r), max(1, r)], r = (Lk + 1) / (Lq + 1): with unbalanced targets
+        the rows are off by about the ratio of the totals. A broken solve (too small an eps,
+        overflow) is far outside these bounds, and its confidences would be meaningless."""
         plan = self.plan
         if not np.all(np.isfinite(plan)):
             raise ValueError("the transport plan is not finite (overflow in the solve); "
                              "the model's transport settings (eps) do not fit this pair")
+        lq, lk = plan.shape[0] - 1, plan.shape[1] - 1
+        ratio = (lk + 1) / (lq + 1)
         rows, cols = plan[:-1].sum(axis=1), plan[:-1, :-1].sum(axis=0)
-        worst_row = float(np.max(np.abs(rows - 1.0), initial=0.0))
-        if plan.min(initial=0.0) < -tol or worst_row > tol or cols.max(initial=0.0) > 1.0 + tol:
-            raise ValueError(
-                f"the transport plan is not a plan: row mass off by up to {worst_row:.3g}, "
-                f"column mass up to {cols.max(initial=0.0):.3g} (tolerance {tol}); the solve did "
-                "not converge with the model's transport settings (eps, steps)")
+        low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
+        bad = [what for what, failed in (
+            ("negative mass", plan.min(initial=0.0) < -tol),
+            (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol),
+            (f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > 1 + tol),
+            (f"query rows of mass {rows.min(initial=1.0):.3g} to {rows.max(initial=1.0):.3g} "
+             f"(expected {low:.3g} to {high:.3g})",
+             rows.min(initial=low) < low or rows.max(initial=high) > high)) if failed]
+        if bad:
+            raise ValueError(f"the transport plan is not a plan ({'; '.join(bad)}); the solve did "
+                             "not converge with the model's transport settings (eps, steps)")
 
 
 class Predictor:

@@ -20,6 +20,7 @@ FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
 # Longest pairs-file line read (characters): lines are read with this bound, so a file
 # without line ends (/dev/zero) is an error, not an unbounded allocation.
 MAX_LINE = 1 << 20
+MAX_FASTA_BYTES = 16 << 20  # a sequence argument's FASTA file: one record, read whole
 
 
 def is_path_argument(arg: str) -> bool:
@@ -43,6 +44,9 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
         path = pathlib.Path(arg[1:] if arg.startswith("@") else arg)
         if not path.is_file():
             raise ValueError(f"{arg}: no such FASTA file")
+        if path.stat().st_size > MAX_FASTA_BYTES:
+            raise ValueError(f"{arg}: {path.stat().st_size} bytes, more than a one-sequence FASTA "
+                             f"file can hold ({MAX_FASTA_BYTES}); use --pairs for many pairs")
         from Bio import SeqIO
 
         try:

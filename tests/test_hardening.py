@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from pfamalign.cli import main
+from test_train import TINY as TRAIN_TINY
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SEED = ROOT / "data" / "pfam_seed"
@@ -286,12 +287,10 @@ def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
 
 # ---- 2, 6, 7: training runs, checkpoints and models ------------------------------------------
 
-TINY = {"encoder_layers": 1, "encoder_width": 16, "head_dim": 8, "value_dim": 8,
-        "position_features": 8, "train.batch_size": 8, "train.steps": 2, "train.lr": 3e-3,
-        "train.warmup_steps": 1, "train.pad_multiple": 96, "train.max_len": 96,
-        "transport.half_band": 16, "transport.base_steps": 3, "transport.tail_steps": 1,
-        "train.log_every": 1, "train.eval_every": 0, "train.ckpt_every": 1,
-        "train.eval_batch_size": 8}
+# test_train's tiny align_ce, smaller still: 2 steps on a short band
+TINY = {**TRAIN_TINY, "encoder_width": 16, "head_dim": 8, "train.steps": 2,
+        "train.ckpt_every": 1, "train.pad_multiple": 96, "train.max_len": 96,
+        "transport.half_band": 16, "transport.base_steps": 3, "transport.tail_steps": 1}
 
 
 @pytest.fixture(scope="module")
@@ -501,3 +500,13 @@ def test_the_embed_extra_requires_a_weights_only_torch():
     extras = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert "torch>=2.6" in extras["embed"]
+
+
+def test_an_oversized_fasta_argument_is_refused_before_reading(tmp_path, monkeypatch):
+    from pfamalign import inputs
+
+    monkeypatch.setattr(inputs, "MAX_FASTA_BYTES", 64)
+    big = tmp_path / "big.fasta"
+    big.write_text(">big\n" + "ACDEFGHIKL" * 10 + "\n")
+    with pytest.raises(ValueError, match="more than a one-sequence FASTA"):
+        inputs.pair_from_sequences(str(big), "ACD")
