@@ -23,15 +23,19 @@ MAX_LINE = 1 << 20
 MAX_FASTA_BYTES = 16 << 20  # a sequence argument's FASTA file: one record, read whole
 
 
-def is_path_argument(arg: str) -> bool:
+def argument_path(arg: str) -> pathlib.Path | None:
     """The rule for a sequence argument: a FASTA file when it starts with ``@`` (the rest is
-    the path), contains a path separator, or ends in a FASTA suffix; residues otherwise."""
-    return arg.startswith("@") or "/" in arg or os.sep in arg or \
-        pathlib.Path(arg).suffix.lower() in FASTA_SUFFIXES
+    the path), contains a path separator, or ends in a FASTA suffix (its path is returned);
+    residues otherwise (None)."""
+    if arg.startswith("@"):
+        return pathlib.Path(arg[1:])
+    if "/" in arg or os.sep in arg or pathlib.Path(arg).suffix.lower() in FASTA_SUFFIXES:
+        return pathlib.Path(arg)
+    return None
 
 
 def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
-    """(id, residues) of a sequence argument: a FASTA file path (``is_path_argument``), or
+    """(id, residues) of a sequence argument: a FASTA file path (``argument_path``), or
     the residues.
 
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
@@ -40,8 +44,8 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
     """
     from pfamalign.residues import normalize_sequence
 
-    if is_path_argument(arg):
-        path = pathlib.Path(arg[1:] if arg.startswith("@") else arg)
+    path = argument_path(arg)
+    if path is not None:
         if not path.is_file():
             raise ValueError(f"{arg}: no such FASTA file")
         if path.stat().st_size > MAX_FASTA_BYTES:

@@ -103,6 +103,9 @@ def test_residue_string_naming_a_file_is_read_as_residues_with_a_warning(tmp_pat
     assert inputs.pair_from_sequences("./ACDEF", "KLM")["q_seq"] == "WWWWWWWW"
     with pytest.raises(ValueError, match="no such FASTA file"):
         inputs.pair_from_sequences("@missing", "KLM")
+    before = (tmp_path / "q.txt").read_text()  # an @file is an input no output may replace
+    assert_clear_error(run(["align", "@q.txt", "KLMNP", "-o", "q.txt"]), "also an input")
+    assert (tmp_path / "q.txt").read_text() == before
 
 
 # ---- 11: transport settings and the plan -----------------------------------------------------
@@ -394,10 +397,12 @@ def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
     abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
     restored = ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
     np.testing.assert_array_equal(restored[0]["w"], params["w"])
+    assert run(["verify", tmp_path]).exit_code == 0  # a run directory: every checkpoint
     _flip_a_byte(_largest_file(tmp_path / "checkpoints" / "3" / "opt_state"))
     with pytest.raises(checkpoint.CheckpointError, match="3 fails its checksums"):
         ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
     ckpts.close()
+    assert_clear_error(run(["verify", tmp_path]), "checksum mismatch")
 
 
 def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_path):

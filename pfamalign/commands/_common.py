@@ -28,6 +28,14 @@ def check_outputs(*outputs, inputs=()) -> None:
         fail(str(err))
 
 
+def sequence_paths(*args: str | None) -> list[pathlib.Path]:
+    """The FASTA files among sequence arguments (``inputs.argument_path``): inputs that no
+    output may overwrite."""
+    from pfamalign.inputs import argument_path
+
+    return [p for p in (argument_path(a) for a in args if a) if p is not None]
+
+
 def pair_input_options(f):
     """Click options naming one sequence pair: SEQ_A SEQ_B, a Stockholm file with two row
     ids, or a dataset pair; plus the model to use."""

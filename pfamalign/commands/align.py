@@ -6,7 +6,8 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import check_outputs, decoder_options, decoder_settings, fail
+from pfamalign.commands._common import (check_outputs, decoder_options, decoder_settings, fail,
+                                       sequence_paths)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -59,7 +60,7 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, max_len
         raise click.UsageError("give two sequences (SEQ_A SEQ_B) or --pairs FILE")
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
-    sources = (pairs_file, seq_a, seq_b, checkpoint, weights)
+    sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
     check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
         pairs = (inputs.read_pairs_tsv(pairs_file) if pairs_file

@@ -7,7 +7,8 @@ import pathlib
 import click
 import numpy as np
 
-from pfamalign.commands._common import check_outputs, fail, pair_input_options, resolve_pair
+from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+                                       sequence_paths)
 
 
 @click.command()
@@ -38,7 +39,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
     from pfamalign.outputs import atomic_path, open_output
 
-    sources = (seq_a, seq_b, stockholm, data, checkpoint, weights)
+    sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(tsv, plot, inputs=sources)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:

@@ -7,7 +7,8 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import check_outputs, fail, pair_input_options, resolve_pair
+from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+                                       sequence_paths)
 
 
 @click.command()
@@ -54,7 +55,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
     from pfamalign.outputs import atomic_path, open_output
 
-    sources = (seq_a, seq_b, stockholm, data, checkpoint, weights)
+    sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(json_out, plot, inputs=sources)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
