@@ -136,6 +136,15 @@ class _ArrayRecordFiles:
             self._source = grain.sources.ArrayRecordDataSource(self._files)
         return self._source
 
+    def _read(self, index: int) -> dict:
+        """Record ``index``, decoded; a damaged file is a ValueError naming the dataset
+        (array_record raises RuntimeError on a corrupt chunk)."""
+        try:
+            return rec.decode(self._src()[index])
+        except RuntimeError as err:
+            raise ValueError(f"a shard of {self.path} is damaged ({err}); `pfamalign verify "
+                             f"{self.path}` names it; re-run prepare") from None
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_source"] = None
@@ -152,7 +161,7 @@ class EmbeddingSource(_ArrayRecordFiles):
         self._len = int(manifest["embeddings"]["count"])
 
     def record(self, index: int) -> dict:
-        return rec.decode(self._src()[int(index)])
+        return self._read(int(index))
 
     def __getitem__(self, index: int) -> np.ndarray:
         return np.asarray(self.record(index)["emb"], dtype=np.float32)
@@ -199,7 +208,7 @@ class PairSource(_ArrayRecordFiles):
         if not 0 <= index < self._len:
             raise IndexError(f"pair index {index} out of range for {self._len} pairs "
                              f"in split {self.split!r}")
-        r = rec.decode(self._src()[index])
+        r = self._read(index)
         r["target"] = np.asarray(r["target"], dtype=np.int32)
         if self.features:
             r["q_feat"] = self._emb[r["q_emb"]]

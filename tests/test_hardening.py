@@ -411,9 +411,11 @@ def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_pat
     ds = tmp_path / "ds"
     shutil.copytree(dataset, ds)
     assert run(["verify", ds]).exit_code == 0
-    shard = sorted((ds / "train").glob("pairs-*"))[0]
-    _flip_a_byte(shard)  # same size: only the full check sees it
+    shard = sorted((ds / "test").glob("pairs-*"))[0]
+    _flip_a_byte(shard)  # same size: the full check sees it, and reading it
     assert_clear_error(run(["verify", ds]), "fails its SHA-256")
+    assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
+                       "a shard of", "is damaged", "pfamalign verify")
     shard.write_bytes(shard.read_bytes()[:100])  # truncated: seen on every open
     assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
                        "damaged", shard.name)
