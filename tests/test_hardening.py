@@ -430,6 +430,18 @@ def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
     assert "needs about" in result.output
 
 
+@pytest.mark.slow  # a child process loads the model and compiles (15 s)
+def test_the_memory_estimate_is_above_the_measured_peak(capsys):
+    sys.path.insert(0, str(ROOT.parent / "scripts"))
+    try:
+        import measure_align_memory
+    finally:
+        sys.path.pop(0)
+    measure_align_memory.main(["--lengths", "700"])
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["peak_GB"] > row["model_loaded_GB"] > 0 and row["ratio"] > 1.0, row
+
+
 def test_memory_estimate_and_sizes():
     from pfamalign import resources
 
