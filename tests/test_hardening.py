@@ -359,13 +359,14 @@ def _largest_file(directory: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
-    from pfamalign import checkpoint
-    from pfamalign.configs import get_config
-    from pfamalign.model import build_model
+    """A copy of the shipped model (its checksums.json written by ``write_checksums``, as
+    ``save_model`` does: see test_save_model_records_checksums)."""
+    import shutil
 
-    cfg = get_config("align_ce", embedder_id="builtin/onehot", feature_dim=21).model
+    from pfamalign.inference import default_model_dir
+
     out = tmp_path_factory.mktemp("hard_model") / "model"
-    checkpoint.save_model(out, build_model(cfg, seed=1), cfg)
+    shutil.copytree(default_model_dir(), out)
     return out
 
 
@@ -383,6 +384,18 @@ def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, t
         checkpoint.load_model(model)
     assert_clear_error(run(["verify", model]), "checksum mismatch")
     assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
+
+
+def test_save_model_records_checksums(tmp_path):
+    from pfamalign import checkpoint
+    from pfamalign.inference import Predictor
+
+    model = Predictor().model  # the shipped model, saved again
+    checkpoint.save_model(tmp_path / "m", model)
+    sums = json.loads((tmp_path / "m" / checkpoint.CHECKSUMS).read_text())["sha256"]
+    files = {str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m" / "params").rglob("*")
+             if p.is_file()}
+    assert set(sums) == files and checkpoint.verify_checksums(tmp_path / "m") == []
 
 
 def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
