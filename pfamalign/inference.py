@@ -164,7 +164,7 @@ class PairPlan:
         return self.plan[:-1, -1]
 
     def check(self, tol: float = PLAN_TOL) -> None:
-        """Raises ValueError unless the plan is one (docs/design.md §3.3, §8): finite,
+        """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
         non-negative, no entry (a confidence) and no key column above 1 + ``tol`` (the solve
         ends on the column half-step), and each query row's mass (real + dustbin) within
         ``tol`` of [min(1, r), max(1, r)], r = (Lk + 1) / (Lq + 1): with unbalanced targets
