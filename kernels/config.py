@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -78,6 +79,18 @@ class BlockSizes:
             raise ValueError(f"block must be a power of two >= 8, got {self.block}")
 
 
+# The transport boundary: below EPS_MIN the float32 log-domain solve no longer separates
+# costs of order one (eps = 1e-6 gives rows of mass 2 and confidences above 1); the step
+# counts are bounded so that a typo cannot ask for an endless solve.
+EPS_MIN, EPS_MAX = 1e-3, 1e6
+MAX_STEPS = 100_000
+
+
+def _check_eps(eps, name: str) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not EPS_MIN <= eps <= EPS_MAX:
+        raise ValueError(f"{name} must be a number in [{EPS_MIN:g}, {EPS_MAX:g}], got {eps!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TransportConfig:
     """Everything that defines the transport plan, apart from the inputs.
@@ -120,14 +133,16 @@ class TransportConfig:
     kernel: str = "auto"
 
     def __post_init__(self):
-        if not isinstance(self.half_band, int) or self.half_band < 0:
+        if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
+                self.half_band < 0:
             raise ValueError(f"half_band (W) must be an integer >= 0, got {self.half_band!r}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps!r}")
-        if self.base_steps < 0:
-            raise ValueError(f"base_steps (T) must be >= 0, got {self.base_steps!r}")
-        if self.tail_steps < 0:
-            raise ValueError(f"tail_steps (R) must be >= 0, got {self.tail_steps!r}")
+        _check_eps(self.eps, "eps")
+        for name in ("base_steps", "tail_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_STEPS:
+                raise ValueError(f"{name} must be an integer in [0, {MAX_STEPS}], got {value!r}")
+        if self.base_steps + self.tail_steps == 0:
+            raise ValueError("base_steps + tail_steps must be >= 1: no Sinkhorn step, no plan")
         if self.dustbin not in DUSTBIN_MODES:
             raise ValueError(f"dustbin must be one of {DUSTBIN_MODES}, got {self.dustbin!r}")
         if self.impl not in IMPLEMENTATIONS:
@@ -163,12 +178,23 @@ class TransportConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TransportConfig":
-        """The inverse of ``to_dict``."""
-        data = dict(data)
-        if isinstance(data.get("blocks"), dict):
-            data["blocks"] = BlockSizes(**data["blocks"])
-        if data.get("eps_schedule") is not None:
-            data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
+        """The inverse of ``to_dict`` (a bad field is a ValueError: configs come from files)."""
+        from pfamalign import jsonio
+
+        data = jsonio.check_fields(cls, data, "TransportConfig")
+        if "half_band" not in data:
+            raise ValueError("TransportConfig: missing field half_band")
+        blocks = data.get("blocks")
+        if blocks is not None:
+            blocks = jsonio.check_fields(BlockSizes, blocks, "TransportConfig.blocks")
+            data["blocks"] = BlockSizes(**blocks)
+        schedule = data.get("eps_schedule")
+        if schedule is not None:
+            if not (isinstance(schedule, (list, tuple)) and all(
+                    isinstance(s, (list, tuple)) and len(s) == 2 for s in schedule)):
+                raise ValueError(f"TransportConfig: eps_schedule must be [[eps, steps], ...], "
+                                 f"got {schedule!r}")
+            data["eps_schedule"] = tuple(tuple(s) for s in schedule)
         return cls(**data)
 
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":

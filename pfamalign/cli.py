@@ -16,6 +16,7 @@ _COMMANDS = {
     "eval": ("evaluate", "evaluate"),
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
+    "verify": ("verify", "verify"),
 }
 
 

@@ -24,7 +24,6 @@ Reconstruction averages the heads' errors (each head has its own values).
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import sys
 import time
@@ -427,11 +426,11 @@ def plot(summary: dict, path) -> pathlib.Path:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # keeps the suffix: the image format
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    return path
+    from pfamalign.outputs import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    return pathlib.Path(path)
 
 
 def to_json(summary: dict) -> str:

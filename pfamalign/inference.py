@@ -9,15 +9,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import json
+import math
+import numbers
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
+from pfamalign.resources import check_align_memory
 
 DEFAULT_MODEL = "default_model"
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
@@ -61,6 +65,10 @@ class DecoderSettings:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:
@@ -86,11 +94,18 @@ class DecoderSettings:
         path = pathlib.Path(directory) / "decoding.json"
         if not path.is_file():
             return cls()
-        fields = json.loads(path.read_text())
-        end_gaps = fields.pop("end_gaps", None)  # files written before `mode`; `mode` wins
-        if end_gaps is not None:
-            fields.setdefault("mode", "global" if end_gaps else "local")
-        return cls(**fields)
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable decoding.json ({err})") from None
+        if isinstance(fields, dict) and "end_gaps" in fields:  # files written before `mode`
+            end_gaps = fields.pop("end_gaps")
+            fields.setdefault("mode", "global" if end_gaps else "local")  # `mode` wins
+        fields = jsonio.check_fields(cls, fields, str(path))
+        try:
+            return cls(**fields)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def save(self, directory: pathlib.Path) -> None:
         from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
@@ -128,6 +143,11 @@ class DecoderSettings:
                              min_mass=self.min_mass, mode=self.mode)
 
 
+# How far a plan's masses may stray from their bounds (``PairPlan.check``): the trained
+# models' 17-step plans stay within 0.05, a solve at eps = 1e-6 reaches rows of mass 2.
+PLAN_TOL = 0.25
+
+
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
@@ -143,6 +163,32 @@ class PairPlan:
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
 
+    def check(self, tol: float = PLAN_TOL) -> None:
+        """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
+        non-negative, no entry (a confidence) and no key column above 1 + ``tol`` (the solve
+        ends on the column half-step), and each query row's mass (real + dustbin) within
+        ``tol`` of [min(1, r), max(1, r)], r = (Lk + 1) / (Lq + 1): with unbalanced targets
+        the rows are off by about the ratio of the totals. A broken solve (too small an eps,
+        overflow) is far outside these bounds, and its confidences would be meaningless."""
+        plan = self.plan
+        if not np.all(np.isfinite(plan)):
+            raise ValueError("the transport plan is not finite (overflow in the solve); "
+                             "the model's transport settings (eps) do not fit this pair")
+        lq, lk = plan.shape[0] - 1, plan.shape[1] - 1
+        ratio = (lk + 1) / (lq + 1)
+        rows, cols = plan[:-1].sum(axis=1), plan[:-1, :-1].sum(axis=0)
+        low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
+        bad = [what for what, failed in (
+            ("negative mass", plan.min(initial=0.0) < -tol),
+            (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol),
+            (f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > 1 + tol),
+            (f"query rows of mass {rows.min(initial=1.0):.3g} to {rows.max(initial=1.0):.3g} "
+             f"(expected {low:.3g} to {high:.3g})",
+             rows.min(initial=low) < low or rows.max(initial=high) > high)) if failed]
+        if bad:
+            raise ValueError(f"the transport plan is not a plan ({'; '.join(bad)}); the solve did "
+                             "not converge with the model's transport settings (eps, steps)")
+
 
 class Predictor:
     """A loaded aligner and its featurizer.
@@ -152,10 +198,12 @@ class Predictor:
         default model shipped with the package.
       weights: ESM-2 weights for checkpoints trained on ESM-2 features.
       max_length: longest sequence accepted (residues).
+      max_memory: refuse a pair whose estimated memory (``pfamalign.resources``) is larger
+        (bytes; None: no limit).
     """
 
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
-                 max_length: int = 4096):
+                 max_length: int = 4096, max_memory: int | None = None):
         from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
@@ -172,6 +220,7 @@ class Predictor:
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
+        self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
@@ -214,10 +263,12 @@ class Predictor:
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
+        pp.check()  # a failed solve is an error for this pair, not an alignment
         return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
               ) -> tuple[PairAlignment, PairPlan]:
+        check_align_memory(len(seq_a), len(seq_b), self.max_memory)
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)]))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp

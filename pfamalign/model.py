@@ -140,11 +140,11 @@ class AlignerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AlignerConfig":
-        data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown AlignerConfig fields {unknown}")
+        data = jsonio.check_fields(cls, data, "AlignerConfig")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ValueError(f"AlignerConfig: missing field(s) {', '.join(missing)}")
         data["transport"] = TransportConfig.from_dict(data["transport"])
         return cls(**data)
 

@@ -6,8 +6,9 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
-                                       decoder_settings, error_line, fail)
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+                                       decoder_options, decoder_settings, error_line, fail,
+                                       sequence_paths)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -36,9 +37,12 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @decoder_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
+                   "Default: 80% of this machine's memory.")
 @batch_options
-def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, max_length, strict,
-          quiet, **decoding):
+def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, max_length,
+          max_memory, strict, quiet, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files; - reads standard input).
 
     \b
@@ -59,11 +63,11 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       cat family.fasta | pfamalign align - --all-pairs -f cigar
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
     """
-    from pfamalign import inputs
+    from pfamalign import inputs, resources
     from pfamalign.alignment.formats import format_alignment
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import open_output
+    from pfamalign.outputs import atomic_path, open_output
 
     if pairs_file is None and seq_a is None:
         raise click.UsageError("give two sequences (SEQ_A SEQ_B), one multi-FASTA file, or --pairs FILE")
@@ -77,6 +81,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     if many and plot is not None:
         raise click.UsageError("--plot draws a single pair; give SEQ_A and SEQ_B")
     errors = BatchErrors(strict or not many)
+    sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
+    check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
         if pairs_file is not None:
             pairs = inputs.read_pairs_tsv(pairs_file)
@@ -84,9 +90,11 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
         else:
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        budget = (resources.default_budget() if max_memory is None
+                  else resources.parse_size(max_memory))
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget)
         settings = decoder_settings(predictor.decoding, decoding)
-        with open_output(out, inputs=(pairs_file, seq_a, seq_b)) as sink, \
+        with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
             for item in aligned(predictor, pairs, settings, errors):
                 if isinstance(item, inputs.BadRecord):
@@ -98,8 +106,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
 
-                    plot_plan(pp.real, plot, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
-                              title=f"{rec.id_a} vs {rec.id_b}")
+                    with atomic_path(plot, inputs=sources) as tmp:
+                        plot_plan(pp.real, tmp, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
+                                  title=f"{rec.id_a} vs {rec.id_b}")
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     if errors:

@@ -7,7 +7,8 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import fail, pair_input_options, resolve_pair
+from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+                                       sequence_paths)
 
 
 @click.command()
@@ -52,6 +53,10 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
+    from pfamalign.outputs import atomic_path, open_output
+
+    sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
+    check_outputs(json_out, plot, inputs=sources)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = certify_pair(Predictor(checkpoint, weights=weights), pair, tail_depths=depths,
@@ -88,6 +93,8 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     console.print(f"score perturbation |S-T|_inf={sp['perturbation_inf']:.3g}: ||P(S)-P(T)||_1 = {sp['lhs']:.4g} "
                   f"<= (n/tau)||S-T||_inf = {sp['rhs']:.4g}  ({'holds' if sp['holds'] else 'VIOLATED'})")
     if json_out:
-        json_out.write_text(jsonio.dumps(result, indent=1))
+        with open_output(json_out, inputs=sources) as sink:
+            sink.write(jsonio.dumps(result, indent=1))
     if plot:
-        plot_certificates(result, plot)
+        with atomic_path(plot, inputs=sources) as tmp:
+            plot_certificates(result, tmp)
