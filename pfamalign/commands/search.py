@@ -7,8 +7,8 @@ import pathlib
 import click
 
 from pfamalign import inputs
-from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
-                                       decoder_settings, error_line, fail)
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+                                       decoder_options, decoder_settings, error_line, fail)
 
 
 @click.command()
@@ -82,6 +82,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
     if query == database == inputs.STDIN:
         raise click.UsageError("standard input (-) can be QUERY or DATABASE, not both")
+    check_outputs(out, inputs=(query, database, checkpoint, weights))
     errors = BatchErrors(strict)
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
