@@ -52,10 +52,10 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
       pfamalign eval --stockholm PF00595.sto --checkpoint runs/x/model --json eval.json
     """
 
+    if (data is None) == (not stockholm):  # before the heavy import: usage errors stay instant
+        raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
     from pfamalign import evaluation
 
-    if (data is None) == (not stockholm):
-        raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
     base = [b.strip() for b in baselines.split(",") if b.strip()]
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:
