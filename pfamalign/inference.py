@@ -21,6 +21,20 @@ from pfamalign.alignment.pairs import PairAlignment
 
 DEFAULT_MODEL = "default_model"
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
+LONG_PAD_MULTIPLE = 256  # ... and of this beyond LONG_FROM residues (at most 22 lengths to 4096)
+LONG_FROM = 512
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)  # a batch is padded up to the next of these: few shapes
+
+
+def padded_length(length: int) -> int:
+    """The bucket of a sequence length: the padded length its pair is computed at."""
+    step = PAD_MULTIPLE if length <= LONG_FROM else LONG_PAD_MULTIPLE
+    return max(step, -(-length // step) * step)
+
+
+def padded_batch(size: int) -> int:
+    """The batch size a batch of ``size`` pairs is computed at (extra slots repeat a pair)."""
+    return next((b for b in BATCH_SIZES if b >= size), -(-size // BATCH_SIZES[-1]) * BATCH_SIZES[-1])
 
 
 def default_model_dir() -> pathlib.Path:
@@ -115,7 +129,8 @@ class DecoderSettings:
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
             return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "mea":
-            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
+            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin,
+                              min_mass=self.min_mass,
                               gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "hybrid":
             if sequences is None:
@@ -125,13 +140,15 @@ class DecoderSettings:
                                  min_mass=self.min_mass, mode=self.mode)
         return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
                              threshold=self.threshold, row_dustbin=pp.row_dustbin,
+                             col_dustbin=pp.col_dustbin,
                              min_mass=self.min_mass, mode=self.mode)
 
 
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
-    mass (the model's plans have no column dustbin: the last row stays zero)."""
+    mass, last row the columns' (zero in one direction's plan: the model has no column
+    dustbin; half the swapped direction's row dustbin in a ``symmetrize``d plan)."""
 
     plan: np.ndarray
 
@@ -142,6 +159,21 @@ class PairPlan:
     @property
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
+
+    @property
+    def col_dustbin(self) -> np.ndarray:
+        return self.plan[-1, :-1]
+
+
+def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
+    """The mean of a pair's plans in both directions, ``(P_AB + P_BA^T) / 2`` over the full
+    ``[Lq + 1, Lk + 1]`` matrices: the aligner is not symmetric in its two inputs (the query
+    and key projections differ), and a user swapping A and B must get the same alignment,
+    transposed, with the same score. B's row dustbin becomes the column dustbin (last row)."""
+    if ab.plan.shape != ba.plan.shape[::-1]:
+        raise ValueError(f"plans of one pair in both directions must be transposes in shape, got "
+                         f"{ab.plan.shape} and {ba.plan.shape}")
+    return PairPlan(0.5 * (ab.plan + ba.plan.T))
 
 
 class Predictor:
@@ -172,6 +204,7 @@ class Predictor:
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
+        self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
@@ -184,55 +217,117 @@ class Predictor:
 
     # ---- plans --------------------------------------------------------------------------
     def plans(self, feature_pairs: Iterable[tuple[np.ndarray, np.ndarray]], *,
-              batch_size: int = 8) -> Iterator[PairPlan]:
-        """Dense plans, in input order, computed in batches of equal padded length."""
+              batch_size: int = 8, symmetric: bool = False) -> Iterator[PairPlan]:
+        """Dense plans, in input order, computed in batches of equal padded length.
+        ``symmetric``: each plan is ``symmetrize``d (what the aligner decodes)."""
         batch: list[tuple[np.ndarray, np.ndarray]] = []
         for pair in feature_pairs:
             batch.append(pair)
             if len(batch) == batch_size:
-                yield from self._plan_batch(batch)
+                yield from self._plan_batch(batch, symmetric=symmetric)
                 batch = []
         if batch:
-            yield from self._plan_batch(batch)
+            yield from self._plan_batch(batch, symmetric=symmetric)
 
-    def _plan_batch(self, batch):
+    def _plan_batch(self, batch, *, pad: int | None = None, symmetric: bool = False) -> list[PairPlan]:
+        """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
+        (default: the bucket of the longest sequence) and a ``padded_batch`` size."""
+        if symmetric:  # both directions in the same call
+            both = self._plan_batch(batch + [(b, a) for a, b in batch], pad=pad)
+            return [symmetrize(ab, ba) for ab, ba in zip(both[: len(batch)], both[len(batch):])]
         lq = np.array([a.shape[0] for a, _ in batch], np.int32)
         lk = np.array([b.shape[0] for _, b in batch], np.int32)
-        pad = int(-(-max(lq.max(), lk.max()) // PAD_MULTIPLE) * PAD_MULTIPLE)
+        pad = pad or padded_length(int(max(lq.max(), lk.max())))
+        size = padded_batch(len(batch))
+        self.shapes.add((size, pad))
         dim = batch[0][0].shape[1]
-        xq = np.zeros((len(batch), pad, dim), np.float32)
-        xk = np.zeros((len(batch), pad, dim), np.float32)
-        for n, (a, b) in enumerate(batch):
+        xq = np.zeros((size, pad, dim), np.float32)
+        xk = np.zeros((size, pad, dim), np.float32)
+        for n in range(size):  # slots past the batch repeat its first pair
+            a, b = batch[n] if n < len(batch) else batch[0]
             xq[n, : len(a)], xk[n, : len(b)] = a, b
-        out = np.asarray(self.model.plan(xq, xk, lq, lk))  # jit-compiled per padded shape
+        lq_all = np.r_[lq, np.full(size - len(batch), lq[0], np.int32)]
+        lk_all = np.r_[lk, np.full(size - len(batch), lk[0], np.int32)]
+        out = np.asarray(self.model.plan(xq, xk, lq_all, lk_all))  # jit-compiled per shape
+        plans = []
         for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
             full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
             full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
             full[: lq[n], lk[n]] = out[n, : lq[n], -1]
-            yield PairPlan(full)
+            plans.append(PairPlan(full))
+        return plans
 
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
         return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
-    def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
-              ) -> tuple[PairAlignment, PairPlan]:
+    def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
+              symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:
+        """One pair, the simple way (the reference the batched ``align_records`` is tested
+        against): its own plan call, the numpy pair-HMM. ``symmetric=False``: the plan of
+        the A -> B direction only (a transport plan with A's row marginals)."""
         fa, fb = self.featurize([seq_a, seq_b])
-        pp = next(self.plans([(fa, fb)]))
+        pp = next(self.plans([(fa, fb)], symmetric=symmetric))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp
 
-    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None
-                      ) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
-        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``).
-        A ValueError about one pair starts with its ``where`` (a pairs-file line) if it has one."""
+    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None, *,
+                      window: int = 128) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
+        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``),
+        in input order. A ValueError about one pair starts with its ``where`` (a pairs-file
+        line) if it has one; the pairs before it are yielded first.
+
+        Batched: up to ``window`` pairs are read ahead, grouped by length bucket
+        (``padded_length``) and computed in batches of ``padded_batch`` sizes -- one jitted
+        plan call and one jitted pair-HMM call (``pairhmm_batched``) per batch, so a run
+        compiles at most one program per (batch size, bucket) that it meets.
+        """
+        decoding = decoding or self.decoding
+        pending: list[dict] = []
         for pair in pairs:
-            try:
-                aln, pp = self.align(pair["q_seq"], pair["k_seq"], decoding)
-                rec = AlignmentRecord.from_alignment(pair["q_seq"], pair["k_seq"], aln,
-                                                     id_a=pair["q_id"], id_b=pair["k_id"])
-            except ValueError as err:
-                if "where" not in pair:
-                    raise
-                raise ValueError(f"{pair['where']}: {err}") from err
-            yield rec, pp
+            problem = self._check_pair(pair["q_seq"], pair["k_seq"])
+            if problem is not None:
+                yield from self._align_window(pending, decoding)
+                pending = []
+                raise ValueError(f"{pair['where']}: {problem}" if "where" in pair else problem)
+            pending.append(pair)
+            if len(pending) == window:
+                yield from self._align_window(pending, decoding)
+                pending = []
+        yield from self._align_window(pending, decoding)
+
+    def _check_pair(self, seq_a: str, seq_b: str) -> str | None:
+        for seq in (seq_a, seq_b):
+            if not seq:
+                return "empty sequence"
+            if len(seq) > self.max_length:
+                return (f"sequence of {len(seq)} residues is longer than this model accepts "
+                        f"({self.max_length}); split it into domains or raise --max-length")
+        return None
+
+    def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
+        from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+
+        done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
+        buckets: dict[int, list[int]] = {}
+        for n, pair in enumerate(pairs):
+            longest = max(len(pair["q_seq"]), len(pair["k_seq"]))
+            buckets.setdefault(padded_length(longest), []).append(n)
+        for pad, members in buckets.items():
+            for start in range(0, len(members), BATCH_SIZES[-1]):
+                chunk = members[start: start + BATCH_SIZES[-1]]
+                seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
+                feats = [tuple(self.featurize(pair)) for pair in seqs]
+                plans = self._plan_batch(feats, pad=pad, symmetric=True)
+                posts = [None] * len(chunk)
+                if decoding.uses_pairhmm():
+                    size = padded_batch(len(chunk))
+                    posts = batched_match_posteriors(self.pairhmm, seqs + seqs[:1] * (size - len(chunk)),
+                                                     pad, pad)
+                for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
+                    aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)
+                    rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
+                                                         id_b=pairs[n]["k_id"])
+                    done[n] = rec, pp
+        for n in range(len(pairs)):
+            yield done.pop(n)
