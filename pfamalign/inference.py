@@ -7,6 +7,8 @@ one jit compilation per padded length, many pairs.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import importlib.resources
 import json
 import pathlib
@@ -205,6 +207,33 @@ class Predictor:
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
         self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
+
+    # ---- provenance ---------------------------------------------------------------------
+    @functools.cached_property
+    def model_hash(self) -> str:
+        """``sha256:`` + 16 hex digits over the model's files (config, every parameter file,
+        names and bytes) and its pair-HMM's parameters: any change to what computes an
+        alignment changes it."""
+        from pfamalign.checkpoint import resolve_model_path
+
+        config_path, params_path = resolve_model_path(self.path)
+        digest = hashlib.sha256()
+        files = [config_path] + sorted(f for f in pathlib.Path(params_path).rglob("*") if f.is_file())
+        for f in files:
+            digest.update(f.relative_to(self.path).as_posix().encode() + b"\0" + f.read_bytes())
+        digest.update(self.pairhmm.to_json().encode())
+        return "sha256:" + digest.hexdigest()[:16]
+
+    def provenance(self, decoding: DecoderSettings | None = None) -> dict:
+        """What produced an alignment (every output format records it): program and
+        version, model name and content hash, decoder and its settings."""
+        from pfamalign import __version__
+
+        shipped = " (shipped)" if self.path == default_model_dir() else ""
+        settings = dataclasses.asdict(decoding or self.decoding)
+        return {"version": f"pfamalign {__version__}",
+                "model": f"{self.config.name}{shipped} {self.model_hash}",
+                "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True}}
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
