@@ -178,6 +178,24 @@ def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
     return PairPlan(0.5 * (ab.plan + ba.plan.T))
 
 
+def model_content_hash(model_dir: pathlib.Path, hmm: PairHMM) -> str:
+    """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
+    names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
+    changes it; the decoder settings are recorded beside it (``Predictor.provenance``)."""
+    from pfamalign.checkpoint import resolve_model_path
+
+    config_path, params_path = resolve_model_path(model_dir)
+    named = [("config.json", config_path)] + sorted(
+        (f"params/{f.relative_to(params_path).as_posix()}", f)
+        for f in pathlib.Path(params_path).rglob("*") if f.is_file())
+    digest = hashlib.sha256()
+    for name, f in named:
+        data = f.read_bytes()
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)  # unambiguous file boundaries
+    digest.update(hmm.to_json().encode())
+    return "sha256:" + digest.hexdigest()[:16]
+
+
 class Predictor:
     """A loaded aligner and its featurizer.
 
@@ -211,18 +229,7 @@ class Predictor:
     # ---- provenance ---------------------------------------------------------------------
     @functools.cached_property
     def model_hash(self) -> str:
-        """``sha256:`` + 16 hex digits over the model's files (config, every parameter file,
-        names and bytes) and its pair-HMM's parameters: any change to what computes an
-        alignment changes it."""
-        from pfamalign.checkpoint import resolve_model_path
-
-        config_path, params_path = resolve_model_path(self.path)
-        digest = hashlib.sha256()
-        files = [config_path] + sorted(f for f in pathlib.Path(params_path).rglob("*") if f.is_file())
-        for f in files:
-            digest.update(f.relative_to(self.path).as_posix().encode() + b"\0" + f.read_bytes())
-        digest.update(self.pairhmm.to_json().encode())
-        return "sha256:" + digest.hexdigest()[:16]
+        return model_content_hash(self.path, self.pairhmm)
 
     def provenance(self, decoding: DecoderSettings | None = None) -> dict:
         """What produced an alignment (every output format records it): program and
