@@ -196,6 +196,18 @@ def model_content_hash(model_dir: pathlib.Path, hmm: PairHMM) -> str:
     return "sha256:" + digest.hexdigest()[:16]
 
 
+def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
+    """The first ``len(lq)`` plans of a padded ``[B, pad, pad + 1]`` batch (real keys, then the
+    dustbin column) at their own sizes."""
+    plans = []
+    for n in range(len(lq)):
+        full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
+        full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
+        full[: lq[n], lk[n]] = out[n, : lq[n], -1]
+        plans.append(PairPlan(full))
+    return plans
+
+
 class Predictor:
     """A loaded aligner and its featurizer.
 
@@ -267,10 +279,8 @@ class Predictor:
 
     def _plan_batch(self, batch, *, pad: int | None = None, symmetric: bool = False) -> list[PairPlan]:
         """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
-        (default: the bucket of the longest sequence) and a ``padded_batch`` size."""
-        if symmetric:  # both directions in the same call
-            both = self._plan_batch(batch + [(b, a) for a, b in batch], pad=pad)
-            return [symmetrize(ab, ba) for ab, ba in zip(both[: len(batch)], both[len(batch):])]
+        (default: the bucket of the longest sequence) and a ``padded_batch`` size;
+        ``symmetric``: both directions in the same call (each sequence encoded once)."""
         lq = np.array([a.shape[0] for a, _ in batch], np.int32)
         lk = np.array([b.shape[0] for _, b in batch], np.int32)
         pad = pad or padded_length(int(max(lq.max(), lk.max())))
@@ -284,14 +294,10 @@ class Predictor:
             xq[n, : len(a)], xk[n, : len(b)] = a, b
         lq_all = np.r_[lq, np.full(size - len(batch), lq[0], np.int32)]
         lk_all = np.r_[lk, np.full(size - len(batch), lk[0], np.int32)]
-        out = np.asarray(self.model.plan(xq, xk, lq_all, lk_all))  # jit-compiled per shape
-        plans = []
-        for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
-            full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
-            full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
-            full[: lq[n], lk[n]] = out[n, : lq[n], -1]
-            plans.append(PairPlan(full))
-        return plans
+        if not symmetric:  # jit-compiled per shape
+            return _unpad(np.asarray(self.model.plan(xq, xk, lq_all, lk_all)), lq, lk)
+        ab, ba = (np.asarray(x) for x in self.model.plans_both_ways(xq, xk, lq_all, lk_all))
+        return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
