@@ -128,16 +128,22 @@ def plot_plan(plan, path, *, pairs=None, reference_pairs=None, row_dustbin=None,
     ax_top.set_ylabel("column\nmass", fontsize=8)
     ax_top.tick_params(labelbottom=False, labelsize=7)
 
-    row_mass = plan.sum(axis=1)  # [Lq]
-    ax_right.barh(np.arange(lq), row_mass, height=1.0, color="tab:blue")
-    if row_dustbin is not None:
-        ax_right.barh(np.arange(lq), np.asarray(row_dustbin, dtype=np.float64).reshape(lq),
-                      height=1.0, left=row_mass, color="tab:gray")
-    ax_right.set_xlabel("row mass", fontsize=8)
-    ax_right.tick_params(labelleft=False, labelsize=7)
+    _row_marginal(ax_right, plan, row_dustbin)
     if title:
         fig.suptitle(title)
     return _save(fig, path, dpi, fmt)
+
+
+def _row_marginal(ax, plan: np.ndarray, row_dustbin) -> None:
+    """Row mass (and the dustbin stacked on it) as horizontal bars beside the heatmap."""
+    lq = plan.shape[0]
+    row_mass = plan.sum(axis=1)  # [Lq]
+    ax.barh(np.arange(lq), row_mass, height=1.0, color="tab:blue")
+    if row_dustbin is not None:
+        ax.barh(np.arange(lq), np.asarray(row_dustbin, dtype=np.float64).reshape(lq),
+                height=1.0, left=row_mass, color="tab:gray")
+    ax.set_xlabel("row mass", fontsize=8)
+    ax.tick_params(labelleft=False, labelsize=7)
 
 
 def _plot_band(plan, path, *, pairs, reference_pairs, row_dustbin, title, log_scale, dpi, fmt):
@@ -164,13 +170,7 @@ def _plot_band(plan, path, *, pairs, reference_pairs, row_dustbin, title, log_sc
     ax.set_xlim(-half - 0.5, half + 0.5)
     ax.set_xlabel("key offset from the decoded path (residues)")
     ax.set_ylabel("query position i")
-    row_mass = plan.sum(axis=1)
-    ax_right.barh(np.arange(lq), row_mass, height=1.0, color="tab:blue")
-    if row_dustbin is not None:
-        ax_right.barh(np.arange(lq), np.asarray(row_dustbin, dtype=np.float64).reshape(lq),
-                      height=1.0, left=row_mass, color="tab:gray")
-    ax_right.set_xlabel("row mass", fontsize=8)
-    ax_right.tick_params(labelleft=False, labelsize=7)
+    _row_marginal(ax_right, plan, row_dustbin)
     fig.suptitle(f"{title + ': ' if title else ''}band of {2 * half + 1} keys around the path "
                  f"({lq} x {lk})", fontsize=10)
     return _save(fig, path, dpi, fmt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
 import time
@@ -64,13 +65,12 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, verbose
     from pfamalign import inputs
     from pfamalign.alignment.formats import format_alignment
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import OutputError, atomic_path, open_output
+    from pfamalign.outputs import OutputError, atomic_path
 
     if pairs_file is None and (seq_a is None or seq_b is None):
         raise click.UsageError("give two sequences (SEQ_A SEQ_B) or --pairs FILE")
     if pairs_file is not None and (seq_a is not None or plot is not None):
         raise click.UsageError("--pairs takes no SEQ_A/SEQ_B arguments and no --plot")
-    sources = [pairs_file, seq_a, seq_b]
     try:  # sequences are checked before the model loads; a pairs file streams
         if plot is not None:
             from pfamalign.alignment.plots import figure_format
@@ -84,7 +84,7 @@ def align(seq_a, seq_b, pairs_file, checkpoint, weights, fmt, out, plot, verbose
         settings = decoder_settings(predictor.decoding, decoding)
         provenance = predictor.provenance(settings)
         n_pairs = 0
-        with open_output(out, [p for p in sources if p and pathlib.Path(p).is_file()]) as sink:
+        with open(out, "w") if out else contextlib.nullcontext(sys.stdout) as sink:
             for rec, pp in predictor.align_records(pairs, settings):
                 n_pairs += 1
                 sink.write(format_alignment(rec, _WRITER.get(fmt, fmt), provenance=provenance))
