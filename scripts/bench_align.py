@@ -158,7 +158,8 @@ def _environment() -> dict:
     import Bio
 
     return {"python": platform.python_version(), "numpy": np.__version__,
-            "biopython": Bio.__version__, "cpus": os.cpu_count()}
+            "biopython": Bio.__version__, "cpus": os.cpu_count(),
+            "load_avg_1min": os.getloadavg()[0]}  # a shared host: other jobs slow every figure
 
 
 # ---- issue 10's targets -----------------------------------------------------------------
