@@ -203,6 +203,17 @@ def test_a_second_process_compiles_nothing(tmp_path):
 
 
 @pytest.mark.slow
+def test_processes_sharing_the_cache_at_once_leave_it_whole(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    after = subprocess.run([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
+                           capture_output=True, text=True, timeout=120)
+    compiled, cached = map(int, after.stdout.split())
+    assert compiled == 0 and cached >= 1  # every entry readable: none torn by the concurrent writers
+
+
+@pytest.mark.slow
 def test_a_second_align_command_compiles_nothing(tmp_path):
     argv = [sys.executable, "-m", "pfamalign.cli", "align", "-v", "MKVLAAGIVGLLLA", "MKVLSAGIVGLA"]
     runs = [subprocess.run(argv, env=_env(tmp_path / "cache"), capture_output=True, text=True,
