@@ -259,10 +259,9 @@ class Predictor:
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
         for seq in sequences:
-            if len(seq) > self.max_length:
-                raise ValueError(
-                    f"sequence of {len(seq)} residues is longer than this model accepts "
-                    f"({self.max_length}); split it into domains or raise --max-length")
+            problem = self._problem(seq)
+            if problem is not None:
+                raise ValueError(problem)
         return [np.asarray(f, np.float32) for f in self.embedder.embed(list(sequences))]
 
     # ---- plans --------------------------------------------------------------------------
@@ -329,7 +328,7 @@ class Predictor:
         decoding = decoding or self.decoding
         pending: list[dict] = []
         for pair in pairs:
-            problem = self._check_pair(pair["q_seq"], pair["k_seq"])
+            problem = self._problem(pair["q_seq"]) or self._problem(pair["k_seq"])
             if problem is not None:
                 yield from self._align_window(pending, decoding)
                 pending = []
@@ -340,13 +339,13 @@ class Predictor:
                 pending = []
         yield from self._align_window(pending, decoding)
 
-    def _check_pair(self, seq_a: str, seq_b: str) -> str | None:
-        for seq in (seq_a, seq_b):
-            if not seq:
-                return "empty sequence"
-            if len(seq) > self.max_length:
-                return (f"sequence of {len(seq)} residues is longer than this model accepts "
-                        f"({self.max_length}); split it into domains or raise --max-length")
+    def _problem(self, seq: str) -> str | None:
+        """Why this model cannot align ``seq`` (None: it can)."""
+        if not seq:
+            return "empty sequence"
+        if len(seq) > self.max_length:
+            return (f"sequence of {len(seq)} residues is longer than this model accepts "
+                    f"({self.max_length}); split it into domains or raise --max-length")
         return None
 
     def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
