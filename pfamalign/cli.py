@@ -42,7 +42,15 @@ def main():
       pfamalign train --data data/ --out runs/align_ce             # train an aligner
       pfamalign align SEQ_A SEQ_B                                  # align two sequences
       pfamalign search query.fasta db.fasta                        # rank hits, E-values
+
+    \b
+    Compiled XLA programs are cached in the user's cache directory (~/.cache/pfamalign),
+    so only a command's first run compiles; PFAMALIGN_CACHE_DIR=DIR moves the cache,
+    PFAMALIGN_CACHE_DIR= (empty) turns it off.
     """
+    from pfamalign import compile_cache
+
+    compile_cache.enable()  # jax-free: configures jax before a command imports it
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import json
 import typing
 from typing import Any
 
+from pfamalign.config_table import CONFIG_NAMES, CONFIGS as _CONFIGS
 from pfamalign.kernels import TransportConfig
 from pfamalign.model import AlignerConfig
 from pfamalign.pipelines.embed import feature_layout
@@ -200,20 +201,6 @@ def _paper_transport(**kw) -> TransportConfig:
     return TransportConfig(**kw)
 
 
-# name -> (model fields, transport fields, train fields). "encoder": None = by features.
-_CONFIGS: dict[str, tuple[dict, dict, dict]] = {
-    "k2_eps1": ({"recon_weight": 1.0}, {"tail_steps": 2}, {}),
-    "k4_eps1": ({"recon_weight": 1.0}, {"tail_steps": 4}, {}),
-    "muot_dustbin_mono": ({"recon_weight": 1.0, "mono_weight": 0.1},
-                          {"dustbin": "widened"}, {}),
-    "muot_dustbin_hybrid": ({"recon_weight": 1.0, "ce_weight": 1.0},
-                            {"dustbin": "widened"}, {}),
-    "align_ce": ({"recon_weight": 0.0, "ce_weight": 1.0, "mono_weight": 0.01,
-                  "encoder": "conv", "heads": 1, "head_dim": 64, "value_dim": 16,
-                  "position_features": 0, "substitution_window": None},
-                 {"dustbin": "spoke"}, {}),
-}
-CONFIG_NAMES = tuple(_CONFIGS)
 _NOT_OVERRIDABLE = ("transport", "name", "feature_dim", "embedder_id")  # from the dataset
 
 

@@ -323,7 +323,7 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
 
     table = pd.read_csv(tsv, sep="\t")
     rec = pair_from_stockholm(sto, id_a, id_b)
-    _, pp = Predictor(model_dir).align(rec["q_seq"], rec["k_seq"])
+    _, pp = Predictor(model_dir).align(rec["q_seq"], rec["k_seq"], symmetric=False)  # the transport plan
     np.testing.assert_allclose(table["barycenter"], barycenters(pp.real), rtol=1e-9)
     np.testing.assert_array_equal(table["target"], rec["target"])
     assert "barycenter MAE" in res.output and png.stat().st_size > 5000
@@ -363,10 +363,11 @@ def test_align_decoder_options(model_dir):
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
     mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
-    assert mea["pairs"] == mea_decode(pp.real, row_dustbin=pp.row_dustbin).pairs.tolist()
+    dustbins = dict(row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin)  # symmetrized plan: both
+    assert mea["pairs"] == mea_decode(pp.real, **dustbins).pairs.tolist()
     aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--gap-open", "0.3",
                           "--gap-extend", "0.1", "--threshold", "0.0"]).output)
-    expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, row_dustbin=pp.row_dustbin)
+    expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)
     assert aff["pairs"] == expected.pairs.tolist()
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
                                     "--gap-extend", "0.2"])
