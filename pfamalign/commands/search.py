@@ -94,10 +94,11 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
         per_query = decoys + len(db) - (1 if all_vs_all else 0)
+        provenance = predictor.provenance(settings)
         with open_output(out, inputs=(query, database)) as sink, \
                 batch_progress("searching", len(queries) * per_query, quiet) as advance:
             if fmt == "tsv":
-                sink.write(lib.tsv_header())
+                sink.write(lib.tsv_header(provenance))
             for error in errors.records:  # the records dropped while reading
                 sink.write(error_line(error, fmt == "json"))
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
@@ -110,7 +111,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
                     if fmt == "tsv":
                         sink.write(lib.format_tsv_row(hit.columns))
                     else:
-                        alignment = json.loads(to_json(hit.record))
+                        alignment = json.loads(to_json(hit.record, provenance=provenance))
                         sink.write(dumps_line({**hit.columns, "score": hit.score,
                                                "alignment": alignment}) + "\n")
     except (FileNotFoundError, ValueError) as err:
