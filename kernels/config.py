@@ -12,6 +12,7 @@ DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 KERNELS = ("auto", "tpu", "gpu")
+MARGINALS = ("balanced", "rows", "cols")
 
 # Every f32 contraction of the op (XLA path, reference, kernels) runs at this precision: the
 # default lets GPUs use TF32 and TPUs bf16 inputs, far outside the op's 1e-5 promise.
@@ -105,6 +106,17 @@ class TransportConfig:
       kernel: the Pallas kernel wrapper: "auto" (the default: Mosaic when lowered for TPU,
         Triton for CUDA / ROCm, interpret mode on CPU, chosen per lowering platform), "tpu" or
         "gpu" to force one.
+      marginals: which sides are constrained. "balanced" (the default): unit targets on rows
+        and columns (Sinkhorn). "rows": each active row sends its target mass over its
+        support, columns free: the masked row softmax of ``S / eps`` (softmax as semi-relaxed
+        OT). "cols": its transpose.
+      relax: with "rows" / "cols", None (free side) or lam > 0: the free side's marginal
+        enters as a KL penalty of weight lam (unbalanced Sinkhorn, half steps damped by
+        lam / (lam + eps)); lam -> 0 gives the softmax, lam -> inf the balanced plan.
+      tol: None (the fixed T-step base: today's plans) or a tolerance: the base iterates until
+        both marginal errors (``marginal_errors``) are <= tol, or ``max_steps`` steps; then
+        the R tail steps. Each problem stops on its own (batching does not change a plan).
+      max_steps: the base's step limit when ``tol`` is set.
     """
 
     half_band: int
@@ -118,6 +130,10 @@ class TransportConfig:
     blocks: BlockSizes = BlockSizes()
     interpret: bool | None = None
     kernel: str = "auto"
+    marginals: str = "balanced"
+    relax: float | None = None
+    tol: float | None = None
+    max_steps: int = 1000
 
     def __post_init__(self):
         if not isinstance(self.half_band, int) or self.half_band < 0:
@@ -136,6 +152,20 @@ class TransportConfig:
             raise ValueError(f"adjoint must be one of {ADJOINTS}, got {self.adjoint!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.marginals not in MARGINALS:
+            raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
+        if self.relax is not None:
+            if self.marginals == "balanced":
+                raise ValueError("relax needs a free side: marginals='rows' or 'cols'")
+            if not self.relax > 0:
+                raise ValueError(f"relax (the KL weight lam) must be > 0 or None, got {self.relax!r}")
+        if self.tol is not None:
+            if not self.tol > 0:
+                raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")
+            if self.eps_schedule is not None:
+                raise ValueError("tol solves at one eps: use eps_schedule=None with tol")
+        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {self.max_steps!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
@@ -176,6 +206,17 @@ class TransportConfig:
         (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
         impl = resolve_impl(self.impl, platform, length=length)
         return self if impl == self.impl else dataclasses.replace(self, impl=impl)
+
+    def damping(self) -> tuple[float, float]:
+        """(kappa_rows, kappa_cols): each half step is ``kappa (log target - LSE)``. 1 on a
+        constrained side, 0 on a free one, lam / (lam + eps) on a KL-relaxed one."""
+        free = 0.0 if self.relax is None else self.relax / (self.relax + self.eps)
+        return {"balanced": (1.0, 1.0), "rows": (1.0, free), "cols": (free, 1.0)}[self.marginals]
+
+    def centered(self) -> bool:
+        """Whether steps move the rows' mean potential into the columns. Only a balanced
+        problem has that gauge freedom; with a damped side a constant shift changes the plan."""
+        return self.marginals == "balanced"
 
     def base_stages(self) -> tuple[tuple[float, int], ...]:
         """The base solve as (eps, steps) stages."""
