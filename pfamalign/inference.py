@@ -131,7 +131,7 @@ class DecoderSettings:
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
-    mass (the model's plans have no column dustbin: the last row stays zero)."""
+    mass, last row the dustbin row (the keys' unaligned mass; zero without a dustbin)."""
 
     plan: np.ndarray
 
@@ -205,10 +205,11 @@ class Predictor:
         for n, (a, b) in enumerate(batch):
             xq[n, : len(a)], xk[n, : len(b)] = a, b
         out = np.asarray(self.model.plan(xq, xk, lq, lk))  # jit-compiled per padded shape
-        for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
+        for n in range(len(batch)):  # [B, pad + 1, pad + 1]: real lines, then the dustbin's
             full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
-            full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
-            full[: lq[n], lk[n]] = out[n, : lq[n], -1]
+            rows = np.r_[np.arange(lq[n]), pad]
+            full[:, : lk[n]] = out[n, rows, : lk[n]]
+            full[:, lk[n]] = out[n, rows, -1]
             yield PairPlan(full)
 
     # ---- alignment ----------------------------------------------------------------------

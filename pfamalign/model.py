@@ -320,9 +320,10 @@ class Aligner(nnx.Module):
         return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v)
 
     def plan(self, q_feat, k_feat, q_len, k_len):
-        """Head-mean dense plan ``[B, Lq, Lk + 1]``: real keys, then the dustbin column (zero
-        without a dustbin). Rows beyond ``q_len`` and keys beyond ``k_len`` are zero. For
-        decoding and evaluation (no gradient; memory Lq x Lk per pair and head)."""
+        """Head-mean dense plan ``[B, Lq + 1, Lk + 1]``: real queries then the dustbin row,
+        real keys then the dustbin column (zero without a dustbin). Rows beyond ``q_len`` and
+        keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
+        gradient; memory Lq x Lk per pair and head)."""
         return _plan_jit(self, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
                          jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
 
@@ -339,7 +340,7 @@ class Aligner(nnx.Module):
 @nnx.jit
 def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len):
     plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len)
-    return plan[:, :, :-1, :].mean(axis=1)  # [B, Lq, Lk + 1]
+    return plan.mean(axis=1)  # [B, Lq + 1, Lk + 1]
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:
