@@ -31,6 +31,17 @@ def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: st
     return support
 
 
+def dense_log_targets(q_len, k_len, lq: int, lk: int, *, dustbin: str, dtype=jnp.float32):
+    """Log row / column targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]``: unit, except a capacity
+    dustbin takes as much as the other side's length."""
+    log_a = jnp.zeros((jnp.shape(q_len)[0], 1, lq + 1), dtype)
+    log_b = jnp.zeros((jnp.shape(q_len)[0], 1, lk + 1), dtype)
+    if dustbin == "capacity":
+        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(dtype))[:, None])
+        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(dtype))[:, None])
+    return log_a, log_b
+
+
 def _masked_neg_lse(x, mask, axis):
     """-LSE over the masked entries; 0 where a line has no entry (it then carries no mass).
     Returns (that, has-an-entry)."""
@@ -131,12 +142,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     q_ext, k_ext, v_ext = _extend(q, tokens.q), _extend(k, tokens.k), _extend(v, tokens.v)
     mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
     mask = mask[:, None]  # broadcast over heads
-    # Targets: unit, except a capacity dustbin takes as much as the other side's length.
-    log_a = jnp.zeros((q.shape[0], 1, lq + 1), q.dtype)
-    log_b = jnp.zeros((q.shape[0], 1, lk + 1), q.dtype)
-    if cfg.dustbin == "capacity":
-        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
-        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
+    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=q.dtype)
     dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
     kappa, centered = cfg.damping(), cfg.centered()
     step = lambda s, v: _full_step(s, mask, v, log_a, log_b, kappa, centered)
