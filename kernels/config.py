@@ -24,6 +24,23 @@ def einsum(subscripts: str, *operands):
     return jnp.einsum(subscripts, *operands, precision=F32_PRECISION)
 
 
+def damp(x, kappa: float):
+    """``kappa * x`` for a static kappa (``TransportConfig.damping``): exactly ``x`` at 1 and
+    exactly 0 at 0, so the balanced op's arithmetic is untouched."""
+    return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
+
+
+def marginal_error(sums, pot, log_target, has, kappa: float):
+    """Max over supported lines (``has``, last axis) of ``|sum - target|``: a constrained side's
+    target is prescribed, a damped side's is its fixed point ``exp(log_target - pot (1 - kappa)
+    / kappa)`` (where ``pot = kappa (log_target - LSE)``), and a free side (kappa = 0) has none:
+    error 0."""
+    if kappa == 0.0:
+        return jnp.zeros(sums.shape[:-1], sums.dtype)
+    log_t = log_target if kappa == 1.0 else log_target - pot * (1 - kappa) / kappa
+    return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
+
+
 # Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
 # ("reference"). UNMEASURED: None keeps the kernels at every size until a GPU run of
 # ``scripts/bench_transport.py --impls reference,xla,pallas`` sets it (no guessed number).

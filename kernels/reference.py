@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pfamalign.kernels.config import DustbinTokens, TransportConfig, einsum
+from pfamalign.kernels.config import DustbinTokens, TransportConfig, damp, einsum, marginal_error
 
 
 def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: str):
@@ -60,9 +60,9 @@ def _full_step(s, mask, v, log_a, log_b, kappa=(1.0, 1.0), centered=True):
     followed by centering when the problem is balanced."""
     ka, kb = kappa
     u, row_has = _masked_neg_lse(s + v[..., None, :], mask, -1)
-    u = jnp.where(row_has, _damp(u + log_a, ka), 0.0)
+    u = jnp.where(row_has, damp(u + log_a, ka), 0.0)
     v_new, col_has = _masked_neg_lse(s + u[..., :, None], mask, -2)
-    v_new = jnp.where(col_has, _damp(v_new + log_b, kb), 0.0)
+    v_new = jnp.where(col_has, damp(v_new + log_b, kb), 0.0)
     if not centered:
         return u, v_new
     n_rows = jnp.maximum(jnp.sum(row_has, -1, keepdims=True), 1)
@@ -70,23 +70,13 @@ def _full_step(s, mask, v, log_a, log_b, kappa=(1.0, 1.0), centered=True):
     return jnp.where(row_has, u - c, 0.0), jnp.where(col_has, v_new + c, 0.0)
 
 
-def _damp(x, kappa: float):
-    """``kappa * x`` for a static kappa; exactly ``x`` at 1 and exactly 0 at 0."""
-    return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
-
-
 def dense_marginal_errors(plan, mask, u, v, log_a, log_b, kappa):
     """(row, column) marginal errors ``[..]`` of a dense plan with potentials (u, v): the max
     over supported lines of ``|sum - target|``, the target of a damped side being its
     fixed point ``exp(log_a - u (1 - kappa) / kappa)`` (the prescribed one at kappa = 1); a
     free side (kappa = 0) has no constraint and error 0."""
-    def side(sums, pot, log_t, kap, has):
-        if kap == 0.0:
-            return jnp.zeros(sums.shape[:-1], sums.dtype)
-        target = jnp.exp(log_t if kap == 1.0 else log_t - pot * (1 - kap) / kap)
-        return jnp.max(jnp.where(has, jnp.abs(sums - target), 0.0), -1)
-    return (side(jnp.sum(plan, -1), u, log_a, kappa[0], jnp.any(mask, -1)),
-            side(jnp.sum(plan, -2), v, log_b, kappa[1], jnp.any(mask, -2)))
+    return (marginal_error(jnp.sum(plan, -1), u, log_a, jnp.any(mask, -1), kappa[0]),
+            marginal_error(jnp.sum(plan, -2), v, log_b, jnp.any(mask, -2), kappa[1]))
 
 
 def _extend(x, token):

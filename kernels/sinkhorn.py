@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TransportConfig, einsum
+from pfamalign.kernels.config import TransportConfig, damp, einsum, marginal_error
 
 
 class Flat(NamedTuple):
@@ -169,15 +169,10 @@ def _logaddexp(a, b):
     return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
 
 
-def _damp(x, kappa: float):
-    """``kappa * x`` for a static kappa; exactly ``x`` at 1 and exactly 0 at 0."""
-    return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
-
-
 def _potential(log_target, lse, kappa: float = 1.0):
     """``kappa (log target - LSE)`` on lines with entries; 0 on lines without (they carry no
     mass). kappa < 1: a KL-relaxed side; 0: a free side (its potential stays 0)."""
-    return jnp.where(jnp.isfinite(lse), _damp(log_target - lse, kappa), 0.0)
+    return jnp.where(jnp.isfinite(lse), damp(log_target - lse, kappa), 0.0)
 
 
 # Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
@@ -222,23 +217,13 @@ def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
     return _potential(sup.log_cols, _col_lse(ops, band, spk, sup, u, shift), sup.kappa_cols)
 
 
-def _fixed_point_error(log_sums, pot, log_target, has, kappa: float):
-    """Max over supported lines of ``|sum - target|``; a damped side's target is its fixed
-    point ``exp(log_target - pot (1 - kappa) / kappa)`` (the prescribed one at kappa = 1); a free
-    side (kappa = 0) has no constraint: 0. ``reference.dense_marginal_errors`` is the dense twin."""
-    if kappa == 0.0:
-        return jnp.zeros(pot.shape[:1], pot.dtype)
-    log_t = log_target if kappa == 1.0 else log_target - pot * (1 - kappa) / kappa
-    sums = jnp.where(jnp.isfinite(log_sums), jnp.exp(log_sums), 0.0)
-    return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
-
-
 def marginal_errors(ops, band, spk: Spokes, sup: Support, u, v):
     """(row, column) marginal errors ``[N]`` of the plan ``exp(S + u ⊕ v)`` (two LSE passes)."""
-    rows = _row_lse(ops, band, spk, sup, v) + u
-    cols = _col_lse(ops, band, spk, sup, u) + v
-    return (_fixed_point_error(rows, u, sup.log_rows, sup.rows, sup.kappa_rows),
-            _fixed_point_error(cols, v, sup.log_cols, sup.cols, sup.kappa_cols))
+    sums = lambda log_sums: jnp.where(jnp.isfinite(log_sums), jnp.exp(log_sums), 0.0)
+    rows = sums(_row_lse(ops, band, spk, sup, v) + u)
+    cols = sums(_col_lse(ops, band, spk, sup, u) + v)
+    return (marginal_error(rows, u, sup.log_rows, sup.rows, sup.kappa_rows),
+            marginal_error(cols, v, sup.log_cols, sup.cols, sup.kappa_cols))
 
 
 def _full_step(ops, band, spk, sup: Support, v, u_prev):
