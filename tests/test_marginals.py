@@ -85,9 +85,16 @@ def _fn(cfg):
 # ---- the softmax as semi-relaxed OT ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dustbin", ["none", "spoke"])
-@pytest.mark.parametrize("marginals", ["rows", "cols"])
+def _fast_first(cases, n_fast):
+    """The first ``n_fast`` cases run by default, the rest with --full (the default suite stays
+    fast; every feature keeps a fast case)."""
+    return [c if i < n_fast else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.slow)
+            for i, c in enumerate(cases)]
+
+
+@pytest.mark.parametrize("impl,dustbin,marginals", _fast_first(
+    [("reference", "spoke", "rows"), ("xla", "none", "cols"), ("pallas", "spoke", "rows")]
+    + [(i, d, m) for i in IMPLS for d in ("none", "spoke") for m in ("rows", "cols")], 3))
 def test_semi_relaxed_plan_is_the_independent_masked_softmax(impl, dustbin, marginals):
     """``rows``: O = softmax_rows(S) V with S from float64 numpy (band + dustbin column);
     ``cols``: the column softmax. Not through the op's half steps."""
@@ -116,10 +123,9 @@ def test_rows_plan_satisfies_kkt(dustbin):
     assert np.abs(plan.sum(-2) - 1).max() > 0.1  # the columns really are free
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
-@pytest.mark.parametrize("marginals,relax,dustbin", [
-    ("rows", None, "none"), pytest.param("cols", None, "spoke", marks=pytest.mark.slow),
-    ("rows", 0.5, "spoke"), pytest.param("cols", 2.0, "capacity", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("impl,marginals,relax,dustbin", _fast_first(
+    [("xla", "rows", 0.5, "spoke"), ("pallas", "cols", 2.0, "capacity")]
+    + [(i, *c) for i in ("xla", "pallas") for c in (("rows", None, "none"), ("cols", None, "spoke"))], 2))
 def test_gradients_match_dense_autodiff(impl, marginals, relax, dustbin):
     """The custom VJP (damped half-step weights, no centering) against autodiff of the dense
     reference through the same tail steps."""
@@ -149,7 +155,7 @@ def test_finite_differences(marginals, relax):
 # ---- the KL relaxation: its two limits ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["reference", pytest.param("xla", marks=pytest.mark.slow), "pallas"])
+@pytest.mark.parametrize("impl", _fast_first(["reference", "pallas", "xla"], 1))
 def test_relax_limits(impl):
     """lam = 1e-8 gives the softmax; lam = 1e8 the balanced plan (both solved to a tolerance)."""
     q, k, v, tokens, _ = _inputs(seed=2)
@@ -180,7 +186,7 @@ def _np_sinkhorn(s, mask, log_a, log_b, iters=20000, tol=1e-13):
     return p
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", _fast_first(["pallas", "reference", "xla"], 1))
 def test_tolerance_solve_reaches_the_converged_plan(impl):
     """Capacity dustbin (feasible): the op at tol = 1e-5 against float64 Sinkhorn to 1e-13;
     the reported steps are below max_steps, the errors at most tol; the fixed 17-step plan is
@@ -229,7 +235,7 @@ def test_tolerance_solve_is_per_problem(impl):
     np.testing.assert_allclose(one.out, both.out[n:n + 1], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", _fast_first(["xla", "reference", "pallas"], 1))
 def test_stats_report_the_infeasible_spoke_problem(impl):
     """Spoke, Lq != Lk: unit targets on Lq + 1 rows and Lk + 1 columns cannot all hold; the
     balanced solve's rows tend to (Lk + 1) / (Lq + 1), and the stats say so."""
