@@ -102,6 +102,9 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     return out
 
 
+CONVERGED_STEPS = 20000  # float64 steps allowed to reach marginal errors <= 1e-9 ("converged")
+
+
 def _extended_scores(q, k, tokens, lq, lk, tcfg):
     """float64 scores ``S = q.k / sqrt(d)`` ``[H, Lq + 1, Lk + 1]`` (last row / column: the
     dustbin tokens), the support and the log targets of the op (``kernels.reference``)."""
@@ -137,9 +140,9 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
         p_out = np.asarray(plan[0, h], np.float64)
         solve = lambda x, **kw: cert.solve_dense(x, mask, log_a, log_b, kappa=kappa, **kw)
         mine = solve(s[h], stages=own, tol=tcfg.tol, max_steps=tcfg.max_steps + tcfg.tail_steps)
-        conv = solve(s[h], stages=((tau, 1),), tol=1e-9, max_steps=5000)
+        conv = solve(s[h], stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
         noise = np.where(mask, perturbation * rng.uniform(-1, 1, size=s[h].shape), 0.0)
-        conv_t = solve(s[h] + noise, stages=((tau, 1),), tol=1e-9, max_steps=5000)
+        conv_t = solve(s[h] + noise, stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
         totals = (float(np.exp(log_a)[mask.any(1)].sum()), float(np.exp(log_b)[mask.any(0)].sum()))
         marg = cert.plan_marginals(p_out, real_rows, real_cols, balanced=balanced, total_rows=totals[0],
                                    total_cols=totals[1], steps=mine.steps - tcfg.tail_steps)
@@ -154,6 +157,7 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
         sm = cert.masked_softmax(z, mask[real_rows])
         out["ceta"].append({
             **bound, "converged": bool(converged), "solve_steps": [conv.steps, conv_t.steps],
+            "solve_error": max(conv.row_error, conv.col_error, conv_t.row_error, conv_t.col_error),
             "applies": bool(marg["feasible"] and converged and tcfg.relax is None),
             "lipschitz": float(p_out[real_rows].sum(1).max()),
             "softmax_receiver_imbalance": float(np.abs(sm[:, :lk].sum(0) / (lq / lk) - 1).max()),
