@@ -198,6 +198,10 @@ def test_plan_marginals_flags_the_infeasible_problem():
     np.testing.assert_allclose(res.plan.sum(1), 4 / 6, atol=1e-6)  # rows tend to the average
     assert marg["sender_error"] == pytest.approx(1 / 3, abs=1e-6) and marg["receiver_error"] < 1e-12
     assert marg["total_mass"] == pytest.approx(4.0)
+    # a capacity problem is balanced (float32 targets: equal totals up to rounding)
+    cap = plan_marginals(res.plan, np.arange(6) < 5, np.arange(4) < 3, balanced=True,
+                         total_rows=135.0, total_cols=np.float32(np.exp(np.float32(np.log(66)))) + 69, steps=1)
+    assert cap["feasible"]
 
 
 @pytest.mark.parametrize("seed", range(12))
