@@ -13,6 +13,7 @@ DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 KERNELS = ("auto", "tpu", "gpu")
+MARGINALS = ("balanced", "rows", "cols")
 
 # Every f32 contraction of the op (XLA path, reference, kernels) runs at this precision: the
 # default lets GPUs use TF32 and TPUs bf16 inputs, far outside the op's 1e-5 promise.
@@ -22,6 +23,23 @@ F32_PRECISION = jax.lax.Precision.HIGHEST
 def einsum(subscripts: str, *operands):
     """``jnp.einsum`` at ``F32_PRECISION``: the op's contractions outside the kernels."""
     return jnp.einsum(subscripts, *operands, precision=F32_PRECISION)
+
+
+def damp(x, kappa: float):
+    """``kappa * x`` for a static kappa (``TransportConfig.damping``): exactly ``x`` at 1 and
+    exactly 0 at 0, so the balanced op's arithmetic is untouched."""
+    return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
+
+
+def marginal_error(sums, pot, log_target, has, kappa: float):
+    """Max over supported lines (``has``, last axis) of ``|sum - target|``: a constrained side's
+    target is prescribed, a damped side's is its fixed point ``exp(log_target - pot (1 - kappa)
+    / kappa)`` (where ``pot = kappa (log_target - LSE)``), and a free side (kappa = 0) has none:
+    error 0."""
+    if kappa == 0.0:
+        return jnp.zeros(sums.shape[:-1], sums.dtype)
+    log_t = log_target if kappa == 1.0 else log_target - pot * (1 - kappa) / kappa
+    return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
 
 
 # Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
@@ -118,6 +136,17 @@ class TransportConfig:
       kernel: the Pallas kernel wrapper: "auto" (the default: Mosaic when lowered for TPU,
         Triton for CUDA / ROCm, interpret mode on CPU, chosen per lowering platform), "tpu" or
         "gpu" to force one.
+      marginals: which sides are constrained. "balanced" (the default): unit targets on rows
+        and columns (Sinkhorn). "rows": each active row sends its target mass over its
+        support, columns free: the masked row softmax of ``S / eps`` (softmax as semi-relaxed
+        OT). "cols": its transpose.
+      relax: with "rows" / "cols", None (free side) or lam > 0: the free side's marginal
+        enters as a KL penalty of weight lam (unbalanced Sinkhorn, half steps damped by
+        lam / (lam + eps)); lam -> 0 gives the softmax, lam -> inf the balanced plan.
+      tol: None (the fixed T-step base: today's plans) or a tolerance: the base iterates until
+        both marginal errors (``marginal_errors``) are <= tol, or ``max_steps`` steps; then
+        the R tail steps. Each problem stops on its own (batching does not change a plan).
+      max_steps: the base's step limit when ``tol`` is set.
     """
 
     half_band: int
@@ -131,6 +160,10 @@ class TransportConfig:
     blocks: BlockSizes = BlockSizes()
     interpret: bool | None = None
     kernel: str = "auto"
+    marginals: str = "balanced"
+    relax: float | None = None
+    tol: float | None = None
+    max_steps: int = 1000
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -151,6 +184,20 @@ class TransportConfig:
             raise ValueError(f"adjoint must be one of {ADJOINTS}, got {self.adjoint!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.marginals not in MARGINALS:
+            raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
+        if self.relax is not None:
+            if self.marginals == "balanced":
+                raise ValueError("relax needs a free side: marginals='rows' or 'cols'")
+            if not self.relax > 0:
+                raise ValueError(f"relax (the KL weight lam) must be > 0 or None, got {self.relax!r}")
+        if self.tol is not None:
+            if not self.tol > 0:
+                raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")
+            if self.eps_schedule is not None:
+                raise ValueError("tol solves at one eps: use eps_schedule=None with tol")
+        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {self.max_steps!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
@@ -202,6 +249,17 @@ class TransportConfig:
         (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
         impl = resolve_impl(self.impl, platform, length=length)
         return self if impl == self.impl else dataclasses.replace(self, impl=impl)
+
+    def damping(self) -> tuple[float, float]:
+        """(kappa_rows, kappa_cols): each half step is ``kappa (log target - LSE)``. 1 on a
+        constrained side, 0 on a free one, lam / (lam + eps) on a KL-relaxed one."""
+        free = 0.0 if self.relax is None else self.relax / (self.relax + self.eps)
+        return {"balanced": (1.0, 1.0), "rows": (1.0, free), "cols": (free, 1.0)}[self.marginals]
+
+    def centered(self) -> bool:
+        """Whether steps move the rows' mean potential into the columns. Only a balanced
+        problem has that gauge freedom; with a damped side a constant shift changes the plan."""
+        return self.marginals == "balanced"
 
     def base_stages(self) -> tuple[tuple[float, int], ...]:
         """The base solve as (eps, steps) stages."""

@@ -15,4 +15,8 @@ CONFIGS: dict[str, tuple[dict, dict, dict]] = {
                   "position_features": 0, "substitution_window": None},
                  {"dustbin": "spoke"}, {}),
 }
+# What the column constraint and the balance are worth: align_ce with the row softmax
+# (semi-relaxed rows, columns free) and with the capacity dustbin (balanced for every pair).
+CONFIGS["align_softmax"] = (CONFIGS["align_ce"][0], {"dustbin": "spoke", "marginals": "rows"}, {})
+CONFIGS["align_ce_capacity"] = (CONFIGS["align_ce"][0], {"dustbin": "capacity"}, {})
 CONFIG_NAMES = tuple(CONFIGS)

@@ -12,7 +12,14 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``muot_dustbin_mono``    widened    2   recon + 0.1 mono        4 x 32 (32)       by features
 ``muot_dustbin_hybrid``  widened    2   recon + CE              4 x 32 (32)       by features
 ``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + sub
+``align_softmax``        spoke      2   as align_ce             1 x 64 (16)       conv + sub
+``align_ce_capacity``    capacity   2   as align_ce             1 x 64 (16)       conv + sub
 =======================  =========  ==  =====================  ================  ==========
+
+``align_softmax`` is the row softmax over the band and the dustbin column (``marginals="rows"``:
+softmax as semi-relaxed OT, columns free); ``align_ce_capacity`` is balanced on both sides for
+every pair (the capacity dustbin). Both compare with ``align_ce`` (spoke, infeasible when the
+lengths differ: see ``pfamalign certify``).
 
 "by features": a conv encoder for the built-in features (one-hot / BLOSUM rows have no
 context of their own), none for ESM-2 features (already contextual); ``--set encoder=...``

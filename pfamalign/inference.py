@@ -171,8 +171,8 @@ PLAN_TOL = 0.25
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
-    mass, last row the columns' (zero in one direction's plan: the model has no column
-    dustbin; half the swapped direction's row dustbin in a ``symmetrize``d plan)."""
+    mass, last row the dustbin row (the keys' unaligned mass; zero without a dustbin). In a
+    ``symmetrize``d plan both are the mean of the two directions' dustbin masses."""
 
     plan: np.ndarray
 
@@ -224,7 +224,8 @@ def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
     """The mean of a pair's plans in both directions, ``(P_AB + P_BA^T) / 2`` over the full
     ``[Lq + 1, Lk + 1]`` matrices: the aligner is not symmetric in its two inputs (the query
     and key projections differ), and a user swapping A and B must get the same alignment,
-    transposed, with the same score. B's row dustbin becomes the column dustbin (last row)."""
+    transposed, with the same score. Each direction's dustbin row (the keys' unaligned mass) is
+    the other's dustbin column, transposed."""
     if ab.plan.shape != ba.plan.shape[::-1]:
         raise ValueError(f"plans of one pair in both directions must be transposes in shape, got "
                          f"{ab.plan.shape} and {ba.plan.shape}")
@@ -250,13 +251,14 @@ def model_content_hash(model_dir: pathlib.Path, hmm: PairHMM) -> str:
 
 
 def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
-    """The first ``len(lq)`` plans of a padded ``[B, pad, pad + 1]`` batch (real keys, then the
-    dustbin column) at their own sizes."""
+    """The first ``len(lq)`` plans of a padded ``[B, pad + 1, pad + 1]`` batch (real lines,
+    then the dustbin's) at their own sizes."""
     plans = []
     for n in range(len(lq)):
         full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
-        full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
-        full[: lq[n], lk[n]] = out[n, : lq[n], -1]
+        rows = np.r_[np.arange(lq[n]), out.shape[1] - 1]
+        full[:, : lk[n]] = out[n, rows, : lk[n]]
+        full[:, lk[n]] = out[n, rows, -1]
         plans.append(PairPlan(full))
     return plans
 

@@ -320,9 +320,10 @@ class Aligner(nnx.Module):
         return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v)
 
     def plan(self, q_feat, k_feat, q_len, k_len):
-        """Head-mean dense plan ``[B, Lq, Lk + 1]``: real keys, then the dustbin column (zero
-        without a dustbin). Rows beyond ``q_len`` and keys beyond ``k_len`` are zero. For
-        decoding and evaluation (no gradient; memory Lq x Lk per pair and head)."""
+        """Head-mean dense plan ``[B, Lq + 1, Lk + 1]``: real queries then the dustbin row,
+        real keys then the dustbin column (zero without a dustbin). Rows beyond ``q_len`` and
+        keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
+        gradient; memory Lq x Lk per pair and head)."""
         return _plan_jit(self, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
                          jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
 
@@ -337,7 +338,7 @@ class Aligner(nnx.Module):
 
 
     def plans_both_ways(self, a_feat, b_feat, a_len, b_len):
-        """``plan`` of A against B and of B against A (``[B, La, Lb + 1]``, ``[B, Lb, La + 1]``),
+        """``plan`` of A against B and of B against A (``[B, La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``),
         each sequence encoded once: what a symmetrized alignment needs."""
         return _plans_both_ways_jit(self, jnp.asarray(a_feat, jnp.float32), jnp.asarray(b_feat, jnp.float32),
                                     jnp.asarray(a_len, jnp.int32), jnp.asarray(b_len, jnp.int32))
@@ -345,7 +346,7 @@ class Aligner(nnx.Module):
 
 def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None):
     plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len, encoded=encoded)
-    return plan[:, :, :-1, :].mean(axis=1)  # [B, Lq, Lk + 1]
+    return plan.mean(axis=1)  # [B, Lq + 1, Lk + 1]: real rows, then the dustbin row
 
 
 @nnx.jit
