@@ -12,6 +12,9 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``muot_dustbin_mono``    widened    2   recon + 0.1 mono        4 x 32 (32)       by features
 ``muot_dustbin_hybrid``  widened    2   recon + CE              4 x 32 (32)       by features
 ``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + sub
+``align_attn``           spoke      2   CE + 0.01 mono          1 x 64 (16)       softmax + sub
+``align_ceta``           spoke      2   CE + 0.01 mono          1 x 64 (16)       CETA + sub
+``align_orthgsa``        spoke      2   CE + 0.01 mono (+ KL)   1 x 64 (16)       OrthGSA + sub
 =======================  =========  ==  =====================  ================  ==========
 
 "by features": a conv encoder for the built-in features (one-hot / BLOSUM rows have no
@@ -24,6 +27,12 @@ channel with learned offset weights (``substitution_window=8``). The paper never
 The monotonicity penalty is in residues (see ``pfamalign.model``). Relative-position Fourier
 features (``position_features=32``, a learnable diagonal prior) are available but off: on the
 validation families they cost 0.03 F1 (they learn the training families' offsets).
+
+``align_attn``, ``align_ceta`` and ``align_orthgsa`` are ``align_ce`` with the transformer
+encoder (``pfamalign.encoder``): softmax attention with plain residuals, CETA (doubly
+stochastic transport attention) with plain residuals, and gated sparse attention inside Cayley
+hyper-connections (its MLP ratio 2 instead of 3 keeps the parameter count within 10 % of the
+others: its gates and indexer cost about one MLP width).
 
 Overrides: ``apply_overrides(cfg, {"key": "value"})`` with keys naming a field of
 ``AlignerConfig`` (``heads=2``), of ``TransportConfig`` (``transport.eps=0.5`` or ``eps=0.5``)
@@ -213,6 +222,11 @@ _CONFIGS: dict[str, tuple[dict, dict, dict]] = {
                   "position_features": 0, "substitution_window": None},
                  {"dustbin": "spoke"}, {}),
 }
+for _name, _kw in (("align_attn", {"attention": "softmax", "residual": "plain"}),
+                   ("align_ceta", {"attention": "ceta", "residual": "plain"}),
+                   ("align_orthgsa", {"attention": "gsa", "residual": "cayley", "mlp_ratio": 2})):
+    _model, _transport, _train = _CONFIGS["align_ce"]
+    _CONFIGS[_name] = ({**_model, "encoder": "transformer", **_kw}, _transport, _train)
 CONFIG_NAMES = tuple(_CONFIGS)
 _NOT_OVERRIDABLE = ("transport", "name", "feature_dim", "embedder_id")  # from the dataset
 
