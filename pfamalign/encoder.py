@@ -224,9 +224,12 @@ def indexer_kl(dense_p, index_scores, key_mask, row_mask):
 def cayley(a):
     """``(I - A)(I + A)^-1`` of skew ``A [..., n, n]`` (orthogonal, det +1), by a linear solve:
     ``(I + A)`` has singular values ``sqrt(1 + sigma^2) >= 1``, so it is always invertible
-    (the two factors commute, so ``solve(I + A, I - A)`` is the same matrix)."""
+    (the two factors commute, so ``solve(I + A, I - A)`` is the same matrix). The solve's
+    float32 error grows with ``sigma`` (1.4e-6 off orthogonal at skew entries ~10), so one
+    Newton-Schulz step ``M (3I - M^T M) / 2`` squares the orthogonality error away."""
     eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-    return jnp.linalg.solve(eye + a, jnp.broadcast_to(eye - a, a.shape))
+    m = jnp.linalg.solve(eye + a, jnp.broadcast_to(eye - a, a.shape))
+    return 0.5 * m @ (3 * eye - jnp.swapaxes(m, -1, -2) @ m)
 
 
 def skew(params, n: int):
@@ -307,8 +310,8 @@ class Attention(nnx.Module):
             iscore = self.index_scores(x)
             kb = topk_per_length(lens, cfg)
             idx, keep = select_keys(iscore, lens, kb, cfg.topk_local, cfg.topk)
-            if sparse is None:
-                sparse = l >= SPARSE_FROM_LENGTH
+            if sparse is None:  # tracing keeps the dense weights for the certificates
+                sparse = l >= SPARSE_FROM_LENGTH and not trace
             if sparse:
                 lidx, lvalid = local_keys(lens, l, cfg.topk_local)
                 all_idx = jnp.concatenate([idx, jnp.broadcast_to(lidx, (b,) + lidx.shape)], -1)
@@ -334,9 +337,9 @@ class Attention(nnx.Module):
         return TransportConfig(half_band=band, eps=1.0, base_steps=self.cfg.ceta_steps,
                                tail_steps=2, dustbin="none")
 
-    def __call__(self, x, lens):
-        o, aux, _ = self.mix(x, lens)
-        return self.out(o), aux
+    def __call__(self, x, lens, trace: bool = False):
+        o, aux, info = self.mix(x, lens, trace=trace)
+        return self.out(o), aux, info
 
 
 class MLP(nnx.Module):
@@ -344,8 +347,8 @@ class MLP(nnx.Module):
         self.up = nnx.Linear(width, ratio * width, rngs=rngs)
         self.down = _zero_linear(ratio * width, width, rngs)
 
-    def __call__(self, x, lens):
-        return self.down(jax.nn.gelu(self.up(x))), jnp.zeros((), jnp.float32)
+    def __call__(self, x, lens, trace: bool = False):
+        return self.down(jax.nn.gelu(self.up(x))), jnp.zeros((), jnp.float32), {}
 
 
 class HyperConnection(nnx.Module):
@@ -373,12 +376,12 @@ class HyperConnection(nnx.Module):
         mix = cayley(skew(self.skew[...] + dyn[..., 2 * n:], n))
         return a, b, mix
 
-    def __call__(self, xs, lens, sublayer, mask):
+    def __call__(self, xs, lens, sublayer, mask, trace: bool = False):
         a, b, mix = self.coefficients(xs)
         h = jnp.einsum("bls,blsw->blw", a, xs)
-        y, aux = sublayer(h, lens)
+        y, aux, info = sublayer(h, lens, trace)
         xs = jnp.einsum("blst,bltw->blsw", mix, xs) + b[..., None] * y[:, :, None, :]
-        return xs * mask[..., None], aux
+        return xs * mask[..., None], aux, {**info, "mix": mix} if trace else info
 
 
 class Block(nnx.Module):
@@ -395,22 +398,23 @@ class Block(nnx.Module):
             self.hc1 = HyperConnection(w, cfg.streams, 2 * layer, rngs=rngs)
             self.hc2 = HyperConnection(w, cfg.streams, 2 * layer + 1, rngs=rngs)
 
-    def _attn(self, x, lens):
-        return self.attn(self.norm1(x), lens)
+    def _attn(self, x, lens, trace=False):
+        return self.attn(self.norm1(x), lens, trace)
 
-    def _mlp(self, x, lens):
-        return self.mlp(self.norm2(x), lens)
+    def _mlp(self, x, lens, trace=False):
+        return self.mlp(self.norm2(x), lens, trace)
 
-    def __call__(self, x, lens, mask):
-        """x ``[B, L, W]`` (plain) or ``[B, L, n, W]`` (cayley)."""
+    def __call__(self, x, lens, mask, trace: bool = False):
+        """x ``[B, L, W]`` (plain) or ``[B, L, n, W]`` (cayley) -> (x, aux loss, trace info:
+        the attention's and the first mixing matrix ``mix``)."""
         if self.cayley:
-            x, aux1 = self.hc1(x, lens, self._attn, mask)
-            x, aux2 = self.hc2(x, lens, self._mlp, mask)
-            return x, aux1 + aux2
-        y, aux = self._attn(x, lens)
+            x, aux, info = self.hc1(x, lens, self._attn, mask, trace)
+            x, _, _ = self.hc2(x, lens, self._mlp, mask)
+            return x, aux, info
+        y, aux, info = self._attn(x, lens, trace)
         x = (x + y) * mask
-        y, _ = self._mlp(x, lens)
-        return (x + y) * mask, aux
+        y, _, _ = self._mlp(x, lens)
+        return (x + y) * mask, aux, info
 
 
 class TransformerEncoder(nnx.Module):
@@ -422,19 +426,22 @@ class TransformerEncoder(nnx.Module):
         self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.encoder_layers)])
         self.norm = nnx.LayerNorm(cfg.encoder_width, rngs=rngs)
 
-    def streams(self, feat, lens):
+    def streams(self, feat, lens, trace: bool = False):
         """Per-layer states: a list of ``[B, L, W]`` (plain) or ``[B, L, n, W]`` (cayley), the
-        input projection first; and the summed auxiliary loss."""
+        input projection first; the summed auxiliary loss; with ``trace`` also each layer's
+        trace info (attention weights ``plan [B, H, L, L]``, gsa's ``k`` and ``selected``, the
+        mixing matrices)."""
         mask = length_mask(feat.shape[1], lens)
         x = self.inp(feat * mask) * mask
         if self.cfg.residual == "cayley":
             x = jnp.broadcast_to(x[:, :, None, :], x.shape[:2] + (self.cfg.streams,) + x.shape[2:])
-        states, aux = [x], jnp.zeros((), jnp.float32)
+        states, aux, infos = [x], jnp.zeros((), jnp.float32), []
         for block in self.blocks:
-            x, a = block(x, lens, mask)
+            x, a, info = block(x, lens, mask, trace)
             states.append(x)
+            infos.append(info)
             aux = aux + a
-        return states, aux
+        return (states, aux, infos) if trace else (states, aux)
 
     def __call__(self, feat, lens):  # [B, L, D], [B] -> ([B, L, W], aux loss)
         mask = length_mask(feat.shape[1], lens)
@@ -443,3 +450,63 @@ class TransformerEncoder(nnx.Module):
         if x.ndim == 4:  # the streams' mean: at init every stream is the input projection
             x = jnp.mean(x, 2)
         return self.norm(x) * mask, aux
+
+
+# ---------------------------------------------------------------------------------------------
+# certificates of the encoder (``pfamalign certify``: ``encoder.layers[i]``)
+# ---------------------------------------------------------------------------------------------
+
+LOCKED = 0.9999  # a row is locked when its largest weight reaches this
+
+
+def layer_report(encoder: TransformerEncoder, feats: list) -> list[dict]:
+    """Per layer, over the sequences ``feats`` (each ``[L, D]``): the attention kind and the
+    diagnostics of its weights (JSON-ready). CETA: ``sender_error`` (max |row sum - 1|) and
+    ``receiver_error`` (max |column sum - 1|) of the plan; softmax and gsa (row softmaxes):
+    ``receiver_imbalance`` ``||A^T 1 - 1||_inf``, ``tail_mass_median`` (median over rows of
+    ``1 - max_j A_ij``) and ``locked_fraction`` (rows with ``max_j A_ij >= 0.9999``); gsa also the
+    ``k`` used per sequence and ``local_share`` (selected keys inside the local window, of all
+    selected); Cayley mixing: ``cayley_orthogonality_error`` (max ``|M^T M - I|``) and
+    ``stream_spread`` (max over residues of the streams' distance to their mean, relative to
+    the mean's norm)."""
+    cfg = encoder.cfg
+    lens = np.array([len(f) for f in feats], np.int32)
+    x = np.zeros((len(feats), int(lens.max()), feats[0].shape[1]), np.float32)
+    for n, f in enumerate(feats):
+        x[n, : len(f)] = f
+    states, _, infos = encoder.streams(jnp.asarray(x), jnp.asarray(lens), trace=True)
+    out = []
+    for i, info in enumerate(infos):
+        entry = {"layer": i, "attention": cfg.attention}
+        plan = np.asarray(info["plan"], np.float64) if "plan" in info else None
+        rows = [(n, plan[n, :, : lens[n], : lens[n]]) for n in range(len(feats))] if plan is not None else []
+        if cfg.attention == "ceta":
+            entry["sender_error"] = max(float(np.abs(p.sum(-1) - 1).max()) for _, p in rows)
+            entry["receiver_error"] = max(float(np.abs(p.sum(-2) - 1).max()) for _, p in rows)
+        elif rows:
+            pmax = np.concatenate([p.max(-1).ravel() for _, p in rows])
+            entry["receiver_imbalance"] = max(float(np.abs(p.sum(-2) - 1).max()) for _, p in rows)
+            entry["tail_mass_median"] = float(np.median(1 - pmax))
+            entry["locked_fraction"] = float(np.mean(pmax >= LOCKED))
+        if "selected" in info:
+            sel = np.asarray(info["selected"])
+            pos = np.arange(sel.shape[-1])
+            near = np.abs(pos[:, None] - pos[None, :]) <= cfg.topk_local
+            picked = [sel[n, : lens[n], : lens[n]] for n in range(len(feats))]
+            entry["k"] = [int(k) for k in np.asarray(info["k"])]
+            entry["local_share"] = (sum(int((p & near[: len(p), : len(p)]).sum()) for p in picked)
+                                    / max(sum(int(p.sum()) for p in picked), 1))
+            entry["indexer_kl"] = float(info["indexer_kl"])
+        if "mix" in info:
+            mix = np.asarray(info["mix"], np.float64)
+            real = np.concatenate([mix[n, : lens[n]] for n in range(len(feats))])
+            eye = np.eye(mix.shape[-1])
+            entry["cayley_orthogonality_error"] = float(
+                np.abs(np.swapaxes(real, -1, -2) @ real - eye).max())
+            xs = np.asarray(states[i + 1], np.float64)
+            real_x = np.concatenate([xs[n, : lens[n]] for n in range(len(feats))])  # [R, n, W]
+            mean = real_x.mean(1, keepdims=True)
+            entry["stream_spread"] = float((np.linalg.norm(real_x - mean, axis=-1).max(-1)
+                                            / np.maximum(np.linalg.norm(mean[:, 0], axis=-1), 1e-12)).max())
+        out.append(entry)
+    return out

@@ -112,6 +112,7 @@ def train_fold(args, data: pathlib.Path, fold_dir: pathlib.Path) -> pathlib.Path
                str(fold_dir / "run"), "--steps", str(args.steps), "--batch-size",
                str(args.batch_size), "--lr", str(args.lr), "-q"]
         cmd += [x for s in RECIPE_SETS + args.set for x in ("--set", s)]
+        cmd += ["--no-tune"] if args.fixed_decoders else []
         run_cli(cmd, fold_dir / "train.log", f"{fold_dir.name}: train")
     if not (model / pairhmm.MODEL_FILE).is_file():  # models trained before training counted it
         pairhmm.fit_for_model(model, data, split="train")
