@@ -21,6 +21,8 @@ the model minus each method with the family-resampling (cluster) bootstrap CI.
 with the plan-only MEA decoder and with the posterior decoder at its defaults (alpha 0.5), the
 latter written as the fold model's decoding.json. ``--no-baselines`` scores the model alone.
 ``--data-from DIR`` links DIR/foldK/data as the fold's dataset instead of preparing it again.
+``--compare-to WORKDIR`` adds a JSON line: this run's model minus that run's model (tuned or fixed
+decoder, and plan-only MEA) on the same test pairs, with the family bootstrap CI.
 
 Output: one JSON line per fold and one for the pooled folds on stdout, and a markdown table
 (on stdout after the JSON lines, or in ``--markdown FILE``). Resumable: each fold's result is
@@ -299,6 +301,26 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) -> dict:
+    """This run's model minus another run's (its result.json per fold) on the same pairs."""
+    from pfamalign.alignment.metrics import paired_f1_difference
+
+    theirs = []
+    for k in folds:
+        path = other / f"fold{k}" / "result.json"
+        if not path.is_file():
+            raise CrossvalError(f"--compare-to: {path} is missing")
+        theirs.append(json.loads(path.read_text()))
+    a, b = pool([r["evaluation"] for r in results]), pool([r["evaluation"] for r in theirs])
+    if a.pid != b.pid or a.families != b.families:
+        raise CrossvalError(f"--compare-to: {other} scored other test pairs")
+    counts = lambda ev, m: np.asarray(ev.counts[m], np.int64).reshape(-1, 3)
+    return {"compare_to": str(other), "folds": folds, **{
+        f"{m}_minus_theirs": paired_f1_difference(counts(a, m), counts(b, m), np.asarray(a.pid), groups=a.families,
+                                                  n_boot=args.bootstrap, seed=args.seed)
+        for m in ("model", "model_mea") if m in a.methods and m in b.methods}}
+
+
 def headline(summary: dict) -> dict:
     """The micro F1 per method and bin (the JSON line's short form)."""
     return {m: {b: e["prf"][b]["micro"]["f1"]["value"] for b in BINS}
@@ -342,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true", help="score the model alone")
     parser.add_argument("--data-from", type=pathlib.Path, default=None,
                         help="an earlier workdir whose foldK/data datasets to link and reuse")
+    parser.add_argument("--compare-to", type=pathlib.Path, default=None,
+                        help="another trained run's workdir: report this model minus that one")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--markdown", type=pathlib.Path, default=None,
                         help="write the markdown table here instead of stdout")
@@ -387,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed))
     print(jsonio.dumps_line({"fold": "pooled", "folds": folds, "settings": settings,
                              "f1": headline(pooled), "summary": pooled}), flush=True)
+    if args.compare_to is not None:
+        print(jsonio.dumps_line(compare(results, args.compare_to, folds, args)), flush=True)
     note = {"trained": f"One model trained per fold ({args.config}, {args.steps} steps).",
             "fixed": f"One fixed model ({args.checkpoint}) in every fold: it may have trained on "
                      "some folds' test families (see fixed_model_saw).",

@@ -354,3 +354,58 @@ def test_eight_devices_take_the_same_step_as_one():
     assert scale > 0
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale),
                  grads[8], grads[1])
+
+
+# ---- the named configurations train, resume and load ----------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+    import pathlib
+
+    out = tmp_path_factory.mktemp("enc_data") / "ds"
+    seed = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+    run_prepare(PrepareConfig(inputs=(str(seed),), out=str(out), embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=8, max_len=96),
+                              split_fractions=(0.7, 0.2, 0.1), seed=3), quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("name", [
+    "align_orthgsa",
+    pytest.param("align_attn", marks=pytest.mark.slow),
+    pytest.param("align_ceta", marks=pytest.mark.slow)])
+def test_named_config_trains_resumes_and_loads(name, tiny_dataset, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from pfamalign.inference import Predictor
+    from pfamalign.training import loop as train, rundir
+
+    sets = {"encoder_layers": 1, "encoder_width": 32, "attn_heads": 2, "attn_head_dim": 8,
+            "topk": 8, "topk_min": 4, "topk_local": 2, "indexer_dim": 8, "head_dim": 16,
+            "value_dim": 8, "train.batch_size": 8, "train.steps": 4, "train.lr": 3e-3,
+            "train.warmup_steps": 1, "train.pad_multiple": 96, "train.max_len": 96,
+            "train.eval_every": 0, "train.ckpt_every": 2}
+    cfg = rundir.resolve_config(tiny_dataset, name, overrides=sets)
+    out = tmp_path / "run"
+
+    def sigterm_at_two(batch, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch
+
+    monkeypatch.setattr(train, "_prepare_batch", sigterm_at_two)
+    first = train.run(tiny_dataset, out, cfg, quiet=True)
+    assert first.interrupted and first.step == 3
+    monkeypatch.undo()
+    second = train.run(tiny_dataset, out, cfg, quiet=True, tune_pairs=None)
+    assert (second.start_step, second.step) == (3, 4)
+    model, loaded_cfg = checkpoint.load_model(out / "model")
+    assert loaded_cfg.encoder == "transformer" and loaded_cfg.attention == cfg.model.attention
+    pred = Predictor(out / "model")
+    feats = pred.featurize(["MKVLAAGIVGLLLA", "MKVLSAGIVGLA"])
+    plan = next(pred.plans([(feats[0], feats[1])]))
+    assert np.isfinite(plan.real).all() and plan.real.sum() > 0.5
