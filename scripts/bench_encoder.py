@@ -36,7 +36,7 @@ from flax import nnx
 from pfamalign import configs
 from pfamalign.model import build_model
 
-KINDS = ("conv", "softmax", "ceta", "gsa_dense", "gsa_gather", "indexer")
+KINDS = ("softmax", "conv", "ceta", "gsa_dense", "gsa_gather", "indexer")
 
 
 def layer_fn(kind: str, k: int):
@@ -55,7 +55,7 @@ def layer_fn(kind: str, k: int):
 
         def call(m, x, lens):
             idx, keep = _select(m, x, lens, cfg)
-            return jnp.where(keep, idx, 0).astype(jnp.float32)[..., None]
+            return jnp.where(keep, idx, 0).astype(jnp.float32).sum(-1, keepdims=True)
     else:
         mod = block.attn
         sparse = {"gsa_dense": False, "gsa_gather": True}.get(kind)
