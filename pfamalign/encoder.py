@@ -327,7 +327,7 @@ class Attention(nnx.Module):
             if trace:
                 info.update(k=kb, selected=selection_mask(idx, keep, lens, l, cfg.topk_local),
                             indexer_kl=kl)
-        o = o.transpose(0, 2, 1, 3).reshape(b, l, -1)
+        o = o.transpose(0, 2, 1, 3).reshape(b, l, -1) * row_mask[..., None]  # padding rows: 0
         if self.gsa and cfg.gates:
             o = o * jax.nn.sigmoid(self.output_gate(x))
         return o, aux, info

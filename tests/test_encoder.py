@@ -205,7 +205,13 @@ def test_padding_is_never_selected_and_short_rows_give_exact_zeros():
     for sparse in (False, True):
         o = np.asarray(attn.mix(x, lens, sparse=sparse)[0])
         assert np.isfinite(o).all()
-        assert np.all(o[2] == 0) and np.all(o[1, 3:] == 0)  # no keys: exact zeros
+        assert np.all(o[2] == 0) and np.all(o[1, 3:] == 0)  # no keys / padding: exact zeros
+        # the 3-residue sequence (shorter than k) attends to all its keys, as dense attention
+        q, k, v = attn.heads(x)
+        dense, _ = enc.dense_attention(q[1:2], k[1:2], v[1:2], (jnp.arange(30) < 3)[None, None, None])
+        dense = np.asarray(dense.transpose(0, 2, 1, 3).reshape(1, 30, -1)[0, :3])
+        gate = np.asarray(jax.nn.sigmoid(attn.output_gate(x[1:2])))[0, :3]
+        np.testing.assert_allclose(o[1, :3], dense * gate, atol=1e-5)
 
 
 def test_indexer_gradient_is_nonzero_with_the_kl_weight_and_exactly_zero_without():
