@@ -298,6 +298,45 @@ def test_identity_value_ceta_core_conserves_the_mean_and_softmax_does_not():
     assert np.abs(np.asarray(soft).mean(2) - mean).max() > 1e-2
 
 
+# ---- certificates of the encoder ---------------------------------------------------------
+
+@pytest.mark.parametrize("attention,residual", [("ceta", "plain"), ("gsa", "cayley"),
+                                                ("softmax", "plain")])
+def test_layer_report_states_the_layers_certificates(attention, residual):
+    model = _perturbed(build_model(_cfg(attention=attention, residual=residual)), scale=0.1)
+    feats = [np.asarray(_feat(b=1, l=n, seed=n)[0]) for n in (19, 11)]
+    layers = enc.layer_report(model.encoder, feats)
+    assert [entry["layer"] for entry in layers] == [0, 1]
+    for entry in layers:
+        assert entry["attention"] == attention
+        if attention == "ceta":  # the last step balances the columns exactly, rows to T=15
+            assert entry["receiver_error"] < 1e-5 and entry["sender_error"] < 1e-2
+        else:  # a row softmax: rows sum to 1, receivers do not
+            assert entry["receiver_imbalance"] > 1e-3
+            assert 0 <= entry["tail_mass_median"] < 1 and 0 <= entry["locked_fraction"] <= 1
+        if attention == "gsa":
+            assert entry["k"] == [5, 4]  # clip(ceil(0.25 * len), 4, 8) for 19 and 11
+            assert 0 < entry["local_share"] <= 1 and entry["indexer_kl"] >= 0
+        if residual == "cayley":
+            assert entry["cayley_orthogonality_error"] < 1e-5 and entry["stream_spread"] > 0
+
+
+def test_certify_cli_reports_the_encoder_layers(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main as cli
+
+    model = _perturbed(build_model(_cfg(attention="ceta", residual="plain")), scale=0.1)
+    checkpoint.save_model(tmp_path / "m", model)
+    res = CliRunner().invoke(cli, ["certify", "MKVLAAGIVGLLLAHE", "MKVLSAGIVGLAHE", "--checkpoint",
+                                   str(tmp_path / "m"), "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    layers = json.loads((tmp_path / "c.json").read_text())["encoder"]["layers"]
+    assert len(layers) == 2 and {"sender_error", "receiver_error"} <= set(layers[0])
+
+
 # ---- configs, checkpoints, devices ---------------------------------------------------------
 
 def test_old_config_dicts_load_with_the_defaults():
