@@ -101,7 +101,9 @@ def test_padding_does_not_change_real_outputs(attention, residual):
     short, _ = model.encoder(feat, jnp.array([20]))
     noise = jnp.asarray(np.random.default_rng(3).normal(size=(1, 12, D)), jnp.float32)
     padded, _ = model.encoder(jnp.concatenate([feat, noise], 1), jnp.array([20]))
-    np.testing.assert_allclose(np.asarray(padded[:, :20]), np.asarray(short), atol=2e-5)
+    # float32 reduction order differs between the two padded shapes (perturbed weights, unit-norm
+    # LayerNorm outputs): 1e-4 absolute
+    np.testing.assert_allclose(np.asarray(padded[:, :20]), np.asarray(short), atol=1e-4)
     assert np.all(np.asarray(padded[:, 20:]) == 0)
 
 
