@@ -189,8 +189,8 @@ def test_padding_never_leaks_into_real_positions():
     long = rng.normal(size=(1, 96, D)).astype(np.float32) * 10  # junk in the padding
     long[:, :20] = feat
     lens = np.array([20])
-    a = np.asarray(model.encode(short, lens))
-    b = np.asarray(model.encode(long, lens))
+    a = np.asarray(model.encode(short, lens)[0])
+    b = np.asarray(model.encode(long, lens)[0])
     np.testing.assert_allclose(a[:, :20], b[:, :20], rtol=1e-5, atol=1e-5)
     assert not np.any(b[:, 20:])
 
