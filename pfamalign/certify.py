@@ -60,6 +60,9 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
         "half_band": tcfg.half_band, "eps": tcfg.eps, "base_steps": tcfg.base_steps,
         "tail_steps": tcfg.tail_steps, "dustbin": tcfg.dustbin, "marginals": tcfg.marginals,
         "relax": tcfg.relax, "tol": tcfg.tol}}
+    if model.cfg.encoder == "transformer":  # the encoder's attention, layer by layer
+        from pfamalign.encoder import layer_report
+        out["encoder"] = {"layers": layer_report(model.encoder, [q_feat, k_feat])}
 
     # projective contraction, per head and block
     blocks = []

@@ -19,4 +19,10 @@ CONFIGS: dict[str, tuple[dict, dict, dict]] = {
 # (semi-relaxed rows, columns free) and with the capacity dustbin (balanced for every pair).
 CONFIGS["align_softmax"] = (CONFIGS["align_ce"][0], {"dustbin": "spoke", "marginals": "rows"}, {})
 CONFIGS["align_ce_capacity"] = (CONFIGS["align_ce"][0], {"dustbin": "capacity"}, {})
+# The attention encoders (pfamalign.encoder), each align_ce otherwise.
+for _name, _kw in (("align_attn", {"attention": "softmax", "residual": "plain"}),
+                   ("align_ceta", {"attention": "ceta", "residual": "plain"}),
+                   ("align_orthgsa", {"attention": "gsa", "residual": "cayley", "mlp_ratio": 2})):
+    _model, _transport, _train = CONFIGS["align_ce"]
+    CONFIGS[_name] = ({**_model, "encoder": "transformer", **_kw}, _transport, _train)
 CONFIG_NAMES = tuple(CONFIGS)

@@ -14,6 +14,9 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + sub
 ``align_softmax``        spoke      2   as align_ce             1 x 64 (16)       conv + sub
 ``align_ce_capacity``    capacity   2   as align_ce             1 x 64 (16)       conv + sub
+``align_attn``           spoke      2   CE + 0.01 mono          1 x 64 (16)       softmax + sub
+``align_ceta``           spoke      2   CE + 0.01 mono          1 x 64 (16)       CETA + sub
+``align_orthgsa``        spoke      2   CE + 0.01 mono (+ KL)   1 x 64 (16)       OrthGSA + sub
 =======================  =========  ==  =====================  ================  ==========
 
 ``align_softmax`` is the row softmax over the band and the dustbin column (``marginals="rows"``:
@@ -31,6 +34,12 @@ channel with learned offset weights (``substitution_window=8``). The paper never
 The monotonicity penalty is in residues (see ``pfamalign.model``). Relative-position Fourier
 features (``position_features=32``, a learnable diagonal prior) are available but off: on the
 validation families they cost 0.03 F1 (they learn the training families' offsets).
+
+``align_attn``, ``align_ceta`` and ``align_orthgsa`` are ``align_ce`` with the transformer
+encoder (``pfamalign.encoder``): softmax attention with plain residuals, CETA (doubly
+stochastic transport attention) with plain residuals, and gated sparse attention inside Cayley
+hyper-connections (its MLP ratio 2 instead of 3 keeps the parameter count within 10 % of the
+others: its gates and indexer cost about one MLP width).
 
 Overrides: ``apply_overrides(cfg, {"key": "value"})`` with keys naming a field of
 ``AlignerConfig`` (``heads=2``), of ``TransportConfig`` (``transport.eps=0.5`` or ``eps=0.5``)

@@ -27,7 +27,8 @@ Losses (all means pooled over the whole batch, so a data-parallel step sees the 
   (dustbin value 0) give ``O_i0 / O_i1 = b_i / k_len``. Positions enter normalised by the key
   length (well-scaled values); the penalty is reported in residues (``b`` times ``k_len``).
 
-The total is ``recon_weight * recon + ce_weight * ce + mono_weight * mono``.
+The total is ``recon_weight * recon + ce_weight * ce + mono_weight * mono`` plus the encoder's
+auxiliary loss (``encoder_aux``: the gsa indexer's weighted KL, ``pfamalign.encoder``; else 0).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transport_plan
-from pfamalign import jsonio
+from pfamalign import encoder as encoders, jsonio
+from pfamalign.encoder import length_mask as _length_mask
 from pfamalign.pipelines.embed import feature_layout
 
-ENCODERS = ("none", "conv")
 _NORM_EPS = 1e-20  # inside the rsqrt of the value normalisation (float32: negligible)
 
 
@@ -60,11 +61,16 @@ class AlignerConfig:
       feature_dim: D, the per-residue feature dimension of the dataset.
       embedder_id: the embedder that produced the features (``builtin/onehot+blosum62``,
         ``esm2_t6_8M_UR50D/layer6``); ``align`` embeds new sequences with it.
-      encoder: ``"none"`` (projections read the features) or ``"conv"`` (a Siamese residual
+      encoder: ``"none"`` (projections read the features), ``"conv"`` (a Siamese residual
         Conv1D stack: Dense(D -> width), then ``encoder_layers`` blocks of
         LayerNorm -> Conv1D(width, kernel_size, SAME) -> GELU -> Dense(width), residual, then a
-        final LayerNorm; padding positions are zeroed before every convolution).
-      encoder_width, encoder_layers, kernel_size: the conv encoder's shape.
+        final LayerNorm; padding positions are zeroed before every convolution) or
+        ``"transformer"`` (``encoder_layers`` attention + MLP blocks; ``pfamalign.encoder``).
+      encoder_width, encoder_layers, kernel_size: the conv encoder's shape (width and layers
+        also the transformer's).
+      attention, residual, streams, attn_heads, attn_head_dim, mlp_ratio, rope, gates, topk,
+        topk_fraction, topk_min, topk_local, indexer_dim, indexer_weight, attn_band, ceta_steps:
+        the transformer encoder (``pfamalign.encoder`` documents each); ignored otherwise.
       heads, head_dim, value_dim: H, d, dv of the per-head projections.
       position_features: P (even) Fourier features of the relative position
         ``p_i = i / (len - 1)``, ``[sin(pi m p), cos(pi m p)]`` for m = 1..P/2, appended to the
@@ -98,12 +104,27 @@ class AlignerConfig:
     ce_weight: float = 0.0
     mono_weight: float = 0.0
     token_init_scale: float = 0.02
+    attention: str = "softmax"
+    residual: str = "plain"
+    streams: int = 4
+    attn_heads: int = 4
+    attn_head_dim: int = 32
+    mlp_ratio: int = 3
+    rope: bool = True
+    gates: bool = True
+    topk: int = 64
+    topk_fraction: float = 0.25
+    topk_min: int = 16
+    topk_local: int = 8
+    indexer_dim: int = 16
+    indexer_weight: float = 0.1
+    attn_band: int = 0
+    ceta_steps: int = 15
 
     def __post_init__(self):
         if not isinstance(self.transport, TransportConfig):
             raise ValueError(f"transport must be a TransportConfig, got {type(self.transport)}")
-        if self.encoder not in ENCODERS:
-            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        encoders.check_config(self)
         for field in ("feature_dim", "heads", "head_dim", "value_dim", "encoder_width",
                       "kernel_size"):
             value = getattr(self, field)
@@ -156,43 +177,6 @@ class AlignerConfig:
 # Modules
 # ---------------------------------------------------------------------------------------------
 
-def _length_mask(length: int, lens) -> jax.Array:
-    """[B, L, 1] float: 1 on real positions."""
-    return (jnp.arange(length)[None, :] < lens[:, None])[..., None].astype(jnp.float32)
-
-
-class ConvBlock(nnx.Module):
-    """Pre-norm residual block: LayerNorm -> Conv1D (SAME) -> GELU -> Dense."""
-
-    def __init__(self, width: int, kernel_size: int, *, rngs: nnx.Rngs):
-        self.norm = nnx.LayerNorm(width, rngs=rngs)
-        self.conv = nnx.Conv(width, width, kernel_size=(kernel_size,), padding="SAME",
-                             rngs=rngs)
-        self.out = nnx.Linear(width, width, rngs=rngs)
-
-    def __call__(self, x, mask):  # [B, L, W], [B, L, 1]
-        h = self.norm(x) * mask  # zero the padding before the convolution
-        h = self.out(jax.nn.gelu(self.conv(h)))
-        return (x + h) * mask
-
-
-class ConvEncoder(nnx.Module):
-    """Dense(D -> width), residual conv blocks, final LayerNorm; padding stays zero."""
-
-    def __init__(self, cfg: AlignerConfig, *, rngs: nnx.Rngs):
-        self.inp = nnx.Linear(cfg.feature_dim, cfg.encoder_width, rngs=rngs)
-        self.blocks = nnx.List([ConvBlock(cfg.encoder_width, cfg.kernel_size, rngs=rngs)
-                                for _ in range(cfg.encoder_layers)])
-        self.norm = nnx.LayerNorm(cfg.encoder_width, rngs=rngs)
-
-    def __call__(self, feat, lens):  # [B, L, D], [B] -> [B, L, W]
-        mask = _length_mask(feat.shape[1], lens)
-        x = self.inp(feat * mask) * mask
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.norm(x) * mask
-
-
 class Transported(NamedTuple):
     """What the aligner's forward pass returns."""
 
@@ -202,6 +186,7 @@ class Transported(NamedTuple):
     dustbin_mass: jax.Array  # [B, H, Lq]  row mass on the dustbin column (0 without one)
     target_logp: jax.Array | None  # [B, H, Lq]  log P_{i, t_i}
     values: jax.Array  # [B, H, Lk, dv]  unit-norm values
+    aux: jax.Array | float = 0.0  # the encoder's auxiliary loss (gsa's indexer KL, weighted)
 
 
 class Aligner(nnx.Module):
@@ -214,12 +199,7 @@ class Aligner(nnx.Module):
     def __init__(self, cfg: AlignerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         h, d, dv = cfg.heads, cfg.head_dim, cfg.value_dim
-        if cfg.encoder == "conv":
-            self.encoder = ConvEncoder(cfg, rngs=rngs)
-            width = cfg.encoder_width
-        else:
-            self.encoder = None
-            width = cfg.feature_dim
+        self.encoder, width = encoders.build_encoder(cfg, rngs=rngs)
         width += cfg.position_features
         self.q_proj = nnx.Linear(width, h * d, rngs=rngs)
         self.k_proj = nnx.Linear(width, h * d, rngs=rngs)
@@ -237,15 +217,16 @@ class Aligner(nnx.Module):
     # -- pieces ----------------------------------------------------------------------------
 
     def encode(self, feat, lens):
-        """[B, L, D], [B] -> [B, L, width + P] (zero on padding): the encoder's output and
-        the relative-position features."""
+        """[B, L, D], [B] -> ([B, L, width + P] (zero on padding): the encoder's output and
+        the relative-position features; the encoder's auxiliary loss)."""
         feat = jnp.asarray(feat, jnp.float32)
         mask = _length_mask(feat.shape[1], lens)
-        h = feat * mask if self.encoder is None else self.encoder(feat, lens)
+        h, aux = (feat * mask, jnp.zeros((), jnp.float32)) if self.encoder is None \
+            else self.encoder(feat, lens)
         if self.cfg.position_features:
             h = jnp.concatenate([h, position_features(feat.shape[1], lens,
                                                       self.cfg.position_features) * mask], -1)
-        return h
+        return h, aux
 
     @property
     def substitution_dim(self) -> int:
@@ -277,8 +258,13 @@ class Aligner(nnx.Module):
         """Queries ``[B, H, Lq, d']``, keys ``[B, H, Lk, d']`` (d' = d + the substitution
         channel) and unit-norm values ``[B, H, Lk, dv]``, plus the dustbin tokens (None
         without a dustbin). ``encoded``: the two sequences' ``encode`` outputs, if known."""
+        return self._project(q_feat, k_feat, q_len, k_len, encoded=encoded)[:4]
+
+    def _project(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
+        """``project``'s outputs and the encoder's auxiliary loss (both sequences)."""
         cfg = self.cfg
-        hq, hk = encoded if encoded is not None else (self.encode(q_feat, q_len), self.encode(k_feat, k_len))
+        (hq, aux_q), (hk, aux_k) = encoded if encoded is not None else (
+            self.encode(q_feat, q_len), self.encode(k_feat, k_len))
         q = self._heads(self.q_proj(hq), cfg.head_dim)
         k = self._heads(self.k_proj(hk), cfg.head_dim)
         if cfg.substitution_window >= 0:  # [learned | windowed substitution] per head
@@ -290,7 +276,7 @@ class Aligner(nnx.Module):
         if cfg.dustbin:
             tokens = DustbinTokens(self.dustbin_q[...] * jnp.exp(self.log_temp[...]),
                                    self.dustbin_k[...], normalize(self.dustbin_v[...]))
-        return q, k, v, tokens
+        return q, k, v, tokens, 0.5 * (aux_q + aux_k)
 
     # -- forward -----------------------------------------------------------------------------
 
@@ -301,7 +287,7 @@ class Aligner(nnx.Module):
         """
         cfg = self.cfg
         q_len, k_len = jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32)
-        q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len)
+        q, k, v, tokens, aux = self._project(q_feat, k_feat, q_len, k_len)
         b, h, lk, dv = v.shape
         klen = jnp.maximum(k_len, 1).astype(jnp.float32)  # [B]
         pos = jnp.arange(lk, dtype=jnp.float32)[None, :] / klen[:, None]  # [B, Lk]
@@ -317,7 +303,7 @@ class Aligner(nnx.Module):
         out = out_ext[..., :dv]  # [B, H, Lq, dv]
         mass = out_ext[..., dv + 1]  # [B, H, Lq] row mass on the real keys
         bary = out_ext[..., dv] / jnp.maximum(mass, 1e-9) * klen[:, None, None]
-        return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v)
+        return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v, aux)
 
     def plan(self, q_feat, k_feat, q_len, k_len):
         """Head-mean dense plan ``[B, Lq + 1, Lk + 1]``: real queries then the dustbin row,
@@ -407,7 +393,7 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
     Returns ``(loss, metrics)``; metrics are scalars: ``loss``, ``recon``, ``ce``, ``mono``,
     ``ce_offsupport`` (count of masked CE entries, rows x heads), ``bary_mae``, ``within5``,
     ``mono_violation`` (per-head barycenter diagnostics), ``dustbin_mass`` (mean dustbin mass
-    of annotated rows), ``value_spread``, ``temperature``, ``n_annotated``.
+    of annotated rows), ``value_spread``, ``temperature``, ``n_annotated``, ``encoder_aux``.
     """
     cfg = model.cfg
     q_len = jnp.asarray(batch["q_len"], jnp.int32)
@@ -446,7 +432,7 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
     step = bary[..., :-1] - bary[..., 1:]  # b_i - b_{i+1}
     mono = _safe_div(jnp.sum(jax.nn.relu(step) * cons), n_cons)
 
-    loss = cfg.recon_weight * recon + cfg.ce_weight * ce + cfg.mono_weight * mono
+    loss = cfg.recon_weight * recon + cfg.ce_weight * ce + cfg.mono_weight * mono + res.aux
 
     # diagnostics (no gradient needed)
     sg = jax.lax.stop_gradient
@@ -469,6 +455,7 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
         "value_spread": _safe_div(jnp.sum(spread * has_keys), jnp.sum(has_keys) * h),
         "temperature": jnp.exp(sg(model.log_temp[...])),
         "n_annotated": n_ann,
+        "encoder_aux": jnp.asarray(res.aux, jnp.float32),
     }
     return loss, metrics
 

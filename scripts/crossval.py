@@ -4,6 +4,8 @@
     python scripts/crossval.py --workdir runs/cv5_shipped --no-train \\
         --checkpoint pfamalign/assets/default_model --seen-data data_b62_1k
     python scripts/crossval.py --workdir runs/cv5_baselines --baselines-only
+    python scripts/crossval.py --workdir runs/cv_attn --config align_attn --steps 300 \
+        --fixed-decoders --no-baselines --data-from runs/cv5
 
 Per fold K of N: ``pfamalign prepare shards --fold K/N`` (test = the fold's families, val = about
 10 % of the others), ``pfamalign train`` with the given recipe (default: the shipped model's,
@@ -14,6 +16,13 @@ taken round-robin across the fold's families: the model with its tuned decoder a
 plan-only MEA decoder, NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on
 the same pairs. The folds are then pooled: micro F1 per identity bin with bootstrap CIs, and
 the model minus each method with the family-resampling (cluster) bootstrap CI.
+
+``--fixed-decoders`` skips the decoder choice (for comparing encoders cheaply): the model is scored
+with the plan-only MEA decoder and with the posterior decoder at its defaults (alpha 0.5), the
+latter written as the fold model's decoding.json. ``--no-baselines`` scores the model alone.
+``--data-from DIR`` links DIR/foldK/data as the fold's dataset instead of preparing it again.
+``--compare-to WORKDIR`` adds a JSON line: this run's model minus that run's model (tuned or fixed
+decoder, and plan-only MEA) on the same test pairs, with the family bootstrap CI.
 
 Output: one JSON line per fold and one for the pooled folds on stdout, and a markdown table
 (on stdout after the JSON lines, or in ``--markdown FILE``). Resumable: each fold's result is
@@ -53,6 +62,7 @@ EMBEDDER = "builtin/onehot+blosum62"
 RECIPE_SETS = ["train.warmup_steps=50", "position_features=0", "substitution_window=8"]
 BASELINES = ("nw", "sw", "diagonal", "probcons", "muscle")
 MEA = DecoderSettings.for_decoder("mea")
+FIXED = DecoderSettings.for_decoder("posterior")  # --fixed-decoders: alpha 0.5, no tuning
 LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)"}
 BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
@@ -77,8 +87,15 @@ def run_cli(args: list[str], log: pathlib.Path, step: str) -> None:
 
 def prepare_fold(args, fold: int, fold_dir: pathlib.Path, reuse: list[pathlib.Path]) -> pathlib.Path:
     """The fold's dataset, as ``pfamalign prepare shards --fold K/N`` makes it (a no-op when it
-    is complete; it resumes otherwise)."""
+    is complete; it resumes otherwise). With ``--data-from``, a link to that fold's dataset."""
     data = fold_dir / "data"
+    if args.data_from is not None:
+        source = (args.data_from / f"fold{fold}" / "data").resolve()
+        if not (source / "manifest.json").is_file():
+            raise CrossvalError(f"fold {fold}: no prepared dataset at {source}")
+        if not data.exists():
+            data.symlink_to(source, target_is_directory=True)
+        return data
     sampling = SamplingConfig(pairs_per_family=args.pairs_per_family, stratify_pid=True)
     cfg = PrepareConfig(inputs=tuple(str(p) for p in args.pfam), out=str(data), embedder=EMBEDDER,
                         sampling=sampling, fold=(fold, args.folds), seed=args.seed,
@@ -97,6 +114,7 @@ def train_fold(args, data: pathlib.Path, fold_dir: pathlib.Path) -> pathlib.Path
                str(fold_dir / "run"), "--steps", str(args.steps), "--batch-size",
                str(args.batch_size), "--lr", str(args.lr), "-q"]
         cmd += [x for s in RECIPE_SETS + args.set for x in ("--set", s)]
+        cmd += ["--no-tune"] if args.fixed_decoders else []
         run_cli(cmd, fold_dir / "train.log", f"{fold_dir.name}: train")
     if not (model / pairhmm.MODEL_FILE).is_file():  # models trained before training counted it
         pairhmm.fit_for_model(model, data, split="train")
@@ -205,8 +223,12 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
     elif not args.baselines_only:
         print(f"fold {fold}: train ({args.steps} steps)", file=sys.stderr, flush=True)
         model = train_fold(args, data, fold_dir)
-        print(f"fold {fold}: choose the decoder", file=sys.stderr, flush=True)
-        info["decoder_chosen_on"] = tune_fold(args, model, data, fold_dir) + " families of the fold"
+        if args.fixed_decoders:
+            FIXED.save(model)
+            info["decoder_chosen_on"] = "fixed (posterior, alpha 0.5; no tuning)"
+        else:
+            print(f"fold {fold}: choose the decoder", file=sys.stderr, flush=True)
+            info["decoder_chosen_on"] = tune_fold(args, model, data, fold_dir) + " families of the fold"
     if model is not None:
         predictor = Predictor(model)
         if predictor.config.embedder_id != ds.embedder_id:
@@ -220,7 +242,7 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
         seen = seen_families(args.seen_data)
         info["fixed_model_saw"] = (sorted(seen & set(info["test_families"])) if seen is not None
                                    else "unknown (one fixed model for every fold; pass --seen-data)")
-    ev = evaluate_fold(records, predictor, BASELINES)
+    ev = evaluate_fold(records, predictor, () if args.no_baselines else BASELINES)
     result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap,
                                                                             seed=args.seed))}
     write_text(result_path, jsonio.dumps(result))
@@ -279,6 +301,26 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) -> dict:
+    """This run's model minus another run's (its result.json per fold) on the same pairs."""
+    from pfamalign.alignment.metrics import paired_f1_difference
+
+    theirs = []
+    for k in folds:
+        path = other / f"fold{k}" / "result.json"
+        if not path.is_file():
+            raise CrossvalError(f"--compare-to: {path} is missing")
+        theirs.append(json.loads(path.read_text()))
+    a, b = pool([r["evaluation"] for r in results]), pool([r["evaluation"] for r in theirs])
+    if a.pid != b.pid or a.families != b.families:
+        raise CrossvalError(f"--compare-to: {other} scored other test pairs")
+    counts = lambda ev, m: np.asarray(ev.counts[m], np.int64).reshape(-1, 3)
+    return {"compare_to": str(other), "folds": folds, **{
+        f"{m}_minus_theirs": paired_f1_difference(counts(a, m), counts(b, m), np.asarray(a.pid), groups=a.families,
+                                                  n_boot=args.bootstrap, seed=args.seed)
+        for m in ("model", "model_mea") if m in a.methods and m in b.methods}}
+
+
 def headline(summary: dict) -> dict:
     """The micro F1 per method and bin (the JSON line's short form)."""
     return {m: {b: e["prf"][b]["micro"]["f1"]["value"] for b in BINS}
@@ -317,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --no-train: the fixed model's training dataset, to name the "
                              "test families it saw")
     parser.add_argument("--baselines-only", action="store_true", help="no model: the baselines only")
+    parser.add_argument("--fixed-decoders", action="store_true",
+                        help="no decoder tuning: plan-only MEA and the posterior decoder at alpha 0.5")
+    parser.add_argument("--no-baselines", action="store_true", help="score the model alone")
+    parser.add_argument("--data-from", type=pathlib.Path, default=None,
+                        help="an earlier workdir whose foldK/data datasets to link and reuse")
+    parser.add_argument("--compare-to", type=pathlib.Path, default=None,
+                        help="another trained run's workdir: report this model minus that one")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--markdown", type=pathlib.Path, default=None,
                         help="write the markdown table here instead of stdout")
@@ -342,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                 "pfam": [str(p.resolve()) for p in args.pfam]}
     if mode == "trained":
         settings["recipe"] = {"config": args.config, "steps": args.steps, "batch_size": args.batch_size,
-                              "lr": args.lr, "set": RECIPE_SETS + args.set, "tune_pairs": args.tune_pairs}
+                              "lr": args.lr, "set": RECIPE_SETS + args.set, "tune_pairs": args.tune_pairs,
+                              "fixed_decoders": args.fixed_decoders}
+    settings["baselines"] = not args.no_baselines
     if mode == "fixed":
         settings["checkpoint"] = str(args.checkpoint.resolve())
     try:
@@ -360,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed))
     print(jsonio.dumps_line({"fold": "pooled", "folds": folds, "settings": settings,
                              "f1": headline(pooled), "summary": pooled}), flush=True)
+    if args.compare_to is not None:
+        print(jsonio.dumps_line(compare(results, args.compare_to, folds, args)), flush=True)
     note = {"trained": f"One model trained per fold ({args.config}, {args.steps} steps).",
             "fixed": f"One fixed model ({args.checkpoint}) in every fold: it may have trained on "
                      "some folds' test families (see fixed_model_saw).",

@@ -56,7 +56,7 @@ def test_every_named_config_builds_and_takes_a_step(name):
     assert bool(metrics["finite"]) and np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     w = cfg.model
     expect = w.recon_weight * metrics["recon"] + w.ce_weight * metrics["ce"] + \
-        w.mono_weight * metrics["mono"]
+        w.mono_weight * metrics["mono"] + metrics["encoder_aux"]  # gsa's weighted indexer KL
     np.testing.assert_allclose(metrics["loss"], expect, rtol=1e-5)
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, params)
     assert any(jax.tree.leaves(changed))
@@ -189,8 +189,8 @@ def test_padding_never_leaks_into_real_positions():
     long = rng.normal(size=(1, 96, D)).astype(np.float32) * 10  # junk in the padding
     long[:, :20] = feat
     lens = np.array([20])
-    a = np.asarray(model.encode(short, lens))
-    b = np.asarray(model.encode(long, lens))
+    a = np.asarray(model.encode(short, lens)[0])
+    b = np.asarray(model.encode(long, lens)[0])
     np.testing.assert_allclose(a[:, :20], b[:, :20], rtol=1e-5, atol=1e-5)
     assert not np.any(b[:, 20:])
 

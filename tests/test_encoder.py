@@ -1,0 +1,459 @@
+"""The transformer residue encoder (pfamalign.encoder): softmax, CETA and gated sparse attention,
+plain and Cayley hyper-connection residuals; each invariant against an independent reference."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pfamalign import checkpoint, configs, encoder as enc
+from pfamalign.kernels import TransportConfig
+from pfamalign.model import AlignerConfig, aligner_loss, build_model
+from pfamalign.training import step as train_step
+
+D = 50  # builtin/onehot+blosum62 features
+
+
+def _cfg(name="align_orthgsa", **kw):
+    small = {"encoder_width": 32, "encoder_layers": 2, "attn_heads": 2, "attn_head_dim": 8,
+             "topk": 8, "topk_min": 4, "topk_local": 2, "indexer_dim": 8}
+    cfg = configs.get_config(name, embedder_id="builtin/onehot+blosum62", feature_dim=D).model
+    return dataclasses.replace(cfg, **{**small, **kw})
+
+
+def _feat(b=3, l=24, seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.normal(size=(b, l, D)), jnp.float32)
+
+
+ALL = [("softmax", "plain"), ("ceta", "plain"), ("gsa", "cayley"), ("gsa", "plain"),
+       ("softmax", "cayley")]
+
+
+# ---- Cayley --------------------------------------------------------------------------------
+
+def _np_cayley(a):
+    eye = np.eye(a.shape[-1])
+    return (eye - a) @ np.linalg.inv(eye + a)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.1, 1.0, 10.0])
+def test_cayley_is_orthogonal_with_determinant_one_in_float32(scale):
+    rng = np.random.default_rng(1)
+    params = jnp.asarray(scale * rng.normal(size=(500, 6)), jnp.float32)
+    m = np.asarray(enc.cayley(enc.skew(params, 4)), np.float64)
+    err = np.abs(np.swapaxes(m, -1, -2) @ m - np.eye(4)).max()
+    assert err < 1e-6, err
+    np.testing.assert_allclose(np.linalg.det(m), 1.0, atol=1e-6)
+    # and it is the Cayley transform itself, not just some orthogonal matrix
+    ref = _np_cayley(np.asarray(enc.skew(params, 4), np.float64))
+    np.testing.assert_allclose(m, ref, atol=1e-5)
+
+
+def test_truncated_series_is_not_orthogonal():
+    """The check above can fail: a second-order series of the same map misses 1e-6 at scale 1."""
+    rng = np.random.default_rng(1)
+    a = np.asarray(enc.skew(jnp.asarray(rng.normal(size=(50, 6)), jnp.float32), 4), np.float64)
+    eye = np.eye(4)
+    approx = (eye - a) @ (eye - a + a @ a)
+    assert np.abs(np.swapaxes(approx, -1, -2) @ approx - eye).max() > 1e-2
+
+
+def test_cayley_vjp_matches_float64_finite_differences():
+    rng = np.random.default_rng(2)
+    p = rng.normal(size=(6,))
+    g = rng.normal(size=(4, 4))
+    iu = np.triu_indices(4, 1)
+
+    def f64(x):
+        a = np.zeros((4, 4))
+        a[iu] = x
+        return np.sum(_np_cayley(a - a.T) * g)
+
+    h = 1e-6
+    fd = np.array([(f64(p + h * e) - f64(p - h * e)) / (2 * h) for e in np.eye(6)])
+    _, vjp = jax.vjp(lambda x: enc.cayley(enc.skew(x, 4)), jnp.asarray(p, jnp.float32))
+    got = np.asarray(vjp(jnp.asarray(g, jnp.float32))[0])
+    np.testing.assert_allclose(got, fd, rtol=1e-4, atol=1e-5)
+
+
+# ---- the encoder at initialisation, padding, streams --------------------------------------
+
+@pytest.mark.parametrize("attention,residual", ALL)
+def test_encoder_is_its_input_projection_at_init(attention, residual):
+    cfg = _cfg(attention=attention, residual=residual)
+    model = build_model(cfg)
+    feat, lens = _feat(), jnp.array([24, 17, 5])
+    out, _ = model.encoder(feat, lens)
+    mask = enc.length_mask(24, lens)
+    want = model.encoder.norm(model.encoder.inp(feat * mask) * mask) * mask
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=1e-6)
+
+
+@pytest.mark.parametrize("attention,residual", ALL)
+def test_padding_does_not_change_real_outputs(attention, residual):
+    cfg = _cfg(attention=attention, residual=residual)
+    model = _perturbed(build_model(cfg))
+    feat = _feat(b=1, l=20)
+    short, _ = model.encoder(feat, jnp.array([20]))
+    noise = jnp.asarray(np.random.default_rng(3).normal(size=(1, 12, D)), jnp.float32)
+    padded, _ = model.encoder(jnp.concatenate([feat, noise], 1), jnp.array([20]))
+    # float32 reduction order differs between the two padded shapes (perturbed weights, unit-norm
+    # LayerNorm outputs): 1e-4 absolute
+    np.testing.assert_allclose(np.asarray(padded[:, :20]), np.asarray(short), atol=1e-4)
+    assert np.all(np.asarray(padded[:, 20:]) == 0)
+
+
+def _perturbed(model, scale=0.3, seed=5):
+    """The model with every parameter moved off its initialisation (zero-initialised branches
+    would hide the attention)."""
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+    params = jax.tree.map(lambda x: x + scale * jax.random.normal(next(keys), x.shape), params)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+def _stream_spread(model, feat, lens):
+    states, _ = model.encoder.streams(feat, lens)
+    x = np.asarray(states[-1])  # [B, L, n, W]
+    return float(np.abs(x - x.mean(2, keepdims=True)).max())
+
+
+def _train(model, steps=3, lr=1e-2):
+    feat, lens = _feat(b=2, l=16, seed=7), jnp.array([16, 11])
+    target = jnp.asarray(np.where(np.arange(16)[None] < np.array([[16], [11]]),
+                                  np.arange(16)[None], -1), jnp.int32)
+    batch = {"q_feat": feat, "k_feat": feat[::-1], "q_len": lens, "k_len": lens[::-1],
+             "target": jnp.minimum(target, 10)}
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    grad = jax.jit(jax.grad(lambda p: aligner_loss(nnx.merge(graphdef, p), batch)[0]))
+    for _ in range(steps):
+        params = jax.tree.map(lambda p, g: p - lr * g, params, grad(params))
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state), feat, lens
+
+
+def test_streams_differ_after_a_few_steps_and_not_without_distinct_distribution_weights():
+    model = build_model(_cfg())
+    feat, lens = _feat(), jnp.array([24, 17, 5])
+    assert _stream_spread(model, feat, lens) == 0.0  # identical at init (exact identity)
+    trained, feat, lens = _train(model)
+    assert _stream_spread(trained, feat, lens) > 1e-4
+    # the control: uniform distribution weights keep the streams identical forever
+    uniform = build_model(_cfg())
+    for block in uniform.encoder.blocks:
+        for hc in (block.hc1, block.hc2):
+            hc.b[...] = jnp.ones_like(hc.b[...])
+    trained, feat, lens = _train(uniform)
+    assert _stream_spread(trained, feat, lens) < 1e-6
+
+
+# ---- gated sparse attention ----------------------------------------------------------------
+
+def test_k_per_length_rule():
+    cfg = _cfg(topk=64, topk_min=16, topk_fraction=0.25)
+    lens = jnp.array([0, 5, 64, 100, 200, 1300])
+    np.testing.assert_array_equal(np.asarray(enc.topk_per_length(lens, cfg)),
+                                  [0, 16, 16, 25, 50, 64])
+
+
+def test_sparse_path_equals_dense_attention_masked_to_the_same_keys():
+    cfg = _cfg(attention="gsa", residual="plain")
+    model = _perturbed(build_model(cfg))
+    attn = model.encoder.blocks[0].attn
+    x = _feat(l=40, seed=4)[..., :32]
+    lens = jnp.array([40, 23, 3])
+
+    def out(sparse, x):
+        o, _, _ = attn.mix(x, lens, sparse=sparse)
+        return o * enc.length_mask(40, lens)
+
+    dense, sparse = out(False, x), out(True, x)
+    np.testing.assert_allclose(np.asarray(sparse), np.asarray(dense), atol=1e-5)
+    g = jnp.asarray(np.random.default_rng(6).normal(size=dense.shape), jnp.float32)
+    loss = lambda sp: lambda m, x: jnp.sum(nnx.merge(*m).mix(x, lens, sparse=sp)[0]
+                                           * enc.length_mask(40, lens) * g)
+    split = nnx.split(attn)
+    grads = {}
+    for sp in (False, True):
+        grads[sp] = jax.grad(lambda x: loss(sp)(split, x))(x)
+    np.testing.assert_allclose(np.asarray(grads[True]), np.asarray(grads[False]), atol=1e-4)
+    # and the selection really drops keys (else the test compares dense with dense)
+    _, _, info = attn.mix(x, lens, trace=True)
+    sel = np.asarray(info["selected"])
+    assert sel[0].sum(-1).max() < 40
+
+
+def test_padding_is_never_selected_and_short_rows_give_exact_zeros():
+    rng = np.random.default_rng(8)
+    scores = jnp.asarray(rng.normal(size=(3, 30, 30)) + 50 * (np.arange(30) >= 12), jnp.float32)
+    lens = jnp.array([12, 3, 0])  # padding scores highest; row 1 shorter than k; row 2 empty
+    k = jnp.array([8, 8, 8])
+    idx, keep = enc.select_keys(scores, lens, k, 1, 8)
+    idx, keep = np.asarray(idx), np.asarray(keep)
+    for b, n in enumerate([12, 3, 0]):
+        assert np.all(idx[b][keep[b]] < n)
+    # the real rows of the 3-residue sequence have at most one non-local key; the empty one none
+    assert keep[1, :3].sum(-1).max() <= 1 and not keep[2].any()
+    cfg = _cfg(attention="gsa", residual="plain")
+    attn = _perturbed(build_model(cfg)).encoder.blocks[0].attn
+    x = _feat(l=30)[..., :32]
+    for sparse in (False, True):
+        o = np.asarray(attn.mix(x, lens, sparse=sparse)[0])
+        assert np.isfinite(o).all()
+        assert np.all(o[2] == 0) and np.all(o[1, 3:] == 0)  # no keys / padding: exact zeros
+        # the 3-residue sequence (shorter than k) attends to all its keys, as dense attention
+        q, k, v = attn.heads(x)
+        dense, _ = enc.dense_attention(q[1:2], k[1:2], v[1:2], (jnp.arange(30) < 3)[None, None, None])
+        dense = np.asarray(dense.transpose(0, 2, 1, 3).reshape(1, 30, -1)[0, :3])
+        gate = np.asarray(jax.nn.sigmoid(attn.output_gate(x[1:2])))[0, :3]
+        np.testing.assert_allclose(o[1, :3], dense * gate, atol=1e-5)
+
+
+def test_indexer_gradient_is_nonzero_with_the_kl_weight_and_exactly_zero_without():
+    for weight in (0.1, 0.0):
+        model = _perturbed(build_model(_cfg(indexer_weight=weight)))
+        graphdef, state = nnx.split(model)
+        params = nnx.to_pure_dict(state)
+        feat, lens = _feat(), jnp.array([24, 17, 5])
+        batch = {"q_feat": feat, "k_feat": feat, "q_len": lens, "k_len": lens,
+                 "target": jnp.asarray(np.tile(np.arange(24), (3, 1)) * 0 - 1, jnp.int32).at[:, :4].set(1)}
+        grads = jax.grad(lambda p: aligner_loss(nnx.merge(graphdef, p), batch)[0])(params)
+        attn = grads["encoder"]["blocks"][0]["attn"]
+        norm = sum(float(jnp.sum(jnp.abs(attn[n]["kernel"]))) for n in ("index_q", "index_k", "index_w"))
+        if weight:
+            assert norm > 1e-6
+        else:
+            assert norm == 0.0
+
+
+def test_indexer_kl_is_zero_when_the_indexer_matches_and_positive_otherwise():
+    rng = np.random.default_rng(9)
+    s = jnp.asarray(rng.normal(size=(1, 1, 6, 6)), jnp.float32)
+    mask = jnp.ones((1, 1, 6), bool)
+    p = jax.nn.softmax(s, -1)
+    rows = jnp.ones((1, 6))
+    assert abs(float(enc.indexer_kl(p, s[:, 0], mask, rows))) < 1e-6
+    assert float(enc.indexer_kl(p, -s[:, 0], mask, rows)) > 0.1
+
+
+# ---- CETA -----------------------------------------------------------------------------------
+
+def _np_sinkhorn(s, iters=5000):
+    """Balanced unit-marginal Sinkhorn in float64 to convergence (columns last, as the op)."""
+    s = np.asarray(s, np.float64)
+    u, v = np.zeros(s.shape[0]), np.zeros(s.shape[1])
+    for _ in range(iters):
+        u = -np.log(np.exp(s + v[None]).sum(1))
+        v = -np.log(np.exp(s + u[:, None]).sum(0))
+    return np.exp(s + u[:, None] + v[None])
+
+
+def test_ceta_layer_equals_float64_numpy_sinkhorn():
+    cfg = _cfg(attention="ceta", residual="plain", ceta_steps=300, rope=False)
+    attn = _perturbed(build_model(cfg), scale=0.1).encoder.blocks[0].attn
+    x = _feat(b=2, l=16, seed=10)[..., :32]
+    lens = jnp.array([16, 9])
+    o, _, _ = attn.mix(x, lens)
+    q, k, v = (np.asarray(t, np.float64) for t in attn.heads(x))
+    for b, n in enumerate([16, 9]):
+        for h in range(cfg.attn_heads):
+            s = q[b, h, :n] @ k[b, h, :n].T / np.sqrt(cfg.attn_head_dim)
+            plan = _np_sinkhorn(s)
+            np.testing.assert_allclose(plan.sum(0), 1, atol=1e-9)
+            np.testing.assert_allclose(plan.sum(1), 1, atol=1e-9)
+            want = plan @ v[b, h, :n]
+            got = np.asarray(o)[b, :n].reshape(n, cfg.attn_heads, -1)[:, h]
+            np.testing.assert_allclose(got, want, atol=2e-4)
+
+
+@pytest.mark.parametrize("band,equivariant", [(0, True), (2, False)])
+def test_ceta_is_permutation_equivariant_with_a_full_band_only(band, equivariant):
+    cfg = _cfg(attention="ceta", residual="plain", rope=False, attn_band=band)
+    model = _perturbed(build_model(cfg), scale=0.2)
+    feat, lens = _feat(b=1, l=16, seed=11), jnp.array([16])
+    perm = np.random.default_rng(12).permutation(16)
+    out, _ = model.encoder(feat, lens)
+    out_p, _ = model.encoder(feat[:, perm], lens)
+    close = np.allclose(np.asarray(out_p), np.asarray(out)[:, perm], atol=1e-4)
+    assert close == equivariant
+
+
+def test_identity_value_ceta_core_conserves_the_mean_and_softmax_does_not():
+    rng = np.random.default_rng(13)
+    q = jnp.asarray(rng.normal(size=(1, 2, 20, 8)) * 2, jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 2, 20, 8)) * 2, jnp.float32)
+    x = jnp.asarray(rng.normal(size=(1, 2, 20, 8)), jnp.float32)  # the values: the residues
+    lens = jnp.array([20])
+    cfg = TransportConfig(half_band=20, eps=1.0, base_steps=15, tail_steps=2, dustbin="none")
+    from pfamalign.kernels import transport
+    ceta = transport(q, k, x, lens, lens, config=cfg)
+    soft, _ = enc.dense_attention(q, k, x, jnp.ones((1, 1, 20, 20), bool))
+    mean = np.asarray(x).mean(2)
+    np.testing.assert_allclose(np.asarray(ceta).mean(2), mean, atol=1e-5)
+    assert np.abs(np.asarray(soft).mean(2) - mean).max() > 1e-2
+
+
+# ---- certificates of the encoder ---------------------------------------------------------
+
+@pytest.mark.parametrize("attention,residual", [("ceta", "plain"), ("gsa", "cayley"),
+                                                ("softmax", "plain")])
+def test_layer_report_states_the_layers_certificates(attention, residual):
+    model = _perturbed(build_model(_cfg(attention=attention, residual=residual)), scale=0.1)
+    feats = [np.asarray(_feat(b=1, l=n, seed=n)[0]) for n in (19, 11)]
+    layers = enc.layer_report(model.encoder, feats)
+    assert [entry["layer"] for entry in layers] == [0, 1]
+    for entry in layers:
+        assert entry["attention"] == attention
+        if attention == "ceta":  # the last step balances the columns exactly, rows to T=15
+            assert entry["receiver_error"] < 1e-5 and entry["sender_error"] < 1e-2
+        else:  # a row softmax: rows sum to 1, receivers do not
+            assert entry["receiver_imbalance"] > 1e-3
+            assert 0 <= entry["tail_mass_median"] < 1 and 0 <= entry["locked_fraction"] <= 1
+        if attention == "gsa":
+            assert entry["k"] == [5, 4]  # clip(ceil(0.25 * len), 4, 8) for 19 and 11
+            assert 0 < entry["local_share"] <= 1 and entry["indexer_kl"] >= 0
+        if residual == "cayley":
+            assert entry["cayley_orthogonality_error"] < 1e-5 and entry["stream_spread"] > 0
+
+
+def test_certify_cli_reports_the_encoder_layers(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main as cli
+
+    model = _perturbed(build_model(_cfg(attention="ceta", residual="plain")), scale=0.1)
+    checkpoint.save_model(tmp_path / "m", model)
+    res = CliRunner().invoke(cli, ["certify", "MKVLAAGIVGLLLAHE", "MKVLSAGIVGLAHE", "--checkpoint",
+                                   str(tmp_path / "m"), "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    layers = json.loads((tmp_path / "c.json").read_text())["encoder"]["layers"]
+    assert len(layers) == 2 and {"sender_error", "receiver_error"} <= set(layers[0])
+
+
+# ---- configs, checkpoints, devices ---------------------------------------------------------
+
+def test_old_config_dicts_load_with_the_defaults():
+    cfg = configs.get_config("align_ce", embedder_id="builtin/onehot+blosum62", feature_dim=D).model
+    old = {k: v for k, v in cfg.to_dict().items()
+           if k in {f.name for f in dataclasses.fields(AlignerConfig)}
+           and k not in ("attention", "residual", "streams", "attn_heads", "attn_head_dim",
+                         "mlp_ratio", "rope", "gates", "topk", "topk_fraction", "topk_min",
+                         "topk_local", "indexer_dim", "indexer_weight", "attn_band", "ceta_steps")}
+    assert AlignerConfig.from_dict(old) == cfg
+    with pytest.raises(ValueError, match="attention must be one of"):
+        dataclasses.replace(cfg, attention="linear")
+
+
+def test_named_configs_are_align_ce_otherwise_and_within_ten_percent_in_parameters():
+    counts = {}
+    base = configs.get_config("align_ce", embedder_id="builtin/onehot+blosum62", feature_dim=D).model
+    for name in ("align_ce", "align_attn", "align_ceta", "align_orthgsa"):
+        cfg = configs.get_config(name, embedder_id="builtin/onehot+blosum62", feature_dim=D).model
+        assert dataclasses.replace(cfg, name="align_ce", encoder="conv", attention="softmax",
+                                   residual="plain", mlp_ratio=3) == base
+        counts[name] = sum(x.size for x in jax.tree.leaves(nnx.state(build_model(cfg), nnx.Param)))
+    for name, n in counts.items():
+        assert abs(n / counts["align_ce"] - 1) < 0.10, counts
+
+
+def test_save_and_load_give_the_same_encoder(tmp_path):
+    cfg = _cfg()
+    model = _perturbed(build_model(cfg))
+    checkpoint.save_model(tmp_path / "m", model)
+    loaded, _ = checkpoint.load_model(tmp_path / "m")
+    assert dataclasses.replace(loaded.cfg, transport=cfg.transport) == cfg
+    feat, lens = _feat(), jnp.array([24, 17, 5])
+    np.testing.assert_array_equal(np.asarray(loaded.encoder(feat, lens)[0]),
+                                  np.asarray(model.encoder(feat, lens)[0]))
+
+
+def test_eight_devices_take_the_same_step_as_one():
+    assert len(jax.devices()) == 8
+    cfg = configs.RunConfig(_cfg(), configs.TrainConfig().replace(batch_size=8, lr=1e-3))
+    rng = np.random.default_rng(14)
+    lens = rng.integers(5, 24, size=8)
+    target = np.where(np.arange(24)[None] < lens[:, None], np.minimum(np.arange(24)[None], lens[:, None] - 1), -1)
+    batch = {"q_feat": np.asarray(_feat(b=8, seed=15)), "k_feat": np.asarray(_feat(b=8, seed=16)),
+             "q_len": lens.astype(np.int32), "k_len": lens.astype(np.int32),
+             "target": target.astype(np.int32), "valid": np.ones(8, bool)}
+    graphdef, _ = checkpoint.abstract_params(cfg.model)
+    loss_fn = lambda p, b: aligner_loss(nnx.merge(graphdef, p), b)[0]
+    grads, losses = {}, {}
+    for n in (8, 1):
+        mesh = train_step.make_mesh(jax.devices()[:n])
+        state = train_step.init_state(cfg, mesh)
+        grad_fn = jax.jit(jax.grad(loss_fn), in_shardings=(train_step.replicated(mesh),
+                                                            train_step.batch_sharding(mesh)))
+        grads[n] = jax.device_get(grad_fn(state.params, train_step.shard_batch(batch, mesh)))
+        step = train_step.make_train_step(cfg, mesh)
+        _, _, m = step(state.params, state.opt_state, train_step.shard_batch(batch, mesh))
+        losses[n] = float(m["loss"])
+    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
+    scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads[1]))
+    assert scale > 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale),
+                 grads[8], grads[1])
+
+
+# ---- the named configurations train, resume and load ----------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+    import pathlib
+
+    out = tmp_path_factory.mktemp("enc_data") / "ds"
+    seed = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+    run_prepare(PrepareConfig(inputs=(str(seed),), out=str(out), embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=8, max_len=96),
+                              split_fractions=(0.7, 0.2, 0.1), seed=3), quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("name", [
+    "align_orthgsa",
+    pytest.param("align_attn", marks=pytest.mark.slow),
+    pytest.param("align_ceta", marks=pytest.mark.slow)])
+def test_named_config_trains_resumes_and_loads(name, tiny_dataset, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from pfamalign.inference import Predictor
+    from pfamalign.training import loop as train, rundir
+
+    sets = {"encoder_layers": 1, "encoder_width": 32, "attn_heads": 2, "attn_head_dim": 8,
+            "topk": 8, "topk_min": 4, "topk_local": 2, "indexer_dim": 8, "head_dim": 16,
+            "value_dim": 8, "train.batch_size": 8, "train.steps": 4, "train.lr": 3e-3,
+            "train.warmup_steps": 1, "train.pad_multiple": 96, "train.max_len": 96,
+            "train.eval_every": 0, "train.ckpt_every": 2}
+    cfg = rundir.resolve_config(tiny_dataset, name, overrides=sets)
+    out = tmp_path / "run"
+
+    def sigterm_at_two(batch, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch
+
+    monkeypatch.setattr(train, "_prepare_batch", sigterm_at_two)
+    first = train.run(tiny_dataset, out, cfg, quiet=True)
+    assert first.interrupted and first.step == 3
+    monkeypatch.undo()
+    second = train.run(tiny_dataset, out, cfg, quiet=True, tune_pairs=None)
+    assert (second.start_step, second.step) == (3, 4)
+    model, loaded_cfg = checkpoint.load_model(out / "model")
+    assert loaded_cfg.encoder == "transformer" and loaded_cfg.attention == cfg.model.attention
+    pred = Predictor(out / "model")
+    feats = pred.featurize(["MKVLAAGIVGLLLA", "MKVLSAGIVGLA"])
+    plan = next(pred.plans([(feats[0], feats[1])]))
+    assert np.isfinite(plan.real).all() and plan.real.sum() > 0.5
