@@ -29,9 +29,9 @@ def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: st
     return support
 
 
-def _masked_neg_lse(x, mask, axis):
-    """-LSE over the masked entries; 0 where a line has no entry (it then carries no mass).
-    Returns (that, has-an-entry)."""
+def masked_neg_lse(x, mask, axis):
+    """-LSE over the masked entries (the c-transform of a potential); 0 where a line has no
+    entry (it then carries no mass). Returns (that, has-an-entry)."""
     has = jnp.any(mask, axis=axis)
     xm = jnp.where(mask, x, -jnp.inf)
     mx = jax.lax.stop_gradient(jnp.max(xm, axis=axis, keepdims=True))
@@ -44,9 +44,9 @@ def _masked_neg_lse(x, mask, axis):
 def _full_step(s, mask, v, log_a, log_b):
     """One Sinkhorn step on ``s [.., m, n]`` with row / column targets ``exp(log_a)``,
     ``exp(log_b)``, followed by centering."""
-    u, row_has = _masked_neg_lse(s + v[..., None, :], mask, -1)
+    u, row_has = masked_neg_lse(s + v[..., None, :], mask, -1)
     u = jnp.where(row_has, u + log_a, 0.0)
-    v_new, col_has = _masked_neg_lse(s + u[..., :, None], mask, -2)
+    v_new, col_has = masked_neg_lse(s + u[..., :, None], mask, -2)
     v_new = jnp.where(col_has, v_new + log_b, 0.0)
     n_rows = jnp.maximum(jnp.sum(row_has, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(row_has, u, 0.0), -1, keepdims=True) / n_rows
@@ -61,6 +61,25 @@ def _extend(x, token):
     return jnp.concatenate([x, tok.astype(x.dtype)], axis=2)
 
 
+def dense_problem(q, k, q_len, k_len, tokens: DustbinTokens, cfg: TransportConfig):
+    """The extended problem densely: scores ``<q, k> / sqrt(d)`` at eps = 1
+    ``[B, H, Lq + 1, Lk + 1]`` (the dustbin tokens in the last row / column), the support
+    ``[B, 1, Lq + 1, Lk + 1]`` and the log row / column targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]``
+    (unit, except a capacity dustbin takes as much as the other side's length)."""
+    d = q.shape[-1]
+    lq, lk = q.shape[2], k.shape[2]
+    q_ext, k_ext = _extend(q, tokens.q), _extend(k, tokens.k)
+    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
+    mask = mask[:, None]  # broadcast over heads
+    log_a = jnp.zeros((q.shape[0], 1, lq + 1), q.dtype)
+    log_b = jnp.zeros((q.shape[0], 1, lk + 1), q.dtype)
+    if cfg.dustbin == "capacity":
+        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
+        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
+    dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
+    return dots, mask, log_a, log_b
+
+
 def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: TransportConfig):
     """Runs the stopped base and the differentiable tail densely.
 
@@ -68,19 +87,10 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     ``[B, H, Lq+1, Lk+1]`` (log -inf off the support), the values ``[B, H, Lk+1, dv]`` and the
     potential histories ``[B, H, T + R, L + 1]`` (centered, after every full step).
     """
-    d = q.shape[-1]
     lq, lk = q.shape[2], k.shape[2]
     tokens = dustbin if cfg.dustbin != "none" else DustbinTokens(None, None, None)
-    q_ext, k_ext, v_ext = _extend(q, tokens.q), _extend(k, tokens.k), _extend(v, tokens.v)
-    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
-    mask = mask[:, None]  # broadcast over heads
-    # Targets: unit, except a capacity dustbin takes as much as the other side's length.
-    log_a = jnp.zeros((q.shape[0], 1, lq + 1), q.dtype)
-    log_b = jnp.zeros((q.shape[0], 1, lk + 1), q.dtype)
-    if cfg.dustbin == "capacity":
-        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
-        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
-    dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
+    v_ext = _extend(v, tokens.v)
+    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
 
     history_u, history_v = [], []
     dots_base = jax.lax.stop_gradient(dots)
