@@ -487,12 +487,9 @@ def load_operator(model_dir) -> Operator:
         raise CompileError(f"cannot read {path}: {err}") from err
 
 
-def write_compiled(source, out, op: Operator) -> pathlib.Path:
-    """Writes OUT: a copy of the model directory ``source`` (config, parameters, decoder
-    settings, training record) plus the operator, built beside OUT and renamed into place
-    (never half written). Refuses an existing OUT and OUT equal to ``source``."""
-    from pfamalign.checkpoint import write_json
-
+def check_output_dir(source, out) -> pathlib.Path:
+    """``out`` (absolute) if a compiled model can be written there: not the checkpoint
+    ``source``, not an existing path, in an existing directory. Else a ValueError."""
     source, out = pathlib.Path(source).absolute(), pathlib.Path(out).absolute()
     if out == source or (out.exists() and os.path.samefile(out, source)):
         raise ValueError(f"output {out} is the checkpoint itself; write the compiled model elsewhere")
@@ -500,6 +497,16 @@ def write_compiled(source, out, op: Operator) -> pathlib.Path:
         raise ValueError(f"output {out} already exists; give a new directory")
     if not out.parent.is_dir():
         raise ValueError(f"the parent of {out} does not exist")
+    return out
+
+
+def write_compiled(source, out, op: Operator) -> pathlib.Path:
+    """Writes OUT: a copy of the model directory ``source`` (config, parameters, decoder
+    settings, training record) plus the operator, built beside OUT and renamed into place
+    (never half written). Refuses an existing OUT and OUT equal to ``source``."""
+    from pfamalign.checkpoint import write_json
+
+    source, out = pathlib.Path(source).absolute(), check_output_dir(source, out)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         staged = tmp / "model"

@@ -7,6 +7,7 @@ one jit compilation per padded length, many pairs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.resources
 import json
 import pathlib
@@ -152,10 +153,13 @@ class Predictor:
         default model shipped with the package.
       weights: ESM-2 weights for checkpoints trained on ESM-2 features.
       max_length: longest sequence accepted (residues).
+      engine: how plans are computed (``pfamalign.asap.ENGINES``): ``sinkhorn`` (the trained
+        steps), ``steps`` (``steps`` plain Sinkhorn steps) or ``asap`` (the operator that
+        ``pfamalign compile`` wrote into the model directory).
     """
 
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
-                 max_length: int = 4096):
+                 max_length: int = 4096, engine: str = "sinkhorn", steps: int | None = None):
         from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
@@ -167,6 +171,11 @@ class Predictor:
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
         self.model, self.config = ckpt.load_model(path)
+        self.engine = None  # the model's own plan
+        if engine != "sinkhorn" or steps is not None:
+            from pfamalign.asap import Engine
+
+            self.engine = Engine.load(engine, path, self.model, steps=steps)
         self.decoding = DecoderSettings.load(path)
         self.pairhmm = model_pairhmm(path)
         self.embedder = get_embedder(self.config.embedder_id, weights)
@@ -204,7 +213,8 @@ class Predictor:
         xk = np.zeros((len(batch), pad, dim), np.float32)
         for n, (a, b) in enumerate(batch):
             xq[n, : len(a)], xk[n, : len(b)] = a, b
-        out = np.asarray(self.model.plan(xq, xk, lq, lk))  # jit-compiled per padded shape
+        plan = self.model.plan if self.engine is None else functools.partial(self.engine.plan, self.model)
+        out = np.asarray(plan(xq, xk, lq, lk))  # jit-compiled per padded shape
         for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
             full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
             full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]

@@ -171,3 +171,51 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.write_compiled(src, src, op)
     with pytest.raises(ValueError, match="already exists"):
         asap.write_compiled(src, out, op)
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+def _run(args):
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_model(tmp_path):
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    res = _run(["compile", "--checkpoint", src, "--data", tmp_path, "-o", src])
+    assert res.exit_code == 2 and "checkpoint itself" in res.output and "Traceback" not in res.output
+    res = _run(["align", "--checkpoint", src, "--engine", "asap", "ACDEFGHIK", "ACDEGHIK"])
+    assert res.exit_code == 2 and "no compiled operator" in res.output
+    res = _run(["align", "--checkpoint", src, "--steps", "2", "ACDEFGHIK", "ACDEGHIK"])
+    assert res.exit_code == 2 and "--engine steps" in res.output
+
+
+@pytest.mark.slow  # ~1 min: a dataset, a fit and three engines' compilations
+def test_compile_writes_a_model_that_aligns_with_every_engine(tmp_path):
+    import json
+    import pathlib
+
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+
+    seed = pathlib.Path(__file__).parent / "data" / "pfam_seed"
+    data = tmp_path / "ds"
+    run_prepare(PrepareConfig(inputs=(str(seed),), out=str(data), embedder=EMBEDDER,
+                              sampling=SamplingConfig(pairs_per_family=4, max_len=120),
+                              split_fractions=(0.6, 0.2, 0.2), seed=1), quiet=True)
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    out = tmp_path / "compiled"
+    res = _run(["compile", "--checkpoint", src, "--data", data, "--pairs", 6, "--held-out", 2,
+                "--slices", 2, "-o", out])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output)
+    assert stats["held_out_pairs"] == 2 and -1 < stats["r2_dual"] <= 1
+    assert json.loads((out / asap.OPERATOR_FILE).read_text())["params_hash"] == stats["params_hash"]
+    for engine in (["--engine", "asap"], ["--engine", "steps", "--steps", 2], []):
+        res = _run(["align", "--checkpoint", out, *engine, "-f", "json", "ACDEFGHIKLMN", "ACDEGHIKLN"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["pairs"]

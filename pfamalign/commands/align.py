@@ -7,7 +7,7 @@ import pathlib
 import click
 
 from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
-                                       decoder_settings, error_line, fail)
+                                       decoder_settings, engine_options, error_line, fail)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -34,11 +34,12 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="PNG of the plan heatmap with marginals and the decoded path (single pair).")
 @decoder_options
+@engine_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
 @batch_options
-def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, max_length, strict,
-          quiet, **decoding):
+def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, engine, steps, max_length,
+          strict, quiet, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files; - reads standard input).
 
     \b
@@ -58,6 +59,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align query.fasta target.fasta -f json --plot plan.png
       cat family.fasta | pfamalign align - --all-pairs -f cigar
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
+      pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B   # see `compile`
     """
     from pfamalign import inputs
     from pfamalign.alignment.formats import format_alignment
@@ -84,7 +86,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
         else:
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
         with open_output(out, inputs=(pairs_file, seq_a, seq_b)) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
