@@ -419,16 +419,19 @@ def plan_errors(model, op: Operator, pairs, batch_size: int = 8) -> dict:
 
 # ---- engines ---------------------------------------------------------------------------------
 
-@functools.partial(nnx.jit, static_argnames=("engine", "steps", "settings", "heads_mean"))
-def engine_plan(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
-                settings: AsapSettings | None = None, heads_mean: bool = True):
+def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
+            settings: AsapSettings | None = None, heads_mean: bool = True):
     """The plan of one engine: the head-mean ``[B, Lq, Lk + 1]`` that ``Aligner.plan`` gives
-    (``heads_mean``), else the per-head extended plan ``[B, H, Lq + 1, Lk + 1]``."""
+    (``heads_mean``), else the per-head extended plan ``[B, H, Lq + 1, Lk + 1]``. Not
+    compiled (``engine_plan`` is)."""
     if engine == "asap":
         plan, _ = asap_solve(model, op_arrays, settings, q_feat, k_feat, q_len, k_len)
     else:
         plan = teacher(model, q_feat, k_feat, q_len, k_len, steps=steps if engine == "steps" else None)[0]
     return plan[:, :, :-1, :].mean(axis=1) if heads_mean else plan
+
+
+engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean"))
 
 
 @dataclasses.dataclass(frozen=True)
