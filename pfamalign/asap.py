@@ -160,7 +160,7 @@ class Operator:
                    data["params_hash"], data.get("stats", {}))
 
     def arrays(self):
-        """The operator's arrays, as ``asap_solve`` takes them."""
+        """The operator's arrays, as ``asap_of`` takes them."""
         return tuple(jnp.asarray(a) for a in (self.omega, self.omega_dustbin, self.slices))
 
     def check(self, model) -> None:
@@ -191,14 +191,26 @@ def make_slices(settings: AsapSettings, heads: int, dim: int) -> np.ndarray:
 
 # ---- the dense problem, features, reconstruction --------------------------------------------
 
-def problem(model, q_feat, k_feat, q_len, k_len):
-    """The model's dense extended problem: ``(S [B, H, Lq+1, Lk+1] at the model's eps, mask,
-    log_a, log_b, q [B, H, Lq, d'], k)``."""
-    cfg = model.cfg.transport
+def projections(model, q_feat, k_feat, q_len, k_len):
+    """``(q, k, tokens, q_len, k_len)``: what the transport of ``model`` reads (the encoder and
+    the projections run here; every engine shares them)."""
     q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len)
+    if tokens is not None:  # the plan needs no values
+        tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
+    return q, k, tokens, q_len, k_len
+
+
+def problem_of(cfg, q, k, tokens, q_len, k_len):
+    """The dense extended problem: ``(S [B, H, Lq+1, Lk+1] at eps, mask, log_a, log_b)``."""
     tokens = tokens if cfg.dustbin != "none" else DustbinTokens(None, None, None)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
-    return dots / cfg.eps, mask, log_a, log_b, q, k
+    return dots / cfg.eps, mask, log_a, log_b
+
+
+def problem(model, q_feat, k_feat, q_len, k_len):
+    """The model's dense extended problem and projections: ``(S, mask, log_a, log_b, q, k)``."""
+    q, k, tokens, q_len, k_len = projections(model, q_feat, k_feat, q_len, k_len)
+    return problem_of(model.cfg.transport, q, k, tokens, q_len, k_len) + (q, k)
 
 
 def _row_mean(x, rows, axis=-1):
@@ -276,25 +288,26 @@ def predict_dual(x, z, rows, omega, omega_dustbin):
     return jnp.concatenate([jnp.where(rows, u_real, 0.0), u_db[..., None]], -1)
 
 
-def teacher(model, q_feat, k_feat, q_len, k_len, *, steps: int | None = None):
-    """The Sinkhorn plan ``[B, H, Lq+1, Lk+1]`` and its final potentials ``(u, v)``: the model's
-    own T + R steps, or ``steps`` plain steps at its eps."""
-    cfg = model.cfg.transport
+def teacher_of(cfg, q, k, tokens, q_len, k_len, *, steps: int | None = None):
+    """The Sinkhorn plan ``[B, H, Lq+1, Lk+1]`` and its final potentials ``(u, v)``: the
+    config's own T + R steps, or ``steps`` plain steps at its eps."""
     if steps is not None:
         cfg = dataclasses.replace(cfg, base_steps=steps, tail_steps=0, eps_schedule=None)
-    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len)
     v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
-    if tokens is not None:
-        tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
     plan, _, _, (hu, hv) = reference_solve(q, k, v, q_len, k_len, tokens, cfg)
     return plan, hu[..., -1, :], hv[..., -1, :]
 
 
-def asap_solve(model, op_arrays, settings: AsapSettings, q_feat, k_feat, q_len, k_len):
+def teacher(model, q_feat, k_feat, q_len, k_len, *, steps: int | None = None):
+    """``teacher_of`` for a model and features."""
+    return teacher_of(model.cfg.transport, *projections(model, q_feat, k_feat, q_len, k_len), steps=steps)
+
+
+def asap_of(cfg, op_arrays, settings: AsapSettings, q, k, tokens, q_len, k_len):
     """The compiled plan ``[B, H, Lq+1, Lk+1]`` and the predicted dual."""
     omega, omega_db, slices = op_arrays
-    s, mask, log_a, log_b, q, k = problem(model, q_feat, k_feat, q_len, k_len)
-    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, model.cfg.transport.eps)
+    s, mask, log_a, log_b = problem_of(cfg, q, k, tokens, q_len, k_len)
+    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, cfg.eps)
     u = predict_dual(x, z, rows, omega, omega_db)
     plan, _, _ = reconstruct(s, mask, log_a, log_b, u, settings.passes)
     return plan, u
@@ -320,9 +333,10 @@ def r_squared(pred, y) -> float:
 @functools.partial(nnx.jit, static_argnames=("settings",))
 def _calibration(model, slices, settings, q_feat, k_feat, q_len, k_len):
     """Features and the teacher's centred targets of one batch."""
-    s, mask, log_a, log_b, q, k = problem(model, q_feat, k_feat, q_len, k_len)
+    q, k, tokens, q_len, k_len = projections(model, q_feat, k_feat, q_len, k_len)
+    s, mask, log_a, log_b = problem_of(model.cfg.transport, q, k, tokens, q_len, k_len)
     x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, model.cfg.transport.eps)
-    _, u, _ = teacher(model, q_feat, k_feat, q_len, k_len)
+    _, u, _ = teacher_of(model.cfg.transport, q, k, tokens, q_len, k_len)
     y, y_db = centred_target(u, rows)
     return x, z, rows, y, y_db
 
@@ -419,15 +433,21 @@ def plan_errors(model, op: Operator, pairs, batch_size: int = 8) -> dict:
 
 # ---- engines ---------------------------------------------------------------------------------
 
+def transport_of(cfg, op_arrays, q, k, tokens, q_len, k_len, *, engine: str, steps: int | None = None,
+                 settings: AsapSettings | None = None):
+    """The per-head extended plan ``[B, H, Lq + 1, Lk + 1]`` of one engine from projections."""
+    if engine == "asap":
+        return asap_of(cfg, op_arrays, settings, q, k, tokens, q_len, k_len)[0]
+    return teacher_of(cfg, q, k, tokens, q_len, k_len, steps=steps if engine == "steps" else None)[0]
+
+
 def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
             settings: AsapSettings | None = None, heads_mean: bool = True):
     """The plan of one engine: the head-mean ``[B, Lq, Lk + 1]`` that ``Aligner.plan`` gives
     (``heads_mean``), else the per-head extended plan ``[B, H, Lq + 1, Lk + 1]``. Not
     compiled (``engine_plan`` is)."""
-    if engine == "asap":
-        plan, _ = asap_solve(model, op_arrays, settings, q_feat, k_feat, q_len, k_len)
-    else:
-        plan = teacher(model, q_feat, k_feat, q_len, k_len, steps=steps if engine == "steps" else None)[0]
+    plan = transport_of(model.cfg.transport, op_arrays, *projections(model, q_feat, k_feat, q_len, k_len),
+                        engine=engine, steps=steps, settings=settings)
     return plan[:, :, :-1, :].mean(axis=1) if heads_mean else plan
 
 

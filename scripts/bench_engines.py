@@ -5,10 +5,13 @@
 
 Two kinds of JSON line, every engine measured in the same run:
 
-* ``kind="speed"``, one per engine and length L: ``plan_ms`` (the plan stage per pair, batches
-  of ``--batch`` L x L pairs of random related sequences, interleaved rounds, min),
-  ``align_ms`` (plan + the model's decoder on one pair, min over the batch), XLA's temporary memory of the plan
-  stage (``peak_mib``), and ``speedup`` = sinkhorn's plan_ms / this engine's;
+* ``kind="speed"``, one per engine and length L: ``plan_ms`` (the plan stage per pair:
+  encoder, projections and transport, as ``Aligner.plan``; batches of ``--batch`` L x L pairs
+  of random related sequences, interleaved rounds, min), ``transport_ms`` (the transport
+  alone, from the same projections: the part the engines change),
+  ``align_ms`` (plan + the model's decoder on one pair, min over the batch), XLA's temporary
+  memory of the transport (``peak_mib``), and ``speedup`` / ``transport_speedup`` =
+  sinkhorn's time / this engine's;
 * ``kind="accuracy"``, one per engine: on ``--pairs`` pairs of the held-out ``--split``
   (drawn across its families), the relative l2 distance of the per-head plans to the Sinkhorn
   teacher's and the worst row / column marginal error against it, and the aligned-pair F1 of
@@ -52,22 +55,29 @@ def related_pair(rng, length: int) -> tuple[str, str]:
 
 
 def speed(predictor, table, lengths, batch, repeats):
+    import jax
     import jax.numpy as jnp
 
     rng = np.random.default_rng(0)
+    cfg = predictor.model.cfg.transport
+    project = nnx.jit(asap.projections)
+    transport = jax.jit(asap.transport_of, static_argnums=0, static_argnames=("engine", "steps", "settings"))
     for length in lengths:
         seqs = [related_pair(rng, length) for _ in range(batch)]
         feats = predictor.featurize([s for p in seqs for s in p])
         args = tuple(jnp.asarray(a) for a in asap.pad_batch(list(zip(feats[0::2], feats[1::2]))))
+        proj = _common.block(project(predictor.model, *args))
         cases, mem = {}, {}
-        state = nnx.state(predictor.model)
-        for name, engine in table.items():
-            fn = lambda *a, e=engine: e.plan(predictor.model, *a)
-            cases[name] = (fn, args)
-            _, mem[name] = _common.compile_with_memory(_pure(predictor.model, engine), state, *args)
+        for name, e in table.items():
+            op = e.operator
+            kw = dict(engine=e.name, steps=e.steps, settings=op.settings if op else None)
+            arrays = op.arrays() if op else None
+            cases[name] = (lambda *a, e=e: e.plan(predictor.model, *a), args)
+            cases[name + "/transport"] = (lambda *p, a=arrays, kw=kw: transport(cfg, a, *p, **kw), proj)
+            _, mem[name] = _common.compile_with_memory(
+                lambda *p, a=arrays, kw=kw: asap.transport_of(cfg, a, *p, **kw), *proj)
         best = _common.time_interleaved(cases, repeats=repeats)
-        plans = {name: np.asarray(fn(*a)) for name, (fn, a) in cases.items()}
-        base = best["sinkhorn"]
+        plans = {name: np.asarray(cases[name][0](*args)) for name in table}
         for name in table:
             decode_s = np.inf  # the model's decoder, min over the batch's pairs
             for n, pair in enumerate(seqs):
@@ -76,19 +86,12 @@ def speed(predictor, table, lengths, batch, repeats):
                 decode_s = min(decode_s, time.perf_counter() - t0)
             plan_ms = best[name] / batch * 1e3
             yield {"kind": "speed", "engine": name, "L": length, "batch": batch, "plan_ms": plan_ms,
-                   "align_ms": plan_ms + decode_s * 1e3, "peak_mib": mem[name].get("temp_bytes", 0) / _common.MIB,
-                   "speedup": base / best[name], **_common.environment()}
-
-
-def _pure(model, engine):
-    """The engine's plan as a pure function of the model's state (for XLA's memory figures)."""
-    graphdef = nnx.graphdef(model)
-    op = engine.operator
-
-    def fn(state, *args):
-        return asap.plan_of(nnx.merge(graphdef, state), op.arrays() if op else None, *args, engine=engine.name,
-                            steps=engine.steps, settings=op.settings if op else None)
-    return fn
+                   "transport_ms": best[name + "/transport"] / batch * 1e3,
+                   "align_ms": plan_ms + decode_s * 1e3,
+                   "peak_mib": mem[name].get("temp_bytes", 0) / _common.MIB,
+                   "speedup": best["sinkhorn"] / best[name],
+                   "transport_speedup": best["sinkhorn/transport"] / best[name + "/transport"],
+                   **_common.environment()}
 
 
 def _pair_plan(head_mean, lq, lk):
@@ -184,7 +187,8 @@ def main(argv=None):
                 print(jsonio.dumps_line(row), flush=True)
     out = sys.stderr if args.json else sys.stdout
     print(_common.format_table([r for r in rows if r["kind"] == "speed"],
-                               ["engine", "L", "plan_ms", "speedup", "align_ms", "peak_mib"]), file=out)
+                               ["engine", "L", "plan_ms", "speedup", "transport_ms", "transport_speedup",
+                                "align_ms", "peak_mib"]), file=out)
     flat = [{**r, "f1": r["f1_default"]["value"], "d_f1": r["f1_default_minus_sinkhorn"]["value"],
              "f1_plan": r["f1_plan_only"]["value"], "d_f1_plan": r["f1_plan_only_minus_sinkhorn"]["value"]}
             for r in rows if r["kind"] == "accuracy"]
