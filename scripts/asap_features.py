@@ -50,7 +50,7 @@ def main(argv=None):
                 "both": asap.AsapSettings(slices=args.slices, seed=args.seed)}
     for name, settings in families.items():
         op = asap.fit(predictor.model, fit, settings, held_out=held)
-        print(jsonio.dumps_line({"features": name, "calibration": args.split, "held_out": args.eval_split,
+        print(jsonio.dumps_line({"script": "asap_features", "features": name, "calibration": args.split, "held_out": args.eval_split,
                                  **op.stats}), flush=True)
 
 

@@ -85,7 +85,7 @@ def speed(predictor, table, lengths, batch, repeats):
                 predictor.decode(_pair_plan(plans[name][n], length, length), None, pair)
                 decode_s = min(decode_s, time.perf_counter() - t0)
             plan_ms = best[name] / batch * 1e3
-            yield {"kind": "speed", "engine": name, "L": length, "batch": batch, "plan_ms": plan_ms,
+            yield {"script": "bench_engines", "kind": "speed", "engine": name, "L": length, "batch": batch, "plan_ms": plan_ms,
                    "transport_ms": best[name + "/transport"] / batch * 1e3,
                    "align_ms": plan_ms + decode_s * 1e3,
                    "peak_mib": mem[name].get("temp_bytes", 0) / _common.MIB,
@@ -143,7 +143,7 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
     pid = np.array([records[i]["pid"] for i in order], np.float64)
     fams = [records[i].get("family", "") for i in order]
     for name in table:
-        row = {"kind": "accuracy", "engine": name, "split": split, "n_pairs": len(records),
+        row = {"script": "bench_engines", "kind": "accuracy", "engine": name, "split": split, "n_pairs": len(records),
                "n_families": len(set(fams)), "plan_rel_l2": float(np.sqrt(errs[name]["num"] / errs[name]["den"])),
                "row_marginal_err": errs[name]["row"], "col_marginal_err": errs[name]["col"],
                "plan_s_total": errs[name]["s"]}

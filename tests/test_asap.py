@@ -212,8 +212,8 @@ def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_mod
     assert res.exit_code == 2 and "--engine steps" in res.output
 
 
-@pytest.mark.slow  # ~1 min: a dataset, a fit and three engines' compilations
-def test_compile_writes_a_model_that_aligns_with_every_engine(tmp_path):
+@pytest.mark.slow  # ~2 min: a dataset, a fit, three engines' compilations, the benchmark
+def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp_path, capsys):
     import json
     import pathlib
 
@@ -238,3 +238,19 @@ def test_compile_writes_a_model_that_aligns_with_every_engine(tmp_path):
         res = _run(["align", "--checkpoint", out, *engine, "-f", "json", "ACDEFGHIKLMN", "ACDEGHIKLN"])
         assert res.exit_code == 0, res.output
         assert json.loads(res.output)["pairs"]
+    # the benchmark runs on the compiled model and prints one JSON line per engine and kind
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import bench_engines
+
+        bench_engines.main(["--checkpoint", str(out), "--data", str(data), "--split", "train", "--pairs", "2",
+                            "--lengths", "16", "--steps", "1", "--repeats", "1", "--bootstrap", "10", "--json"])
+    finally:
+        sys.path.pop(0)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    engines = {"sinkhorn", "steps_1", "asap0", "asap"}
+    assert {r["engine"] for r in rows if r["kind"] == "speed"} == engines
+    accuracy = {r["engine"]: r for r in rows if r["kind"] == "accuracy"}
+    assert set(accuracy) == engines and accuracy["sinkhorn"]["plan_rel_l2"] == 0.0
