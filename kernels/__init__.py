@@ -5,9 +5,11 @@
 """
 
 from pfamalign.kernels.api import Potentials, TransportResult, transport, transport_plan
+from pfamalign.kernels.reference import SolveStats
 from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig, resolve_impl
 
 __all__ = [
-    "BlockSizes", "DustbinTokens", "Potentials", "TransportConfig", "TransportResult", "resolve_impl", "transport",
+    "BlockSizes", "DustbinTokens", "Potentials", "SolveStats", "TransportConfig", "TransportResult", "resolve_impl",
+    "transport",
     "transport_plan",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
-from pfamalign.kernels.reference import reference_solve, reference_transport
+from pfamalign.kernels.reference import SolveStats, reference_solve, reference_transport
 from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
 
 
@@ -64,7 +64,8 @@ def pad_flat(x, length):
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
 
 
-def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, history: bool = False):
+def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, history: bool = False,
+            stats: bool = False):
     """Inputs ``[B, H, L, .]`` -> the banded op's padded flat problem and its static spec.
 
     Returns ``(Flat, Spec, slot)``: ``slot`` is the padded index of the dustbin in ``widened``
@@ -102,25 +103,26 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     tgt = jnp.pad(jnp.repeat(tgt, h, axis=0), ((0, 0), (0, lp - lq)), constant_values=-1)
     flat = Flat(qf, kf, vf, tq, tk, tv, row_active, col_active, tgt)
     spokes = cfg.dustbin in ("spoke", "capacity")
-    spec = Spec(cfg, geom, spokes, history, cfg.dustbin == "capacity")
+    spec = Spec(cfg, geom, spokes, history, cfg.dustbin == "capacity", stats)
     return flat, spec, slot
 
 
-def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, history: bool):
+def _banded(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, history: bool, stats: bool):
     b, h, lq, _ = q.shape
     lk, dv = k.shape[2], v.shape[-1]
-    flat, spec, slot = flatten(q, k, v, q_len, k_len, tokens, targets, cfg, history=history)
-    out, logp, hist = banded_transport(spec, flat)
+    flat, spec, slot = flatten(q, k, v, q_len, k_len, tokens, targets, cfg, history=history, stats=stats)
+    out, logp, hist, st = banded_transport(spec, flat)
     out = out[:, :lq].reshape(b, h, lq, dv)
     logp = logp[:, :lq].reshape(b, h, lq)
+    st = None if st is None else SolveStats(*(jax.lax.stop_gradient(x).reshape(b, h) for x in st))
     if not history:
-        return out, logp, None
+        return out, logp, None, st
     hu, hv = (jnp.moveaxis(x, 0, 1) for x in hist)  # [N, T + R, Lp + 1]
     u = jnp.concatenate([hu[..., :lq], hu[..., slot : slot + 1]], -1)
     vv = jnp.concatenate([hv[..., :lk], hv[..., slot : slot + 1]], -1)
     if cfg.dustbin == "none":
         u, vv = u.at[..., -1].set(0.0), vv.at[..., -1].set(0.0)
-    return out, logp, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1))
+    return out, logp, Potentials(u.reshape(b, h, -1, lq + 1), vv.reshape(b, h, -1, lk + 1)), st
 
 
 class TransportResult(NamedTuple):
@@ -129,16 +131,19 @@ class TransportResult(NamedTuple):
     out: jax.Array  # [B, H, Lq, dv]
     target_logp: jax.Array | None  # [B, H, Lq] log P_{i, t_i}; -inf where t_i is absent/off-support
     potentials: Potentials | None
+    stats: SolveStats | None = None  # base steps taken and the output plan's marginal errors
 
 
 def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
               config: TransportConfig | None = None, targets=None, return_potentials: bool = False,
-              **settings):
+              return_stats: bool = False, **settings):
     """Transport output ``O = P V`` for a batch of (query, key) pairs and heads.
 
-    P is the unit-target Sinkhorn plan on the banded support ``|i - j| <= W`` (plus the dustbin
-    spokes) after a stopped T-step base solve and an R-step differentiable tail; the gradient
-    is the exact adjoint of that tail (custom VJP on the ``xla`` and ``pallas`` paths).
+    P is the Sinkhorn plan on the banded support ``|i - j| <= W`` (plus the dustbin spokes)
+    after a stopped base solve (T steps, or to ``tol``) and an R-step differentiable tail,
+    with the marginals ``config.marginals`` names (balanced, or the row / column softmax,
+    optionally KL-relaxed); the gradient is the exact adjoint of that tail (custom VJP on the
+    ``xla`` and ``pallas`` paths).
 
     Args:
       q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
@@ -149,10 +154,12 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         column, -1 = none). Their log plan entries are returned, differentiably, computed in
         the log domain (a sparse cross-entropy needs no dense plan).
       return_potentials: also return the ``Potentials`` history (for the certificates).
+      return_stats: also return the ``SolveStats``: base steps taken and the output plan's
+        marginal errors per problem and head.
 
     Returns:
       ``O [B, H, Lq, dv]`` (rows without support are 0); a ``TransportResult`` instead when
-      targets or potentials are requested.
+      targets, potentials or stats are requested.
     """
     if config is None:
         config = TransportConfig(**settings)
@@ -164,13 +171,15 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
     if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):
         raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, got {jnp.shape(targets)}")
     if config.impl == "reference":
-        out, logp, hist = reference_transport(q, k, v, q_len, k_len, tokens, config, targets=targets)
+        out, logp, hist, stats = reference_transport(q, k, v, q_len, k_len, tokens, config, targets=targets)
         pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))
     else:
-        out, logp, pots = _banded(q, k, v, q_len, k_len, tokens, targets, config, return_potentials)
-    if targets is None and not return_potentials:
+        out, logp, pots, stats = _banded(q, k, v, q_len, k_len, tokens, targets, config,
+                                         return_potentials, return_stats)
+    if targets is None and not return_potentials and not return_stats:
         return out
-    return TransportResult(out, logp if targets is not None else None, pots if return_potentials else None)
+    return TransportResult(out, logp if targets is not None else None, pots if return_potentials else None,
+                           stats if return_stats else None)
 
 
 def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,

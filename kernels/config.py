@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -12,6 +13,7 @@ DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 KERNELS = ("auto", "tpu", "gpu")
+MARGINALS = ("balanced", "rows", "cols")
 
 # Every f32 contraction of the op (XLA path, reference, kernels) runs at this precision: the
 # default lets GPUs use TF32 and TPUs bf16 inputs, far outside the op's 1e-5 promise.
@@ -21,6 +23,23 @@ F32_PRECISION = jax.lax.Precision.HIGHEST
 def einsum(subscripts: str, *operands):
     """``jnp.einsum`` at ``F32_PRECISION``: the op's contractions outside the kernels."""
     return jnp.einsum(subscripts, *operands, precision=F32_PRECISION)
+
+
+def damp(x, kappa: float):
+    """``kappa * x`` for a static kappa (``TransportConfig.damping``): exactly ``x`` at 1 and
+    exactly 0 at 0, so the balanced op's arithmetic is untouched."""
+    return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
+
+
+def marginal_error(sums, pot, log_target, has, kappa: float):
+    """Max over supported lines (``has``, last axis) of ``|sum - target|``: a constrained side's
+    target is prescribed, a damped side's is its fixed point ``exp(log_target - pot (1 - kappa)
+    / kappa)`` (where ``pot = kappa (log_target - LSE)``), and a free side (kappa = 0) has none:
+    error 0."""
+    if kappa == 0.0:
+        return jnp.zeros(sums.shape[:-1], sums.dtype)
+    log_t = log_target if kappa == 1.0 else log_target - pot * (1 - kappa) / kappa
+    return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
 
 
 # Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
@@ -78,6 +97,18 @@ class BlockSizes:
             raise ValueError(f"block must be a power of two >= 8, got {self.block}")
 
 
+# The transport boundary: below EPS_MIN the float32 log-domain solve no longer separates
+# costs of order one (eps = 1e-6 gives rows of mass 2 and confidences above 1); the step
+# counts are bounded so that a typo cannot ask for an endless solve.
+EPS_MIN, EPS_MAX = 1e-3, 1e6
+MAX_STEPS = 100_000
+
+
+def _check_eps(eps, name: str) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not EPS_MIN <= eps <= EPS_MAX:
+        raise ValueError(f"{name} must be a number in [{EPS_MIN:g}, {EPS_MAX:g}], got {eps!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TransportConfig:
     """Everything that defines the transport plan, apart from the inputs.
@@ -105,6 +136,17 @@ class TransportConfig:
       kernel: the Pallas kernel wrapper: "auto" (the default: Mosaic when lowered for TPU,
         Triton for CUDA / ROCm, interpret mode on CPU, chosen per lowering platform), "tpu" or
         "gpu" to force one.
+      marginals: which sides are constrained. "balanced" (the default): unit targets on rows
+        and columns (Sinkhorn). "rows": each active row sends its target mass over its
+        support, columns free: the masked row softmax of ``S / eps`` (softmax as semi-relaxed
+        OT). "cols": its transpose.
+      relax: with "rows" / "cols", None (free side) or lam > 0: the free side's marginal
+        enters as a KL penalty of weight lam (unbalanced Sinkhorn, half steps damped by
+        lam / (lam + eps)); lam -> 0 gives the softmax, lam -> inf the balanced plan.
+      tol: None (the fixed T-step base: today's plans) or a tolerance: the base iterates until
+        both marginal errors (``marginal_errors``) are <= tol, or ``max_steps`` steps; then
+        the R tail steps. Each problem stops on its own (batching does not change a plan).
+      max_steps: the base's step limit when ``tol`` is set.
     """
 
     half_band: int
@@ -118,16 +160,22 @@ class TransportConfig:
     blocks: BlockSizes = BlockSizes()
     interpret: bool | None = None
     kernel: str = "auto"
+    marginals: str = "balanced"
+    relax: float | None = None
+    tol: float | None = None
+    max_steps: int = 1000
 
     def __post_init__(self):
-        if not isinstance(self.half_band, int) or self.half_band < 0:
+        if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
+                self.half_band < 0:
             raise ValueError(f"half_band (W) must be an integer >= 0, got {self.half_band!r}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps!r}")
-        if self.base_steps < 0:
-            raise ValueError(f"base_steps (T) must be >= 0, got {self.base_steps!r}")
-        if self.tail_steps < 0:
-            raise ValueError(f"tail_steps (R) must be >= 0, got {self.tail_steps!r}")
+        _check_eps(self.eps, "eps")
+        for name in ("base_steps", "tail_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_STEPS:
+                raise ValueError(f"{name} must be an integer in [0, {MAX_STEPS}], got {value!r}")
+        if self.base_steps + self.tail_steps == 0:
+            raise ValueError("base_steps + tail_steps must be >= 1: no Sinkhorn step, no plan")
         if self.dustbin not in DUSTBIN_MODES:
             raise ValueError(f"dustbin must be one of {DUSTBIN_MODES}, got {self.dustbin!r}")
         if self.impl not in IMPLEMENTATIONS:
@@ -136,6 +184,20 @@ class TransportConfig:
             raise ValueError(f"adjoint must be one of {ADJOINTS}, got {self.adjoint!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.marginals not in MARGINALS:
+            raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
+        if self.relax is not None:
+            if self.marginals == "balanced":
+                raise ValueError("relax needs a free side: marginals='rows' or 'cols'")
+            if not self.relax > 0:
+                raise ValueError(f"relax (the KL weight lam) must be > 0 or None, got {self.relax!r}")
+        if self.tol is not None:
+            if not self.tol > 0:
+                raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")
+            if self.eps_schedule is not None:
+                raise ValueError("tol solves at one eps: use eps_schedule=None with tol")
+        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {self.max_steps!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
@@ -163,12 +225,23 @@ class TransportConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TransportConfig":
-        """The inverse of ``to_dict``."""
-        data = dict(data)
-        if isinstance(data.get("blocks"), dict):
-            data["blocks"] = BlockSizes(**data["blocks"])
-        if data.get("eps_schedule") is not None:
-            data["eps_schedule"] = tuple(tuple(s) for s in data["eps_schedule"])
+        """The inverse of ``to_dict`` (a bad field is a ValueError: configs come from files)."""
+        from pfamalign import jsonio
+
+        data = jsonio.check_fields(cls, data, "TransportConfig")
+        if "half_band" not in data:
+            raise ValueError("TransportConfig: missing field half_band")
+        blocks = data.get("blocks")
+        if blocks is not None:
+            blocks = jsonio.check_fields(BlockSizes, blocks, "TransportConfig.blocks")
+            data["blocks"] = BlockSizes(**blocks)
+        schedule = data.get("eps_schedule")
+        if schedule is not None:
+            if not (isinstance(schedule, (list, tuple)) and all(
+                    isinstance(s, (list, tuple)) and len(s) == 2 for s in schedule)):
+                raise ValueError(f"TransportConfig: eps_schedule must be [[eps, steps], ...], "
+                                 f"got {schedule!r}")
+            data["eps_schedule"] = tuple(tuple(s) for s in schedule)
         return cls(**data)
 
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
@@ -176,6 +249,17 @@ class TransportConfig:
         (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
         impl = resolve_impl(self.impl, platform, length=length)
         return self if impl == self.impl else dataclasses.replace(self, impl=impl)
+
+    def damping(self) -> tuple[float, float]:
+        """(kappa_rows, kappa_cols): each half step is ``kappa (log target - LSE)``. 1 on a
+        constrained side, 0 on a free one, lam / (lam + eps) on a KL-relaxed one."""
+        free = 0.0 if self.relax is None else self.relax / (self.relax + self.eps)
+        return {"balanced": (1.0, 1.0), "rows": (1.0, free), "cols": (free, 1.0)}[self.marginals]
+
+    def centered(self) -> bool:
+        """Whether steps move the rows' mean potential into the columns. Only a balanced
+        problem has that gauge freedom; with a damped side a constant shift changes the plan."""
+        return self.marginals == "balanced"
 
     def base_stages(self) -> tuple[tuple[float, int], ...]:
         """The base solve as (eps, steps) stages."""

@@ -7,10 +7,12 @@ the R tail steps, the base solve being wrapped in ``stop_gradient``. Small sizes
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from pfamalign.kernels.config import DustbinTokens, TransportConfig, einsum
+from pfamalign.kernels.config import DustbinTokens, TransportConfig, damp, einsum, marginal_error
 
 
 def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: str):
@@ -29,6 +31,17 @@ def dense_support(q_len, k_len, lq: int, lk: int, *, half_band: int, dustbin: st
     return support
 
 
+def dense_log_targets(q_len, k_len, lq: int, lk: int, *, dustbin: str, dtype=jnp.float32):
+    """Log row / column targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]``: unit, except a capacity
+    dustbin takes as much as the other side's length."""
+    log_a = jnp.zeros((jnp.shape(q_len)[0], 1, lq + 1), dtype)
+    log_b = jnp.zeros((jnp.shape(q_len)[0], 1, lk + 1), dtype)
+    if dustbin == "capacity":
+        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(dtype))[:, None])
+        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(dtype))[:, None])
+    return log_a, log_b
+
+
 def masked_neg_lse(x, mask, axis):
     """-LSE over the masked entries (the c-transform of a potential); 0 where a line has no
     entry (it then carries no mass). Returns (that, has-an-entry)."""
@@ -41,16 +54,29 @@ def masked_neg_lse(x, mask, axis):
     return jnp.where(has, -lse, 0.0), has
 
 
-def _full_step(s, mask, v, log_a, log_b):
+def _full_step(s, mask, v, log_a, log_b, kappa=(1.0, 1.0), centered=True):
     """One Sinkhorn step on ``s [.., m, n]`` with row / column targets ``exp(log_a)``,
-    ``exp(log_b)``, followed by centering."""
+    ``exp(log_b)``, each half step damped by its side's kappa (``TransportConfig.damping``),
+    followed by centering when the problem is balanced."""
+    ka, kb = kappa
     u, row_has = masked_neg_lse(s + v[..., None, :], mask, -1)
-    u = jnp.where(row_has, u + log_a, 0.0)
+    u = jnp.where(row_has, damp(u + log_a, ka), 0.0)
     v_new, col_has = masked_neg_lse(s + u[..., :, None], mask, -2)
-    v_new = jnp.where(col_has, v_new + log_b, 0.0)
+    v_new = jnp.where(col_has, damp(v_new + log_b, kb), 0.0)
+    if not centered:
+        return u, v_new
     n_rows = jnp.maximum(jnp.sum(row_has, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(row_has, u, 0.0), -1, keepdims=True) / n_rows
     return jnp.where(row_has, u - c, 0.0), jnp.where(col_has, v_new + c, 0.0)
+
+
+def dense_marginal_errors(plan, mask, u, v, log_a, log_b, kappa):
+    """(row, column) marginal errors ``[..]`` of a dense plan with potentials (u, v): the max
+    over supported lines of ``|sum - target|``, the target of a damped side being its
+    fixed point ``exp(log_a - u (1 - kappa) / kappa)`` (the prescribed one at kappa = 1); a
+    free side (kappa = 0) has no constraint and error 0."""
+    return (marginal_error(jnp.sum(plan, -1), u, log_a, jnp.any(mask, -1), kappa[0]),
+            marginal_error(jnp.sum(plan, -2), v, log_b, jnp.any(mask, -2), kappa[1]))
 
 
 def _extend(x, token):
@@ -71,61 +97,106 @@ def dense_problem(q, k, q_len, k_len, tokens: DustbinTokens, cfg: TransportConfi
     q_ext, k_ext = _extend(q, tokens.q), _extend(k, tokens.k)
     mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
     mask = mask[:, None]  # broadcast over heads
-    log_a = jnp.zeros((q.shape[0], 1, lq + 1), q.dtype)
-    log_b = jnp.zeros((q.shape[0], 1, lk + 1), q.dtype)
-    if cfg.dustbin == "capacity":
-        log_a = log_a.at[..., lq].set(jnp.log(jnp.maximum(k_len, 1).astype(q.dtype))[:, None])
-        log_b = log_b.at[..., lk].set(jnp.log(jnp.maximum(q_len, 1).astype(q.dtype))[:, None])
+    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=q.dtype)
     dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
     return dots, mask, log_a, log_b
+
+
+class SolveStats(NamedTuple):
+    """How the solve went, per problem ``[B, H]``: base steps taken (T without ``tol``) and the
+    output plan's marginal errors (``dense_marginal_errors``)."""
+
+    steps: jax.Array
+    row_error: jax.Array
+    col_error: jax.Array
+
+
+def _base_to_tol(step, errors, u, v, tol: float, max_steps: int):
+    """Full steps from (u, v) until each problem's errors are <= tol or ``max_steps``; a
+    converged problem is frozen. Returns (u, v, steps, (u_hist, v_hist)): the histories
+    ``[max_steps, .., L + 1]`` repeat the final potentials after a problem's last step."""
+    batch = u.shape[:-1]
+    hist0 = lambda x: jnp.zeros((max_steps,) + x.shape, x.dtype)
+
+    def body(c):
+        k, u, v, err, steps, hu, hv = c
+        un, vn = step(u, v)
+        run = err > tol
+        u, v = jnp.where(run[..., None], un, u), jnp.where(run[..., None], vn, v)
+        err = jnp.where(run, jnp.maximum(*errors(u, v)), err)
+        return k + 1, u, v, err, steps + run, hu.at[k].set(u), hv.at[k].set(v)
+
+    init = (0, u, v, jnp.full(batch, jnp.inf, u.dtype), jnp.zeros(batch, jnp.int32), hist0(u), hist0(v))
+    k, u, v, _, steps, hu, hv = jax.lax.while_loop(
+        lambda c: (c[0] < max_steps) & jnp.any(c[3] > tol), body, init)
+    done = (jnp.arange(max_steps) >= k)[:, *([None] * u.ndim)]
+    return u, v, steps, (jnp.where(done, u, hu), jnp.where(done, v, hv))
 
 
 def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: TransportConfig):
     """Runs the stopped base and the differentiable tail densely.
 
-    Returns ``(plan, log_plan, values, (u_hist, v_hist))``: the plan and its log
-    ``[B, H, Lq+1, Lk+1]`` (log -inf off the support), the values ``[B, H, Lk+1, dv]`` and the
-    potential histories ``[B, H, T + R, L + 1]`` (centered, after every full step).
+    Returns ``(plan, log_plan, values, (u_hist, v_hist), stats)``: the plan and its log
+    ``[B, H, Lq+1, Lk+1]`` (log -inf off the support), the values ``[B, H, Lk+1, dv]``, the
+    potential histories ``[B, H, T + R, L + 1]`` (after every full step; with ``tol``,
+    ``max_steps + R`` steps, see ``_base_to_tol``) and the ``SolveStats``.
     """
     lq, lk = q.shape[2], k.shape[2]
     tokens = dustbin if cfg.dustbin != "none" else DustbinTokens(None, None, None)
     v_ext = _extend(v, tokens.v)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
+    kappa, centered = cfg.damping(), cfg.centered()
+    step = lambda s, v: _full_step(s, mask, v, log_a, log_b, kappa, centered)
+
+    def plan_of(s, u, v):
+        log_plan = jnp.where(mask, s + u[..., :, None] + v[..., None, :], -jnp.inf)
+        return jnp.where(mask, jnp.exp(jnp.where(mask, log_plan, 0.0)), 0.0), log_plan
+
+    def errors(s, u, v):
+        return dense_marginal_errors(plan_of(s, u, v)[0], mask, u, v, log_a, log_b, kappa)
 
     history_u, history_v = [], []
     dots_base = jax.lax.stop_gradient(dots)
-    vpot = jnp.zeros(dots.shape[:-2] + (lk + 1,), dots.dtype)
-    prev_eps = None
-    for eps_s, steps in cfg.base_stages():
-        if prev_eps is not None:  # carry eps * potential across stages
-            vpot = vpot * (prev_eps / eps_s)
-        prev_eps = eps_s
-        for _ in range(steps):
-            upot, vpot = _full_step(dots_base / eps_s, mask, vpot, log_a, log_b)
-            history_u.append(upot)
-            history_v.append(vpot)
+    zeros = lambda n: jnp.zeros(dots.shape[:-2] + (n,), dots.dtype)
+    upot, vpot = zeros(lq + 1), zeros(lk + 1)
+    steps = jnp.full(dots.shape[:-2], cfg.base_steps, jnp.int32)
+    if cfg.tol is not None:
+        sb = dots_base / cfg.eps
+        upot, vpot, steps, (hu, hv) = _base_to_tol(
+            lambda u, v: step(sb, v), lambda u, v: errors(sb, u, v), upot, vpot, cfg.tol, cfg.max_steps)
+        history_u, history_v = [hu], [hv]
+    else:
+        prev_eps = None
+        for eps_s, n_steps in cfg.base_stages():
+            if prev_eps is not None:  # carry eps * potential across stages
+                vpot = vpot * (prev_eps / eps_s)
+            prev_eps = eps_s
+            for _ in range(n_steps):
+                upot, vpot = step(dots_base / eps_s, vpot)
+                history_u.append(upot[None])
+                history_v.append(vpot[None])
     vpot = jax.lax.stop_gradient(vpot)  # the schedule ends at cfg.eps: no rescale needed
 
     s = dots / cfg.eps
     # R = 0: the plan of the base itself (its last row potentials, or zeros when T = 0 too)
-    upot = jax.lax.stop_gradient(history_u[-1]) if history_u else jnp.zeros(dots.shape[:-1])
+    upot = jax.lax.stop_gradient(upot)
     for _ in range(cfg.tail_steps):
-        upot, vpot = _full_step(s, mask, vpot, log_a, log_b)
-        history_u.append(upot)
-        history_v.append(vpot)
-    log_plan = jnp.where(mask, s + upot[..., :, None] + vpot[..., None, :], -jnp.inf)
-    plan = jnp.where(mask, jnp.exp(jnp.where(mask, log_plan, 0.0)), 0.0)
-    hist = (
-        jnp.stack(history_u, axis=2) if history_u else jnp.zeros(upot.shape[:2] + (0, lq + 1)),
-        jnp.stack(history_v, axis=2) if history_v else jnp.zeros(upot.shape[:2] + (0, lk + 1)),
-    )
-    return plan, log_plan, v_ext, hist
+        upot, vpot = step(s, vpot)
+        history_u.append(upot[None])
+        history_v.append(vpot[None])
+    plan, log_plan = plan_of(s, upot, vpot)
+    stack = lambda h, n: (jnp.moveaxis(jnp.concatenate(h, 0), 0, 2) if h
+                          else jnp.zeros(upot.shape[:2] + (0, n)))
+    hist = (jax.lax.stop_gradient(stack(history_u, lq + 1)), jax.lax.stop_gradient(stack(history_v, lk + 1)))
+    row_err, col_err = jax.lax.stop_gradient(
+        dense_marginal_errors(plan, mask, upot, vpot, log_a, log_b, kappa))
+    return plan, log_plan, v_ext, hist, SolveStats(steps, row_err, col_err)
 
 
 def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, targets=None):
     """``O = P V`` for the real query rows and ``log P_{i, t_i}`` (targets ``[B, Lq]``, Lk = the
     dustbin column, -1 = none) densely; differentiable by autodiff."""
-    plan, log_plan, v_ext, hist = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
+    plan, log_plan, v_ext, hist, stats = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
     out = einsum("bhij,bhjv->bhiv", plan[:, :, :-1], v_ext)
     logp = None
     if targets is not None:
@@ -134,4 +205,4 @@ def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, ta
         t_safe = jnp.broadcast_to(t_safe, plan.shape[:2] + t_safe.shape[2:])
         logp = jnp.take_along_axis(log_plan[:, :, :-1], t_safe, -1)[..., 0]
         logp = jnp.where(t[..., 0] >= 0, logp, -jnp.inf)
-    return out, logp, hist
+    return out, logp, hist, stats

@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TransportConfig, einsum
+from pfamalign.kernels.config import TransportConfig, damp, einsum, marginal_error
 
 
 class Flat(NamedTuple):
@@ -71,6 +71,9 @@ class Support(NamedTuple):
     band_cols: jax.Array  # [N, Lp] bool
     log_rows: jax.Array  # [N, Lp + 1] log row targets: 0 (unit), log Lk at a capacity dustbin row
     log_cols: jax.Array  # [N, Lp + 1] log column targets: 0, log Lq at a capacity dustbin column
+    kappa_rows: float = 1.0  # static damping of the row half step (TransportConfig.damping)
+    kappa_cols: float = 1.0
+    centered: bool = True  # balanced: the rows' mean potential moves into the columns
 
 
 class Solution(NamedTuple):
@@ -82,6 +85,7 @@ class Solution(NamedTuple):
     v: jax.Array  # [R, N, Lp + 1]     tail column potentials, centered
     u_final: jax.Array  # [N, Lp + 1]  potentials of the output plan
     v_final: jax.Array  # [N, Lp + 1]
+    steps: jax.Array  # [N] int: base steps taken (T without tol)
 
 
 class Spec(NamedTuple):
@@ -92,6 +96,7 @@ class Spec(NamedTuple):
     has_dustbin: bool  # spokes present (modes spoke and capacity)
     history: bool
     capacity: bool = False  # dustbin marginals = the other side's active length
+    stats: bool = False  # also return (steps, row error, column error) of the output plan
 
 
 def make_ops(spec: Spec) -> BandOps:
@@ -135,7 +140,7 @@ def support(flat: Flat, spec: Spec) -> Support:
         log_rows = log_rows.at[:, -1].set(count(flat.col_active))
         log_cols = log_cols.at[:, -1].set(count(flat.row_active))
     return Support(jnp.concatenate([rows, db], -1), jnp.concatenate([cols, db], -1), band_rows, band_cols,
-                   log_rows, log_cols)
+                   log_rows, log_cols, *spec.cfg.damping(), spec.cfg.centered())
 
 
 def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
@@ -164,9 +169,10 @@ def _logaddexp(a, b):
     return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
 
 
-def _potential(log_target, lse):
-    """``log target - LSE`` on lines with entries; 0 on lines without (they carry no mass)."""
-    return jnp.where(jnp.isfinite(lse), log_target - lse, 0.0)
+def _potential(log_target, lse, kappa: float = 1.0):
+    """``kappa (log target - LSE)`` on lines with entries; 0 on lines without (they carry no
+    mass). kappa < 1: a KL-relaxed side; 0: a free side (its potential stays 0)."""
+    return jnp.where(jnp.isfinite(lse), damp(log_target - lse, kappa), 0.0)
 
 
 # Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
@@ -178,27 +184,46 @@ def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
     falls back to the exact two-pass form when any line drifted out of the safe range.
     Backends whose log-sum-exp is already single-pass and exact (online max) skip all this."""
-    if ops.exact_single_pass_lse:
+    if ops.exact_single_pass_lse or shift is None:
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
     ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
     return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
 
 
-def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
-    """û = log a - LSE_row(S + v) on the extended support (a: row targets)."""
+def _row_lse(ops, band, spk: Spokes, sup: Support, v, shift=None):
+    """LSE_row(S + v) ``[N, Lp + 1]`` on the extended support (-inf on empty rows)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
     real = _logaddexp(band_lse, spk.col + v[:, -1:])
     db = _logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
-    return _potential(sup.log_rows, jnp.concatenate([real, db[:, None]], -1))
+    return jnp.concatenate([real, db[:, None]], -1)
 
 
-def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
-    """v̂ = log b - LSE_col(S + u) on the extended support (b: column targets)."""
+def _col_lse(ops, band, spk: Spokes, sup: Support, u, shift=None):
+    """LSE_col(S + u) ``[N, Lp + 1]`` on the extended support (-inf on empty columns)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
     real = _logaddexp(band_lse, spk.row + u[:, -1:])
     db = _logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
-    return _potential(sup.log_cols, jnp.concatenate([real, db[:, None]], -1))
+    return jnp.concatenate([real, db[:, None]], -1)
+
+
+def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
+    """û = kappa_a (log a - LSE_row(S + v)) on the extended support (a: row targets)."""
+    return _potential(sup.log_rows, _row_lse(ops, band, spk, sup, v, shift), sup.kappa_rows)
+
+
+def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
+    """v̂ = kappa_b (log b - LSE_col(S + u)) on the extended support (b: column targets)."""
+    return _potential(sup.log_cols, _col_lse(ops, band, spk, sup, u, shift), sup.kappa_cols)
+
+
+def marginal_errors(ops, band, spk: Spokes, sup: Support, u, v):
+    """(row, column) marginal errors ``[N]`` of the plan ``exp(S + u ⊕ v)`` (two LSE passes)."""
+    sums = lambda log_sums: jnp.where(jnp.isfinite(log_sums), jnp.exp(log_sums), 0.0)
+    rows = sums(_row_lse(ops, band, spk, sup, v) + u)
+    cols = sums(_col_lse(ops, band, spk, sup, u) + v)
+    return (marginal_error(rows, u, sup.log_rows, sup.rows, sup.kappa_rows),
+            marginal_error(cols, v, sup.log_cols, sup.cols, sup.kappa_cols))
 
 
 def _full_step(ops, band, spk, sup: Support, v, u_prev):
@@ -212,7 +237,10 @@ def _full_step(ops, band, spk, sup: Support, v, u_prev):
 
 
 def _center(sup: Support, u_hat, v_hat):
-    """Centered (u, v): the mean of u over the active rows moved into v (same plan)."""
+    """Centered (u, v): the mean of u over the active rows moved into v (same plan). Only a
+    balanced problem is centered: with a damped side the shift would change the next step."""
+    if not sup.centered:
+        return u_hat, v_hat
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     c = jnp.sum(jnp.where(sup.rows, u_hat, 0.0), -1, keepdims=True) / n_rows
     return jnp.where(sup.rows, u_hat - c, 0.0), jnp.where(sup.cols, v_hat + c, 0.0)
@@ -232,10 +260,36 @@ def extended_scores(ops: BandOps, spec: Spec, flat: Flat, eps):
     return band, spoke_scores(flat, spec, scale)
 
 
-def step_eps(cfg: TransportConfig, tail_steps: int | None = None) -> np.ndarray:
-    """The eps of every full step: the base stages, then the tail at ``cfg.eps``."""
+def step_eps(cfg: TransportConfig, tail_steps: int | None = None, *, base: bool = True) -> np.ndarray:
+    """The eps of every full step: the base stages (unless ``base=False``), then the tail at
+    ``cfg.eps``."""
     tail = cfg.tail_steps if tail_steps is None else tail_steps
-    return np.array([e for e, t in cfg.base_stages() for _ in range(t)] + [cfg.eps] * tail, np.float64)
+    stages = cfg.base_stages() if base else ()
+    return np.array([e for e, t in stages for _ in range(t)] + [cfg.eps] * tail, np.float64)
+
+
+def _base_to_tol(ops: BandOps, band, spk: Spokes, sup: Support, tol: float, max_steps: int, zeros):
+    """The base solve to a tolerance: full log-domain steps at eps until each problem's
+    ``marginal_errors`` are <= tol (a converged problem is frozen) or ``max_steps``.
+
+    Returns (u, v, steps [N], (u_hist, v_hist)); the histories ``[max_steps, N, Lp + 1]``
+    repeat a problem's final potentials after its last step (``reference._base_to_tol``)."""
+    n = zeros.shape[0]
+
+    def body(c):
+        k, u, v, err, steps, hu, hv = c
+        _, un, vn = _full_step(ops, band, spk, sup, v, u)
+        run = err > tol
+        u, v = jnp.where(run[:, None], un, u), jnp.where(run[:, None], vn, v)
+        err = jnp.where(run, jnp.maximum(*marginal_errors(ops, band, spk, sup, u, v)), err)
+        return k + 1, u, v, err, steps + run, hu.at[k].set(u), hv.at[k].set(v)
+
+    hist0 = jnp.zeros((max_steps,) + zeros.shape, zeros.dtype)
+    init = (0, zeros, zeros, jnp.full((n,), jnp.inf, zeros.dtype), jnp.zeros((n,), jnp.int32), hist0, hist0)
+    k, u, v, _, steps, hu, hv = jax.lax.while_loop(
+        lambda c: (c[0] < max_steps) & jnp.any(c[3] > tol), body, init)
+    done = (jnp.arange(max_steps) >= k)[:, None, None]
+    return u, v, steps, (jnp.where(done, u, hu), jnp.where(done, v, hv))
 
 
 def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
@@ -281,9 +335,9 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes, sup: Support, n_steps: in
     def body(carry, _):
         u_c, v_c, p, u0, v0 = carry
         rows = _ext_rows(ops, p, jnp.exp(v_c - v0)[..., None])[..., 0]
-        u_hat = _potential(sup.log_rows, log(rows) - u0)
+        u_hat = _potential(sup.log_rows, log(rows) - u0, sup.kappa_rows)
         cols = _ext_cols(ops, p, jnp.exp(u_hat - u0)[..., None])[..., 0]
-        v_hat = _potential(sup.log_cols, log(cols) - v0)
+        v_hat = _potential(sup.log_cols, log(cols) - v0, sup.kappa_cols)
         u_c, v_c = _center(sup, u_hat, v_hat)
         drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
                             jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))
@@ -311,14 +365,22 @@ def solve(spec: Spec, flat: Flat):
     t, r = cfg.base_steps, cfg.tail_steps
     band = ops.rescale(dots, 1.0 / cfg.eps)
     spk = Spokes(*(x / cfg.eps for x in raw_spk))
-    if ops.resident_band and cfg.eps_schedule is None and t + r > 1:
+    if cfg.tol is not None:
+        u_b, v_b, steps, (hu, hv) = _base_to_tol(ops, band, spk, sup, cfg.tol, cfg.max_steps, zeros)
+        u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b)
+        u_hat, u_all, v_all = (jnp.concatenate([hu, u_hat]), jnp.concatenate([hu, u_all]),
+                               jnp.concatenate([hv, v_all]))
+        t = cfg.max_steps
+    elif ops.resident_band and cfg.eps_schedule is None and t + r > 1:
         u_hat, u_all, v_all = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros)
     else:
         u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
     v0 = v_all[t - 1] if t else zeros
     u_final = u_all[-1] if t + r else zeros
     v_final = v_all[-1] if t + r else zeros
-    sol = Solution(v0, u_hat[t:], u_all[t:], v_all[t:], u_final, v_final)
+    if cfg.tol is None:
+        steps = jnp.full((n,), t, jnp.int32)
+    sol = Solution(v0, u_hat[t:], u_all[t:], v_all[t:], u_final, v_final, steps)
     history = (u_all, v_all) if spec.history else None  # [T + R, N, Lp + 1]
     return sol, history, band, spk
 
@@ -440,25 +502,42 @@ class _Seed(NamedTuple):
     v_bar: jax.Array  # [N, Lp + 1] adjoint of v^R: column sums of P∘G (+ the targets')
 
 
-def _reverse_sweep(sup: Support, seed: _Seed, xs, products):
+def _half_step_weights(sup: Support, sol: Solution):
+    """``kappa / (line sum)`` of each tail half step's plan ``[R, N, Lp + 1]``: d û_i / d S_ij
+    = -kappa_a A_ij / r_i with r the row sums of A^r (likewise columns of B^r). A constrained
+    side's sums are its targets (1, or a capacity dustbin's count); a damped side's are its
+    fixed-point targets ``a exp(-û (1 - kappa) / kappa)`` (no centering then: û = u); a free
+    side contributes nothing."""
+    def side(log_t, pot, kappa):
+        if kappa == 1.0:
+            return jnp.broadcast_to(jnp.exp(-log_t), pot.shape)
+        if kappa == 0.0:
+            return jnp.zeros_like(pot)
+        return kappa * jnp.exp(pot * (1 - kappa) / kappa - log_t)
+    return side(sup.log_rows, sol.u_hat, sup.kappa_rows), side(sup.log_cols, sol.v, sup.kappa_cols)
+
+
+def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products):
     """The recursion r = R..1 of the module docstring, for either schedule: ``products(xs[r])``
     gives ``y -> B^r y`` and ``y -> A^{rT} y``. Returns eta (the adjoint of v^0) and the
     stacked ``α_r / a``, ``β_r / b`` ``[R, N, Lp + 1]``."""
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
-    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin).
-    inv_a, inv_b = jnp.exp(-sup.log_rows), jnp.exp(-sup.log_cols)
+    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin; see
+    # _half_step_weights for damped sides).
+    weights = _half_step_weights(sup, sol)
 
     def step(carry, xs_r):
-        u_bar, v_bar = carry
+        (u_bar, v_bar), (xs_r, inv_a, inv_b) = carry, xs_r
         b_rows, a_cols = products(xs_r)
         c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
             jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
         beta = v_bar
-        alpha = jnp.where(sup.rows, u_bar + c_bar / n_rows, 0.0) - b_rows(beta * inv_b)
+        shift = c_bar / n_rows if sup.centered else 0.0
+        alpha = jnp.where(sup.rows, u_bar + shift, 0.0) - b_rows(beta * inv_b)
         return (jnp.zeros_like(u_bar), -a_cols(alpha * inv_a)), (alpha * inv_a, beta * inv_b)
 
-    (_, eta), (alphas, betas) = jax.lax.scan(step, (seed.u_bar, seed.v_bar), xs, reverse=True)
+    (_, eta), (alphas, betas) = jax.lax.scan(step, (seed.u_bar, seed.v_bar), (xs, *weights), reverse=True)
     return eta, alphas, betas
 
 
@@ -475,7 +554,7 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
         ea_u, ea_v, eb_u, eb_v = xs_r
         return (lambda y: eb_u * p_rows(eb_v * y)), (lambda y: ea_v * p_cols(ea_u * y))
 
-    eta, alphas, betas = _reverse_sweep(sup, seed, scales, products)
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products)
     # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
     ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
     al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
@@ -496,7 +575,7 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         a_plan, b_plan = tail_plans(*xs_r)
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
-    eta, alphas, betas = _reverse_sweep(sup, seed, pots, products)
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products)
     dq = _ext_rows(ops, seed.p, k_ext, seed.g, seed.v)
     dk = _ext_cols(ops, seed.p, q_ext, seed.g, seed.v)
     for r in range(sol.u.shape[0]):
@@ -555,9 +634,9 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def banded_transport(spec: Spec, flat: Flat):
-    """Returns (O [N, Lp, dv], target log-plan [N, Lp], potential history or None).
-
-    No gradient flows into the history (a diagnostic)."""
+    """Returns (O [N, Lp, dv], target log-plan [N, Lp], potential history or None, stats or
+    None): stats = (base steps [N], row error [N], column error [N]) of the output plan
+    (``marginal_errors``). No gradient flows into the history or the stats (diagnostics)."""
     return _fwd(spec, flat)[0]
 
 
@@ -565,12 +644,16 @@ def _fwd(spec, flat):
     sol, hist, band, spk = solve(spec, flat)
     out = output(make_ops(spec), band, spk, sol, flat)
     logp = target_logp(spec, flat, sol, spec.cfg.eps)
-    return (out, logp, hist), (flat, sol, out)
+    stats = None
+    if spec.stats:
+        errs = marginal_errors(make_ops(spec), band, spk, support(flat, spec), sol.u_final, sol.v_final)
+        stats = (sol.steps, *errs)
+    return (out, logp, hist, stats), (flat, sol, out)
 
 
 def _bwd(spec, res, cotangents):
     flat, sol, out = res
-    g_out, g_logp, _ = cotangents  # the history's cotangent is ignored
+    g_out, g_logp, _, _ = cotangents  # the history's and the stats' cotangents are ignored
     # The score band is recomputed (one matmul over the band) rather than kept from forward.
     band, spk = extended_scores(make_ops(spec), spec, flat, spec.cfg.eps)
     grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)

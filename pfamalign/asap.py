@@ -5,7 +5,7 @@ A trained aligner's plan is the banded, dustbin-augmented Sinkhorn plan ``P = ex
 per-residue features with a linear map fitted (closed-form ridge) on calibration pairs, predicts
 the dustbin row's dual on its own, and rebuilds the plan by entropic c-transforms masked to the
 support: one key-side transform (``passes=1``, ASAP-0: column sums exact) or key, query, key
-(``passes=3``, ASAP). Every model weight stays frozen. docs/design.md §"Compiled transport" says
+(``passes=3``, ASAP). Every model weight stays frozen. docs/design.md §11 ("Compiled transport") says
 how this generalises the ASAP paper and what did not hold.
 
 Features of query row i (per head, scores ``S = <q, k> / (sqrt(d) eps)`` with the substitution
@@ -19,9 +19,13 @@ channel inside q and k):
 Features and targets are centred over each pair's real rows: a constant shift of u moves into
 v and leaves the plan unchanged, so only the within-pair variation is fitted.
 
-Engines (``PLAN_ENGINES``) give the head-mean plan ``[B, Lq, Lk + 1]`` that ``Aligner.plan``
-gives: ``sinkhorn`` (the trained T + R steps), ``steps`` (N plain steps: the honest baseline
-at equal time) and ``asap`` (a compiled operator).
+Engines (``ENGINES``) give the head-mean plan ``[B, Lq + 1, Lk + 1]`` (real rows, then the
+dustbin row) that ``Aligner.plan`` gives, and both directions of a pair as
+``Aligner.plans_both_ways`` does (``Engine.plans_both_ways``: each sequence encoded once, the
+engine's transport run in each direction): ``sinkhorn`` (the trained T + R steps), ``steps``
+(N plain steps: the honest baseline at equal time) and ``asap`` (a compiled operator). The
+operator compiles balanced plans (``TransportConfig.marginals == "balanced"``, the default);
+a model with semi-relaxed marginals is refused (``Operator.check``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pfamalign import jsonio
+from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
 from pfamalign.kernels import DustbinTokens
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
 
@@ -166,11 +170,22 @@ class Operator:
         return tuple(jnp.asarray(a) for a in (self.omega, self.omega_dustbin, self.slices))
 
     def check(self, model) -> None:
-        """Raises CompileError unless ``model`` holds the parameters this was fitted to."""
+        """Raises CompileError unless ``model`` holds the parameters this was fitted to (and
+        has balanced marginals: ``check_model``)."""
+        check_model(model)
         have = params_hash(model)
         if have != self.params_hash:
             raise CompileError(f"the compiled operator was fitted to parameters {self.params_hash[:12]}, "
                                f"but the model's are {have[:12]}: recompile with `pfamalign compile`")
+
+
+def check_model(model) -> None:
+    """Raises CompileError unless the model's plans are balanced: the reconstruction's
+    c-transforms are undamped, so semi-relaxed marginals (``rows`` / ``cols``, ``relax``) would
+    need another operator (the ``rows`` plan is a row softmax: nothing to amortise)."""
+    marginals = model.cfg.transport.marginals
+    if marginals != "balanced":
+        raise CompileError(f"ASAP compiles balanced plans only; this model's marginals are {marginals!r}")
 
 
 def params_hash(model) -> str:
@@ -294,9 +309,9 @@ def teacher_of(cfg, q, k, tokens, q_len, k_len, *, steps: int | None = None):
     """The Sinkhorn plan ``[B, H, Lq+1, Lk+1]`` and its final potentials ``(u, v)``: the
     config's own T + R steps, or ``steps`` plain steps at its eps."""
     if steps is not None:
-        cfg = dataclasses.replace(cfg, base_steps=steps, tail_steps=0, eps_schedule=None)
+        cfg = dataclasses.replace(cfg, base_steps=steps, tail_steps=0, eps_schedule=None, tol=None)
     v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
-    plan, _, _, (hu, hv) = reference_solve(q, k, v, q_len, k_len, tokens, cfg)
+    plan, _, _, (hu, hv), _ = reference_solve(q, k, v, q_len, k_len, tokens, cfg)
     return plan, hu[..., -1, :], hv[..., -1, :]
 
 
@@ -343,20 +358,6 @@ def _calibration(model, slices, settings, q_feat, k_feat, q_len, k_len):
     return x, z, rows, y, y_db
 
 
-def pad_batch(pairs, multiple: int = 64):
-    """Zero-padded ``(q_feat, k_feat, q_len, k_len)`` of ``[(q [Lq, D], k [Lk, D])]``, both
-    sides to one length (a multiple of ``multiple``: few shapes, few compilations)."""
-    lq = np.array([a.shape[0] for a, _ in pairs], np.int32)
-    lk = np.array([b.shape[0] for _, b in pairs], np.int32)
-    pad = int(-(-max(lq.max(), lk.max()) // multiple) * multiple)
-    dim = pairs[0][0].shape[1]
-    xq = np.zeros((len(pairs), pad, dim), np.float32)
-    xk = np.zeros((len(pairs), pad, dim), np.float32)
-    for n, (a, b) in enumerate(pairs):
-        xq[n, : len(a)], xk[n, : len(b)] = a, b
-    return xq, xk, lq, lk
-
-
 def _batches(pairs, batch_size):
     """Pairs grouped by padded length (fewer shapes), in batches."""
     order = sorted(range(len(pairs)), key=lambda i: max(len(pairs[i][0]), len(pairs[i][1])))
@@ -387,6 +388,7 @@ def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), b
     ``held_out`` pairs give the fit statistics (R^2 of the duals, plan errors vs the teacher)."""
     if not pairs:
         raise ValueError("no calibration pairs")
+    check_model(model)
     heads, dim = model.cfg.heads, model.cfg.head_dim + model.substitution_dim
     slices = make_slices(settings, heads, dim)
     x, y, z, y_db = _stack_rows(model, slices, settings, list(pairs), batch_size)
@@ -445,15 +447,33 @@ def transport_of(cfg, op_arrays, q, k, tokens, q_len, k_len, *, engine: str, ste
 
 def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
             settings: AsapSettings | None = None, heads_mean: bool = True):
-    """The plan of one engine: the head-mean ``[B, Lq, Lk + 1]`` that ``Aligner.plan`` gives
-    (``heads_mean``), else the per-head extended plan ``[B, H, Lq + 1, Lk + 1]``. Not
-    compiled (``engine_plan`` is)."""
+    """The plan of one engine: the head-mean ``[B, Lq + 1, Lk + 1]`` (real rows, then the
+    dustbin row) that ``Aligner.plan`` gives (``heads_mean``), else the per-head plan
+    ``[B, H, Lq + 1, Lk + 1]``. Not compiled (``engine_plan`` is)."""
     plan = transport_of(model.cfg.transport, op_arrays, *projections(model, q_feat, k_feat, q_len, k_len),
                         engine=engine, steps=steps, settings=settings)
-    return plan[:, :, :-1, :].mean(axis=1) if heads_mean else plan
+    return plan.mean(axis=1) if heads_mean else plan
+
+
+def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine: str,
+                       steps: int | None = None, settings: AsapSettings | None = None):
+    """``plan_of`` of A against B and of B against A (head means ``[B, La + 1, Lb + 1]``,
+    ``[B, Lb + 1, La + 1]``), each sequence encoded once (as ``Aligner.plans_both_ways``); the
+    engine's transport runs once per direction."""
+    ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
+
+    def one_way(q_feat, k_feat, q_len, k_len, encoded):
+        q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
+        if tokens is not None:  # the plan needs no values
+            tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
+        return transport_of(model.cfg.transport, op_arrays, q, k, tokens, q_len, k_len, engine=engine,
+                            steps=steps, settings=settings).mean(axis=1)
+
+    return one_way(a_feat, b_feat, a_len, b_len, (ha, hb)), one_way(b_feat, a_feat, b_len, a_len, (hb, ha))
 
 
 engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean"))
+engine_plans_both_ways = nnx.jit(plans_both_ways_of, static_argnames=("engine", "steps", "settings"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -489,13 +509,30 @@ class Engine:
             op = dataclasses.replace(op, settings=dataclasses.replace(op.settings, passes=passes))
         return cls(name, steps, op)
 
-    def plan(self, model, q_feat, k_feat, q_len, k_len):
-        """Head-mean plans ``[B, Lq, Lk + 1]`` (as ``Aligner.plan``)."""
+    def describe(self) -> dict:
+        """What provenance records: the engine, its steps, the operator's settings and hash."""
+        out = {"name": self.name}
+        if self.steps is not None:
+            out["steps"] = self.steps
+        if self.operator is not None:
+            out.update(passes=self.operator.settings.passes, slices=self.operator.settings.slices,
+                       params_hash=self.operator.params_hash[:16])
+        return out
+
+    def _call(self, fn, model, x, y, x_len, y_len, **kw):
         op = self.operator
-        return engine_plan(model, op.arrays() if op else None, jnp.asarray(q_feat, jnp.float32),
-                           jnp.asarray(k_feat, jnp.float32), jnp.asarray(q_len, jnp.int32),
-                           jnp.asarray(k_len, jnp.int32), engine=self.name, steps=self.steps,
-                           settings=op.settings if op else None)
+        return fn(model, op.arrays() if op else None, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), engine=self.name,
+                  steps=self.steps, settings=op.settings if op else None, **kw)
+
+    def plan(self, model, q_feat, k_feat, q_len, k_len):
+        """Head-mean plans ``[B, Lq + 1, Lk + 1]``, last row the dustbin's (as ``Aligner.plan``)."""
+        return self._call(engine_plan, model, q_feat, k_feat, q_len, k_len)
+
+    def plans_both_ways(self, model, a_feat, b_feat, a_len, b_len):
+        """Both directions' head-mean plans (as ``Aligner.plans_both_ways``): what a
+        symmetrized alignment needs; each direction computed by this engine."""
+        return self._call(engine_plans_both_ways, model, a_feat, b_feat, a_len, b_len)
 
 
 # ---- compiled model directories --------------------------------------------------------------

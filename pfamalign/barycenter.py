@@ -30,7 +30,7 @@ def pair_barycenters(predictor: Predictor, pair: dict) -> PairBarycenters:
     """The barycenter table of a pair record (``pfamalign.inputs``) under ``predictor``'s plan."""
     import pandas as pd
 
-    _, pp = predictor.align(pair["q_seq"], pair["k_seq"])
+    _, pp = predictor.align(pair["q_seq"], pair["k_seq"], symmetric=False)  # the transport plan
     b = barycenters(pp.real)
     lq = len(pair["q_seq"])
     known = pair.get("target") is not None

@@ -41,20 +41,20 @@ class BatchErrors:
                 "fix them, or pass --strict to stop at the first")
 
 
-def check_pair(pair: dict, max_length: int) -> dict:
+def check_pair(pair: dict, predictor) -> dict:
     """The pair record with validated, upper-cased residues; a BadRecord naming its ``where``
-    when a sequence is empty, not protein or longer than ``max_length``."""
+    when a sequence is not protein or the predictor cannot align the pair (empty, longer than
+    its ``max_length``, over its memory budget: ``Predictor.pair_problem``)."""
     from pfamalign.residues import normalize_sequence
 
     where = pair.get("where", f"{pair['q_id']} vs {pair['k_id']}")
     try:
         seqs = {}
         for key, id_key in (("q_seq", "q_id"), ("k_seq", "k_id")):
-            seq = normalize_sequence(pair[key], name=str(pair[id_key]))
-            if len(seq) > max_length:
-                raise ValueError(f"{pair[id_key]} of {len(seq)} residues is longer than this model "
-                                 f"accepts ({max_length}); split it into domains or raise --max-length")
-            seqs[key] = seq
+            seqs[key] = normalize_sequence(pair[key], name=str(pair[id_key]))
+        problem = predictor.pair_problem(seqs["q_seq"], seqs["k_seq"])
+        if problem is not None:
+            raise ValueError(problem)
     except ValueError as err:
         raise BadRecord(where, str(err)) from err
     return {**pair, **seqs}
@@ -70,7 +70,7 @@ def aligned(predictor, items: Iterable[dict | BadRecord], settings, errors: Batc
         for item in items:
             if not isinstance(item, BadRecord):
                 try:
-                    item = check_pair(item, predictor.max_length)
+                    item = check_pair(item, predictor)
                 except BadRecord as err:
                     item = err
             if isinstance(item, BadRecord) and errors.strict:

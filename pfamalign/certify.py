@@ -1,13 +1,19 @@
-"""Certificates of one aligned pair (docs/design.md §6), from a trained aligner's scores and plans.
+"""Certificates of one aligned pair (docs/design.md §6 and "What the certificates say"), from a
+trained aligner's scores and plans.
 
 - projective contraction per 128-row block of each head's scores (exact rho_H = tanh^2(Delta/4)
   and the range bound tanh^2(Omega_S/2); summarised as in the seed paper's Table 7);
 - the a-posteriori bias certificate of the stopped-base gradient and the certified tail depth
   (``pfamalign.kernels.bias``), for the reconstruction-loss cotangent of the pair;
-- conservative transport: receiver-mass imbalance ``||A^T 1 - 1||_inf`` of the row softmax of
-  the scores vs the Sinkhorn plan, and the score-perturbation bound for a perturbation of the
-  scores;
-- row tail mass ``1 - max_j P_i(j)`` of both (the locking diagnostic of the softmax view).
+- ``marginals`` of the plan the model outputs: sender / receiver errors, total mass, whether
+  the unit targets are feasible at all;
+- ``ceta``: the transport plan's own perturbation bound on its support, both plans converged in
+  float64, beside the row softmax's receiver imbalance;
+- ``softmax_ot``: the row softmax of the same scores as semi-relaxed OT (half-oscillation
+  bound, tail mass, local constant, margins, locking) and the drift of the solver's plans;
+- ``stable_matches`` (with a score-noise radius): aligned pairs certified to stay winners.
+
+Every list section holds one entry per head.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ def _scores(model, q_feat, k_feat, q_len, k_len):
 
 
 def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float = 1e-5,
-                 perturbation: float = 1e-2, block_rows: int = 128, seed: int = 0) -> dict:
+                 perturbation: float = 1e-2, block_rows: int = 128, seed: int = 0,
+                 score_noise: float | None = None) -> dict:
     """All certificates of a pair record (``pfamalign.inputs``) under ``predictor``'s model, as a
-    JSON-ready dict (see the module docstring); its ``target``, if any, gives the cotangent."""
+    JSON-ready dict (see the module docstring); its ``target``, if any, gives the cotangent.
+    ``score_noise``: the gauge-reduced radius r of ``stable_matches`` (None: not computed)."""
     import jax
     import jax.numpy as jnp
 
@@ -50,7 +58,8 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     ql, kl = jnp.array([lq]), jnp.array([lk])
     out = {"lengths": [lq, lk], "heads": int(s.shape[0]), "transport": {
         "half_band": tcfg.half_band, "eps": tcfg.eps, "base_steps": tcfg.base_steps,
-        "tail_steps": tcfg.tail_steps, "dustbin": tcfg.dustbin}}
+        "tail_steps": tcfg.tail_steps, "dustbin": tcfg.dustbin, "marginals": tcfg.marginals,
+        "relax": tcfg.relax, "tol": tcfg.tol}}
 
     # projective contraction, per head and block
     blocks = []
@@ -84,38 +93,114 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     out["bias"] = {"cotangent": cotangent, "tol": bias.tol, "certified_tail_depth": bias.certified_depth,
                    "rows": [r._asdict() for r in bias.rows]}
 
-    # conservative transport and tail mass: softmax of the band scores vs the Sinkhorn plan
-    masked = np.where(band[None], s, -np.inf)
-    softmax = cert.row_softmax(masked, tau=1.0)  # [H, Lq, Lk]
-    plan = np.asarray(base[0])  # [H, Lq + 1, Lk + 1]
-    rng = np.random.default_rng(seed)
-    noise = perturbation * rng.uniform(-1, 1, size=s.shape)
-    finite = np.where(band[None], s, 0.0)
-    bound = cert.score_perturbation(finite, finite + noise, tau=1.0)
-    out["conservative"] = {
-        "receiver_mass_imbalance": {
-            "softmax": cert.receiver_mass_imbalance(softmax),
-            "sinkhorn": cert.receiver_mass_imbalance(plan, col_mask=np.r_[np.ones(lk, bool), False]),
-        },
-        "score_perturbation": {"perturbation_inf": float(np.abs(noise).max()), "lhs": bound.lhs,
-                               "rhs": bound.rhs, "holds": bound.holds},
-    }
-    tm_soft = cert.tail_mass(softmax)
-    tm_sink = cert.tail_mass(plan[:, :-1, :], normalize=True)
-    out["tail_mass"] = {"softmax": cert.distribution_summary(tm_soft),
-                        "sinkhorn": cert.distribution_summary(tm_sink),
-                        "per_row": {"softmax": tm_soft.mean(0).tolist(), "sinkhorn": np.nanmean(tm_sink, 0).tolist()}}
+    sections, converged = plan_certificates(model, q, k, tokens, lq, lk, base, perturbation=perturbation,
+                                            seed=seed)
+    out.update(sections)
+    if score_noise is not None:
+        aln, _ = predictor.align(pair["q_seq"], pair["k_seq"])
+        out["stable_matches"] = _stable(out, converged, aln.pairs, score_noise)
     return out
 
 
+# The float64 solves aim at marginal errors <= 1e-9 within CONVERGED_STEPS steps; a plan counts
+# as converged at CONVERGED_ERROR (cold, locked plans approach it slowly).
+CONVERGED_STEPS = 20000
+CONVERGED_ERROR = 1e-5
+
+
+def _extended_scores(q, k, tokens, lq, lk, tcfg):
+    """float64 scores ``S = q.k / sqrt(d)`` ``[H, Lq + 1, Lk + 1]`` (last row / column: the
+    dustbin tokens), the support and the log targets of the op (``kernels.reference``)."""
+    from pfamalign.kernels.reference import dense_log_targets, dense_support
+
+    f64 = lambda x: np.asarray(x, np.float64)
+    qe, ke = f64(q[0]), f64(k[0])  # [H, L, d]
+    h, _, d = qe.shape
+    tq = f64(tokens.q) if tokens is not None and tcfg.dustbin != "none" else np.zeros((h, d))
+    tk = f64(tokens.k) if tokens is not None and tcfg.dustbin != "none" else np.zeros((h, d))
+    qe, ke = np.concatenate([qe, tq[:, None]], 1), np.concatenate([ke, tk[:, None]], 1)
+    s = np.einsum("hid,hjd->hij", qe, ke) / np.sqrt(d)
+    lens = (np.array([lq]), np.array([lk]))
+    mask = np.asarray(dense_support(*lens, lq, lk, half_band=tcfg.half_band, dustbin=tcfg.dustbin))[0]
+    log_a, log_b = (f64(x)[0, 0] for x in dense_log_targets(*lens, lq, lk, dustbin=tcfg.dustbin))
+    return s, mask, log_a, log_b
+
+
+def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, seed=0) -> dict:
+    """``marginals``, ``ceta`` and ``softmax_ot`` (one entry per head) of the plan ``[1, H, Lq + 1,
+    Lk + 1]`` the model outputs, recomputed in float64 from its scores (see the module
+    docstring), and the heads' converged float64 plans. ``perturbation``: sup-norm size of the
+    random score perturbation."""
+    tcfg = model.cfg.transport
+    s, mask, log_a, log_b = _extended_scores(q, k, tokens, lq, lk, tcfg)
+    kappa, tau = tcfg.damping(), float(tcfg.eps)
+    balanced = tcfg.marginals == "balanced"
+    real_rows, real_cols = np.arange(lq + 1) < lq, np.arange(lk + 1) < lk
+    own = tuple(tcfg.base_stages()) + ((tau, tcfg.tail_steps),)  # the op's own steps
+    rng = np.random.default_rng(seed)
+    out, converged_plans = {"marginals": [], "ceta": [], "softmax_ot": []}, []
+    for h in range(s.shape[0]):
+        p_out = np.asarray(plan[0, h], np.float64)
+        solve = lambda x, **kw: cert.solve_dense(x, mask, log_a, log_b, kappa=kappa, **kw)
+        mine = solve(s[h], stages=own, tol=tcfg.tol, max_steps=tcfg.max_steps + tcfg.tail_steps)
+        conv = solve(s[h], stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
+        noise = np.where(mask, perturbation * rng.uniform(-1, 1, size=s[h].shape), 0.0)
+        conv_t = solve(s[h] + noise, stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
+        totals = (float(np.exp(log_a)[mask.any(1)].sum()), float(np.exp(log_b)[mask.any(0)].sum()))
+        marg = cert.plan_marginals(p_out, real_rows, real_cols, balanced=balanced, total_rows=totals[0],
+                                   total_cols=totals[1], steps=mine.steps - tcfg.tail_steps)
+        marg["l1_to_converged"] = float(np.abs(p_out - conv.plan).sum())
+        out["marginals"].append(marg)
+
+        converged = max(conv.row_error, conv.col_error, conv_t.row_error, conv_t.col_error) <= CONVERGED_ERROR
+        bound = cert.plan_perturbation(conv.plan, conv_t.plan, noise, mask, tau=tau,
+                                       gauge=(kappa[0] == 1.0, kappa[1] == 1.0))
+        # The real rows' softmax on the same support, and its balanced column target Lq / Lk.
+        z = np.where(mask, s[h] / tau, -np.inf)[real_rows]
+        sm = cert.masked_softmax(z, mask[real_rows])
+        out["ceta"].append({
+            **bound, "converged": bool(converged), "solve_steps": [conv.steps, conv_t.steps],
+            "solve_error": max(conv.row_error, conv.col_error, conv_t.row_error, conv_t.col_error),
+            "applies": bool(marg["feasible"] and converged and tcfg.relax is None),
+            "lipschitz": float(p_out[real_rows].sum(1).max()),
+            "softmax_receiver_imbalance": float(np.abs(sm[:, :lk].sum(0) / (lq / lk) - 1).max()),
+            "plan_receiver_imbalance": marg["receiver_error"]})
+
+        z_t = np.where(mask, (s[h] + noise) / tau, -np.inf)[real_rows]
+        rows = cert.softmax_rows(z, z_t, mask[real_rows])
+        plan_delta = cert.tail_mass(p_out[real_rows], normalize=True)
+        rows["plan_tail_mass"] = cert.distribution_summary(plan_delta)
+        rows["per_row"]["plan_tail_mass"] = plan_delta.tolist()
+        rows["per_row"]["sender_error"] = np.abs(p_out[real_rows].sum(1) - 1).tolist()
+        rows["drift"] = mine.drift.tolist()  # ||P^(t+1) - P^(t)||_1 over the op's own steps
+        out["softmax_ot"].append(rows)
+        converged_plans.append(conv.plan)
+    return out, converged_plans
+
+
+def _stable(result: dict, plans, pairs, radius: float) -> dict:
+    """``stable_matches`` of the decoded pairs on the heads' mean converged plan: valid only when
+    every head's problem is balanced, feasible and converged (unit real rows and columns)."""
+    ceta = result["ceta"]
+    if not all(c["applies"] for c in ceta) or result["transport"]["marginals"] != "balanced":
+        return {"score_noise": radius, "applies": False, "certified": 0, "aligned": int(len(pairs)),
+                "reason": "needs a balanced, feasible, converged plan (unit rows and columns)"}
+    mean = np.mean(plans, 0)
+    res = cert.stable_matches(mean, pairs, mass=max(c["mass"] for c in ceta), tau=result["transport"]["eps"],
+                              radius=radius)
+    return {**res, "applies": True}
+
+
 def plot_certificates(result: dict, path) -> None:
-    """Three panels: rho_H per block, bias ||c_R|| vs R, tail mass per row (softmax vs Sinkhorn)."""
+    """Six panels: rho_H per block, bias ||c_R|| vs R, each real row's sender error, tail mass
+    per row (row softmax vs plan), the half-oscillation bound's tightness per row, and the drift
+    of the solver's plans (title: the certified stable matches). Head 0."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 3.8))
+    fig = Figure(figsize=(14, 7))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(131)
+    ax = fig.add_subplot(231)
     rho = [b["rho_h"] for b in result["contraction"]["blocks"] if b["strictly_positive"]]
     rng = [b["range_bound"] for b in result["contraction"]["blocks"] if b["strictly_positive"]]
     ax.plot(rho, "o-", label="rho_H = tanh²(Δ/4)")
@@ -124,19 +209,42 @@ def plot_certificates(result: dict, path) -> None:
     ax.set_ylabel("contraction rate")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7)
-    ax = fig.add_subplot(132)
+    ax = fig.add_subplot(232)
     rows = result["bias"]["rows"]
     ax.semilogy([r["tail_steps"] for r in rows], [max(r["bias_norm"], 1e-30) for r in rows], "o-", label="||c_R||")
     ax.semilogy([r["tail_steps"] for r in rows], [max(r["eta_norm"], 1e-30) for r in rows], "s--", label="||eta_R||")
     ax.axhline(result["bias"]["tol"], color="gray", lw=0.8, ls=":", label="tol")
     ax.set_xlabel("tail steps R")
     ax.legend(fontsize=7)
-    ax = fig.add_subplot(133)
-    ax.plot(result["tail_mass"]["per_row"]["softmax"], label="row softmax")
-    ax.plot(result["tail_mass"]["per_row"]["sinkhorn"], label="Sinkhorn plan")
+    sm, marg = result["softmax_ot"][0], result["marginals"][0]
+    ax = fig.add_subplot(233)
+    ax.plot(sm["per_row"]["sender_error"], label="|row sum - 1|")
+    ax.axhline(abs(marg["expected_row_sum"] - 1), color="gray", lw=0.8, ls=":",
+               label=f"|expected row sum - 1| (feasible: {marg['feasible']})")
+    ax.set_xlabel("query row")
+    ax.set_ylabel("sender error")
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(234)
+    ax.plot(sm["per_row"]["tail_mass"], label="row softmax")
+    ax.plot(sm["per_row"]["plan_tail_mass"], label="plan (rows normalised)")
     ax.set_xlabel("query row")
     ax.set_ylabel("tail mass 1 - max_j P_i(j)")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
+    ax = fig.add_subplot(235)
+    ax.plot(sm["per_row"]["row_bound_ratio"], ".")
+    ax.set_xlabel("query row")
+    ax.set_ylabel("||Δsm||_1 / (osc(Δz) / 2)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"softmax bound tightness; plan bound ratio {result['ceta'][0]['ratio']:.3g}", fontsize=8)
+    ax = fig.add_subplot(236)
+    drift = sm["drift"]
+    ax.semilogy(range(2, len(drift) + 2), [max(x, 1e-30) for x in drift], "o-")
+    ax.set_xlabel("solver step t")
+    ax.set_ylabel("||P^(t) - P^(t-1)||_1")
+    st = result.get("stable_matches")
+    if st is not None:
+        ax.set_title(f"stable matches at r={st['score_noise']:g}: {st['certified']}/{st['aligned']}"
+                     + ("" if st["applies"] else " (does not apply)"), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

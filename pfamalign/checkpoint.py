@@ -120,24 +120,74 @@ def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConf
     ckptr.save(directory / "params", params, force=True)
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
+        write_checksums(directory, ("params",))
         write_json(directory / "config.json", {"format": MODEL_FORMAT,
                                                 "format_version": MODEL_FORMAT_VERSION,
                                                 "model": config.to_dict()})
     return directory
 
 
+# ---------------------------------------------------------------------------------------------
+# Checksums: MODEL/checksums.json and RUN/checkpoints/N/checksums.json record the SHA-256 of
+# every file the parameters (and optimiser state) were saved to; loading verifies them, so a
+# flipped bit or a truncated copy is an error, not a silently different model. Directories
+# saved before checksums existed (or killed between the save and the record) load unverified.
+# ---------------------------------------------------------------------------------------------
+
+CHECKSUMS = "checksums.json"
+
+
+def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
+    """Records the SHA-256 of every file under ``directory / part`` for each part."""
+    sums = {str(f.relative_to(directory)): records.file_sha256(f)
+            for part in parts for f in sorted((directory / part).rglob("*")) if f.is_file()}
+    write_json(directory / CHECKSUMS, {"sha256": sums})
+
+
+def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:
+    """The problems of ``directory`` against its checksums (only files under ``part`` if
+    given): missing, changed or unrecorded files. [] when all match or nothing is recorded."""
+    directory = pathlib.Path(directory)
+    path = directory / CHECKSUMS
+    if not path.is_file():
+        return []
+    try:
+        sums = json.loads(path.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"{path}: unreadable ({err})"]
+    prefix = f"{part}/" if part else ""
+    problems = []
+    for name, digest in sorted(sums.items()):
+        if not name.startswith(prefix):
+            continue
+        f = directory / name
+        if not f.is_file():
+            problems.append(f"{f}: missing")
+        elif records.file_sha256(f) != digest:
+            problems.append(f"{f}: checksum mismatch (corrupt or modified)")
+    roots = [directory / part] if part else [directory / n.split("/")[0] for n in sums]
+    for root in set(roots):
+        for f in sorted(root.rglob("*")) if root.is_dir() else []:
+            if f.is_file() and str(f.relative_to(directory)) not in sums:
+                problems.append(f"{f}: not in {CHECKSUMS}")
+    return problems
+
+
 def _read_model_config(path: pathlib.Path) -> AlignerConfig:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {path}: {err}") from err
-    if "model" not in data:
+    if not isinstance(data, dict) or "model" not in data:
         raise CheckpointError(f"{path} has no 'model' section: not a pfamalign model/run config")
     version = data.get("format_version", MODEL_FORMAT_VERSION)
     if data.get("format", MODEL_FORMAT) == MODEL_FORMAT and version != MODEL_FORMAT_VERSION:
         raise CheckpointError(f"{path}: model format {version}; this pfamalign reads "
                               f"{MODEL_FORMAT_VERSION}")
-    return AlignerConfig.from_dict(data["model"])
+    try:
+        return AlignerConfig.from_dict(data["model"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
 
 
 def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:
@@ -184,6 +234,9 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
         config = dataclasses.replace(
             config, transport=dataclasses.replace(config.transport, impl=impl))
     # restore onto this process's first device, whatever topology saved it
+    problems = verify_checksums(params_path.parent, params_path.name)
+    if problems:
+        raise CheckpointError(f"{params_path} fails its checksums: " + "; ".join(problems[:5]))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, abstract = abstract_params(config, sharding=device)
     try:
@@ -220,11 +273,18 @@ class TrainCheckpoints:
             params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
             data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)), force=True)
         self._mngr.wait_until_finished()
+        if jax.process_index() == 0:
+            write_checksums(self.directory / str(step), ("params", "opt_state"))
 
     def restore(self, step: int, *, params, opt_state) -> tuple[Any, Any, dict, dict]:
         """``(params, opt_state, data_state, meta)``; ``params`` / ``opt_state`` are abstract
         targets (ShapeDtypeStructs with shardings)."""
         ocp = _ocp()
+        problems = verify_checksums(self.directory / str(step))
+        if problems:
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} fails its checksums: "
+                                  + "; ".join(problems[:5]) + "; remove that step directory to "
+                                  "resume from the one before")
         r = self._mngr.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
             data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))

@@ -17,6 +17,7 @@ _COMMANDS = {
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
     "compile": ("compile", "compile_model"),
+    "verify": ("verify", "verify"),
 }
 
 
@@ -43,7 +44,15 @@ def main():
       pfamalign align SEQ_A SEQ_B                                  # align two sequences
       pfamalign search query.fasta db.fasta                        # rank hits, E-values
       pfamalign compile -o compiled/                               # compiled plan (--engine asap)
+
+    \b
+    Compiled XLA programs are cached in the user's cache directory (~/.cache/pfamalign),
+    so only a command's first run compiles; PFAMALIGN_CACHE_DIR=DIR moves the cache,
+    PFAMALIGN_CACHE_DIR= (empty) turns it off.
     """
+    from pfamalign import compile_cache
+
+    compile_cache.enable()  # jax-free: configures jax before a command imports it
 
 
 if __name__ == "__main__":

@@ -12,7 +12,14 @@ name                     dustbin    R   losses (weights)        heads x d (dv)  
 ``muot_dustbin_mono``    widened    2   recon + 0.1 mono        4 x 32 (32)       by features
 ``muot_dustbin_hybrid``  widened    2   recon + CE              4 x 32 (32)       by features
 ``align_ce``             spoke      2   CE + 0.01 mono          1 x 64 (16)       conv + sub
+``align_softmax``        spoke      2   as align_ce             1 x 64 (16)       conv + sub
+``align_ce_capacity``    capacity   2   as align_ce             1 x 64 (16)       conv + sub
 =======================  =========  ==  =====================  ================  ==========
+
+``align_softmax`` is the row softmax over the band and the dustbin column (``marginals="rows"``:
+softmax as semi-relaxed OT, columns free); ``align_ce_capacity`` is balanced on both sides for
+every pair (the capacity dustbin). Both compare with ``align_ce`` (spoke, infeasible when the
+lengths differ: see ``pfamalign certify``).
 
 "by features": a conv encoder for the built-in features (one-hot / BLOSUM rows have no
 context of their own), none for ESM-2 features (already contextual); ``--set encoder=...``
@@ -38,6 +45,7 @@ import json
 import typing
 from typing import Any
 
+from pfamalign.config_table import CONFIG_NAMES, CONFIGS as _CONFIGS
 from pfamalign.kernels import TransportConfig
 from pfamalign.model import AlignerConfig
 from pfamalign.pipelines.embed import feature_layout
@@ -200,20 +208,6 @@ def _paper_transport(**kw) -> TransportConfig:
     return TransportConfig(**kw)
 
 
-# name -> (model fields, transport fields, train fields). "encoder": None = by features.
-_CONFIGS: dict[str, tuple[dict, dict, dict]] = {
-    "k2_eps1": ({"recon_weight": 1.0}, {"tail_steps": 2}, {}),
-    "k4_eps1": ({"recon_weight": 1.0}, {"tail_steps": 4}, {}),
-    "muot_dustbin_mono": ({"recon_weight": 1.0, "mono_weight": 0.1},
-                          {"dustbin": "widened"}, {}),
-    "muot_dustbin_hybrid": ({"recon_weight": 1.0, "ce_weight": 1.0},
-                            {"dustbin": "widened"}, {}),
-    "align_ce": ({"recon_weight": 0.0, "ce_weight": 1.0, "mono_weight": 0.01,
-                  "encoder": "conv", "heads": 1, "head_dim": 64, "value_dim": 16,
-                  "position_features": 0, "substitution_window": None},
-                 {"dustbin": "spoke"}, {}),
-}
-CONFIG_NAMES = tuple(_CONFIGS)
 _NOT_OVERRIDABLE = ("transport", "name", "feature_dim", "embedder_id")  # from the dataset
 
 

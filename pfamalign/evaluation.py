@@ -24,7 +24,6 @@ Reconstruction averages the heads' errors (each head has its own values).
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import sys
 import time
@@ -153,15 +152,16 @@ class Evaluation:
 
 
 def model_plans(predictor, records: Sequence[dict], *, features: str = "records",
-                batch_size: int = 8) -> Iterator:
+                batch_size: int = 8, symmetric: bool = False) -> Iterator:
     """The model's ``PairPlan`` of each record, in order: from the records' stored
-    embeddings (``features="records"``) or embedding their residues (``"featurize"``)."""
+    embeddings (``features="records"``) or embedding their residues (``"featurize"``);
+    ``symmetric``: the mean of both directions (``inference.symmetrize``)."""
     if features == "records":
         feats = [(r["q_feat"], r["k_feat"]) for r in records]
     else:
         flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
         feats = list(zip(flat[0::2], flat[1::2]))
-    return predictor.plans(feats, batch_size=batch_size)
+    return predictor.plans(feats, batch_size=batch_size, symmetric=symmetric)
 
 
 def evaluate(records: Iterable[dict], *, predictor=None, features: str = "records",
@@ -427,11 +427,11 @@ def plot(summary: dict, path) -> pathlib.Path:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # keeps the suffix: the image format
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    return path
+    from pfamalign.outputs import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    return pathlib.Path(path)
 
 
 def to_json(summary: dict) -> str:

@@ -8,20 +8,60 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.resources
 import json
+import math
+import numbers
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
+from pfamalign.resources import check_align_memory
 
 DEFAULT_MODEL = "default_model"
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
+LONG_PAD_MULTIPLE = 256  # ... and of this beyond LONG_FROM residues (at most 22 lengths to 4096)
+LONG_FROM = 512
+# a batch is padded up to the next of these: few shapes. Larger batches brought no more
+# pairs/s on the 2-core host (compute-bound; 32 measured no faster than 4 or 8).
+BATCH_SIZES = (1, 2, 4, 8)
+
+
+def padded_length(length: int) -> int:
+    """The bucket of a sequence length: the padded length its pair is computed at."""
+    step = PAD_MULTIPLE if length <= LONG_FROM else LONG_PAD_MULTIPLE
+    return max(step, -(-length // step) * step)
+
+
+def padded_batch(size: int) -> int:
+    """The batch size a batch of ``size`` pairs is computed at (extra slots repeat a pair)."""
+    return next((b for b in BATCH_SIZES if b >= size), -(-size // BATCH_SIZES[-1]) * BATCH_SIZES[-1])
+
+
+def pad_batch(pairs, *, pad: int | None = None, size: int | None = None):
+    """Zero-padded ``(q_feat [size, pad, D], k_feat [size, pad, D], q_len [size], k_len [size])``
+    of feature pairs ``[(q [Lq, D], k [Lk, D])]``: both sides at one padded length ``pad``
+    (default: the bucket of the longest sequence, ``padded_length``), ``size`` slots (default:
+    one per pair; slots past the pairs repeat the first pair). The one padding of the plan
+    calls (``Predictor``) and of the ASAP fit and benchmarks (``pfamalign.asap``)."""
+    size = size or len(pairs)
+    slots = [pairs[n] if n < len(pairs) else pairs[0] for n in range(size)]
+    lq = np.array([a.shape[0] for a, _ in slots], np.int32)
+    lk = np.array([b.shape[0] for _, b in slots], np.int32)
+    pad = pad or padded_length(int(max(lq.max(), lk.max())))
+    dim = slots[0][0].shape[1]
+    xq = np.zeros((size, pad, dim), np.float32)
+    xk = np.zeros((size, pad, dim), np.float32)
+    for n, (a, b) in enumerate(slots):
+        xq[n, : len(a)], xk[n, : len(b)] = a, b
+    return xq, xk, lq, lk
 
 
 def default_model_dir() -> pathlib.Path:
@@ -62,6 +102,10 @@ class DecoderSettings:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:
@@ -87,11 +131,18 @@ class DecoderSettings:
         path = pathlib.Path(directory) / "decoding.json"
         if not path.is_file():
             return cls()
-        fields = json.loads(path.read_text())
-        end_gaps = fields.pop("end_gaps", None)  # files written before `mode`; `mode` wins
-        if end_gaps is not None:
-            fields.setdefault("mode", "global" if end_gaps else "local")
-        return cls(**fields)
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable decoding.json ({err})") from None
+        if isinstance(fields, dict) and "end_gaps" in fields:  # files written before `mode`
+            end_gaps = fields.pop("end_gaps")
+            fields.setdefault("mode", "global" if end_gaps else "local")  # `mode` wins
+        fields = jsonio.check_fields(cls, fields, str(path))
+        try:
+            return cls(**fields)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def save(self, directory: pathlib.Path) -> None:
         from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
@@ -116,7 +167,8 @@ class DecoderSettings:
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
             return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "mea":
-            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, min_mass=self.min_mass,
+            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin,
+                              min_mass=self.min_mass,
                               gap_cost=self.gap_cost, mode=self.mode)
         if self.decoder == "hybrid":
             if sequences is None:
@@ -126,13 +178,20 @@ class DecoderSettings:
                                  min_mass=self.min_mass, mode=self.mode)
         return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
                              threshold=self.threshold, row_dustbin=pp.row_dustbin,
+                             col_dustbin=pp.col_dustbin,
                              min_mass=self.min_mass, mode=self.mode)
+
+
+# How far a plan's masses may stray from their bounds (``PairPlan.check``): the trained
+# models' 17-step plans stay within 0.05, a solve at eps = 1e-6 reaches rows of mass 2.
+PLAN_TOL = 0.25
 
 
 @dataclasses.dataclass
 class PairPlan:
     """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
-    mass (the model's plans have no column dustbin: the last row stays zero)."""
+    mass, last row the dustbin row (the keys' unaligned mass; zero without a dustbin). In a
+    ``symmetrize``d plan both are the mean of the two directions' dustbin masses."""
 
     plan: np.ndarray
 
@@ -144,6 +203,87 @@ class PairPlan:
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
 
+    def check(self, tol: float = PLAN_TOL, *, marginals: bool = True) -> None:
+        """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
+        non-negative, no entry (a confidence) above 1 + ``tol``, no query row above
+        ``max(1, r)`` and no key column above ``max(1, 1 / r)`` (times 1 + ``tol``), and the
+        mean row mass (real + dustbin) within ``tol`` of [min(1, r), max(1, r)],
+        r = (Lk + 1) / (Lq + 1): with unbalanced targets the rows are off by about the ratio
+        of the totals, and a plan of a fixed number of steps (or the mean of both directions)
+        leaves single rows further off, so only the mean is bounded from below. A broken solve
+        (too small an eps, overflow) is far outside these bounds, and its confidences would
+        be meaningless. ``marginals=False`` (the plans of a ``steps`` or ``asap`` engine,
+        whose row and column masses are what they approximate): finite, non-negative and
+        entries only."""
+        plan = self.plan
+        if not np.all(np.isfinite(plan)):
+            raise ValueError("the transport plan is not finite (overflow in the solve); "
+                             "the model's transport settings (eps) do not fit this pair")
+        lq, lk = plan.shape[0] - 1, plan.shape[1] - 1
+        ratio = (lk + 1) / (lq + 1)
+        rows, cols = plan[:-1].sum(axis=1), plan[:, :-1].sum(axis=0)
+        low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
+        col_high = (1 + tol) * max(1.0, 1 / ratio)
+        mean_row = float(rows.mean()) if len(rows) else 1.0
+        checks = [("negative mass", plan.min(initial=0.0) < -tol),
+                  (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol)]
+        if marginals:
+            checks += [(f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),
+                       (f"a query row of mass {rows.max(initial=0.0):.3g}", rows.max(initial=0.0) > high),
+                       (f"mean query-row mass {mean_row:.3g} (expected {low:.3g} to {high:.3g})",
+                        not low <= mean_row <= high)]
+        bad = [what for what, failed in checks if failed]
+        if bad:
+            raise ValueError(f"the transport plan is not a plan ({'; '.join(bad)}); the solve did "
+                             "not converge with the model's transport settings (eps, steps)")
+
+    @property
+    def col_dustbin(self) -> np.ndarray:
+        return self.plan[-1, :-1]
+
+
+def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
+    """The mean of a pair's plans in both directions, ``(P_AB + P_BA^T) / 2`` over the full
+    ``[Lq + 1, Lk + 1]`` matrices: the aligner is not symmetric in its two inputs (the query
+    and key projections differ), and a user swapping A and B must get the same alignment,
+    transposed, with the same score. Each direction's dustbin row (the keys' unaligned mass) is
+    the other's dustbin column, transposed."""
+    if ab.plan.shape != ba.plan.shape[::-1]:
+        raise ValueError(f"plans of one pair in both directions must be transposes in shape, got "
+                         f"{ab.plan.shape} and {ba.plan.shape}")
+    return PairPlan(0.5 * (ab.plan + ba.plan.T))
+
+
+def model_content_hash(model_dir: pathlib.Path, hmm: PairHMM) -> str:
+    """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
+    names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
+    changes it; the decoder settings are recorded beside it (``Predictor.provenance``)."""
+    from pfamalign.checkpoint import resolve_model_path
+
+    config_path, params_path = resolve_model_path(model_dir)
+    named = [("config.json", config_path)] + sorted(
+        (f"params/{f.relative_to(params_path).as_posix()}", f)
+        for f in pathlib.Path(params_path).rglob("*") if f.is_file())
+    digest = hashlib.sha256()
+    for name, f in named:
+        data = f.read_bytes()
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)  # unambiguous file boundaries
+    digest.update(hmm.to_json().encode())
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
+    """The first ``len(lq)`` plans of a padded ``[B, pad + 1, pad + 1]`` batch (real lines,
+    then the dustbin's) at their own sizes."""
+    plans = []
+    for n in range(len(lq)):
+        full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
+        rows = np.r_[np.arange(lq[n]), out.shape[1] - 1]
+        full[:, : lk[n]] = out[n, rows, : lk[n]]
+        full[:, lk[n]] = out[n, rows, -1]
+        plans.append(PairPlan(full))
+    return plans
+
 
 class Predictor:
     """A loaded aligner and its featurizer.
@@ -153,13 +293,17 @@ class Predictor:
         default model shipped with the package.
       weights: ESM-2 weights for checkpoints trained on ESM-2 features.
       max_length: longest sequence accepted (residues).
-      engine: how plans are computed (``pfamalign.asap.ENGINES``): ``sinkhorn`` (the trained
-        steps), ``steps`` (``steps`` plain Sinkhorn steps) or ``asap`` (the operator that
-        ``pfamalign compile`` wrote into the model directory).
+      max_memory: refuse a pair whose estimated memory (``pfamalign.resources``) is larger
+        (bytes; None: no limit).
+      engine: how plans are computed (``pfamalign.asap.ENGINES``), both directions of a
+        symmetrized plan included: ``sinkhorn`` (the trained steps), ``steps`` (``steps`` plain
+        Sinkhorn steps) or ``asap`` (the operator that ``pfamalign compile`` wrote into the
+        model directory).
     """
 
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
-                 max_length: int = 4096, engine: str = "sinkhorn", steps: int | None = None):
+                 max_length: int = 4096, max_memory: int | None = None, engine: str = "sinkhorn",
+                 steps: int | None = None):
         from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
@@ -181,68 +325,151 @@ class Predictor:
         self.embedder = get_embedder(self.config.embedder_id, weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
+        self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
+        self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
+
+    # ---- provenance ---------------------------------------------------------------------
+    @functools.cached_property
+    def model_hash(self) -> str:
+        return model_content_hash(self.path, self.pairhmm)
+
+    def provenance(self, decoding: DecoderSettings | None = None) -> dict:
+        """What produced an alignment (every output format records it): program and
+        version, model name and content hash, decoder and its settings."""
+        from pfamalign import __version__
+
+        shipped = " (shipped)" if self.path == default_model_dir() else ""
+        settings = dataclasses.asdict(decoding or self.decoding)
+        return {"version": f"pfamalign {__version__}",
+                "model": f"{self.config.name}{shipped} {self.model_hash}",
+                "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True},
+                **({"engine": self.engine.describe()} if self.engine is not None else {})}
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
         for seq in sequences:
-            if len(seq) > self.max_length:
-                raise ValueError(
-                    f"sequence of {len(seq)} residues is longer than this model accepts "
-                    f"({self.max_length}); split it into domains or raise --max-length")
+            problem = self._problem(seq)
+            if problem is not None:
+                raise ValueError(problem)
         return [np.asarray(f, np.float32) for f in self.embedder.embed(list(sequences))]
 
     # ---- plans --------------------------------------------------------------------------
     def plans(self, feature_pairs: Iterable[tuple[np.ndarray, np.ndarray]], *,
-              batch_size: int = 8) -> Iterator[PairPlan]:
-        """Dense plans, in input order, computed in batches of equal padded length."""
+              batch_size: int = 8, symmetric: bool = False) -> Iterator[PairPlan]:
+        """Dense plans, in input order, computed in batches of equal padded length.
+        ``symmetric``: each plan is ``symmetrize``d (what the aligner decodes)."""
         batch: list[tuple[np.ndarray, np.ndarray]] = []
         for pair in feature_pairs:
             batch.append(pair)
             if len(batch) == batch_size:
-                yield from self._plan_batch(batch)
+                yield from self._plan_batch(batch, symmetric=symmetric)
                 batch = []
         if batch:
-            yield from self._plan_batch(batch)
+            yield from self._plan_batch(batch, symmetric=symmetric)
 
-    def _plan_batch(self, batch):
-        lq = np.array([a.shape[0] for a, _ in batch], np.int32)
-        lk = np.array([b.shape[0] for _, b in batch], np.int32)
-        pad = int(-(-max(lq.max(), lk.max()) // PAD_MULTIPLE) * PAD_MULTIPLE)
-        dim = batch[0][0].shape[1]
-        xq = np.zeros((len(batch), pad, dim), np.float32)
-        xk = np.zeros((len(batch), pad, dim), np.float32)
-        for n, (a, b) in enumerate(batch):
-            xq[n, : len(a)], xk[n, : len(b)] = a, b
-        plan = self.model.plan if self.engine is None else functools.partial(self.engine.plan, self.model)
-        out = np.asarray(plan(xq, xk, lq, lk))  # jit-compiled per padded shape
-        for n in range(len(batch)):  # [B, pad, pad + 1]: real keys, then the dustbin column
-            full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
-            full[: lq[n], : lk[n]] = out[n, : lq[n], : lk[n]]
-            full[: lq[n], lk[n]] = out[n, : lq[n], -1]
-            yield PairPlan(full)
+    def _plan_batch(self, batch, *, pad: int | None = None, symmetric: bool = False) -> list[PairPlan]:
+        """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
+        (default: the bucket of the longest sequence) and a ``padded_batch`` size;
+        ``symmetric``: both directions in the same call (each sequence encoded once)."""
+        xq, xk, lq_all, lk_all = pad_batch(batch, pad=pad, size=padded_batch(len(batch)))
+        self.shapes.add(xq.shape[:2])
+        lq, lk = lq_all[: len(batch)], lk_all[: len(batch)]
+        if self.engine is None:  # jit-compiled per shape
+            plan, both_ways = self.model.plan, self.model.plans_both_ways
+        else:
+            plan = functools.partial(self.engine.plan, self.model)
+            both_ways = functools.partial(self.engine.plans_both_ways, self.model)
+        if not symmetric:
+            return _unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
+        ab, ba = (np.asarray(x) for x in both_ways(xq, xk, lq_all, lk_all))
+        return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
+        pp.check(marginals=self.engine is None)  # a failed solve is an error, not an alignment
         return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
-    def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None
-              ) -> tuple[PairAlignment, PairPlan]:
+    def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
+              symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:
+        """One pair, the simple way (the reference the batched ``align_records`` is tested
+        against): its own plan call, the numpy pair-HMM. ``symmetric=False``: the plan of
+        the A -> B direction only (a transport plan with A's row marginals)."""
+        check_align_memory(len(seq_a), len(seq_b), self.max_memory)
         fa, fb = self.featurize([seq_a, seq_b])
-        pp = next(self.plans([(fa, fb)]))
+        pp = next(self.plans([(fa, fb)], symmetric=symmetric))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp
 
-    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None
-                      ) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
-        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``).
-        A ValueError about one pair starts with its ``where`` (a pairs-file line) if it has one."""
+    def align_records(self, pairs: Iterable[dict], decoding: DecoderSettings | None = None, *,
+                      window: int = 128) -> Iterator[tuple[AlignmentRecord, PairPlan]]:
+        """Streams the alignment record and plan of each pair record (``pfamalign.inputs``),
+        in input order. A ValueError about one pair starts with its ``where`` (a pairs-file
+        line) if it has one; the pairs before it are yielded first.
+
+        Batched: up to ``window`` pairs are read ahead, grouped by length bucket
+        (``padded_length``) and computed in batches of ``padded_batch`` sizes -- one jitted
+        plan call and one jitted pair-HMM call (``pairhmm_batched``) per batch, so a run
+        compiles at most one program per (batch size, bucket) that it meets.
+        """
+        decoding = decoding or self.decoding
+        pending: list[dict] = []
         for pair in pairs:
-            try:
-                aln, pp = self.align(pair["q_seq"], pair["k_seq"], decoding)
-                rec = AlignmentRecord.from_alignment(pair["q_seq"], pair["k_seq"], aln,
-                                                     id_a=pair["q_id"], id_b=pair["k_id"])
-            except ValueError as err:
-                if "where" not in pair:
-                    raise
-                raise ValueError(f"{pair['where']}: {err}") from err
-            yield rec, pp
+            problem = self.pair_problem(pair["q_seq"], pair["k_seq"])
+            if problem is not None:
+                yield from self._align_window(pending, decoding)
+                pending = []
+                raise ValueError(f"{pair['where']}: {problem}" if "where" in pair else problem)
+            pending.append(pair)
+            if len(pending) == window:
+                yield from self._align_window(pending, decoding)
+                pending = []
+        yield from self._align_window(pending, decoding)
+
+    def _problem(self, seq: str) -> str | None:
+        """Why this model cannot embed ``seq`` (None: it can)."""
+        if not seq:
+            return "empty sequence"
+        if len(seq) > self.max_length:
+            return (f"sequence of {len(seq)} residues is longer than this model accepts "
+                    f"({self.max_length}); split it into domains or raise --max-length")
+        return None
+
+    def pair_problem(self, seq_a: str, seq_b: str) -> str | None:
+        """Why this model cannot align these sequences (None: it can): an empty one, one
+        longer than ``max_length``, or more memory than ``max_memory``."""
+        problem = self._problem(seq_a) or self._problem(seq_b)
+        if problem is not None:
+            return problem
+        try:
+            check_align_memory(len(seq_a), len(seq_b), self.max_memory)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
+        from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+
+        done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
+        buckets: dict[int, list[int]] = {}
+        for n, pair in enumerate(pairs):
+            longest = max(len(pair["q_seq"]), len(pair["k_seq"]))
+            buckets.setdefault(padded_length(longest), []).append(n)
+        for pad, members in buckets.items():
+            for start in range(0, len(members), BATCH_SIZES[-1]):
+                chunk = members[start: start + BATCH_SIZES[-1]]
+                seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
+                feats = [tuple(self.featurize(pair)) for pair in seqs]
+                plans = self._plan_batch(feats, pad=pad, symmetric=True)
+                posts = [None] * len(chunk)
+                if decoding.uses_pairhmm():
+                    size = padded_batch(len(chunk))
+                    posts = batched_match_posteriors(self.pairhmm, seqs + seqs[:1] * (size - len(chunk)),
+                                                     pad, pad)
+                for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
+                    pp.check(marginals=self.engine is None)  # a failed solve is an error
+                    aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)
+                    rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
+                                                         id_b=pairs[n]["k_id"])
+                    done[n] = rec, pp
+        for n in range(len(pairs)):
+            yield done.pop(n)

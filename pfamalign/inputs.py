@@ -138,21 +138,33 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator
             yield {**_bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
 
 
+def argument_path(arg: str) -> pathlib.Path | None:
+    """The rule for a sequence argument: a FASTA file when it starts with ``@`` (the rest is
+    the path), contains a path separator, or ends in a FASTA suffix (its path is returned);
+    residues otherwise (None). ``-`` (standard input) is decided before this rule."""
+    if arg.startswith("@"):
+        return pathlib.Path(arg[1:])
+    if "/" in arg or os.sep in arg or pathlib.Path(arg).suffix.lower() in FASTA_SUFFIXES:
+        return pathlib.Path(arg)
+    return None
+
+
 def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
-    """(id, residues) of a sequence argument: a FASTA file path (``-``: standard input), or
+    """(id, residues) of a sequence argument: ``-`` (standard input), a FASTA file path
+    (``argument_path``), or
     the residues.
 
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
-    empty) and upper-cased.
+    empty) and upper-cased. Residues that also name a file in the working directory are read
+    as residues, with a warning on standard error.
     """
     from pfamalign.residues import normalize_sequence
 
-    path = pathlib.Path(arg)
-    looks_like_path = os.sep in arg or path.suffix.lower() in FASTA_SUFFIXES
-    if arg == STDIN or looks_like_path or (len(arg) < 255 and path.is_file()):  # long residue strings are no names
-        if arg != STDIN and not path.is_file():
+    path = None if arg == STDIN else argument_path(arg)
+    if arg == STDIN or path is not None:
+        if path is not None and not path.is_file():
             raise ValueError(f"{arg}: no such FASTA file")
-        records = list(read_fasta(arg))
+        records = list(read_fasta(arg if path is None else path))
         if len(records) != 1:
             raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} "
                              "(give one multi-FASTA file alone, or use --pairs, for many pairs)")
@@ -160,6 +172,9 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
             raise records[0]
         seq_id, residues = records[0].id, records[0].seq
     else:
+        if len(arg) < 255 and pathlib.Path(arg).is_file():  # long residue strings are no names
+            print(f"Warning: {arg!r} is read as residues, though a file of that name exists; "
+                  f"write ./{arg} or @{arg} to read the file", file=sys.stderr)
         seq_id, residues = default_id, arg
     return seq_id, normalize_sequence(residues, name=f"{seq_id} ({arg[:20]}...)" if len(arg) > 20 else seq_id)
 
@@ -176,11 +191,15 @@ def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict | BadRecord]:
     Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` (ids
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
     also carries ``where`` (``path:line``), for error messages about that pair; a malformed
-    line comes as a ``BadRecord``.
+    line comes as a ``BadRecord``. The file must be UTF-8 with lines of at most ``MAX_LINE``
+    characters.
     """
-    with open(path) as handle:
-        for lineno, line in enumerate(handle, 1):
-            line = line.rstrip("\n\r")
+    try:
+        handle = open(path, encoding="utf-8", newline="")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read pairs file ({err.strerror})") from err
+    with handle:
+        for lineno, line in _bounded_lines(handle, str(path)):
             if not line.strip() or line.startswith("#"):
                 continue
             cols = [c.strip() for c in line.split("\t")]

@@ -1,6 +1,7 @@
 """The one JSON output policy: strict JSON, NaN and infinities become null, numpy scalars and
 arrays plain Python, paths strings. Every JSON file, document and line pfamalign writes goes
-through here (``pfamalign.pipelines`` too: this module imports only numpy)."""
+through here (``pfamalign.pipelines`` too: this module imports only numpy). Reading: the
+fields of a settings object read from a user's file are checked by ``check_fields``."""
 
 from __future__ import annotations
 
@@ -34,3 +35,31 @@ def dumps(x, *, indent: int | None = 2, sort_keys: bool = False) -> str:
 def dumps_line(x) -> str:
     """One JSON-lines record (compact, no newline)."""
     return dumps(x, indent=None)
+
+
+_SCALARS = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def check_fields(cls, data, what: str) -> dict:
+    """``data`` (a settings dataclass's fields read from JSON) as a dict, after the checks
+    that keep a bad file from becoming a traceback: a JSON object, no unknown keys, and each
+    scalar field (annotated ``str``, ``int``, ``float`` or ``bool``) of its type (no bool for
+    a number, no NaN or infinity). Raises ValueError naming ``what``."""
+    import dataclasses
+
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join(fields)}")
+    for name, value in data.items():
+        kind, optional = fields[name].removesuffix(" | None"), fields[name].endswith(" | None")
+        kinds = _SCALARS.get(kind)
+        if kinds is None or (optional and value is None):
+            continue
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{what}: {name} must be a finite {kind}, got {value!r}")
+    return dict(data)

@@ -140,11 +140,11 @@ class AlignerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AlignerConfig":
-        data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown AlignerConfig fields {unknown}")
+        data = jsonio.check_fields(cls, data, "AlignerConfig")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ValueError(f"AlignerConfig: missing field(s) {', '.join(missing)}")
         data["transport"] = TransportConfig.from_dict(data["transport"])
         return cls(**data)
 
@@ -273,12 +273,12 @@ class Aligner(nnx.Module):
         b, l, _ = x.shape
         return x.reshape(b, l, self.cfg.heads, m).transpose(0, 2, 1, 3)
 
-    def project(self, q_feat, k_feat, q_len, k_len):
+    def project(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
         """Queries ``[B, H, Lq, d']``, keys ``[B, H, Lk, d']`` (d' = d + the substitution
         channel) and unit-norm values ``[B, H, Lk, dv]``, plus the dustbin tokens (None
-        without a dustbin)."""
+        without a dustbin). ``encoded``: the two sequences' ``encode`` outputs, if known."""
         cfg = self.cfg
-        hq, hk = self.encode(q_feat, q_len), self.encode(k_feat, k_len)
+        hq, hk = encoded if encoded is not None else (self.encode(q_feat, q_len), self.encode(k_feat, k_len))
         q = self._heads(self.q_proj(hq), cfg.head_dim)
         k = self._heads(self.k_proj(hk), cfg.head_dim)
         if cfg.substitution_window >= 0:  # [learned | windowed substitution] per head
@@ -320,26 +320,45 @@ class Aligner(nnx.Module):
         return Transported(out, bary, mass, out_ext[..., dv + 2], logp, v)
 
     def plan(self, q_feat, k_feat, q_len, k_len):
-        """Head-mean dense plan ``[B, Lq, Lk + 1]``: real keys, then the dustbin column (zero
-        without a dustbin). Rows beyond ``q_len`` and keys beyond ``k_len`` are zero. For
-        decoding and evaluation (no gradient; memory Lq x Lk per pair and head)."""
+        """Head-mean dense plan ``[B, Lq + 1, Lk + 1]``: real queries then the dustbin row,
+        real keys then the dustbin column (zero without a dustbin). Rows beyond ``q_len`` and
+        keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
+        gradient; memory Lq x Lk per pair and head)."""
         return _plan_jit(self, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
                          jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
 
-    def head_plans(self, q_feat, k_feat, q_len, k_len):
+    def head_plans(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
         """Per-head dense plans ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin)
         and the unit-norm values ``[B, H, Lk, dv]`` and dustbin value ``[H, dv]`` (zeros
         without a dustbin)."""
-        q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len)
+        q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
         plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport)
         tv = tokens.v if tokens is not None else jnp.zeros(v.shape[1:2] + v.shape[-1:], v.dtype)
         return plan, v, tv
 
 
+    def plans_both_ways(self, a_feat, b_feat, a_len, b_len):
+        """``plan`` of A against B and of B against A (``[B, La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``),
+        each sequence encoded once: what a symmetrized alignment needs."""
+        return _plans_both_ways_jit(self, jnp.asarray(a_feat, jnp.float32), jnp.asarray(b_feat, jnp.float32),
+                                    jnp.asarray(a_len, jnp.int32), jnp.asarray(b_len, jnp.int32))
+
+
+def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None):
+    plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len, encoded=encoded)
+    return plan.mean(axis=1)  # [B, Lq + 1, Lk + 1]: real rows, then the dustbin row
+
+
 @nnx.jit
 def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len):
-    plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len)
-    return plan[:, :, :-1, :].mean(axis=1)  # [B, Lq, Lk + 1]
+    return _mean_plan(model, q_feat, k_feat, q_len, k_len)
+
+
+@nnx.jit
+def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len):
+    ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
+    return (_mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb)),
+            _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha)))
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:

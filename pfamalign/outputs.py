@@ -44,8 +44,9 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
 
 
 def temporary_path(path: pathlib.Path) -> pathlib.Path:
-    """The temporary name beside ``path`` that an atomic write fills before the rename."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """The temporary name beside ``path`` that an atomic write fills before the rename; it
+    keeps the suffix, from which plotting libraries take the image format."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
 
 
 @contextlib.contextmanager

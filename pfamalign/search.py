@@ -224,5 +224,10 @@ def format_tsv_row(columns: dict) -> str:
     return "\t".join(cells) + "\n"
 
 
-def tsv_header() -> str:
-    return "# Fields: " + ", ".join(COLUMNS) + "\n"
+def tsv_header(provenance: dict | None = None) -> str:
+    """The hit table's comment lines: what produced it (``Predictor.provenance``), then the
+    BLAST-style ``# Fields:`` line."""
+    from pfamalign.alignment.formats import provenance_lines
+
+    return "".join(f"# {line}\n" for line in provenance_lines(provenance)) + \
+        "# Fields: " + ", ".join(COLUMNS) + "\n"

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from pfamalign.pipelines import stages
-from pfamalign.pipelines.stockholm import RawFamily, iter_raw_families
+from pfamalign.pipelines.stockholm import RawFamily, check_parses, iter_raw_families
 
 
 def _require_beam():
@@ -44,6 +44,8 @@ def pipeline_options(beam_args: Sequence[str]):
 def _read_file(element: tuple[int, str], skip_bad: bool) -> Iterator[tuple[str, RawFamily]]:
     input_index, path = element
     for raw in iter_raw_families(path, input_index=input_index, skip_bad=skip_bad):
+        if skip_bad:
+            raw = check_parses(raw)  # a family that fails to parse claims no key
         key = raw.key if raw.error is None else f"\0bad:{raw.input_index}:{raw.index}"
         yield key, raw
 

@@ -225,9 +225,10 @@ def _fingerprint_file(path: pathlib.Path) -> str:
 def load_esm(path: pathlib.Path):
     """Loads a fair-esm ESM-2 checkpoint (and its contact regression file when present).
 
-    torch >= 2.6 loads weights-only by default and fair-esm's own checkpoints hold an
-    ``argparse.Namespace``: it is allow-listed for these trusted files. Checkpoints needing
-    more can be loaded with ``PFAMALIGN_TRUST_WEIGHTS=1`` (full unpickling: trusted files only).
+    Both files are loaded with ``weights_only=True`` (no code runs, whatever the file holds);
+    fair-esm's own checkpoints hold an ``argparse.Namespace``, which is allow-listed.
+    Checkpoints needing more can be loaded with ``PFAMALIGN_TRUST_WEIGHTS=1`` (full
+    unpickling: trusted files only).
     """
     import argparse
     import pickle
@@ -249,8 +250,8 @@ def load_esm(path: pathlib.Path):
     try:
         with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # regression weights absent: contacts unused here
-            if regression.is_file() and not trust:
-                return esm.pretrained.load_model_and_alphabet_local(str(path))
+            # never fair-esm's load_model_and_alphabet_local: its torch.load relies on the
+            # torch default, which unpickles arbitrary objects before torch 2.6
             model_data = torch.load(str(path), map_location="cpu", weights_only=not trust)
             regression_data = (torch.load(str(regression), map_location="cpu",
                                           weights_only=not trust)

@@ -29,12 +29,12 @@ from pfamalign.pipelines import stages
 from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_hash,
                                         n_parts_for)
 from pfamalign.pipelines.embed import Embedder, get_embedder
+from pfamalign.pipelines.locks import LOCK_NAME, LockError, directory_lock
 from pfamalign.pipelines.progress import bars, progress_enabled
 from pfamalign.pipelines.splits import SPLITS
-from pfamalign.pipelines.stockholm import RawFamily, expand_inputs, iter_raw_families
+from pfamalign.pipelines.stockholm import (RawFamily, check_parses, expand_inputs,
+                                           iter_raw_families)
 
-# Entries of a dataset directory that prepare owns (and --overwrite removes).
-OWNED = ("manifest.json", "shards.tsv", "families.tsv", "embeddings", "work", *SPLITS)
 
 
 class PrepareError(RuntimeError):
@@ -90,22 +90,58 @@ def _input_digests(files: list[pathlib.Path]) -> list[list[str]]:
     return [[f.name, rec.file_sha256(f)] for f in files]
 
 
-def _remove_owned(out: pathlib.Path) -> None:
-    for name in OWNED:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+# Names of the files prepare writes outside ``work/`` (its stage-4 outputs), for replacing a
+# run that never reached its manifest; a finished dataset is replaced by its manifest's list.
+_OUTPUT_PATTERNS = ("manifest.json", "shards.tsv", "families.tsv", "embeddings/index.tsv",
+                    "embeddings/emb-*.array_record",
+                    *(f"{s}/{name}" for s in SPLITS for name in ("lengths.npy",
+                                                                 "pairs-*.array_record")))
+FAILED = "failed.json"  # in work/: the run stopped on an error (not a kill), see run_prepare
+
+
+def _manifest_files(manifest: dict) -> list[str]:
+    """The files (relative to the dataset) that a finished dataset's manifest says prepare
+    wrote."""
+    files = ["manifest.json", "shards.tsv", manifest.get("families_table", "families.tsv")]
+    files += [row["path"] for row in manifest.get("shards", [])]
+    files += [split["lengths"] for split in manifest.get("splits", {}).values() if "lengths" in split]
+    if "index" in manifest.get("embeddings", {}):
+        files.append(manifest["embeddings"]["index"])
+    return files
+
+
+def _remove_owned(out: pathlib.Path, manifest: dict | None) -> None:
+    """Removes what prepare wrote in ``out`` (the manifest's files, else prepare's own file
+    names) and its ``work/``; directories left empty go too, anything else stays."""
+    names = (_manifest_files(manifest) if manifest is not None
+             else [str(p.relative_to(out)) for pattern in _OUTPUT_PATTERNS for p in out.glob(pattern)])
+    shutil.rmtree(out / "work", ignore_errors=True)
+    for name in names:
+        path = (out / name).resolve()
+        if path.is_relative_to(out.resolve()) and path.is_file():
+            path.unlink()
+    for d in sorted({(out / n).parent for n in names}, key=lambda p: -len(p.parts)):
+        if d != out and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+
+
+def _user_entries(out: pathlib.Path) -> list[str]:
+    """What ``out`` holds besides the lock file and leftover temporary files."""
+    return sorted(p.name for p in out.iterdir()
+                  if p.name != LOCK_NAME and not (p.name.startswith(".") and p.name.endswith(".tmp")))
 
 
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | None:
     """Returns the manifest if ``out`` already holds this exact dataset; raises when ``out``
-    holds something else (unless ``overwrite``)."""
+    holds something else (unless ``overwrite``, which replaces only prepare's own files)."""
     manifest_path = out / "manifest.json"
     work_config = out / "work" / "config.json"
     if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise PrepareError(f"{manifest_path} is damaged ({err}); remove {out} or choose "
+                               "another --out") from None
         if manifest.get("config_hash") == chash:
             return manifest
         if not overwrite:
@@ -113,25 +149,27 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | Non
                 f"{out} already holds a dataset built with a different configuration (config "
                 f"hash {manifest.get('config_hash')}, this run {chash}). Use another --out, or "
                 "pass --overwrite to replace it.")
-        _remove_owned(out)
+        _remove_owned(out, manifest)
     elif work_config.exists():
-        old = json.loads(work_config.read_text()).get("config_hash")
+        try:
+            old = json.loads(work_config.read_text()).get("config_hash")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            old = None  # torn by hand: the unfinished run cannot be resumed anyway
+        failed = (out / "work" / FAILED).exists()
         if old != chash:
-            if not overwrite:
+            if not (overwrite or failed or old is None):
                 raise PrepareError(
                     f"{out} holds an unfinished run with a different configuration (config hash "
                     f"{old}, this run {chash}); it cannot be resumed with these options. Re-run "
                     "with the original options to finish it, use another --out, or pass "
                     "--overwrite to start over.")
-            _remove_owned(out)
-    elif out.exists() and {p.name for p in out.iterdir()} <= {"work"}:
+            _remove_owned(out, None)  # a run that stopped on an error is not worth resuming
+    elif out.exists() and set(_user_entries(out)) <= {"work"}:
         shutil.rmtree(out / "work", ignore_errors=True)  # killed before its config was saved
-    elif out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise PrepareError(f"{out} is not empty and is not a pfamalign dataset; choose an "
-                               "empty or new --out directory (or pass --overwrite to replace the "
-                               "dataset files in it)")
-        _remove_owned(out)
+    elif out.exists() and _user_entries(out):
+        raise PrepareError(f"{out} is not empty and is not a pfamalign dataset (no manifest.json; "
+                           f"it holds {', '.join(_user_entries(out)[:5])}); choose an empty or "
+                           "new --out directory. --overwrite replaces only a pfamalign dataset.")
     return None
 
 
@@ -167,6 +205,8 @@ def _chunk_units(files: list[pathlib.Path], cfg: PrepareConfig, work: stages.Wor
                 buf = []
             current = chunk
             dup = None
+            if raw.error is None and cfg.skip_bad and raw.key not in seen:
+                raw = check_parses(raw)  # a family that fails to parse claims no key
             if raw.error is None:
                 if raw.key in seen:
                     dup = seen[raw.key]
@@ -299,7 +339,28 @@ def empty_split_warnings(summary: dict, fractions, seed: int) -> list[str]:
 
 def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
                 embedder: Embedder | None = None) -> PrepareResult:
-    """Builds (or resumes, or recognizes as complete) the dataset described by ``cfg``."""
+    """Builds (or resumes, or recognizes as complete) the dataset described by ``cfg``.
+
+    Holds the lock of ``cfg.out`` (``locks.directory_lock``): a second run on the same
+    directory stops with a message naming the first. A run that stops on an error (not a kill)
+    marks its work directory failed, so that a re-run with other options (e.g. ``--skip-bad``,
+    as the error suggests) starts over instead of refusing the unfinished run."""
+    out = pathlib.Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out} is a file; give a directory")
+    try:
+        with directory_lock(out, "prepare"):
+            try:
+                return _run_prepare(cfg, quiet=quiet, embedder=embedder)
+            except Exception as err:
+                if (out / "work" / "config.json").exists():
+                    rec.write_json(out / "work" / FAILED, {"error": str(err)})
+                raise
+    except LockError as err:
+        raise PrepareError(str(err)) from None
+
+
+def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) -> PrepareResult:
     out = pathlib.Path(cfg.out)
     files, notes = expand_inputs(cfg.inputs)
     if not files:
@@ -326,6 +387,7 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
                                       dim=embedder.dim)
     chash = config_hash(output_config)
     done = _check_out_dir(out, chash, cfg.overwrite)
+    stages.clean_tmp(out)  # a kill between a temporary file and its rename (manifest.json)
     if done is not None:
         if not cfg.keep_work and (out / "work").exists():  # killed after the manifest
             shutil.rmtree(out / "work", ignore_errors=True)
@@ -336,6 +398,7 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
 
     work = stages.WorkDir(out / "work")
     work.root.mkdir(parents=True, exist_ok=True)
+    (work.root / FAILED).unlink(missing_ok=True)  # resuming with the same options
     if not work.config.exists():
         rec.write_json(work.config, {"config_hash": chash, "config": output_config})
     work.make()

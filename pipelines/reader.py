@@ -47,6 +47,22 @@ from pfamalign.pipelines.splits import SPLITS
 STRING_FIELDS = ("family", "q_id", "k_id", "q_seq", "k_seq")
 
 
+def shard_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
+    """The shards of a dataset that are missing or differ from its manifest: by size (cheap,
+    on every open), and by SHA-256 with ``full`` (``pfamalign verify``)."""
+    problems = []
+    for row in manifest.get("shards", []):
+        file = path / row["path"]
+        if not file.is_file():
+            problems.append(f"{row['path']} is missing")
+        elif file.stat().st_size != row["bytes"]:
+            problems.append(f"{row['path']} has {file.stat().st_size} bytes, the manifest says "
+                            f"{row['bytes']}")
+        elif full and rec.file_sha256(file) != row["sha256"]:
+            problems.append(f"{row['path']} fails its SHA-256 (corrupt or modified)")
+    return problems
+
+
 class PairDataset:
     """A prepared dataset directory: manifest metadata and per-split sources."""
 
@@ -57,11 +73,18 @@ class PairDataset:
             hint = (" (an unfinished run: re-run the same `pfamalign prepare shards` command to "
                     "finish it)" if (self.path / "work").exists() else "")
             raise FileNotFoundError(f"{manifest_path} not found: not a prepared dataset{hint}")
-        self.manifest = json.loads(manifest_path.read_text())
-        version = self.manifest.get("format_version")
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+            version = self.manifest.get("format_version")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{manifest_path} is damaged ({err}); re-run prepare") from None
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path} has dataset format {version}; this pfamalign reads "
                              f"format {FORMAT_VERSION} (re-run prepare)")
+        damaged = shard_problems(self.path, self.manifest)
+        if damaged:
+            raise ValueError(f"{self.path} is damaged: " + "; ".join(damaged[:3]) + ". Re-run "
+                             "prepare into a new directory (`pfamalign verify` checks every byte)")
 
     @property
     def embedder_id(self) -> str:
@@ -113,6 +136,15 @@ class _ArrayRecordFiles:
             self._source = grain.sources.ArrayRecordDataSource(self._files)
         return self._source
 
+    def _read(self, index: int) -> dict:
+        """Record ``index``, decoded; a damaged file is a ValueError naming the dataset
+        (array_record raises RuntimeError on a corrupt chunk)."""
+        try:
+            return rec.decode(self._src()[index])
+        except RuntimeError as err:
+            raise ValueError(f"a shard of {self.path} is damaged ({err}); `pfamalign verify "
+                             f"{self.path}` names it; re-run prepare") from None
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_source"] = None
@@ -129,7 +161,7 @@ class EmbeddingSource(_ArrayRecordFiles):
         self._len = int(manifest["embeddings"]["count"])
 
     def record(self, index: int) -> dict:
-        return rec.decode(self._src()[int(index)])
+        return self._read(int(index))
 
     def __getitem__(self, index: int) -> np.ndarray:
         return np.asarray(self.record(index)["emb"], dtype=np.float32)
@@ -176,7 +208,7 @@ class PairSource(_ArrayRecordFiles):
         if not 0 <= index < self._len:
             raise IndexError(f"pair index {index} out of range for {self._len} pairs "
                              f"in split {self.split!r}")
-        r = rec.decode(self._src()[index])
+        r = self._read(index)
         r["target"] = np.asarray(r["target"], dtype=np.int32)
         if self.features:
             r["q_feat"] = self._emb[r["q_emb"]]

@@ -14,7 +14,7 @@ import json
 import os
 import pathlib
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -67,14 +67,17 @@ def decode(data: bytes) -> dict[str, object]:
     """Decodes bytes written by :func:`encode` (arrays are read-only views of ``data``)."""
     if data[:4] != MAGIC:
         raise ValueError(f"not a pfamalign record (magic {data[:4]!r}, expected {MAGIC!r})")
-    (n,) = _HEADER.unpack_from(data, 4)
-    start = 8 + n
-    header = json.loads(data[8:start].decode("utf-8"))
-    out: dict[str, object] = dict(header["s"])
-    for name, dtype, shape, offset, nbytes in header["a"]:
-        arr = np.frombuffer(data, dtype=np.dtype(dtype), count=nbytes // np.dtype(dtype).itemsize,
-                            offset=start + offset)
-        out[name] = arr.reshape(shape)
+    try:
+        (n,) = _HEADER.unpack_from(data, 4)
+        start = 8 + n
+        header = json.loads(data[8:start].decode("utf-8"))
+        out: dict[str, object] = dict(header["s"])
+        for name, dtype, shape, offset, nbytes in header["a"]:
+            arr = np.frombuffer(data, dtype=np.dtype(dtype),
+                                count=nbytes // np.dtype(dtype).itemsize, offset=start + offset)
+            out[name] = arr.reshape(shape)
+    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"damaged pfamalign record ({type(err).__name__}: {err})") from None
     return out
 
 
@@ -167,21 +170,14 @@ def file_sha256(path: os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Fault injection for the resume tests: PFAMALIGN_FAULT_KILL_AT=N kills this process with
-# SIGKILL right before the N-th commit (the temporary file is complete, the rename is not
-# done), exactly as a `kill -9` at that instant would. Counted per process.
+# Test seam: the resume tests set ``FAULT_HOOK`` (tests/faultkill.py) to kill the process right
+# before a commit's rename. Production code never sets it, and no environment variable does,
+# so a variable in a user's shell cannot trigger a kill.
 # ------------------------------------------------------------------------------------------
 
-_FAULT_COUNT = 0
+FAULT_HOOK: Callable[[pathlib.Path], None] | None = None
 
 
 def _fault_point(path: pathlib.Path) -> None:
-    global _FAULT_COUNT
-    at = os.environ.get("PFAMALIGN_FAULT_KILL_AT")
-    if not at:
-        return
-    _FAULT_COUNT += 1
-    if _FAULT_COUNT >= int(at):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(path)

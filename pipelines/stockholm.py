@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import zlib
 import os
 import pathlib
 import re
@@ -183,6 +184,26 @@ def _raw_position(f) -> int:
         return 0
 
 
+class _ReadError(Exception):
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+
+
+def _lines(f) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of a text stream; a truncated or corrupt gzip stream or an
+    unreadable file ends in ``_ReadError`` instead of EOFError / zlib / OS errors."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):
+            yield lineno, line
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise _ReadError(lineno + 1, f"the compressed file is truncated or corrupt after line "
+                         f"{lineno} ({err}); download it again") from None
+    except OSError as err:
+        raise _ReadError(lineno + 1, f"cannot read the file after line {lineno}: {err}") from None
+
+
 def iter_raw_families(path: str | os.PathLike, *, input_index: int = 0, skip_bad: bool = False,
                       on_bytes: Callable[[int], None] | None = None) -> Iterator[RawFamily]:
     """Streams one file's families. With ``skip_bad`` a broken stretch is yielded as a
@@ -204,51 +225,55 @@ def iter_raw_families(path: str | os.PathLike, *, input_index: int = 0, skip_bad
         return RawFamily(source, input_index, index, line_no, (), acc, name, err)
 
     lineno = 0
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if on_bytes is not None and lineno % 4096 == 0:
-                on_bytes(_raw_position(f))
-            line = line.rstrip("\r\n")
-            if skipping:
+    try:
+        with open_text(path) as f:
+            for lineno, line in _lines(f):
+                if on_bytes is not None and lineno % 4096 == 0:
+                    on_bytes(_raw_position(f))
+                line = line.rstrip("\r\n")
+                if skipping:
+                    if line.startswith("//"):
+                        skipping = False
+                    elif line.startswith("# STOCKHOLM"):
+                        skipping = False
+                        in_family, start, lines, acc, name = True, lineno, [line], None, None
+                    continue
+                if not in_family:
+                    stripped = line.strip()
+                    if not stripped:
+                        continue
+                    if line.startswith("# STOCKHOLM"):
+                        in_family, start, lines, acc, name = True, lineno, [line], None, None
+                        continue
+                    acc = name = None
+                    yield fail(lineno, "expected a '# STOCKHOLM 1.0' header line, found "
+                               f"{_show(line)}; is this a Stockholm file?")
+                    index += 1
+                    skipping = True
+                    continue
                 if line.startswith("//"):
-                    skipping = False
-                elif line.startswith("# STOCKHOLM"):
-                    skipping = False
-                    in_family, start, lines, acc, name = True, lineno, [line], None, None
-                continue
-            if not in_family:
-                stripped = line.strip()
-                if not stripped:
+                    yield RawFamily(source, input_index, index, start, tuple(lines), acc, name)
+                    index += 1
+                    in_family, lines = False, []
                     continue
                 if line.startswith("# STOCKHOLM"):
+                    yield fail(lineno, f"new '# STOCKHOLM' header before the '//' that closes the "
+                               f"family started at line {start}; add the missing '//'")
+                    index += 1
                     in_family, start, lines, acc, name = True, lineno, [line], None, None
                     continue
-                acc = name = None
-                yield fail(lineno, "expected a '# STOCKHOLM 1.0' header line, found "
-                           f"{_show(line)}; is this a Stockholm file?")
-                index += 1
-                skipping = True
-                continue
-            if line.startswith("//"):
-                yield RawFamily(source, input_index, index, start, tuple(lines), acc, name)
-                index += 1
-                in_family, lines = False, []
-                continue
-            if line.startswith("# STOCKHOLM"):
-                yield fail(lineno, f"new '# STOCKHOLM' header before the '//' that closes the "
-                           f"family started at line {start}; add the missing '//'")
-                index += 1
-                in_family, start, lines, acc, name = True, lineno, [line], None, None
-                continue
-            if line.startswith("#=GF"):
-                parts = line.split(None, 2)
-                if len(parts) == 3 and parts[1] == "AC":
-                    acc = parts[2].strip()
-                elif len(parts) == 3 and parts[1] == "ID":
-                    name = parts[2].strip()
-            lines.append(line)
-        if on_bytes is not None:
-            on_bytes(_raw_position(f))
+                if line.startswith("#=GF"):
+                    parts = line.split(None, 2)
+                    if len(parts) == 3 and parts[1] == "AC":
+                        acc = parts[2].strip()
+                    elif len(parts) == 3 and parts[1] == "ID":
+                        name = parts[2].strip()
+                lines.append(line)
+            if on_bytes is not None:
+                on_bytes(_raw_position(f))
+    except _ReadError as err:
+        yield fail(err.line, str(err))  # the rest of the file cannot be read: stop here
+        return
     if in_family:
         # the family is cut short: name its first line, where it started
         yield fail(lineno, f"file ended inside the family started at line {start} "
@@ -334,6 +359,19 @@ def parse_family(raw: RawFamily) -> Family:
         rf = None
     return Family(key=raw.key, name=raw.name or "", source=source, start_line=raw.start_line,
                   seq_ids=tuple(ids), rows=rows, rf=rf)
+
+
+def check_parses(raw: RawFamily) -> RawFamily:
+    """``raw``, with ``error`` set when it does not parse. With --skip-bad the engines call it
+    before a family claims its key, so that a broken first copy of a family does not make a
+    later valid copy a duplicate (the worker parses again: cheap next to pair sampling)."""
+    if raw.error is not None:
+        return raw
+    try:
+        parse_family(raw)
+    except StockholmError as err:
+        return dataclasses.replace(raw, error=err)
+    return raw
 
 
 def read_families(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> Iterator[Family]:

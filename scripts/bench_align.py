@@ -1,15 +1,24 @@
 """Alignment speed: milliseconds per sequence pair, one JSON line per (case, length).
 
-    python scripts/bench_align.py                       # MEA decoder vs NW / SW at 500 x 500
+    python scripts/bench_align.py                       # every case vs NW / SW at 500 x 500
     python scripts/bench_align.py --lengths 500 2000 --repeats 5 --cases mea_decode needleman_wunsch
+    python scripts/bench_align.py --targets             # issue 10's targets, as ratios to NW
+
+``--targets`` prints one line per target of the engine, each with Biopython Needleman-Wunsch
+measured in the same run and the target beside it: batched throughput at 300 x 300 (pairs/s
+through ``Predictor.align_records``), the latency of one 500 x 500 pair with the model loaded,
+the per-stage cost of one pair (featurize, plan, pair-HMM, decode), and the wall time of
+``pfamalign --help`` and of a cold (empty compile cache) and a warm ``pfamalign align A B``
+of two 300-residue sequences (fresh processes).
 
 Every case times the same related sequence pair (``seq_b`` is a mutated copy of ``seq_a`` with
 indels) in the same process. A case is a *setup* function ``setup(inputs) -> run`` registered in
 ``CASES``: the setup does the untimed work, ``run()`` aligns the pair once and returns the
 number of aligned pairs. The model cases load the aligner (``--checkpoint``, default: the
 model shipped with the package) in the setup: ``model`` times transport + decoding on
-precomputed features, ``model_with_features`` adds featurization, as ``pfamalign align``
-does per pair after its one model load.
+precomputed features, ``model_with_features`` adds featurization (the simple reference path,
+``Predictor.align``), ``batched`` is one pair through the batched engine
+(``Predictor.align_records``, what ``pfamalign align`` runs).
 """
 
 from __future__ import annotations
@@ -17,11 +26,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import pathlib
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -112,7 +124,14 @@ def setup_model_with_features(inputs: Inputs, checkpoint=None) -> Callable[[], i
     return lambda: len(predictor.align(inputs.seq_a, inputs.seq_b)[0].pairs)
 
 
-MODEL_CASES = {"model": setup_model, "model_with_features": setup_model_with_features}
+def setup_batched(inputs: Inputs, checkpoint=None) -> Callable[[], int]:
+    predictor = _predictor(checkpoint)
+    pair = {"q_id": "a", "k_id": "b", "q_seq": inputs.seq_a, "k_seq": inputs.seq_b}
+    return lambda: len(next(predictor.align_records([pair]))[0].pairs)
+
+
+MODEL_CASES = {"model": setup_model, "model_with_features": setup_model_with_features,
+               "batched": setup_batched}
 CASES: dict[str, Callable[..., Callable[[], int]]] = {
     **MODEL_CASES,
     "mea_decode": setup_mea,
@@ -139,7 +158,96 @@ def _environment() -> dict:
     import Bio
 
     return {"python": platform.python_version(), "numpy": np.__version__,
-            "biopython": Bio.__version__, "cpus": os.cpu_count()}
+            "biopython": Bio.__version__, "cpus": os.cpu_count(),
+            "load_avg_1min": os.getloadavg()[0]}  # a shared host: other jobs slow every figure
+
+
+# ---- issue 10's targets -----------------------------------------------------------------
+
+TARGETS = {"throughput_300": 100.0, "latency_500_ms": 50.0, "help_s": 0.3, "warm_align_s": 1.0}
+
+
+def _median_s(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _nw_ms(inputs: Inputs, repeats: int) -> float:
+    return 1e3 * _median_s(lambda: needleman_wunsch(inputs.seq_a, inputs.seq_b), repeats)
+
+
+def target_records(*, n_pairs: int, repeats: int, seed: int, checkpoint=None) -> Iterator[dict]:
+    """One record per target (see the module docstring), ratios against NW in this run."""
+    from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+    from pfamalign.inference import padded_length
+
+    predictor = _predictor(checkpoint)
+    # throughput: n_pairs distinct 300 x 300 pairs, after one untimed pass (compilation)
+    many = [make_inputs(300, seed=seed + n) for n in range(n_pairs)]
+    records = [{"q_id": f"a{n}", "k_id": f"b{n}", "q_seq": x.seq_a, "k_seq": x.seq_b}
+               for n, x in enumerate(many)]
+    list(predictor.align_records(records))
+    per_s = n_pairs / _median_s(lambda: list(predictor.align_records(records)), repeats)
+    nw_per_s = n_pairs / _median_s(lambda: [needleman_wunsch(x.seq_a, x.seq_b) for x in many], repeats)
+    yield ({"target": "throughput_300", "pairs_per_s": per_s, "nw_pairs_per_s": nw_per_s,
+                "ratio_to_nw": per_s / nw_per_s, "goal_pairs_per_s": TARGETS["throughput_300"],
+                "goal_ratio_to_nw": 0.5, "met": per_s >= TARGETS["throughput_300"],
+                "n_pairs": n_pairs})
+    # latency and stages of one pair
+    for length in (300, 500):
+        x = make_inputs(length, seed=seed)
+        pair = {"q_id": "a", "k_id": "b", "q_seq": x.seq_a, "k_seq": x.seq_b}
+        run = lambda: next(predictor.align_records([pair]))  # noqa: E731
+        run()
+        ms = 1e3 * _median_s(run, repeats)
+        nw = _nw_ms(x, repeats)
+        feats = predictor.featurize([x.seq_a, x.seq_b])
+        pad = padded_length(max(len(x.seq_a), len(x.seq_b)))
+        pp = predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True)[0]
+        post = batched_match_posteriors(predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad)[0]
+        stages = {
+            "featurize_ms": 1e3 * _median_s(lambda: predictor.featurize([x.seq_a, x.seq_b]), repeats),
+            "plan_both_directions_ms": 1e3 * _median_s(
+                lambda: predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True), repeats),
+            "pairhmm_ms": 1e3 * _median_s(lambda: batched_match_posteriors(
+                predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad), repeats),
+            "decode_ms": 1e3 * _median_s(lambda: predictor.decoding.decode(
+                pp, (x.seq_a, x.seq_b), hmm_posteriors=post), repeats),
+            "reference_ms": 1e3 * _median_s(lambda: predictor.align(x.seq_a, x.seq_b), repeats)}
+        rec = {"target": f"latency_{length}", "lq": len(x.seq_a), "lk": len(x.seq_b), "ms": ms,
+               "nw_ms": nw, "ratio_to_nw": ms / nw, **stages}
+        if length == 500:
+            rec.update(goal_ms=TARGETS["latency_500_ms"], met=ms <= TARGETS["latency_500_ms"])
+        yield rec
+    yield from cli_records(seed=seed, repeats=repeats)
+
+
+def _wall_s(argv: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def cli_records(*, seed: int, repeats: int) -> list[dict]:
+    """``pfamalign --help`` and a cold / warm ``pfamalign align A B`` (300 x 300), fresh
+    processes sharing one temporary compile cache."""
+    x = make_inputs(300, seed=seed)
+    cli = [sys.executable, "-m", "pfamalign.cli"]
+    nw_ms = _nw_ms(x, repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PFAMALIGN_CACHE_DIR": str(pathlib.Path(tmp) / "cache")}
+        help_s = statistics.median(_wall_s(cli + ["--help"], env) for _ in range(repeats))
+        align = cli + ["align", x.seq_a, x.seq_b]
+        cold = _wall_s(align, env)
+        warm = statistics.median(_wall_s(align, env) for _ in range(repeats))
+    return [{"target": "help", "s": help_s, "goal_s": TARGETS["help_s"], "met": help_s <= TARGETS["help_s"]},
+            {"target": "cold_align_300", "s": cold, "nw_ms": nw_ms, "ratio_to_nw": cold * 1e3 / nw_ms},
+            {"target": "warm_align_300", "s": warm, "nw_ms": nw_ms, "ratio_to_nw": warm * 1e3 / nw_ms,
+             "goal_s": TARGETS["warm_align_s"], "met": warm <= TARGETS["warm_align_s"]}]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,8 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--checkpoint", default=None,
                         help="model directory for the model cases (default: the shipped model)")
+    parser.add_argument("--targets", action="store_true",
+                        help="measure issue 10's targets instead of the cases")
+    parser.add_argument("--pairs", type=int, default=64, help="pairs of the --targets throughput run")
     args = parser.parse_args(argv)
     env = _environment()
+    if args.targets:
+        for record in target_records(n_pairs=args.pairs, repeats=args.repeats, seed=args.seed,
+                                     checkpoint=args.checkpoint):
+            print(jsonio.dumps_line({"bench": "align_targets", **record, **env}), flush=True)
+        return 0
     for length in args.lengths:
         inputs = make_inputs(length, seed=args.seed)
         for name in args.cases:

@@ -82,7 +82,7 @@ def speed(predictor, table, lengths, batch, repeats):
             decode_s = np.inf  # the model's decoder, min over the batch's pairs
             for n, pair in enumerate(seqs):
                 t0 = time.perf_counter()
-                predictor.decode(_pair_plan(plans[name][n], length, length), None, pair)
+                _decode(predictor, _pair_plan(plans[name][n], length, length), None, pair, name)
                 decode_s = min(decode_s, time.perf_counter() - t0)
             plan_ms = best[name] / batch * 1e3
             yield {"script": "bench_engines", "kind": "speed", "engine": name, "L": length, "batch": batch, "plan_ms": plan_ms,
@@ -94,13 +94,19 @@ def speed(predictor, table, lengths, batch, repeats):
                    **_common.environment()}
 
 
-def _pair_plan(head_mean, lq, lk):
-    from pfamalign.inference import PairPlan
+def _decode(predictor, pp, decoding, pair, engine: str):
+    """``Predictor.decode`` with the plan check an engine's Predictor uses: masses bounded for
+    the trained solve only (``PairPlan.check``)."""
+    pp.check(marginals=engine == "sinkhorn")
+    return (decoding or predictor.decoding).decode(pp, pair, hmm=predictor.pairhmm)
 
-    full = np.zeros((lq + 1, lk + 1), np.float64)
-    full[:lq, :lk] = head_mean[:lq, :lk]
-    full[:lq, lk] = head_mean[:lq, -1]
-    return PairPlan(full)
+
+def _pair_plan(head_mean, lq, lk):
+    """The pair's plan ``[lq + 1, lk + 1]`` (dustbin row and column) of a padded head-mean
+    plan ``[pad + 1, pad + 1]`` (the A -> B direction only: the engines compared as solvers)."""
+    from pfamalign.inference import _unpad
+
+    return _unpad(head_mean[None], np.array([lq]), np.array([lk]))[0]
 
 
 def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
@@ -118,8 +124,9 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
     order = sorted(range(len(records)), key=lambda i: max(len(records[i]["q_seq"]), len(records[i]["k_seq"])))
     for start in range(0, len(order), batch):
         recs = [records[i] for i in order[start : start + batch]]
-        args = asap.pad_batch([(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32))
-                               for r in recs], multiple=256)  # few shapes: few compilations
+        pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in recs]
+        longest = max(max(len(a), len(b)) for a, b in pairs)
+        args = asap.pad_batch(pairs, pad=-(-longest // 256) * 256)  # few shapes: few compilations
         teacher = np.asarray(asap.engine_plan(predictor.model, None, *args, engine="sinkhorn", heads_mean=False))
         for name, e in table.items():
             o = e.operator
@@ -133,12 +140,12 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
             err["den"] += float(np.sum(teacher ** 2))
             err["row"] = max(err["row"], float(np.max(np.abs(full.sum(-1) - teacher.sum(-1)))))
             err["col"] = max(err["col"], float(np.max(np.abs(full.sum(-2) - teacher.sum(-2)))))
-            head_mean = full[:, :, :-1, :].mean(1)
+            head_mean = full.mean(1)
             for n, r in enumerate(recs):
                 pp = _pair_plan(head_mean[n], len(r["q_seq"]), len(r["k_seq"]))
                 pair = (r["q_seq"], r["k_seq"])
-                counts[name]["default"].append(alignment_counts(predictor.decode(pp, None, pair).pairs, r["target"]))
-                counts[name]["plan_only"].append(alignment_counts(predictor.decode(pp, plan_only, pair).pairs,
+                counts[name]["default"].append(alignment_counts(_decode(predictor, pp, None, pair, name).pairs, r["target"]))
+                counts[name]["plan_only"].append(alignment_counts(_decode(predictor, pp, plan_only, pair, name).pairs,
                                                                   r["target"]))
     pid = np.array([records[i]["pid"] for i in order], np.float64)
     fams = [records[i].get("family", "") for i in order]

@@ -6,6 +6,7 @@ import pathlib
 # Must happen before JAX starts its backend: every test sees 8 CPU devices.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("CI", os.environ.get("CI", ""))
+os.environ.setdefault("PFAMALIGN_CACHE_DIR", "")  # in-process CLI runs: no persistent compile cache
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -5,6 +5,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_align.py"
 
 
@@ -21,3 +23,18 @@ def test_bench_align_prints_json_lines(capsys, monkeypatch):
     inputs = bench.make_inputs(30, seed=1)
     assert inputs.plan.shape == (30, len(inputs.seq_b))
     assert abs(float(inputs.plan.sum(1).mean()) - 1) < 1e-5
+
+
+@pytest.mark.slow
+def test_bench_align_targets_print_every_target_with_its_goal(capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_align", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_align", bench)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--targets", "--pairs", "2", "--repeats", "1"]) == 0
+    records = {r["target"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(records) == {"throughput_300", "latency_300", "latency_500", "help",
+                            "cold_align_300", "warm_align_300"}
+    assert records["throughput_300"]["pairs_per_s"] > 0 and records["throughput_300"]["nw_pairs_per_s"] > 0
+    assert records["latency_500"]["goal_ms"] == 50.0 and records["latency_500"]["ratio_to_nw"] > 0
+    assert records["warm_align_300"]["goal_s"] == 1.0 and records["help"]["goal_s"] == 0.3

@@ -166,10 +166,70 @@ def test_steps_engine_is_plain_sinkhorn_with_that_many_steps():
     got = np.asarray(asap.Engine("steps", 3).plan(model, xq, xk, lq, lk))
     q, k, _, tokens = model.project(xq, xk, lq, lk)
     cfg = dataclasses.replace(model.cfg.transport, base_steps=3, tail_steps=0)
-    want = np.asarray(transport_plan(q, k, lq, lk, tokens, config=cfg))[:, :, :-1].mean(1)
+    want = np.asarray(transport_plan(q, k, lq, lk, tokens, config=cfg)).mean(1)  # dustbin row kept
+    assert got.shape == (2, 17, 17)
     np.testing.assert_allclose(got, want, atol=1e-6)
     with pytest.raises(ValueError, match="--steps"):
         asap.Engine("steps")
+
+
+def test_engines_give_both_directions_as_the_model_does():
+    """``Engine.plans_both_ways`` is the engine's plan in each direction; the ``sinkhorn``
+    engine's equals ``Aligner.plans_both_ways`` (dustbin rows included)."""
+    model = _model()
+    xq, xk, lq, lk = _inputs(5)
+    want_ab, want_ba = (np.asarray(p) for p in model.plans_both_ways(xq, xk, lq, lk))
+    ab, ba = (np.asarray(p) for p in asap.Engine("sinkhorn").plans_both_ways(model, xq, xk, lq, lk))
+    assert ab.shape == ba.shape == (2, 17, 17)
+    np.testing.assert_allclose(ab, want_ab, atol=1e-6)
+    np.testing.assert_allclose(ba, want_ba, atol=1e-6)
+    steps = asap.Engine("steps", 2)
+    ab, ba = (np.asarray(p) for p in steps.plans_both_ways(model, xq, xk, lq, lk))
+    np.testing.assert_allclose(ab, np.asarray(steps.plan(model, xq, xk, lq, lk)), atol=1e-6)
+    np.testing.assert_allclose(ba, np.asarray(steps.plan(model, xk, xq, lk, lq)), atol=1e-6)
+
+
+def test_predictor_symmetrizes_the_engines_plans(tmp_path):
+    """``Predictor(engine=...)``: symmetric plans are the mean of the engine's two directions,
+    through the one padding helper (``inference.pad_batch``) both share."""
+    from pfamalign.inference import Predictor, pad_batch, symmetrize, _unpad
+
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    predictor = Predictor(src, engine="steps", steps=2)
+    assert predictor.provenance()["engine"] == {"name": "steps", "steps": 2}
+    pairs = _pairs(2, 3)
+    got = list(predictor.plans(pairs, symmetric=True))
+    xq, xk, lq, lk = pad_batch(pairs)
+    assert xq.shape[1] == 64 and list(lq) == [a.shape[0] for a, _ in pairs]
+    engine = asap.Engine("steps", 2)
+    ab = _unpad(np.asarray(engine.plan(predictor.model, xq, xk, lq, lk)), lq, lk)
+    ba = _unpad(np.asarray(engine.plan(predictor.model, xk, xq, lk, lq)), lk, lq)
+    for g, p, q in zip(got, ab, ba):
+        assert g.plan.shape == (p.plan.shape[0], p.plan.shape[1])
+        np.testing.assert_allclose(g.plan, symmetrize(p, q).plan, atol=1e-6)
+
+
+def test_engine_plans_are_checked_for_overflow_not_for_their_marginals():
+    """A few-step or compiled plan's rows are what it approximates (a 1-step row can hold 1.4):
+    ``Predictor`` checks such plans for finiteness, sign and entries only."""
+    from pfamalign.inference import PairPlan
+
+    plan = np.full((4, 4), 0.1)
+    plan[0, :3] = [0.9, 0.4, 0.1]  # a query row of mass 1.4 + dustbin
+    with pytest.raises(ValueError, match="query row"):
+        PairPlan(plan).check()
+    PairPlan(plan).check(marginals=False)
+    plan[1, 1] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        PairPlan(plan).check(marginals=False)
+
+
+def test_asap_refuses_a_model_with_relaxed_marginals():
+    model = _model()
+    cfg = model.cfg
+    rows = build_model(dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, marginals="rows")))
+    with pytest.raises(asap.CompileError, match="balanced"):
+        asap.fit(rows, _pairs(0, 2))
 
 
 # ---- compiled directories ---------------------------------------------------------------------

@@ -156,3 +156,140 @@ def test_tail_mass():
     out = tail_mass(p, normalize=True)
     np.testing.assert_allclose(out[:2], [0.3, 0.5])
     assert np.isnan(out[2])
+
+
+# ---- certificates of the plan itself (issue 15) ------------------------------------------------
+
+from pfamalign.alignment.certificates import (  # noqa: E402
+    gauge_oscillation, local_constant, masked_softmax, plan_marginals, plan_perturbation, softmax_rows,
+    solve_dense, stable_matches)
+
+
+def _converged(s, mask=None, log_a=None, log_b=None, tau=1.0):
+    mask = np.ones(s.shape, bool) if mask is None else mask
+    la = np.zeros(s.shape[0]) if log_a is None else log_a
+    lb = np.zeros(s.shape[1]) if log_b is None else log_b
+    return solve_dense(s, mask, la, lb, stages=((tau, 1),), tol=1e-11, max_steps=20000)
+
+
+def test_solve_dense_converges_and_reports():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(7, 7))
+    res = _converged(s)
+    np.testing.assert_allclose(res.plan.sum(1), 1, atol=1e-10)
+    np.testing.assert_allclose(res.plan.sum(0), 1, atol=1e-12)
+    assert res.row_error <= 1e-11 and 1 < res.steps < 20000 and len(res.drift) == res.steps - 1
+    fixed = solve_dense(s, np.ones_like(s, bool), np.zeros(7), np.zeros(7), stages=((1.0, 3),))
+    assert fixed.steps == 3 and fixed.row_error > 1e-6  # three steps are not converged
+    # a free column side (kappa_b = 0) is the row softmax after one step
+    rows = solve_dense(s, np.ones_like(s, bool), np.zeros(7), np.zeros(7), kappa=(1.0, 0.0), stages=((0.5, 4),))
+    np.testing.assert_allclose(rows.plan, np.exp(s / 0.5) / np.exp(s / 0.5).sum(1, keepdims=True), atol=1e-12)
+    assert rows.col_error == 0.0 and np.all(rows.drift < 1e-12)
+
+
+def test_plan_marginals_flags_the_infeasible_problem():
+    # spoke-like: 5 + 1 rows, 3 + 1 columns, unit targets; column step exact, rows infeasible
+    rng = np.random.default_rng(1)
+    s = rng.normal(size=(6, 4))
+    res = solve_dense(s, np.ones_like(s, bool), np.zeros(6), np.zeros(4), stages=((1.0, 3000),))
+    marg = plan_marginals(res.plan, np.arange(6) < 5, np.arange(4) < 3, balanced=True, total_rows=6,
+                          total_cols=4, steps=res.steps)
+    assert not marg["feasible"] and marg["expected_row_sum"] == pytest.approx(4 / 6)
+    np.testing.assert_allclose(res.plan.sum(1), 4 / 6, atol=1e-6)  # rows tend to the average
+    assert marg["sender_error"] == pytest.approx(1 / 3, abs=1e-6) and marg["receiver_error"] < 1e-12
+    assert marg["total_mass"] == pytest.approx(4.0)
+    # a capacity problem is balanced (float32 targets: equal totals up to rounding)
+    cap = plan_marginals(res.plan, np.arange(6) < 5, np.arange(4) < 3, balanced=True,
+                         total_rows=135.0, total_cols=np.float32(np.exp(np.float32(np.log(66)))) + 69, steps=1)
+    assert cap["feasible"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_plan_perturbation_bound_holds_on_converged_plans(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 8))
+    tau = float(rng.uniform(0.2, 2.0))
+    mask = np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= rng.integers(1, n)  # a band
+    s = rng.normal(scale=2.0, size=(n, n))
+    d = np.where(mask, rng.normal(scale=rng.uniform(1e-3, 1.0), size=(n, n)), 0.0)
+    p, q = _converged(s, mask, tau=tau).plan, _converged(s + d, mask, tau=tau).plan
+    b = plan_perturbation(p, q, d, mask, tau=tau)
+    assert b["lhs"] == pytest.approx(np.abs(p - q).sum())
+    assert b["holds"] and b["lhs"] <= b["rhs_gauge"] <= b["rhs_sup"] + 1e-12
+    assert b["mass"] == pytest.approx(n) and b["vacuity_radius"] == 2 * tau
+
+
+def test_plan_bound_gauge_and_its_tightness():
+    rng = np.random.default_rng(3)
+    s = rng.normal(size=(5, 5))
+    gauge = rng.normal(size=(5, 1)) + rng.normal(size=(1, 5))  # row + column constants
+    full = np.ones((5, 5), bool)
+    assert gauge_oscillation(gauge, full) < 1e-9  # removed entirely
+    p, q = _converged(s).plan, _converged(s + gauge).plan
+    assert np.abs(p - q).sum() < 1e-9  # a gauge changes no plan
+    # two blocks of 2 x 2 with equal scores, pushed by +-d on the diagonals: ratio -> 1 as d -> 0
+    d = 1e-5
+    s2 = np.zeros((2, 2))
+    diff = np.array([[d, -d], [-d, d]])
+    b = plan_perturbation(_converged(s2).plan, _converged(s2 + diff).plan, diff, full[:2, :2], tau=1.0,
+                          gauge=(False, False))
+    assert 0.999 < b["ratio"] <= 1 + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_softmax_half_oscillation_bound(seed):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(scale=3, size=(9, 6))
+    mask = rng.random((9, 6)) > 0.3
+    mask[:, 0] = True
+    zp = z + rng.normal(scale=rng.uniform(1e-3, 2), size=z.shape)
+    out = softmax_rows(z, zp, mask)
+    assert out["violations"] == 0
+    direct = np.abs(masked_softmax(z, mask) - masked_softmax(zp, mask)).sum(1)
+    osc = np.array([np.ptp((zp - z)[i][mask[i]]) for i in range(9)])
+    np.testing.assert_allclose(out["per_row"]["row_bound_ratio"], direct / (osc / 2), rtol=1e-9)
+    ref = np.exp(np.where(mask, z, -np.inf))
+    np.testing.assert_allclose(masked_softmax(z, mask), ref / ref.sum(1, keepdims=True), atol=1e-12)
+
+
+def test_softmax_bound_is_tight_and_locking():
+    d = 1e-6  # two equal logits pushed apart: ||dsm||_1 = osc / 2 to first order
+    out = softmax_rows(np.zeros((1, 2)), np.array([[d, -d]]), np.ones((1, 2), bool))
+    assert out["row_bound_ratio_median"] == pytest.approx(1.0, abs=1e-3)
+    z = np.array([[12.0, 0.0, 0.0], [0.5, 0.0, 0.1]])
+    out = softmax_rows(z, z, np.ones_like(z, bool))
+    assert out["locked_fraction"] == 0.5  # row 0: p_max = 1 - 2 e^-12 / (1 + ...) >= 0.9999
+    assert out["margin"]["max"] == pytest.approx(12.0) and out["margin"]["min"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_local_constant_is_the_exact_jacobian_norm(seed):
+    """max over sign vectors of ||(diag p - p p^T) x||_1 = 4 delta (1 - delta) when delta <= 1/2."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 7))
+    p = rng.dirichlet(np.full(n, 0.3))
+    p[np.argmax(p)] += rng.uniform(0, 3)  # mostly locked rows
+    p /= p.sum()
+    jac = np.diag(p) - np.outer(p, p)
+    exact = max(np.abs(jac @ np.array(x)).sum() for x in itertools.product((-1.0, 1.0), repeat=n))
+    delta = 1 - p.max()
+    if delta <= 0.5:
+        assert local_constant(delta) == pytest.approx(exact, rel=1e-12)
+        assert local_constant(delta) > 2 * delta or delta == 0 or delta >= 0.5  # 2 delta is too small
+    else:
+        assert exact <= local_constant(delta) + 1e-12
+
+
+def test_stable_matches_threshold():
+    plan = np.array([[0.9, 0.1], [0.1, 0.9]])
+    res = stable_matches(plan, [[0, 0], [1, 1]], mass=2.0, tau=1.0, radius=0.3)
+    assert res["threshold"] == pytest.approx(0.8) and res["certified"] == 2
+    res = stable_matches(plan, [[0, 0], [1, 1]], mass=2.0, tau=1.0, radius=0.5)
+    assert res["certified"] == 0 and res["aligned"] == 2
+    # the certificate is true: every perturbation with osc <= r keeps the winners
+    rng = np.random.default_rng(0)
+    s = np.log(plan)
+    for _ in range(200):
+        d = rng.uniform(-0.15, 0.15, size=(2, 2))  # osc <= 0.3
+        q = _converged(s + d).plan
+        assert q[0, 0] > 0.5 and q[1, 1] > 0.5

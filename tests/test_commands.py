@@ -323,7 +323,7 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
 
     table = pd.read_csv(tsv, sep="\t")
     rec = pair_from_stockholm(sto, id_a, id_b)
-    _, pp = Predictor(model_dir).align(rec["q_seq"], rec["k_seq"])
+    _, pp = Predictor(model_dir).align(rec["q_seq"], rec["k_seq"], symmetric=False)  # the transport plan
     np.testing.assert_allclose(table["barycenter"], barycenters(pp.real), rtol=1e-9)
     np.testing.assert_array_equal(table["target"], rec["target"])
     assert "barycenter MAE" in res.output and png.stat().st_size > 5000
@@ -334,8 +334,11 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
 
 def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     out, png = tmp_path / "c.json", tmp_path / "c.png"
-    res = run(["certify", PDZ_A[:40], PDZ_B[:36], "--checkpoint", model_dir, "--tail-depths", "0,1,2",
-               "--json", out, "--plot", png])
+    from pfamalign.inference import Predictor
+
+    a, b = PDZ_A[:40], PDZ_B[:36]
+    res = run(["certify", a, b, "--checkpoint", model_dir, "--tail-depths", "0,1,2",
+               "--score-noise", "1e-3", "--json", out, "--plot", png])
     assert res.exit_code == 0, res.output
     cert = json.loads(out.read_text())
     # one dense block (W >= L): strictly positive, rates in [0, 1], rho_H below the range bound
@@ -344,11 +347,24 @@ def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     # the bias identity grad_full = grad_stopped + c_R holds to rounding at every depth
     for row in cert["bias"]["rows"]:
         assert row["residual"] <= 1e-4 * max(row["grad_norm"], 1e-12)
-    # the Sinkhorn plan's columns are exact after the final half-step; the softmax's are not
-    rm = cert["conservative"]["receiver_mass_imbalance"]
-    assert rm["sinkhorn"] < 1e-4 < rm["softmax"]
-    assert cert["conservative"]["score_perturbation"]["holds"]
+    # spoke with 40 != 36: unit targets are infeasible, and the sender error says by how much
+    (marg,) = cert["marginals"]
+    assert not marg["feasible"] and marg["expected_row_sum"] == pytest.approx(37 / 41)
+    _, pp = Predictor(model_dir).align(a, b, symmetric=False)  # the op's plan, one direction
+    assert marg["sender_error"] == pytest.approx(np.abs(pp.plan[:-1].sum(1) - 1).max(), abs=1e-5)
+    assert marg["total_mass"] == pytest.approx(pp.plan.sum(), rel=1e-5)
+    assert marg["sender_error"] > 0.01
+    (ceta,) = cert["ceta"]
+    assert ceta["lhs"] <= ceta["rhs_gauge"] <= ceta["rhs_sup"] and not ceta["applies"]
+    assert ceta["lipschitz"] == pytest.approx(pp.plan[:-1].sum(1).max(), abs=1e-5)
+    (soft,) = cert["softmax_ot"]
+    assert soft["violations"] == 0 and 0 < soft["row_bound_ratio_median"] <= 1
+    assert len(soft["drift"]) == 16  # T + R = 17 steps of the op
+    assert not cert["stable_matches"]["applies"]  # the plan is infeasible: nothing certified
     assert png.stat().st_size > 5000
+    assert "sender error" in res.output and "not certified" in res.output
+    res = run(["certify", a, b, "--checkpoint", model_dir, "--score-noise", "-1"])
+    assert res.exit_code != 0 and "--score-noise must be >= 0" in res.output
 
 
 def test_top_level_help_lists_every_command():
@@ -363,10 +379,11 @@ def test_align_decoder_options(model_dir):
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
     mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
-    assert mea["pairs"] == mea_decode(pp.real, row_dustbin=pp.row_dustbin).pairs.tolist()
+    dustbins = dict(row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin)  # symmetrized plan: both
+    assert mea["pairs"] == mea_decode(pp.real, **dustbins).pairs.tolist()
     aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--gap-open", "0.3",
                           "--gap-extend", "0.1", "--threshold", "0.0"]).output)
-    expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, row_dustbin=pp.row_dustbin)
+    expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)
     assert aff["pairs"] == expected.pairs.tolist()
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
                                     "--gap-extend", "0.2"])

@@ -209,14 +209,16 @@ def test_plan(name):
     batch = _batch(6)
     plan = np.asarray(model.plan(batch["q_feat"], batch["k_feat"], batch["q_len"],
                                  batch["k_len"]))
-    assert plan.shape == (2, 32, 33)
+    assert plan.shape == (2, 33, 33)
     assert np.all(plan >= 0)
     for b in range(2):
         ql, kl = batch["q_len"][b], batch["k_len"][b]
-        assert not plan[b, ql:].any() and not plan[b, :, kl:32].any()
+        assert not plan[b, ql:32].any() and not plan[b, :, kl:32].any()
         assert plan[b, :ql].sum() > 0
-        has_dustbin = plan[b, :ql, 32].sum() > 0
+        has_dustbin = plan[b, :ql, 32].sum() > 0 and plan[b, 32, :kl].sum() > 0
         assert has_dustbin == (name == "align_ce")
+        if has_dustbin:  # unit column targets: every real key's column sums to 1 with its row
+            np.testing.assert_allclose(plan[b, :, :kl].sum(0), 1.0, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pfamalign.cli import main as cli
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines import reader
 from pfamalign.pipelines.config import PrepareConfig
+from pfamalign.pipelines.locks import LOCK_NAME
 from pfamalign.pipelines.pairs import SamplingConfig
 from pfamalign.pipelines.prepare import PrepareError, run_prepare
 
@@ -125,12 +126,15 @@ def test_cli_prints_summary_and_rerun_is_a_no_op(tmp_path):
     for text in ("families read", "sequences used", "pairs", "splits", "skipped",
                  "shorter than min_len=10", "fewer than two sequences within the length limits"):
         assert text in res.output
-    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+    def files():  # the dataset's files (the lock file records each run that held it)
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")
+                if p.is_file() and p.name != LOCK_NAME}
+
+    before = files()
     assert not (out / "work").exists()
     res = _cli(["prepare", "shards", "--pfam", str(SEED), "--out", str(out), *ARGS])
     assert res.exit_code == 0 and "already complete" in _flat(res.output)
-    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
-    assert after == before
+    assert files() == before
     # other options: refused, then replaced with --overwrite
     res = CliRunner().invoke(cli, ["prepare", "shards", "--pfam", str(SEED), "--out", str(out),
                                    "--seed", "1"], env={"CI": "1"})
@@ -179,9 +183,19 @@ def test_worker_pool_gives_identical_bytes(reference, tmp_path):
 # Resume after kill -9
 # ------------------------------------------------------------------------------------------
 
-def _run_cli_subprocess(out, extra=(), env_extra=None):
+FAULTKILL = pathlib.Path(__file__).parent / "faultkill.py"
+
+
+def _entry(kill_at=None):
+    """The command prefix: the CLI, or the CLI killed before commit ``kill_at`` (test seam)."""
+    if kill_at is None:
+        return [sys.executable, "-m", "pfamalign.cli"]
+    return [sys.executable, str(FAULTKILL), str(kill_at)]
+
+
+def _run_cli_subprocess(out, extra=(), env_extra=None, kill_at=None):
     env = dict(os.environ, CI="1", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "pfamalign.cli", "prepare", "shards", "--pfam", str(SEED),
+    cmd = [*_entry(kill_at), "prepare", "shards", "--pfam", str(SEED),
            "--out", str(out), *ARGS, "-q", *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -199,7 +213,7 @@ def _commit_points(reference):
 def test_resume_after_kill_is_byte_identical(reference, tmp_path, stage):
     kill_at = _commit_points(reference)[stage]
     out = tmp_path / "ds"
-    first = _run_cli_subprocess(out, env_extra={"PFAMALIGN_FAULT_KILL_AT": str(kill_at)})
+    first = _run_cli_subprocess(out, kill_at=kill_at)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert not (out / "manifest.json").exists()
     work = out / "work"
@@ -492,13 +506,13 @@ def test_esm_resume_after_kill_is_byte_identical(tmp_path):
     # commits: config, 3 chunks, ingest.json, n_parts plans, plan.json, embed parts...
     kill_at = 1 + 3 + 1 + n_parts + 1 + 2  # the second embedding part
     out = tmp_path / "ds"
-    env = dict(os.environ, CI="1", PFAMALIGN_FAULT_KILL_AT=str(kill_at))
-    cmd = [sys.executable, "-m", "pfamalign.cli", "prepare", "shards",
-           *sum((["--pfam", str(f)] for f in files), []), "--out", str(out), *opts, "-q"]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, CI="1")
+    args = ["prepare", "shards", *sum((["--pfam", str(f)] for f in files), []), "--out",
+            str(out), *opts, "-q"]
+    first = subprocess.run([*_entry(kill_at), *args], env=env, capture_output=True, text=True,
+                           timeout=300)
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert (out / "work" / "plan.json").exists() and not (out / "manifest.json").exists()
     assert len(list((out / "work" / "emb").glob("part-*"))) == 1
-    env.pop("PFAMALIGN_FAULT_KILL_AT")
-    subprocess.run(cmd, env=env, check=True, timeout=300)
+    subprocess.run([*_entry(), *args], env=env, check=True, timeout=300)
     assert _tree(out) == _tree(ref)

@@ -27,6 +27,8 @@ CASES = {
     "estimate_r2_backward_memory": ["--cases", "64x8", "--block", "8", "--tail-steps", "1"] + TINY,
     "benchmark_production_backward_modes": ["--cases", "1x32x8", "--repeats", "1"] + TINY,
     "bench_transport": ["--lengths", "32", "--half-band", "8", "--repeats", "1", "--tail-steps", "1"] + TINY,
+    "validate_ceta": ["--n", "6", "--trials", "5", "--causal-steps", "10,100,1000"],
+    "validate_softmax_ot": ["--trials", "200", "--skip-op"],
 }
 
 
@@ -40,7 +42,7 @@ def scripts_on_path():
 # Each script compiles a few XLA programs (5-25 s apiece on a loaded 2-core box): by default
 # run the two that cover the shared machinery (subprocess RSS, compiled memory, tables and
 # JSON lines); the rest with --full.
-FAST = {"bench_transport", "estimate_r2_backward_memory"}
+FAST = {"bench_transport", "estimate_r2_backward_memory", "validate_ceta", "validate_softmax_ot"}
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)])
@@ -52,6 +54,8 @@ def test_script_runs_and_prints_json_lines(name, capsys):
     assert rows, out.err
     assert all(r["script"] == name for r in rows)
     assert "---" in out.err  # the table went to stderr, stdout holds only JSON lines
+    if name.startswith("validate_ceta") or name.startswith("validate_softmax"):  # the papers' claims
+        assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     if name == "bench_transport":
         assert {r["impl"] for r in rows} == {"reference", "ott", "xla"}
         assert all(r["status"] == "ok" and r["peak_rss_MiB"] > 0 for r in rows), rows

@@ -152,7 +152,9 @@ def test_search_writes_the_blast_hit_table(fastas):
                                     "-o", str(out), "--evalue", "1000"])
     assert res.exit_code == 0, res.output
     comments, rows = _table(out.read_text())
-    assert comments == ["# Fields: " + ", ".join(COLUMNS)]
+    assert comments[-1] == "# Fields: " + ", ".join(COLUMNS)
+    provenance = {line.split(":")[0] for line in comments[:-1]}
+    assert provenance == {"# Version", "# Model", "# Decoder"}  # what produced the table
     lengths = dict(queries + db)
     assert {r[0] for r in rows} == {q for q, _ in queries}
     for qid in {r[0] for r in rows}:

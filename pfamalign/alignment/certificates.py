@@ -228,3 +228,186 @@ def tail_mass(plan, *, normalize: bool = False) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             p = np.where(mass > 0, p / mass, np.nan)
     return 1.0 - p.max(axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Certificates of the transport plan itself (issue 15): float64 solves, marginals, the plan's
+# perturbation bound, the softmax-as-semi-relaxed-OT bounds, stable matches
+# ---------------------------------------------------------------------------------------------
+
+
+class DenseSolve(NamedTuple):
+    """A float64 solve of one problem: the plan, the steps taken, its marginal errors (the op's
+    definition: ``kernels.reference.dense_marginal_errors``) and the l1 drift
+    ``||P^(t+1) - P^(t)||_1`` of each step after the first."""
+
+    plan: np.ndarray
+    steps: int
+    row_error: float
+    col_error: float
+    drift: np.ndarray
+
+
+def _neg_lse(x, mask, axis):
+    xm = np.where(mask, x, -np.inf)
+    mx = np.max(xm, axis=axis, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    tot = np.sum(np.where(mask, np.exp(xm - mx), 0.0), axis=axis)
+    with np.errstate(divide="ignore"):
+        return np.where(tot > 0, -(np.log(tot) + np.squeeze(mx, axis)), 0.0)
+
+
+def solve_dense(scores, mask, log_a, log_b, *, kappa=(1.0, 1.0), stages=((1.0, 17),), tol=None,
+                max_steps: int = 20000) -> DenseSolve:
+    """The op's solve in float64 numpy on one ``[m, n]`` problem (``scores`` at unit
+    temperature, -inf or masked off the support): full steps ``u = kappa_a (log a - LSE(S + v))``,
+    ``v = kappa_b (log b - LSE(S + u))`` at each stage's temperature (``stages``: (eps, steps),
+    potentials carried at fixed eps * potential); with ``tol`` the last stage goes on until both
+    marginal errors are <= tol or ``max_steps`` steps in all."""
+    s = np.where(mask, np.asarray(scores, np.float64), 0.0)
+    rows, cols = mask.any(1), mask.any(0)
+    u, v = np.zeros(s.shape[0]), np.zeros(s.shape[1])
+    ka, kb = kappa
+
+    def plan_of(s_t):
+        return np.where(mask, np.exp(np.where(mask, s_t + u[:, None] + v[None], -np.inf)), 0.0)
+
+    def errors(p):
+        def side(sums, pot, log_t, kap, has):
+            if kap == 0.0 or not has.any():
+                return 0.0
+            target = np.exp(log_t - pot * (1 - kap) / kap)
+            return float(np.abs(sums - target)[has].max())
+        return side(p.sum(1), u, log_a, ka, rows), side(p.sum(0), v, log_b, kb, cols)
+
+    drift, prev, steps, prev_eps = [], None, 0, None
+    for n_stage, (eps, n) in enumerate(stages):
+        if prev_eps is not None:
+            v = v * prev_eps / eps
+        prev_eps = eps
+        last = n_stage == len(stages) - 1
+        limit = max_steps - steps if (tol is not None and last) else n
+        for _ in range(limit):
+            u = np.where(rows, ka * (log_a + _neg_lse(s / eps + v[None], mask, 1)), 0.0)
+            v = np.where(cols, kb * (log_b + _neg_lse(s / eps + u[:, None], mask, 0)), 0.0)
+            steps += 1
+            p = plan_of(s / eps)
+            if prev is not None:
+                drift.append(float(np.abs(p - prev).sum()))
+            prev = p
+            if tol is not None and last and max(errors(p)) <= tol:
+                break
+    p = plan_of(s / prev_eps) if prev is None else prev
+    return DenseSolve(p, steps, *errors(p), np.asarray(drift))
+
+
+def plan_marginals(plan, real_rows, real_cols, *, balanced: bool, total_rows: float,
+                   total_cols: float, steps: int) -> dict:
+    """The ``marginals`` certificate of a plan ``[m, n]``: the largest deviation of a real row's
+    (sender) and a real column's (receiver) mass from 1, the total mass, and whether the unit
+    targets can hold at all: a balanced problem needs equal row and column totals. When they
+    differ the exact final column step leaves every row ``total_cols / total_rows`` on average
+    (``expected_row_sum``)."""
+    p = np.asarray(plan, np.float64)
+    feasible = (not balanced) or abs(total_rows - total_cols) <= 1e-6 * max(total_rows, total_cols)
+    return {"sender_error": float(np.abs(p.sum(1) - 1)[real_rows].max(initial=0.0)),
+            "receiver_error": float(np.abs(p.sum(0) - 1)[real_cols].max(initial=0.0)),
+            "total_mass": float(p.sum()), "feasible": bool(feasible),
+            "expected_row_sum": float(total_cols / total_rows) if balanced else 1.0, "steps": int(steps)}
+
+
+def oscillation(x, mask) -> float:
+    """``osc(x) = max x - min x`` over the masked entries."""
+    x = np.asarray(x, np.float64)[np.asarray(mask, bool)]
+    return float(x.max() - x.min()) if x.size else 0.0
+
+
+def gauge_oscillation(x, mask, *, rows: bool = True, cols: bool = True, sweeps: int = 50) -> float:
+    """An upper bound on ``min_{a, b} osc(x - a_i - b_j)`` over the masked entries (row and / or
+    column constants change no plan): alternating mid-range centering of rows and columns.
+    Any (a, b) gives a valid bound; the sweeps only tighten it."""
+    x = np.where(mask, np.asarray(x, np.float64), np.nan)
+    best = oscillation(np.nan_to_num(x), mask)
+    for _ in range(sweeps if (rows or cols) else 0):
+        for axis, on in ((1, rows), (0, cols)):
+            if on:
+                with np.errstate(all="ignore"):
+                    mid = 0.5 * (np.nanmax(x, axis, keepdims=True) + np.nanmin(x, axis, keepdims=True))
+                x = x - np.nan_to_num(mid)
+        best = min(best, oscillation(np.nan_to_num(x), mask))
+    return best
+
+
+def plan_perturbation(plan_s, plan_t, diff, mask, *, tau: float, gauge=(True, True)) -> dict:
+    """The entropic transport plan's perturbation bound on its support:
+    ``||P(S) - P(T)||_1 <= (M / tau) ||S - T||_inf`` (negative entropy is (1 / M)-strongly convex
+    in l1 on plans of mass M: Pinsker), and its gauge-reduced form ``(M / 2 tau) osc(S - T)``
+    after removing row / column constants (``gauge``: which ones leave the plan unchanged).
+    ``vacuity_radius``: the sup-norm size ``2 tau`` beyond which the bound says less than
+    ``||P - Q||_1 <= 2 M``."""
+    ps, pt = np.asarray(plan_s, np.float64), np.asarray(plan_t, np.float64)
+    mass = float(ps.sum())
+    lhs = float(np.abs(ps - pt).sum())
+    sup = float(np.abs(np.asarray(diff, np.float64)[mask]).max(initial=0.0))
+    osc = gauge_oscillation(diff, mask, rows=gauge[0], cols=gauge[1])
+    rhs_sup, rhs_gauge = mass / tau * sup, mass / (2 * tau) * osc
+    return {"mass": mass, "perturbation_inf": sup, "perturbation_osc": osc, "lhs": lhs,
+            "rhs_sup": rhs_sup, "rhs_gauge": rhs_gauge,
+            "ratio": lhs / rhs_gauge if rhs_gauge > 0 else float("nan"),
+            "holds": lhs <= rhs_gauge * (1 + 1e-9) + 1e-12, "vacuity_radius": 2 * tau}
+
+
+def masked_softmax(z, mask, axis=-1) -> np.ndarray:
+    """Softmax of ``z`` over the masked entries along ``axis`` (float64; empty lines 0)."""
+    z, mask = np.asarray(z, np.float64), np.asarray(mask, bool)
+    logp = np.where(mask, z, 0.0) + np.expand_dims(_neg_lse(z, mask, axis), axis)
+    return np.where(mask, np.exp(np.where(mask, logp, -np.inf)), 0.0)
+
+
+def local_constant(delta) -> np.ndarray:
+    """The l_inf -> l_1 norm of the softmax Jacobian ``diag p - p p^T`` is ``max_A 4 p(A)(1 - p(A))``;
+    with tail mass ``delta = 1 - max p <= 1/2`` every p(A) lies in [0, delta] or [1 - delta, 1],
+    so it is exactly ``4 delta (1 - delta)``; above 1/2 only the bound 1 is given."""
+    d = np.asarray(delta, np.float64)
+    return np.where(d <= 0.5, 4 * d * (1 - d), 1.0)
+
+
+def softmax_rows(z, z_pert, mask, *, locked: float = 0.9999) -> dict:
+    """Softmax as semi-relaxed OT, per masked row of ``z [m, n]`` (logits at unit temperature):
+    the half-oscillation bound ``||sm(z) - sm(z')||_1 <= (1/2) osc(z - z')`` and its per-row
+    tightness; tail mass ``delta``; the exact local constant ``4 delta (1 - delta)``; the argmax
+    margin (top-two logit gap: the argmax cannot change while ``osc(z - z') < margin``);
+    ``locked_fraction`` (rows with ``p_max >= locked``, float64)."""
+    mask = np.asarray(mask, bool)
+    rows = mask.sum(1) > 0
+    p, pp = masked_softmax(z, mask), masked_softmax(z_pert, mask)
+    lhs = np.abs(p - pp).sum(1)[rows]
+    osc = np.array([oscillation((np.asarray(z_pert) - z)[i], mask[i]) for i in np.flatnonzero(rows)])
+    ratio = np.where(osc > 0, lhs / np.where(osc > 0, 0.5 * osc, 1.0), np.nan)
+    pmax = p.max(1)[rows]
+    delta = 1 - pmax
+    top2 = np.sort(np.where(mask, z, -np.inf)[rows], 1)[:, -2:]
+    margin = np.where(mask[rows].sum(1) > 1, top2[:, 1] - top2[:, 0], np.inf)
+    return {"violations": int(np.sum(lhs > 0.5 * osc * (1 + 1e-9) + 1e-12)),
+            "row_bound_ratio_median": float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan"),
+            "row_bound_ratio_p90": float(np.nanpercentile(ratio, 90)) if np.isfinite(ratio).any() else float("nan"),
+            "tail_mass": distribution_summary(delta),
+            "local_constant": distribution_summary(local_constant(delta)),
+            "margin": distribution_summary(margin),
+            "locked_fraction": float(np.mean(pmax >= locked)) if pmax.size else float("nan"),
+            "per_row": {"tail_mass": delta.tolist(), "row_bound_ratio": ratio.tolist()}}
+
+
+def stable_matches(plan, pairs, *, mass: float, tau: float, radius: float) -> dict:
+    """Aligned pairs certified to stay their row's and column's winner under any score
+    perturbation of gauge-reduced size ``osc <= radius``: for a plan with unit real marginals,
+    ``P'_ij >= P_ij - ||P - P'||_1 >= P_ij - (M / 2 tau) radius``, and an entry above 1/2 of a
+    unit row and column beats all the others together. ``plan`` must have those marginals
+    (the caller checks)."""
+    p = np.asarray(plan, np.float64)
+    pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+    threshold = 0.5 + mass / (2 * tau) * radius
+    vals = p[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
+    ok = vals > threshold
+    return {"score_noise": radius, "threshold": threshold, "aligned": int(len(pairs)),
+            "certified": int(ok.sum()), "pairs": pairs[ok].tolist()}

@@ -168,7 +168,8 @@ def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float = 0.0,
-                  row_dustbin=None, min_mass: float = 0.0, mode: str = "global") -> PairAlignment:
+                  row_dustbin=None, col_dustbin=None, min_mass: float = 0.0,
+                  mode: str = "global") -> PairAlignment:
     """Affine-gap alignment of a transport plan: a Gotoh DP on the shifted masses.
 
     Maximizes ``sum_{(i, j) aligned} (P_ij - threshold) - sum_gaps (gap_open + (len - 1)
@@ -189,9 +190,9 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
       plan: ``[Lq, Lk]`` non-negative plan over the real rows / columns.
       gap_open, gap_extend: gap costs (``gap_open >= gap_extend >= 0``).
       threshold: mass subtracted from every pair (pairs below it cost more than they bring).
-      row_dustbin, min_mass: pairs excluded as in ``mea_decode`` (dustbin-dominated rows,
-        masses below ``min_mass``): such rows are gaps (charged in global mode, free outside
-        the segment in local mode).
+      row_dustbin, col_dustbin, min_mass: pairs excluded as in ``mea_decode``
+        (dustbin-dominated rows and columns, masses below ``min_mass``): such residues are gaps
+        (charged in global mode, free outside the segment in local mode).
       mode: ``"global"`` or ``"local"``.
 
     Returns:
@@ -200,7 +201,7 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     plan = _check_plan(plan)
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold}")
-    ok = _allowed(plan, row_dustbin, None, min_mass)
+    ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)
     return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, mode)
 
 

@@ -22,6 +22,13 @@ Conventions:
   / ``X`` instead of ``M`` (identical / different residues).
 * JSON: ``pairs`` as 0-based ``[i, j]``, per-pair ``confidence`` (null for the baselines),
   ``score``, lengths, ``identity``; ``from_json`` reads it back.
+* Coordinates: every text output numbers residues 1-based inclusive (``Aligned_region`` in
+  the pair text and Stockholm, the block ends of the pair text); only the JSON ``pairs`` are
+  0-based indices (and say so in ``coordinates``).
+* Provenance (pair text header, Stockholm ``#=GF CC`` lines, a JSON ``provenance`` object; the
+  same ``provenance_lines`` for any other text writer such as a hit table): the program and
+  version, the model (name and content hash) and the decoder with its settings, so a result
+  can be traced and repeated. Writers take it as ``provenance=`` (None: nothing written).
 """
 
 from __future__ import annotations
@@ -120,6 +127,29 @@ class AlignmentRecord:
         return self.n_identical / len(self.pairs) if len(self.pairs) else float("nan")
 
 
+def aligned_region(rec: AlignmentRecord) -> str:
+    """The residues spanned by the aligned pairs, 1-based inclusive: ``A 3-120, B 1-118``
+    (``none`` without pairs)."""
+    if not len(rec.pairs):
+        return "none"
+    (i0, j0), (i1, j1) = rec.pairs[0] + 1, rec.pairs[-1] + 1
+    return f"{rec.id_a} {i0}-{i1}, {rec.id_b} {j0}-{j1} (1-based inclusive)"
+
+
+def provenance_lines(provenance: dict | None) -> list[str]:
+    """``Key: value`` lines of a provenance record (``Predictor.provenance``): what every
+    text writer prints, each behind its own comment marker. Nested settings are flattened
+    to ``name=value`` words."""
+    if not provenance:
+        return []
+    out = []
+    for key, value in provenance.items():
+        if isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in value.items())
+        out.append(f"{key.capitalize()}: {value}")
+    return out
+
+
 def _gapped_row(seq: str, cols: np.ndarray) -> str:
     chars = np.frombuffer(seq.encode("ascii"), dtype="S1")
     row = np.where(cols >= 0, chars[np.maximum(cols, 0)], b"-")
@@ -145,7 +175,8 @@ def _pct(num: int, den: int) -> str:
     return f"{num}/{den} ({100.0 * num / den:.1f}%)" if den else f"{num}/{den} (nan%)"
 
 
-def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign") -> str:
+def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign",
+                 provenance: dict | None = None) -> str:
     """EMBOSS ``needle``-style pair text (readable by ``Bio.AlignIO.read(..., "emboss")``).
 
     Blocks of ``width`` columns: ``seq_a`` line with 1-based start / end residue numbers, the
@@ -174,6 +205,8 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
         header.append(f"# Score: {rec.score:.4f}")
     if rec.confidence is not None and n_pairs:
         header.append(f"# Mean_confidence: {rec.confidence.mean():.4f}")
+    header.append(f"# Aligned_region: {aligned_region(rec)}")
+    header += [f"# {line}" for line in provenance_lines(provenance)]
     header += ["#", _EMBOSS_RULE, ""]
 
     lines = []
@@ -205,9 +238,10 @@ def to_fasta(rec: AlignmentRecord, *, width: int | None = 60) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_stockholm(rec: AlignmentRecord) -> str:
+def to_stockholm(rec: AlignmentRecord, *, provenance: dict | None = None) -> str:
     """Stockholm 1.0, one block; per-column confidences as ``#=GC PP_cons`` (HMMER code,
-    ``.`` in gap columns); the score as a ``#=GF CC`` comment. Ids must differ."""
+    ``.`` in gap columns); the score, aligned region and provenance as ``#=GF CC`` comments.
+    Ids must differ."""
     if rec.id_a == rec.id_b:
         raise ValueError(f"Stockholm needs distinct sequence names, both are {rec.id_a!r}")
     row_a, row_b = rec.gapped()
@@ -216,6 +250,8 @@ def to_stockholm(rec: AlignmentRecord) -> str:
     out = ["# STOCKHOLM 1.0", "#=GF AU pfamalign"]
     if rec.score is not None:
         out.append(f"#=GF CC score {rec.score:.6g}")
+    out.append(f"#=GF CC Aligned_region: {aligned_region(rec)}")
+    out += [f"#=GF CC {line}" for line in provenance_lines(provenance)]
     out += [f"{rec.id_a:<{pad}}{row_a}", f"{rec.id_b:<{pad}}{row_b}"]
     if rec.confidence is not None:
         conf = _column_text(rec, list(confidence_symbols(rec.confidence)), ".")
@@ -280,8 +316,8 @@ def cigar_to_pairs(cigar: str) -> tuple[np.ndarray, int, int]:
     return arr, i, j
 
 
-def to_json(rec: AlignmentRecord, *, indent: int | None = None) -> str:
-    """JSON document (format ``pfamalign.pairwise/1``)."""
+def to_json(rec: AlignmentRecord, *, indent: int | None = None, provenance: dict | None = None) -> str:
+    """JSON document (format ``pfamalign.pairwise/1``); ``provenance`` as an object."""
     doc = {
         "format": JSON_FORMAT,
         "id_a": rec.id_a, "id_b": rec.id_b,
@@ -293,7 +329,10 @@ def to_json(rec: AlignmentRecord, *, indent: int | None = None) -> str:
         "score": rec.score,
         "identity": rec.identity,
         "cigar": to_cigar(rec),
+        "coordinates": "pairs: 0-based [i, j] residue indices",
     }
+    if provenance:
+        doc["provenance"] = provenance
     return jsonio.dumps(doc, indent=indent)
 
 
@@ -311,12 +350,16 @@ def from_json(text: str) -> AlignmentRecord:
 
 
 FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
-           "cigar": lambda rec: to_cigar(rec) + "\n", "json": lambda rec: to_json(rec) + "\n"}
+           "cigar": lambda rec: to_cigar(rec) + "\n", "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
+WITH_PROVENANCE = ("pair", "stockholm", "json")  # fasta and cigar have no place for it
 
 
-def format_alignment(rec: AlignmentRecord, fmt: str) -> str:
+def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None) -> str:
     """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
-    ``json``) with default options, ending with a newline."""
+    ``json``) with default options, ending with a newline; ``provenance`` in the formats
+    that carry it (``WITH_PROVENANCE``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
+    if fmt in WITH_PROVENANCE and provenance:
+        return FORMATS[fmt](rec, provenance=provenance)
     return FORMATS[fmt](rec)

@@ -16,6 +16,27 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
+def check_outputs(*outputs, inputs=()) -> None:
+    """Checks every output file the user named before any work starts (``outputs``: not an
+    input, not each other, in an existing directory); exits with the message otherwise."""
+    from pfamalign.outputs import OutputError, check_output_path
+
+    named = [pathlib.Path(o) for o in outputs if o is not None and str(o) != "-"]
+    try:
+        for i, path in enumerate(named):
+            check_output_path(path, [*inputs, *named[:i]])
+    except OutputError as err:
+        fail(str(err))
+
+
+def sequence_paths(*args: str | None) -> list[pathlib.Path]:
+    """The FASTA files among sequence arguments (``inputs.argument_path``): inputs that no
+    output may overwrite."""
+    from pfamalign.inputs import argument_path
+
+    return [p for p in (argument_path(a) for a in args if a) if p is not None]
+
+
 def pair_input_options(f):
     """Click options naming one sequence pair: SEQ_A SEQ_B, a Stockholm file with two row
     ids, or a dataset pair; plus the model to use."""

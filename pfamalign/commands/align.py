@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pathlib
+import time
 
 import click
 
-from pfamalign.commands._common import (batch_options, batch_progress, decoder_options,
-                                       decoder_settings, engine_options, error_line, fail)
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+                                       decoder_options, decoder_settings, engine_options, error_line,
+                                       fail, sequence_paths)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -32,20 +34,36 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the alignment(s) here instead of standard output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="PNG of the plan heatmap with marginals and the decoded path (single pair).")
+              help="Figure of the plan with marginals and the decoded path (single pair), in the "
+                   "format its extension names (.png, .svg, .pdf, ...). Sequences longer than "
+                   "400 residues show the band around the path.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Report to standard error: pairs, time, the batch shapes run and the programs "
+                   "compiled (and loaded from the compile cache).")
 @decoder_options
 @engine_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
+                   "Default: 80% of this machine's memory.")
 @batch_options
-def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, engine, steps, max_length,
-          strict, quiet, **decoding):
+def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, verbose,
+          engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files; - reads standard input).
 
     \b
     The aligner computes a transport plan between the two sequences and decodes a monotone
-    alignment from it with the model's decoder settings (the shipped model: a global DP on
-    BLOSUM62 plus the plan); each aligned pair carries its plan mass as confidence.
+    alignment from it with the model's decoder settings (the shipped model: maximum expected
+    accuracy on the plan mixed half and half with a pair-HMM's match posteriors); each aligned
+    pair carries its mixed posterior as confidence.
+
+    \b
+    Symmetric: the model reads its two inputs differently, so the plan is the mean of both
+    directions (A against B and B against A, transposed). Swapping SEQ_A and SEQ_B swaps the
+    alignment and keeps its score. Pairs run in batches of similar length (--pairs). Every
+    output records the program version, the model (name and content hash) and the decoder
+    settings; residues are numbered 1-based inclusive (JSON pairs: 0-based indices).
 
     \b
     Many pairs: one multi-FASTA SEQ_A alone aligns its first record with each of the others
@@ -61,11 +79,11 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
       pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B   # see `compile`
     """
-    from pfamalign import inputs
+    from pfamalign import inputs, resources
     from pfamalign.alignment.formats import format_alignment
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import open_output
+    from pfamalign.outputs import atomic_path, open_output
 
     if pairs_file is None and seq_a is None:
         raise click.UsageError("give two sequences (SEQ_A SEQ_B), one multi-FASTA file, or --pairs FILE")
@@ -79,30 +97,58 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     if many and plot is not None:
         raise click.UsageError("--plot draws a single pair; give SEQ_A and SEQ_B")
     errors = BatchErrors(strict or not many)
+    sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
+    check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
+        if plot is not None:
+            from pfamalign.alignment.plots import figure_format
+
+            plot_fmt = figure_format(plot)
         if pairs_file is not None:
             pairs = inputs.read_pairs_tsv(pairs_file)
         elif seq_b is None:
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
         else:
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps)
+        start = time.perf_counter()
+        counter = _compile_counter() if verbose else None
+        budget = (resources.default_budget() if max_memory is None
+                  else resources.parse_size(max_memory))
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget,
+                              engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
-        with open_output(out, inputs=(pairs_file, seq_a, seq_b)) as sink, \
+        provenance = predictor.provenance(settings)
+        n_pairs = 0
+        with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
             for item in aligned(predictor, pairs, settings, errors):
                 if isinstance(item, inputs.BadRecord):
                     sink.write(error_line(item, fmt == "json"))
                     continue
                 _, rec, pp = item
-                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt)))  # ends with a newline
+                n_pairs += 1
+                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt), provenance=provenance))
                 advance()
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
 
-                    plot_plan(pp.real, plot, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
-                              title=f"{rec.id_a} vs {rec.id_b}")
+                    with atomic_path(plot, inputs=sources) as tmp:
+                        plot_plan(pp.real, tmp, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
+                                  col_dustbin=pp.col_dustbin, title=f"{rec.id_a} vs {rec.id_b}",
+                                  fmt=plot_fmt)
+        if counter is not None:
+            shapes = ", ".join(f"{b}x{n}" for b, n in sorted(predictor.shapes)) or "none"
+            click.echo(f"{n_pairs} pair(s) in {time.perf_counter() - start:.2f} s; plan batches "
+                       f"(pairs x padded length): {shapes}; programs compiled: {counter.compiled}, "
+                       f"loaded from the compile cache: {counter.cached}", err=True)
+            counter.close()
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     if errors:
         fail(errors.summary(), code=1)
+
+
+def _compile_counter():
+    from pfamalign.compile_cache import CompileCounter
+
+    return CompileCounter()

@@ -7,7 +7,8 @@ import pathlib
 import click
 import numpy as np
 
-from pfamalign.commands._common import fail, pair_input_options, resolve_pair
+from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+                                       sequence_paths)
 
 
 @click.command()
@@ -36,6 +37,10 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     from pfamalign.barycenter import pair_barycenters
     from pfamalign.inference import Predictor
 
+    from pfamalign.outputs import atomic_path, open_output
+
+    sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
+    check_outputs(tsv, plot, inputs=sources)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = pair_barycenters(Predictor(checkpoint, weights=weights), pair)
@@ -55,9 +60,11 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
                       f"monotonicity violation {pm.monotonicity_violation:.3f} "
                       f"({pm.n_barycenter} annotated rows)")
     if tsv:
-        table.to_csv(tsv, sep="\t", index=False)
+        with open_output(tsv, inputs=sources) as sink:
+            table.to_csv(sink, sep="\t", index=False)
     if plot:
         from pfamalign.alignment.plots import plot_barycenter
 
-        plot_barycenter(result.plan.real, table["target"].to_numpy(), plot,
-                        title=f"{pair['q_id']} vs {pair['k_id']}")
+        with atomic_path(plot, inputs=sources) as tmp:
+            plot_barycenter(result.plan.real, table["target"].to_numpy(), tmp,
+                            title=f"{pair['q_id']} vs {pair['k_id']}")

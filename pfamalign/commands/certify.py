@@ -7,7 +7,8 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import fail, pair_input_options, resolve_pair
+from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+                                       sequence_paths)
 
 
 @click.command()
@@ -17,14 +18,17 @@ from pfamalign.commands._common import fail, pair_input_options, resolve_pair
 @click.option("--tol", type=float, default=1e-5, show_default=True,
               help="Bias tolerance tau: the certified depth is the first R with ||c_R|| <= tau.")
 @click.option("--perturbation", type=float, default=1e-2, show_default=True,
-              help="Size (sup norm) of the random score perturbation for the stability bound.")
+              help="Size (sup norm) of the random score perturbation for the stability bounds.")
+@click.option("--score-noise", type=float, default=None,
+              help="Radius r (gauge-reduced oscillation of a score change): list the aligned pairs "
+                   "certified to stay their row's and column's winner under any such change.")
 @click.option("--block-rows", type=int, default=128, show_default=True, help="Rows per contraction block.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write every certificate (per block, per R) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="PNG: contraction per block, bias vs R, tail mass per row.")
 def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, tail_depths, tol,
-            perturbation, block_rows, json_out, plot):
+            perturbation, score_noise, block_rows, json_out, plot):
     """Certificates of the transport plan of one pair (seed paper §§ 4-5).
 
     \b
@@ -33,14 +37,20 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     - the a posteriori bias of the stopped-base gradient, ||c_R|| = ||D_x z_T^T eta_R||,
       and the certified tail depth (first R with ||c_R|| <= --tol); the cotangent is the
       reconstruction loss when a reference alignment is given, else a random unit one;
-    - receiver-mass imbalance ||A^T 1 - 1||_inf of the row softmax vs the Sinkhorn plan, and
-      the score-perturbation bound ||P(S) - P(T)||_1 <= (n / tau) ||S - T||_inf;
-    - row tail mass 1 - max_j P_i(j) (softmax vs Sinkhorn).
+    - marginals of the output plan: sender (row) and receiver (column) errors, total mass, and
+      feasibility (spoke / none with Lq != Lk cannot meet unit targets: rows tend to the
+      expected row sum instead);
+    - ceta: the plan's own bound ||P(S) - P(T)||_1 <= (M / tau) ||S - T||_inf and its gauge
+      form (M / 2 tau) osc(S - T), both plans converged in float64, with lhs / rhs ratio;
+      lipschitz (largest row sum) and the row softmax's receiver imbalance;
+    - softmax_ot: the row softmax as semi-relaxed OT: half-oscillation bound and its tightness,
+      tail mass, 4 delta (1 - delta), margins, locked rows, drift of the solver's plans;
+    - with --score-noise r: the aligned pairs certified stable under perturbations of size r.
 
     \b
     Examples:
       pfamalign certify MKVLAAGIVGLLLA MKVLSAGIVGLA --json cert.json --plot cert.png
-      pfamalign certify --data data/ --split test --index 0
+      pfamalign certify --data data/ --split test --index 0 --score-noise 1e-3
     """
     from rich.console import Console
     from rich.table import Table
@@ -52,10 +62,17 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
+    if score_noise is not None and not score_noise >= 0:
+        fail(f"--score-noise must be >= 0, got {score_noise}")
+    from pfamalign.outputs import atomic_path, open_output
+
+    sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
+    check_outputs(json_out, plot, inputs=sources)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = certify_pair(Predictor(checkpoint, weights=weights), pair, tail_depths=depths,
-                              tol=tol, perturbation=perturbation, block_rows=block_rows)
+                              tol=tol, perturbation=perturbation, block_rows=block_rows,
+                              score_noise=score_noise)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     console = Console()
@@ -75,19 +92,59 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     for r in b["rows"]:
         tab.add_row(str(r["tail_steps"]), *[f"{r[k]:.3e}" for k in ("eta_norm", "bias_norm", "gap_norm", "residual", "grad_norm")])
     console.print(tab)
-    cons, tm = result["conservative"], result["tail_mass"]
-    tab = Table(title="conservative transport and tail mass")
-    for col in ("", "row softmax", "Sinkhorn plan"):
-        tab.add_column(col, justify="right")
-    rm = cons["receiver_mass_imbalance"]
-    tab.add_row("receiver-mass imbalance ||A^T1 - 1||_inf", f"{rm['softmax']:.4g}", f"{rm['sinkhorn']:.4g}")
-    tab.add_row("tail mass (median)", f"{tm['softmax']['median']:.4g}", f"{tm['sinkhorn']['median']:.4g}")
-    tab.add_row("tail mass (max)", f"{tm['softmax']['max']:.4g}", f"{tm['sinkhorn']['max']:.4g}")
-    console.print(tab)
-    sp = cons["score_perturbation"]
-    console.print(f"score perturbation |S-T|_inf={sp['perturbation_inf']:.3g}: ||P(S)-P(T)||_1 = {sp['lhs']:.4g} "
-                  f"<= (n/tau)||S-T||_inf = {sp['rhs']:.4g}  ({'holds' if sp['holds'] else 'VIOLATED'})")
+    print_plan_certificates(console, result)
     if json_out:
-        json_out.write_text(jsonio.dumps(result, indent=1))
+        with open_output(json_out, inputs=sources) as sink:
+            sink.write(jsonio.dumps(result, indent=1))
     if plot:
-        plot_certificates(result, plot)
+        with atomic_path(plot, inputs=sources) as tmp:
+            plot_certificates(result, tmp)
+
+
+def _table(title, sections: list[dict], fields):
+    """One row per ``(label, key)`` of ``fields``, one column per head (``sections``)."""
+    from rich.table import Table
+
+    tab = Table(title=title)
+    tab.add_column("")
+    for h in range(len(sections)):
+        tab.add_column(f"head {h}", justify="right")
+    fmt = lambda x: x if isinstance(x, str) else str(x) if isinstance(x, (bool, int)) else f"{x:.4g}"
+    for label, get in fields:
+        tab.add_row(label, *[fmt(get(sec)) for sec in sections])
+    return tab
+
+
+def print_plan_certificates(console, result: dict) -> None:
+    """The marginals, ceta, softmax_ot and stable_matches sections (one column per head)."""
+    key = lambda k: (lambda d: d[k])
+    console.print(_table("marginals of the output plan", result["marginals"], [
+        ("sender error max|row sum - 1|", key("sender_error")),
+        ("receiver error max|column sum - 1|", key("receiver_error")),
+        ("total mass", key("total_mass")), ("feasible (unit targets)", key("feasible")),
+        ("expected row sum", key("expected_row_sum")), ("base steps", key("steps")),
+        ("l1 distance to the converged plan", key("l1_to_converged"))]))
+    console.print(_table("ceta: the plan's bound ||P(S)-P(T)||_1 <= (M/2tau) osc(S-T), float64",
+                         result["ceta"], [
+        ("lhs ||P(S)-P(T)||_1", key("lhs")), ("rhs (M/tau)||S-T||_inf", key("rhs_sup")),
+        ("rhs (M/2tau) osc(S-T)", key("rhs_gauge")), ("ratio lhs / rhs", key("ratio")),
+        ("vacuity radius 2 tau", key("vacuity_radius")), ("converged", key("converged")),
+        ("applies (feasible, converged)", key("applies")), ("lipschitz (max row sum)", key("lipschitz")),
+        ("softmax receiver imbalance (/ Lq/Lk)", key("softmax_receiver_imbalance")),
+        ("plan receiver imbalance", key("plan_receiver_imbalance"))]))
+    console.print(_table("softmax_ot: the row softmax as semi-relaxed OT", result["softmax_ot"], [
+        ("row bound ratio median", key("row_bound_ratio_median")),
+        ("row bound ratio p90", key("row_bound_ratio_p90")), ("bound violations", key("violations")),
+        ("tail mass delta median", lambda o: o["tail_mass"]["median"]),
+        ("4 delta (1 - delta) max", lambda o: o["local_constant"]["max"]),
+        ("argmax margin median", lambda o: o["margin"]["median"]),
+        ("locked fraction (p_max >= 0.9999)", key("locked_fraction")),
+        ("plan tail mass median", lambda o: o["plan_tail_mass"]["median"]),
+        ("drift ||P^(t)-P^(t-1)||_1, last step", lambda o: o["drift"][-1] if o["drift"] else float("nan"))]))
+    st = result.get("stable_matches")
+    if st is not None:
+        if st["applies"]:
+            console.print(f"stable matches at r={st['score_noise']:g} (entry > {st['threshold']:.4g}): "
+                          f"{st['certified']} of {st['aligned']} aligned pairs")
+        else:
+            console.print(f"stable matches at r={st['score_noise']:g}: not certified ({st['reason']})")

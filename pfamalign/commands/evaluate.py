@@ -6,7 +6,8 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import decoder_options, decoder_settings, engine_options, fail, strict_option
+from pfamalign.commands._common import (check_outputs, decoder_options, decoder_settings, engine_options,
+                                       fail, strict_option)
 
 
 @click.command("eval")
@@ -59,11 +60,12 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
       pfamalign eval --stockholm PF00595.sto --checkpoint runs/x/model --json eval.json
     """
 
+    if (data is None) == (not stockholm):  # before the heavy import: usage errors stay instant
+        raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
     from pfamalign import evaluation
     from pfamalign.batch import BatchErrors
 
-    if (data is None) == (not stockholm):
-        raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
+    check_outputs(json_out, plot, inputs=(data, *stockholm, checkpoint, weights))
     base = [b.strip() for b in baselines.split(",") if b.strip()]
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:

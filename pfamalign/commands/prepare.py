@@ -95,7 +95,8 @@ def prepare():
               "dtype whose embeddings are copied instead of recomputed (repeatable).")
 @click.option("--keep-work", is_flag=True, help="Keep OUT/work (intermediate files).")
 @click.option("--overwrite", is_flag=True,
-              help="Replace a dataset built with other options in --out.")
+              help="Replace a dataset built with other options in --out (only the files "
+                   "prepare wrote; other files stay).")
 @click.option("--device", default="cpu", show_default=True, help="torch device for ESM-2.")
 @click.option("--threads", type=int, default=None,
               help="torch threads per process for ESM-2 (default: torch's choice; 1 is often "

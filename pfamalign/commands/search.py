@@ -7,8 +7,9 @@ import pathlib
 import click
 
 from pfamalign import inputs
-from pfamalign.commands._common import (batch_options, batch_progress, decoder_options, engine_options,
-                                       decoder_settings, error_line, fail)
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+                                       decoder_options, decoder_settings, engine_options, error_line,
+                                       fail)
 
 
 @click.command()
@@ -83,6 +84,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
     if query == database == inputs.STDIN:
         raise click.UsageError("standard input (-) can be QUERY or DATABASE, not both")
+    check_outputs(out, inputs=(query, database, checkpoint, weights))
     errors = BatchErrors(strict)
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
@@ -94,10 +96,11 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
         per_query = decoys + len(db) - (1 if all_vs_all else 0)
+        provenance = predictor.provenance(settings)
         with open_output(out, inputs=(query, database)) as sink, \
                 batch_progress("searching", len(queries) * per_query, quiet) as advance:
             if fmt == "tsv":
-                sink.write(lib.tsv_header())
+                sink.write(lib.tsv_header(provenance))
             for error in errors.records:  # the records dropped while reading
                 sink.write(error_line(error, fmt == "json"))
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
@@ -110,7 +113,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
                     if fmt == "tsv":
                         sink.write(lib.format_tsv_row(hit.columns))
                     else:
-                        alignment = json.loads(to_json(hit.record))
+                        alignment = json.loads(to_json(hit.record, provenance=provenance))
                         sink.write(dumps_line({**hit.columns, "score": hit.score,
                                                "alignment": alignment}) + "\n")
     except (FileNotFoundError, ValueError) as err:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pfamalign.configs import CONFIG_NAMES
+from pfamalign.config_table import CONFIG_NAMES
 
 
 @click.command("train")

@@ -30,6 +30,7 @@ from pfamalign import evaluation, tuning
 from pfamalign.alignment import pairhmm
 from pfamalign.configs import RunConfig, TrainConfig
 from pfamalign.pipelines import reader
+from pfamalign.pipelines.locks import LockError, directory_lock
 from pfamalign.training.errors import NonFiniteLoss, TrainingError
 from pfamalign.training.rundir import (MetricsWriter, ProgressLine, data_info, open_run,
                                        split_families)
@@ -122,17 +123,32 @@ class _StopFlag:
 def _mean_records(records: list[dict]) -> dict[str, float]:
     out = {}
     for key in records[0]:
-        if key in ("finite",):
+        if key in ("finite", "state_finite"):
             continue
         values = [float(r[key]) for r in records]
         out[key] = float(np.sum(values)) if key == "ce_offsupport" else float(np.mean(values))
     return out
 
 
-def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig, *,
-        mesh=None, tensorboard: bool = False, quiet: bool = False,
-        allow_changes: bool = False, tune_pairs: int | None = 500) -> TrainResult:
-    """Trains (or resumes) a run into ``out_dir``; see the module docstring.
+def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
+        **options) -> TrainResult:
+    """Trains (or resumes) a run into ``out_dir``; see the module docstring and ``_run`` for
+    the ``options``. Process 0 holds the lock of ``out_dir`` (``pipelines.locks``): a second
+    run into the same directory stops with a ``TrainingError`` naming the first."""
+    out_dir = pathlib.Path(out_dir).absolute()
+    if jax.process_index() != 0:
+        return _run(data_dir, out_dir, cfg, **options)
+    try:
+        with directory_lock(out_dir, "training"):
+            return _run(data_dir, out_dir, cfg, **options)
+    except LockError as err:
+        raise TrainingError(str(err)) from None
+
+
+def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
+         mesh=None, tensorboard: bool = False, quiet: bool = False,
+         allow_changes: bool = False, tune_pairs: int | None = 500) -> TrainResult:
+    """The run (``run`` holds the directory's lock).
 
     A finished run saves ``RUN/model`` and chooses its decoder on at most ``tune_pairs``
     pairs of the val split (None: no tuning, the shipped model's decoder); ``finish_model``.
@@ -216,12 +232,17 @@ def run(data_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: RunConfig,
                     writer.write(step + 1, {"train/nonfinite": 1.0,
                                             "train/loss": float(metrics["loss"]),
                                             "train/grad_norm": float(metrics["grad_norm"])})
+                    cause = (f"non-finite training loss ({float(metrics['loss'])}) or gradient "
+                             f"norm ({float(metrics['grad_norm'])})"
+                             if bool(metrics["state_finite"]) else
+                             f"non-finite parameters or optimiser state after the update (loss "
+                             f"{float(metrics['loss'])}, gradient norm "
+                             f"{float(metrics['grad_norm'])}, learning rate "
+                             f"{float(state.schedule(step))})")
                     raise NonFiniteLoss(
-                        f"non-finite training loss ({float(metrics['loss'])}) or gradient norm "
-                        f"({float(metrics['grad_norm'])}) at step {step + 1}: run stopped "
-                        f"without saving that step; {where} (intact). Check the data, or "
-                        "resume from it with a lower learning rate: re-run with --lr ... "
-                        "--allow-changes.")
+                        f"{cause} at step {step + 1}: run stopped without saving that step; "
+                        f"{where} (intact). Check the data, or resume from it with a lower "
+                        "learning rate: re-run with --lr ... --allow-changes.")
                 step += 1
                 window.append(dict(metrics, step_time=dt))
                 if step % loop.log_every == 0 or step == optim.steps:

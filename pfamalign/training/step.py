@@ -134,10 +134,18 @@ def abstract_state(state: TrainState):
 # The train step
 # ---------------------------------------------------------------------------------------------
 
+def _all_finite(tree) -> jax.Array:
+    """Whether every floating-point leaf of ``tree`` is finite (integer leaves: counters)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
 def make_train_step(cfg: RunConfig, mesh) -> Callable:
     """``step(params, opt_state, batch) -> (params, opt_state, metrics)``, jitted with the
     batch sharded over ``data`` and everything else replicated. A non-finite loss or
-    gradient leaves params and optimiser state unchanged (``metrics["finite"]`` is False).
+    gradient, or updated params / optimiser state that are not finite, leave params and
+    optimiser state unchanged (``metrics["finite"]`` is False; ``state_finite`` says which).
 
     Cached per (model config, optimiser settings, mesh): runs in one process (a resume,
     tests) reuse the compiled step.
@@ -163,9 +171,12 @@ def _build_train_step(cfg: RunConfig, mesh) -> Callable:
         grad_norm = optax.tree.norm(grads)
         updates, new_opt = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # a finite loss and gradient can still give non-finite parameters (--lr inf): the
+        # new state is checked too, so that no checkpoint ever holds it
+        state_ok = _all_finite(new_params) & _all_finite(new_opt)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & state_ok
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        metrics = dict(metrics, grad_norm=grad_norm, finite=ok)
+        metrics = dict(metrics, grad_norm=grad_norm, finite=ok, state_finite=state_ok)
         return keep(new_params, params), keep(new_opt, opt_state), metrics
 
     rep, data = replicated(mesh), batch_sharding(mesh)

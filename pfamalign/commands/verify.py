@@ -1,0 +1,65 @@
+"""``pfamalign verify``: check a dataset, a model or a training run against its checksums."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import click
+
+from pfamalign.commands._common import fail
+
+
+def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
+    """``(what was checked, problems)`` of a dataset (every shard's SHA-256 in its
+    manifest), a model directory, or a run directory (its model and every checkpoint), plus
+    temporary files a killed run left behind."""
+    from pfamalign.checkpoint import CHECKSUMS, verify_checksums
+    from pfamalign.pipelines.reader import shard_problems
+
+    checked, problems = [], []
+    manifest = directory / "manifest.json"
+    if manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            return [], [f"{manifest}: unreadable ({err})"]
+        problems += [f"{directory}: {p}" for p in shard_problems(directory, data, full=True)]
+        checked.append(f"dataset {directory}: {len(data.get('shards', []))} shards")
+    models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
+    steps = directory / "checkpoints"
+    models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
+                     key=lambda d: int(d.name)) if steps.is_dir() else []
+    for d in models:
+        if not (d / CHECKSUMS).is_file():
+            problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed "
+                            "before it was written): cannot be verified")
+            continue
+        problems += verify_checksums(d)
+        checked.append(f"{d}: {len(json.loads((d / CHECKSUMS).read_text())['sha256'])} files")
+    problems += [f"{p}: temporary file left by an interrupted run (safe to delete)"
+                 for p in sorted(directory.rglob(".*.tmp*"))]
+    return checked, problems
+
+
+@click.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path))
+def verify(directory):
+    """Check DIRECTORY (a dataset, a model or a training run) byte for byte against the
+    checksums recorded when it was written; exits 1 on any problem.
+
+    \b
+    Examples:
+      pfamalign verify data/            # every shard against manifest.json
+      pfamalign verify runs/align_ce    # the model and every checkpoint
+    """
+    checked, problems = verify_directory(directory)
+    if not checked and not problems:
+        fail(f"{directory} is not a pfamalign dataset, model or run directory")
+    for line in checked:
+        click.echo(f"checked {line}")
+    for line in problems:
+        click.echo(f"problem: {line}", err=True)
+    if problems:
+        fail(f"{len(problems)} problem(s) in {directory}", code=1)
+    click.echo("ok: everything matches its checksums")

@@ -1,0 +1,93 @@
+"""The persistent XLA compilation cache of the command line, and a count of compilations.
+
+Every ``pfamalign`` process would otherwise recompile the model's plan and the pair-HMM for
+each padded shape (about two seconds per shape on a laptop CPU). With the cache, the second
+run of a command loads the executables from disk.
+
+Where: ``$PFAMALIGN_CACHE_DIR`` if set (an empty value turns the cache off), else the user's
+cache directory (``$XDG_CACHE_HOME/pfamalign``, ``~/.cache/pfamalign``; ``~/Library/Caches``
+on macOS), in a subdirectory per jax version. Concurrent processes: jax writes an entry with a
+plain file write, so a reader could see a half-written one; a size limit turns on jax's own
+file lock around every read and write (and evicts least-recently-used entries beyond it).
+
+This module imports no jax at import time: ``enable`` configures jax through its environment
+variables when jax is not loaded yet (``pfamalign --help`` must stay jax-free).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+ENV = "PFAMALIGN_CACHE_DIR"
+MAX_BYTES = 2 << 30  # 2 GiB: a bound on the directory, and what turns on jax's file lock
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # every executable built or loaded
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+def cache_dir() -> pathlib.Path | None:
+    """The compilation cache directory, or None when ``$PFAMALIGN_CACHE_DIR`` is empty."""
+    override = os.environ.get(ENV)
+    if override is not None:
+        return pathlib.Path(override).expanduser() if override.strip() else None
+    if sys.platform == "darwin":
+        base = pathlib.Path.home() / "Library" / "Caches"
+    else:
+        base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    return base / "pfamalign"
+
+
+def _settings(directory: pathlib.Path) -> dict[str, object]:
+    from importlib.metadata import version
+
+    return {"jax_compilation_cache_dir": str(directory / f"xla-jax{version('jax')}"),
+            "jax_persistent_cache_min_compile_time_secs": 0,  # every shape: each costs seconds here
+            "jax_persistent_cache_min_entry_size_bytes": -1,
+            "jax_compilation_cache_max_size": MAX_BYTES}
+
+
+def enable() -> pathlib.Path | None:
+    """Turns the persistent cache on for this process (and its children); returns its
+    directory, or None when turned off. Call before the first compilation."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    settings = _settings(directory)
+    for name, value in settings.items():
+        os.environ[name.upper()] = str(value)  # read by jax when it is imported
+    if "jax" in sys.modules:  # already imported: its configuration is set
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    return pathlib.Path(settings["jax_compilation_cache_dir"])
+
+
+class CompileCounter:
+    """Counts the executables jax builds (``compiled``) or loads from the persistent cache
+    (``cached``) while it is registered; ``pfamalign align --verbose`` prints it."""
+
+    def __init__(self):
+        import jax
+
+        self.loaded = self.cached = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+        self.loaded += event == _BACKEND_COMPILE
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        self.cached += event == _CACHE_HIT
+
+    @property
+    def compiled(self) -> int:
+        return self.loaded - self.cached
+
+    def close(self) -> None:
+        from jax._src import monitoring  # the public module has no unregister
+
+        monitoring.unregister_event_duration_listener(self._on_duration)
+        monitoring.unregister_event_listener(self._on_event)

@@ -1,0 +1,29 @@
+"""Test-only entry point: ``python tests/faultkill.py N ARGS...`` runs ``pfamalign ARGS...``
+and kills itself with SIGKILL right before the N-th atomic commit (the temporary file is
+complete, the rename is not done), exactly as a ``kill -9`` at that instant would. The hook
+lives here, not in the package: nothing a user sets can arm it."""
+
+import os
+import signal
+import sys
+
+
+def arm(kill_at: int) -> None:
+    from pfamalign.pipelines import records
+
+    count = 0
+
+    def hook(path):
+        nonlocal count
+        count += 1
+        if count >= kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    records.FAULT_HOOK = hook
+
+
+if __name__ == "__main__":
+    arm(int(sys.argv[1]))
+    from pfamalign.cli import main
+
+    main(sys.argv[2:], prog_name="pfamalign")

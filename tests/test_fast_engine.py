@@ -1,0 +1,279 @@
+"""The batched alignment engine against its simple reference path.
+
+* ``pairhmm_batched`` (scaled linear-space forward-backward, jitted, padded batches) against
+  ``pairhmm.match_posteriors`` (log space, numpy, one pair): equal to float64 rounding.
+* ``Predictor.align_records`` (length buckets, padded batch sizes) against
+  ``Predictor.align`` (one pair, its own plan call, the numpy pair-HMM): the same alignments.
+* Symmetry: swapping the sequences transposes the alignment and keeps the score.
+* Bounded shapes, error order, provenance, the compile cache, plot formats.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pfamalign import compile_cache
+from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors
+from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+
+
+def _random_seq(rng, n, odd=False):
+    letters = AA + ("XBZU" if odd else "")
+    return "".join(rng.choice(list(letters), n))
+
+
+def _one_gap_type_hmm() -> PairHMM:
+    base = default_pairhmm()
+    return PairHMM(pair_probs=base.pair_probs, background=base.background, gap_open=[0.03],
+                   gap_extend=[0.001], gap_switch=0.0)  # tiny extension: the scan must not overflow
+
+
+@pytest.mark.parametrize("hmm", [default_pairhmm(), _one_gap_type_hmm()], ids=["shipped", "one_gap_type"])
+def test_batched_posteriors_equal_the_reference(hmm):
+    rng = np.random.default_rng(0)
+    pairs = [(_random_seq(rng, la, odd=True), _random_seq(rng, lb)) for la, lb in
+             [(1, 1), (1, 50), (63, 2), (40, 40), (64, 64), (17, 55)]]
+    out = batched_match_posteriors(hmm, pairs, 64, 96)  # rectangular padding, longer than needed
+    for (a, b), post in zip(pairs, out):
+        ref = match_posteriors(hmm, a, b)
+        assert post.shape == ref.shape == (len(a), len(b))
+        np.testing.assert_allclose(post, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_batched_posteriors_reject_what_does_not_fit():
+    with pytest.raises(ValueError, match="non-empty"):
+        batched_match_posteriors(default_pairhmm(), [("", "A")], 64, 64)
+    with pytest.raises(ValueError, match="does not fit"):
+        batched_match_posteriors(default_pairhmm(), [("A" * 70, "A")], 64, 64)
+
+
+def test_padded_shapes_are_few_and_fit():
+    from pfamalign.inference import BATCH_SIZES, padded_batch, padded_length
+
+    lengths = {padded_length(n) for n in range(1, 4097)}
+    assert len(lengths) <= 22 and all(padded_length(n) >= n for n in range(1, 4097))
+    top = BATCH_SIZES[-1]
+    assert all(padded_batch(n) in BATCH_SIZES and padded_batch(n) >= n for n in range(1, top + 1))
+    assert padded_batch(top + 1) == 2 * top  # beyond the largest: a multiple of it
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from pfamalign.inference import Predictor
+
+    return Predictor()
+
+
+def _records(pairs):
+    return [{"q_id": f"a{n}", "k_id": f"b{n}", "q_seq": a, "k_seq": b} for n, (a, b) in enumerate(pairs)]
+
+
+def _assert_same(rec, aln, pp, ref_pp):
+    np.testing.assert_array_equal(rec.pairs, aln.pairs)
+    np.testing.assert_allclose(rec.confidence, aln.confidence, rtol=1e-4, atol=1e-5)
+    assert rec.score == pytest.approx(aln.score, rel=1e-5)
+    np.testing.assert_allclose(pp.plan, ref_pp.plan, atol=1e-5)  # float32 plans, other padding
+
+
+def test_align_records_equal_the_reference_path(predictor):
+    rng = np.random.default_rng(1)
+    base = _random_seq(rng, 50)
+    pairs = [(base, base[3:47]), (base[:30], _random_seq(rng, 35))]  # one batch of 2 (plans and pair-HMMs)
+    out = list(predictor.align_records(_records(pairs)))
+    assert [r.id_a for r, _ in out] == ["a0", "a1"]  # input order
+    for (a, b), (rec, pp) in zip(pairs, out):
+        aln, ref_pp = predictor.align(a, b)
+        _assert_same(rec, aln, pp, ref_pp)
+
+
+@pytest.mark.slow
+def test_align_records_equal_the_reference_on_pfam_pairs(predictor, shared_pfam):
+    from pfamalign import inputs
+
+    sto = sorted((shared_pfam / "hmmalign_stockholm").glob("*.sto"))
+    seqs = []
+    for path in sto[:5]:
+        ids = [line.split()[0] for line in path.read_text().splitlines()
+               if line and not line.startswith(("#", "//"))][:3]
+        seqs += [inputs.pair_from_stockholm(path, ids[0], ids[1])["q_seq"],
+                 inputs.pair_from_stockholm(path, ids[1], ids[2])["k_seq"]]
+    rng = np.random.default_rng(2)
+    pairs = [(seqs[i], seqs[j]) for i, j in rng.integers(0, len(seqs), (24, 2))]
+    for (a, b), (rec, pp) in zip(pairs, predictor.align_records(_records(pairs), window=16)):
+        aln, ref_pp = predictor.align(a, b)
+        _assert_same(rec, aln, pp, ref_pp)
+
+
+def test_swapping_the_sequences_transposes_the_alignment(predictor):
+    rng = np.random.default_rng(3)
+    a = _random_seq(rng, 45)
+    b = a[:20] + _random_seq(rng, 6) + a[24:]
+    (ab, pp_ab), (ba, pp_ba) = predictor.align_records(_records([(a, b), (b, a)]))  # shapes as above
+    np.testing.assert_array_equal(ab.pairs, ba.pairs[:, ::-1])
+    assert ab.score == pytest.approx(ba.score, rel=1e-12)
+    np.testing.assert_array_equal(pp_ab.plan, pp_ba.plan.T)
+    # the model alone is asymmetric: the one-direction plans differ beyond rounding
+    fa, fb = predictor.featurize([a, b])
+    one_ab, one_ba = predictor.plans([(fa, fb), (fb, fa)])
+    assert np.abs(one_ab.real - one_ba.real.T).max() > 1e-3
+
+
+def test_align_records_yields_the_pairs_before_a_bad_one(predictor):
+    recs = _records([("MKV", "MKIV"), ("MKV", "M" * (predictor.max_length + 1)), ("MK", "MK")])
+    recs[1]["where"] = "pairs.tsv:2"
+    stream = predictor.align_records(recs)
+    assert next(stream)[0].id_a == "a0"
+    with pytest.raises(ValueError, match="^pairs.tsv:2: sequence of"):
+        next(stream)
+
+
+def test_provenance_is_written_by_every_format_that_has_room(predictor):
+    from pfamalign.alignment.formats import format_alignment
+
+    rec, _ = next(predictor.align_records(_records([("MKVLAAGIVG", "MKVLSAGIVG")] * 2)))
+    prov = predictor.provenance()
+    assert prov["model"].startswith("align_ce (shipped) sha256:") and prov["decoder"]["name"] == "posterior"
+    assert prov["version"].startswith("pfamalign ")
+    text = format_alignment(rec, "pair", provenance=prov)
+    assert f"# Model: {prov['model']}" in text and "# Decoder: name=posterior" in text
+    assert "# Aligned_region: a0 1-10, b0 1-10 (1-based inclusive)" in text
+    sto = format_alignment(rec, "stockholm", provenance=prov)
+    assert f"#=GF CC Model: {prov['model']}" in sto and "#=GF CC Version: pfamalign" in sto
+    doc = json.loads(format_alignment(rec, "json", provenance=prov))
+    assert doc["provenance"] == json.loads(json.dumps(prov)) and "0-based" in doc["coordinates"]
+
+
+def test_model_hash_follows_the_parameter_bytes(tmp_path):
+    from pfamalign.inference import default_model_dir, model_content_hash
+
+    copy = tmp_path / "model"
+    shutil.copytree(default_model_dir(), copy)
+    hmm = default_pairhmm()
+    assert model_content_hash(copy, hmm) == model_content_hash(default_model_dir(), hmm)
+    victim = max((f for f in (copy / "params").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1
+    victim.write_bytes(bytes(data))
+    assert model_content_hash(copy, hmm) != model_content_hash(default_model_dir(), hmm)
+    assert model_content_hash(default_model_dir(), _one_gap_type_hmm()) != model_content_hash(default_model_dir(), hmm)
+
+
+# ---- compile cache -------------------------------------------------------------------------
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "c"))
+    assert compile_cache.cache_dir() == tmp_path / "c"
+    monkeypatch.setenv(compile_cache.ENV, "")
+    assert compile_cache.cache_dir() is None and compile_cache.enable() is None
+    monkeypatch.delenv(compile_cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform != "darwin":
+        assert compile_cache.cache_dir() == tmp_path / "xdg" / "pfamalign"
+
+
+_COMPILE_ONCE = """
+from pfamalign import compile_cache
+compile_cache.enable()
+import jax, jax.numpy as jnp
+counter = compile_cache.CompileCounter()
+jax.jit(lambda x: jnp.cumsum(x * 2.0 + 1.0))(jnp.arange(5.0)).block_until_ready()
+print(counter.compiled, counter.cached)
+"""
+
+
+def _env(cache):
+    return {**os.environ, compile_cache.ENV: str(cache), "JAX_PLATFORMS": "cpu"}
+
+
+def test_a_second_process_compiles_nothing(tmp_path):
+    runs = [subprocess.run([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
+                           capture_output=True, text=True, timeout=120) for _ in range(2)]
+    (c1, h1), (c2, h2) = [tuple(map(int, r.stdout.split())) for r in runs]
+    assert c1 >= 1 and h1 == 0
+    assert c2 == 0 and h2 == c1
+    entries = list((tmp_path / "cache").rglob("*-cache"))
+    assert len(entries) == c1 and list((tmp_path / "cache").rglob(".lockfile"))  # jax's file lock is on
+
+
+@pytest.mark.slow
+def test_processes_sharing_the_cache_at_once_leave_it_whole(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    after = subprocess.run([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
+                           capture_output=True, text=True, timeout=120)
+    compiled, cached = map(int, after.stdout.split())
+    assert compiled == 0 and cached >= 1  # every entry readable: none torn by the concurrent writers
+
+
+@pytest.mark.slow
+def test_a_second_align_command_compiles_nothing(tmp_path):
+    argv = [sys.executable, "-m", "pfamalign.cli", "align", "-v", "MKVLAAGIVGLLLA", "MKVLSAGIVGLA"]
+    runs = [subprocess.run(argv, env=_env(tmp_path / "cache"), capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert "programs compiled: 0," not in runs[0].stderr
+    assert "programs compiled: 0, loaded from the compile cache: " in runs[1].stderr
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+def test_plot_format_follows_the_extension(tmp_path):
+    from pfamalign.alignment.plots import figure_format, plot_plan
+
+    plan = np.eye(30) * 0.9 + 0.003
+    pairs = np.stack([np.arange(30), np.arange(30)], 1)
+    plot_plan(plan, tmp_path / "p.svg", pairs=pairs)
+    assert b"<svg" in (tmp_path / "p.svg").read_bytes()[:500]
+    plot_plan(plan, tmp_path / "p.pdf", pairs=pairs)
+    assert (tmp_path / "p.pdf").read_bytes().startswith(b"%PDF")
+    plot_plan(plan, tmp_path / "p.png", pairs=pairs)
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+    plot_plan(plan, tmp_path / "tmpname", pairs=pairs, fmt="svg")  # an atomic writer's temporary
+    assert b"<svg" in (tmp_path / "tmpname").read_bytes()[:500]
+    with pytest.raises(ValueError, match=r"cannot write a figure as \.docx"):
+        figure_format("plan.docx")
+
+
+def test_long_plans_are_drawn_as_the_band_around_the_path(tmp_path):
+    import matplotlib.image as mpimg
+
+    from pfamalign.alignment.plots import _band, plot_plan
+
+    lq, lk = 900, 1000
+    rng = np.random.default_rng(4)
+    path_j = np.sort(rng.choice(lk, lq, replace=False))
+    plan = rng.random((lq, lk)) * 1e-4
+    plan[np.arange(lq), path_j] = 0.9
+    pairs = np.stack([np.arange(lq), path_j], 1)
+    band, centre = _band(plan, pairs, 30)
+    np.testing.assert_array_equal(centre, path_j)
+    np.testing.assert_array_equal(band[:, 30], 0.9)  # the path at offset 0
+    out = plot_plan(plan, tmp_path / "long.png", pairs=pairs, title="long")
+    image = mpimg.imread(out)
+    assert image.shape[0] > 500 and float(image[..., :3].std()) > 0.01
+
+
+def test_align_cli_verbose_provenance_and_svg_plot(tmp_path):
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+
+    plot = tmp_path / "plan.svg"
+    res = CliRunner().invoke(main, ["align", "MKVLAAGIVGLLLA", "MKVLSAGIVGLA", "-f", "json", "-v",
+                                    "--plot", str(plot)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.splitlines()[0])
+    assert doc["provenance"]["model"].startswith("align_ce (shipped) sha256:")
+    assert "programs compiled:" in res.stderr and "plan batches" in res.stderr
+    assert b"<svg" in plot.read_bytes()[:500]
+    bad = CliRunner().invoke(main, ["align", "MKV", "MKV", "--plot", str(tmp_path / "p.docx")])
+    assert bad.exit_code == 2 and "cannot write a figure as .docx" in bad.output

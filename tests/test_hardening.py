@@ -1,0 +1,544 @@
+"""Issue 12: nothing lost, nothing unsafe. Each test pins one defect found by using the commands
+as a careful (and a careless) user would; the closing list in docs/design.md maps items to tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pfamalign.cli import main
+from test_train import TINY as TRAIN_TINY
+
+ROOT = pathlib.Path(__file__).resolve().parent
+SEED = ROOT / "data" / "pfam_seed"
+PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
+PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], env={"CI": "1", "COLUMNS": "200"}, **kw)
+
+
+def assert_clear_error(result, *fragments):
+    """A user error: exit status 2 or 1, ``Error: ...`` naming the fragments, no traceback."""
+    assert result.exit_code in (1, 2), (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output and "Error:" in result.output, result.output
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+# ---- 1: outputs are atomic and never an input ------------------------------------------------
+
+def test_align_output_onto_its_pairs_input_is_refused_and_the_input_survives(tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"{PDZ_A}\t{PDZ_B}\n")
+    result = run(["align", "--pairs", pairs, "-o", pairs])
+    assert_clear_error(result, "also an input")
+    assert pairs.read_text() == f"{PDZ_A}\t{PDZ_B}\n"
+
+
+def test_certify_json_onto_its_stockholm_input_is_refused_before_any_work(tmp_path):
+    sto = tmp_path / "f.sto"
+    sto.write_bytes((SEED / "PF00076.sto").read_bytes())
+    before = sto.read_bytes()
+    result = run(["certify", "--stockholm", sto, "--ids", "a", "b", "--json", sto])
+    assert_clear_error(result, "also an input")
+    assert sto.read_bytes() == before
+
+
+def test_output_into_a_missing_directory_is_a_clear_error(tmp_path):
+    result = run(["align", PDZ_A, PDZ_B, "-o", tmp_path / "missing" / "out.txt"])
+    assert_clear_error(result, "does not exist", "mkdir -p")
+
+
+def test_align_writes_output_and_plot_atomically(tmp_path):
+    out, plot = tmp_path / "aln.json", tmp_path / "plan.png"
+    result = run(["align", PDZ_A, PDZ_B, "-f", "json", "-o", out, "--plot", plot])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["id_a"] == "seq_a"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["aln.json", "plan.png"]  # no temporaries
+
+
+# ---- 8, 9: bad pairs files -------------------------------------------------------------------
+
+def test_non_utf8_pairs_file_is_a_clear_error(tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_bytes(b"ACDE\tKLMN\n\xff\xfe\x00\x01\tACD\n")
+    result = run(["align", "--pairs", pairs])
+    assert_clear_error(result, "not UTF-8")
+
+
+def test_pairs_line_without_end_is_bounded(tmp_path):
+    """/dev/zero as a pairs file: a clear error within a 1 GiB address-space limit."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));\n"
+            "from pfamalign import inputs\n"
+            "try:\n    list(inputs.read_pairs_tsv('/dev/zero'))\n"
+            "except ValueError as err:\n    print('VALUEERROR', err); sys.exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "longer than" in proc.stdout
+
+
+# ---- 10: residues vs file names --------------------------------------------------------------
+
+def test_residue_string_naming_a_file_is_read_as_residues_with_a_warning(tmp_path, monkeypatch,
+                                                                           capsys):
+    from pfamalign import inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ACDEF").write_text(">other\nWWWWWWWW\n")
+    (tmp_path / "q.txt").write_text(">q\nKLMNP\n")
+    pair = inputs.pair_from_sequences("ACDEF", "@q.txt")
+    assert (pair["q_seq"], pair["k_seq"], pair["k_id"]) == ("ACDEF", "KLMNP", "q")
+    assert "read as residues" in capsys.readouterr().err
+    assert inputs.pair_from_sequences("./ACDEF", "KLM")["q_seq"] == "WWWWWWWW"
+    with pytest.raises(ValueError, match="no such FASTA file"):
+        inputs.pair_from_sequences("@missing", "KLM")
+    before = (tmp_path / "q.txt").read_text()  # an @file is an input no output may replace
+    assert_clear_error(run(["align", "@q.txt", "KLMNP", "-o", "q.txt"]), "also an input")
+    assert (tmp_path / "q.txt").read_text() == before
+
+
+# ---- 11: transport settings and the plan -----------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(eps=1e-6), dict(eps=float("nan")), dict(eps=float("inf")),
+                                dict(base_steps=0, tail_steps=0), dict(tail_steps=2.5),
+                                dict(base_steps=10 ** 9), dict(half_band=True)])
+def test_meaningless_transport_settings_are_refused(kw):
+    from pfamalign.kernels import TransportConfig
+
+    with pytest.raises(ValueError):
+        TransportConfig(**{"half_band": 8, **kw})
+
+
+def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
+    from pfamalign.inference import PairPlan, Predictor
+
+    predictor = Predictor()
+    aln, pp = predictor.align(PDZ_A, PDZ_B)
+    pp.check()  # the shipped model's plans pass
+    broken = pp.plan.copy()
+    broken[:-1] *= 2.0  # every row carries mass 2: what eps = 1e-6 produced
+    with pytest.raises(ValueError, match="not a plan"):
+        predictor.decode(PairPlan(broken))
+    broken[0, 0] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        predictor.decode(PairPlan(broken))
+
+
+# ---- 8: decoding.json ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,fragment", [('{"decoder": "mea", "gap_cots": 1.0}', "unknown"),
+                                           ('{"gap_open": "3"}', "gap_open"),
+                                           ('{"threshold": NaN}', "finite"),
+                                           ('[1, 2]', "JSON object"),
+                                           ('{"gap_open": ', "not a readable")])
+def test_bad_decoding_json_is_a_clear_error(tmp_path, text, fragment):
+    from pfamalign.inference import DecoderSettings
+
+    (tmp_path / "decoding.json").write_text(text)
+    with pytest.raises(ValueError, match=fragment):
+        DecoderSettings.load(tmp_path)
+
+
+# ---- 15: kill points only through the test seam ----------------------------------------------
+
+def test_a_fault_variable_in_the_users_shell_kills_nothing(tmp_path):
+    code = ("import pathlib; from pfamalign.pipelines import records\n"
+            f"records.write_text(pathlib.Path({str(tmp_path / 'x.txt')!r}), 'kept')\n")
+    env = dict(os.environ, PFAMALIGN_FAULT_KILL_AT="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "x.txt").read_text() == "kept"
+
+
+# ---- 2-5, 7, 8: prepare ----------------------------------------------------------------------
+
+SMALL = SEED / "PF02184.sto"
+
+
+def _prepare_cfg(out, inputs=(SMALL,), **kw):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+
+    return PrepareConfig(inputs=tuple(str(i) for i in inputs), out=str(out),
+                         sampling=SamplingConfig(pairs_per_family=4), **kw)
+
+
+def test_a_second_prepare_on_a_locked_directory_names_the_holder(tmp_path):
+    from pfamalign.pipelines.locks import directory_lock
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+
+    out = tmp_path / "ds"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pfamalign.pipelines.locks import "
+         f"directory_lock\nwith directory_lock({str(out)!r}, 'prepare'):\n"
+         "    print('locked', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(PrepareError, match=f"in use by another prepare run \\(pid {holder.pid}"):
+            run_prepare(_prepare_cfg(out), quiet=True)
+        assert not (out / "work").exists() and not (out / "manifest.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    result = run_prepare(_prepare_cfg(out), quiet=True)  # the kernel dropped the killed holder's lock
+    assert result.summary["pairs"]["total"] > 0
+    with directory_lock(out, "prepare"):  # and this run released its own
+        pass
+
+
+def test_overwrite_removes_only_what_prepare_wrote(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    first = run_prepare(_prepare_cfg(out), quiet=True)
+    (out / "train" / "my_notes.txt").write_text("mine")
+    (out / "embeddings" / "mine.npy").write_bytes(b"x")
+    (out / "README").write_text("mine too")
+    run_prepare(_prepare_cfg(out, seed=7, overwrite=True), quiet=True)
+    assert (out / "train" / "my_notes.txt").read_text() == "mine"
+    assert (out / "embeddings" / "mine.npy").read_bytes() == b"x"
+    assert (out / "README").read_text() == "mine too"
+    assert json.loads((out / "manifest.json").read_text())["config_hash"] != \
+        first.manifest["config_hash"]
+
+
+def test_overwrite_refuses_a_directory_without_a_manifest(tmp_path):
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+
+    out = tmp_path / "ds"
+    for name in ("train", "val", "test", "work", "embeddings"):
+        (out / name).mkdir(parents=True)
+        (out / name / "data.bin").write_bytes(b"precious")
+    with pytest.raises(PrepareError, match="not a pfamalign dataset"):
+        run_prepare(_prepare_cfg(out, overwrite=True), quiet=True)
+    for name in ("train", "val", "test", "work", "embeddings"):
+        assert (out / name / "data.bin").read_bytes() == b"precious"
+
+
+def test_skip_bad_keeps_a_valid_copy_after_a_broken_one(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    good = SMALL.read_text()
+    broken = good.replace("//", "bad/1-3 AC#\n//", 1)  # parses as a stream, fails the parse
+    (tmp_path / "a_broken.sto").write_text(broken)
+    (tmp_path / "b_good.sto").write_text(good)
+    out = tmp_path / "ds"
+    result = run_prepare(_prepare_cfg(out, inputs=[tmp_path / "a_broken.sto",
+                                                   tmp_path / "b_good.sto"], skip_bad=True),
+                         quiet=True)
+    s = result.summary
+    assert s["skipped"]["families"] == {"malformed Stockholm": 1}
+    assert s["families"]["used"] == 1 and s["pairs"]["total"] > 0
+
+
+def test_a_failed_prepare_does_not_block_the_rerun_its_message_suggests(tmp_path):
+    bad = tmp_path / "in"
+    bad.mkdir()
+    (bad / "a.sto").write_text(SMALL.read_text())
+    (bad / "b.sto").write_text("# STOCKHOLM 1.0\nx/1-3 AC#\n//\n")
+    out = tmp_path / "ds"
+    first = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q",
+                 "--families-per-chunk", "1"])
+    assert first.exit_code == 1 and "--skip-bad" in first.output, first.output
+    second = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q", "--skip-bad",
+                  "--families-per-chunk", "1"])
+    assert second.exit_code == 0, second.output
+    assert json.loads((out / "manifest.json").read_text())["summary"]["families"]["used"] == 1
+
+
+def test_a_stray_manifest_temporary_is_cleaned_on_rerun(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out, keep_work=True), quiet=True)
+    manifest = (out / "manifest.json").read_bytes()
+    (out / "manifest.json").rename(out / ".manifest.json.999999.tmp")  # killed before the rename
+    run_prepare(_prepare_cfg(out), quiet=True)
+    assert (out / "manifest.json").read_bytes() == manifest
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
+    import gzip
+
+    data = gzip.compress((SEED / "PF00041.sto").read_bytes() * 4)
+    gz = tmp_path / "Pfam-A.seed.gz"
+    gz.write_bytes(data[: len(data) // 2])
+    result = run(["prepare", "shards", "--pfam", gz, "--out", tmp_path / "ds", "-q"]
+                 + (["--skip-bad"] if skip_bad else []))
+    if skip_bad:  # the families before the cut are kept, the cut is reported
+        assert result.exit_code == 0, result.output
+        errors = json.loads((tmp_path / "ds" / "manifest.json").read_text())["summary"]["errors"]
+        assert any("truncated or corrupt" in e for e in errors), errors
+    else:
+        assert_clear_error(result, "truncated or corrupt")
+    assert "Aborted" not in result.output
+
+
+# ---- 2, 6, 7: training runs, checkpoints and models ------------------------------------------
+
+# test_train's tiny align_ce, smaller still: 2 steps on a short band
+TINY = {**TRAIN_TINY, "encoder_width": 16, "head_dim": 8, "train.steps": 2,
+        "train.ckpt_every": 1, "train.pad_multiple": 96, "train.max_len": 96,
+        "transport.half_band": 16, "transport.base_steps": 3, "transport.tail_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path_factory.mktemp("hard_data") / "ds"
+    cfg = _prepare_cfg(out, inputs=(SEED,), embedder="builtin/onehot",
+                       split_fractions=(0.7, 0.2, 0.1), seed=3)
+    run_prepare(cfg, quiet=True)
+    return out
+
+
+def _train_cfg(dataset, **extra):
+    from pfamalign.training import rundir
+
+    return rundir.resolve_config(dataset, "align_ce", overrides={**TINY, **extra})
+
+
+@pytest.mark.slow  # compiles a train step (15 s); test_all_finite_* is the fast check
+def test_an_infinite_learning_rate_stops_before_a_nan_checkpoint(dataset, tmp_path):
+    from pfamalign.training import loop
+
+    out = tmp_path / "run"
+    with pytest.raises(loop.NonFiniteLoss, match=r"non-finite parameters .* at step 1.*no "
+                                                 r"checkpoint was written"):
+        loop.run(dataset, out, _train_cfg(dataset, **{"train.lr": float("inf")}), quiet=True,
+                 tune_pairs=None)
+    assert not list((out / "checkpoints").glob("[0-9]*"))
+
+
+def test_a_second_training_run_into_a_locked_directory_names_the_holder(dataset, tmp_path):
+    from pfamalign.pipelines.locks import directory_lock
+    from pfamalign.training import TrainingError, loop
+
+    out = tmp_path / "run"
+    with directory_lock(out, "training"):
+        with pytest.raises(TrainingError, match=f"in use by another training run \\(pid {os.getpid()}"):
+            loop.run(dataset, out, _train_cfg(dataset), quiet=True, tune_pairs=None)
+    assert not (out / "checkpoints").exists() and not (out / "config.json").exists()
+
+
+def test_all_finite_sees_any_non_finite_float_leaf():
+    import jax.numpy as jnp
+
+    from pfamalign.training.step import _all_finite
+
+    tree = {"w": jnp.ones((3, 2)), "count": jnp.array(7, jnp.int32), "b": [jnp.zeros(4)]}
+    assert bool(_all_finite(tree))
+    for bad in (jnp.inf, -jnp.inf, jnp.nan):
+        assert not bool(_all_finite(dict(tree, b=[jnp.zeros(4).at[2].set(bad)])))
+
+
+def _flip_a_byte(path: pathlib.Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _largest_file(directory: pathlib.Path) -> pathlib.Path:
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A copy of the shipped model (its checksums.json written by ``write_checksums``, as
+    ``save_model`` does: see test_save_model_records_checksums)."""
+    import shutil
+
+    from pfamalign.inference import default_model_dir
+
+    out = tmp_path_factory.mktemp("hard_model") / "model"
+    shutil.copytree(default_model_dir(), out)
+    return out
+
+
+def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, tmp_path):
+    import shutil
+
+    from pfamalign import checkpoint
+
+    assert run(["verify", saved_model]).exit_code == 0
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    checkpoint.load_model(model)  # intact: loads
+    _flip_a_byte(_largest_file(model / "params"))
+    with pytest.raises(checkpoint.CheckpointError, match="checksum mismatch"):
+        checkpoint.load_model(model)
+    assert_clear_error(run(["verify", model]), "checksum mismatch")
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
+
+
+def test_save_model_records_checksums(tmp_path):
+    from pfamalign import checkpoint
+    from pfamalign.inference import Predictor
+
+    model = Predictor().model  # the shipped model, saved again
+    checkpoint.save_model(tmp_path / "m", model)
+    sums = json.loads((tmp_path / "m" / checkpoint.CHECKSUMS).read_text())["sha256"]
+    files = {str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m" / "params").rglob("*")
+             if p.is_file()}
+    assert set(sums) == files and checkpoint.verify_checksums(tmp_path / "m") == []
+
+
+def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign import checkpoint
+
+    params, opt = {"w": jnp.arange(64.0).reshape(8, 8)}, {"m": jnp.ones(256)}
+    ckpts = checkpoint.TrainCheckpoints(tmp_path / "checkpoints")
+    ckpts.save(3, params=params, opt_state=opt, data_state={"next_index": 3}, meta={"step": 3})
+    abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
+    restored = ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
+    np.testing.assert_array_equal(restored[0]["w"], params["w"])
+    assert run(["verify", tmp_path]).exit_code == 0  # a run directory: every checkpoint
+    _flip_a_byte(_largest_file(tmp_path / "checkpoints" / "3" / "opt_state"))
+    with pytest.raises(checkpoint.CheckpointError, match="3 fails its checksums"):
+        ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
+    ckpts.close()
+    assert_clear_error(run(["verify", tmp_path]), "checksum mismatch")
+
+
+def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    assert run(["verify", ds]).exit_code == 0
+    shard = sorted((ds / "test").glob("pairs-*"))[0]
+    _flip_a_byte(shard)  # same size: the full check sees it, and reading it
+    assert_clear_error(run(["verify", ds]), "fails its SHA-256")
+    assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
+                       "a shard of", "is damaged", "pfamalign verify")
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: seen on every open
+    assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
+                       "damaged", shard.name)
+
+
+# ---- 12: memory ------------------------------------------------------------------------------
+
+def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
+    long_a, long_b = "ACDEFGHIKL" * 300, "KLMNPQRSTV" * 300
+    result = run(["align", long_a, long_b, "--max-memory", "200M"])
+    assert_clear_error(result, "3000 x 3000", "--max-memory")
+    assert "needs about" in result.output
+
+
+@pytest.mark.slow  # a child process loads the model and compiles (15 s)
+def test_the_memory_estimate_is_above_the_measured_peak(capsys):
+    sys.path.insert(0, str(ROOT.parent / "scripts"))
+    try:
+        import measure_align_memory
+    finally:
+        sys.path.pop(0)
+    measure_align_memory.main(["--lengths", "700"])
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["peak_GB"] > row["model_loaded_GB"] > 0 and row["ratio"] > 1.0, row
+
+
+def test_memory_estimate_and_sizes():
+    from pfamalign import resources
+
+    assert resources.parse_size("8G") == 8 << 30 and resources.parse_size("512m") == 512 << 20
+    assert resources.parse_size("0") == 0 and resources.parse_size("1.5GiB") == 3 << 29
+    for bad in ("", "lots", "-1G", "8X"):
+        with pytest.raises(ValueError):
+            resources.parse_size(bad)
+    # the padded square grid: the longer sequence decides; 20000 x 20000 is about 20 GB
+    assert resources.estimate_align_bytes(100, 20000) == resources.estimate_align_bytes(20000, 20000)
+    assert 18e9 < resources.estimate_align_bytes(20000, 20000) < 22e9
+    resources.check_align_memory(20000, 20000, 0)  # 0: no limit
+    assert resources.default_budget() > 0
+
+
+# ---- 14: loading untrusted weights runs no code ----------------------------------------------
+
+class _Payload:
+    """Unpickling this creates ``marker``: what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _tiny_esm(directory):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_esm", ROOT / "data" / "tiny_esm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_tiny_esm(directory)
+
+
+@pytest.mark.parametrize("crafted", ["model", "regression"])
+def test_a_crafted_pickle_in_esm_weights_is_refused_without_running(tmp_path, monkeypatch, crafted):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, EmbedderError, load_esm
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    weights = _tiny_esm(tmp_path / "w")
+    target = weights if crafted == "model" else weights.with_name(f"{weights.stem}-contact-regression.pt")
+    marker = tmp_path / "pwned"
+    torch.save({"model": _Payload(marker)}, target)
+    with pytest.raises(EmbedderError, match="weights-only"):
+        load_esm(weights)
+    assert not marker.exists()
+
+
+def test_every_torch_load_of_esm_weights_is_weights_only(tmp_path, monkeypatch):
+    """Explicitly: fair-esm's own loader leaves it to the torch default (unsafe before 2.6)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, load_esm
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    weights = _tiny_esm(tmp_path / "w")
+    calls, real = [], torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    load_esm(weights)
+    assert calls == [True, True]  # the model and its contact-regression file
+
+
+def test_the_embed_extra_requires_a_weights_only_torch():
+    import tomllib
+
+    extras = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert "torch>=2.6" in extras["embed"]
+
+
+def test_an_oversized_fasta_argument_is_refused_while_reading(tmp_path, monkeypatch):
+    from pfamalign import inputs
+
+    monkeypatch.setattr(inputs, "MAX_RECORD", 64)
+    big = tmp_path / "big.fasta"
+    big.write_text(">big\n" + "ACDEFGHIKL\n" * 10)
+    with pytest.raises(ValueError, match="record longer than 64 residues"):
+        inputs.pair_from_sequences(str(big), "ACD")
