@@ -42,9 +42,9 @@ def dense_log_targets(q_len, k_len, lq: int, lk: int, *, dustbin: str, dtype=jnp
     return log_a, log_b
 
 
-def _masked_neg_lse(x, mask, axis):
-    """-LSE over the masked entries; 0 where a line has no entry (it then carries no mass).
-    Returns (that, has-an-entry)."""
+def masked_neg_lse(x, mask, axis):
+    """-LSE over the masked entries (the c-transform of a potential); 0 where a line has no
+    entry (it then carries no mass). Returns (that, has-an-entry)."""
     has = jnp.any(mask, axis=axis)
     xm = jnp.where(mask, x, -jnp.inf)
     mx = jax.lax.stop_gradient(jnp.max(xm, axis=axis, keepdims=True))
@@ -59,9 +59,9 @@ def _full_step(s, mask, v, log_a, log_b, kappa=(1.0, 1.0), centered=True):
     ``exp(log_b)``, each half step damped by its side's kappa (``TransportConfig.damping``),
     followed by centering when the problem is balanced."""
     ka, kb = kappa
-    u, row_has = _masked_neg_lse(s + v[..., None, :], mask, -1)
+    u, row_has = masked_neg_lse(s + v[..., None, :], mask, -1)
     u = jnp.where(row_has, damp(u + log_a, ka), 0.0)
-    v_new, col_has = _masked_neg_lse(s + u[..., :, None], mask, -2)
+    v_new, col_has = masked_neg_lse(s + u[..., :, None], mask, -2)
     v_new = jnp.where(col_has, damp(v_new + log_b, kb), 0.0)
     if not centered:
         return u, v_new
@@ -85,6 +85,21 @@ def _extend(x, token):
         token = jnp.zeros(x.shape[1:2] + x.shape[-1:], x.dtype)
     tok = jnp.broadcast_to(token[None, :, None, :], x.shape[:2] + (1, x.shape[-1]))
     return jnp.concatenate([x, tok.astype(x.dtype)], axis=2)
+
+
+def dense_problem(q, k, q_len, k_len, tokens: DustbinTokens, cfg: TransportConfig):
+    """The extended problem densely: scores ``<q, k> / sqrt(d)`` at eps = 1
+    ``[B, H, Lq + 1, Lk + 1]`` (the dustbin tokens in the last row / column), the support
+    ``[B, 1, Lq + 1, Lk + 1]`` and the log row / column targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]``
+    (unit, except a capacity dustbin takes as much as the other side's length)."""
+    d = q.shape[-1]
+    lq, lk = q.shape[2], k.shape[2]
+    q_ext, k_ext = _extend(q, tokens.q), _extend(k, tokens.k)
+    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
+    mask = mask[:, None]  # broadcast over heads
+    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=q.dtype)
+    dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
+    return dots, mask, log_a, log_b
 
 
 class SolveStats(NamedTuple):
@@ -126,14 +141,10 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     potential histories ``[B, H, T + R, L + 1]`` (after every full step; with ``tol``,
     ``max_steps + R`` steps, see ``_base_to_tol``) and the ``SolveStats``.
     """
-    d = q.shape[-1]
     lq, lk = q.shape[2], k.shape[2]
     tokens = dustbin if cfg.dustbin != "none" else DustbinTokens(None, None, None)
-    q_ext, k_ext, v_ext = _extend(q, tokens.q), _extend(k, tokens.k), _extend(v, tokens.v)
-    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
-    mask = mask[:, None]  # broadcast over heads
-    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=q.dtype)
-    dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
+    v_ext = _extend(v, tokens.v)
+    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
     kappa, centered = cfg.damping(), cfg.centered()
     step = lambda s, v: _full_step(s, mask, v, log_a, log_b, kappa, centered)
 

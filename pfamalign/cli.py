@@ -16,6 +16,7 @@ _COMMANDS = {
     "eval": ("evaluate", "evaluate"),
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
+    "compile": ("compile", "compile_model"),
     "verify": ("verify", "verify"),
 }
 
@@ -42,6 +43,7 @@ def main():
       pfamalign train --data data/ --out runs/align_ce             # train an aligner
       pfamalign align SEQ_A SEQ_B                                  # align two sequences
       pfamalign search query.fasta db.fasta                        # rank hits, E-values
+      pfamalign compile -o compiled/                               # compiled plan (--engine asap)
 
     \b
     Compiled XLA programs are cached in the user's cache directory (~/.cache/pfamalign),

@@ -45,6 +45,25 @@ def padded_batch(size: int) -> int:
     return next((b for b in BATCH_SIZES if b >= size), -(-size // BATCH_SIZES[-1]) * BATCH_SIZES[-1])
 
 
+def pad_batch(pairs, *, pad: int | None = None, size: int | None = None):
+    """Zero-padded ``(q_feat [size, pad, D], k_feat [size, pad, D], q_len [size], k_len [size])``
+    of feature pairs ``[(q [Lq, D], k [Lk, D])]``: both sides at one padded length ``pad``
+    (default: the bucket of the longest sequence, ``padded_length``), ``size`` slots (default:
+    one per pair; slots past the pairs repeat the first pair). The one padding of the plan
+    calls (``Predictor``) and of the ASAP fit and benchmarks (``pfamalign.asap``)."""
+    size = size or len(pairs)
+    slots = [pairs[n] if n < len(pairs) else pairs[0] for n in range(size)]
+    lq = np.array([a.shape[0] for a, _ in slots], np.int32)
+    lk = np.array([b.shape[0] for _, b in slots], np.int32)
+    pad = pad or padded_length(int(max(lq.max(), lk.max())))
+    dim = slots[0][0].shape[1]
+    xq = np.zeros((size, pad, dim), np.float32)
+    xk = np.zeros((size, pad, dim), np.float32)
+    for n, (a, b) in enumerate(slots):
+        xq[n, : len(a)], xk[n, : len(b)] = a, b
+    return xq, xk, lq, lk
+
+
 def default_model_dir() -> pathlib.Path:
     """The model shipped inside the package (trained on the bundled Pfam data, builtin features)."""
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
@@ -184,7 +203,7 @@ class PairPlan:
     def row_dustbin(self) -> np.ndarray:
         return self.plan[:-1, -1]
 
-    def check(self, tol: float = PLAN_TOL) -> None:
+    def check(self, tol: float = PLAN_TOL, *, marginals: bool = True) -> None:
         """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
         non-negative, no entry (a confidence) above 1 + ``tol``, no query row above
         ``max(1, r)`` and no key column above ``max(1, 1 / r)`` (times 1 + ``tol``), and the
@@ -193,7 +212,9 @@ class PairPlan:
         of the totals, and a plan of a fixed number of steps (or the mean of both directions)
         leaves single rows further off, so only the mean is bounded from below. A broken solve
         (too small an eps, overflow) is far outside these bounds, and its confidences would
-        be meaningless."""
+        be meaningless. ``marginals=False`` (the plans of a ``steps`` or ``asap`` engine,
+        whose row and column masses are what they approximate): finite, non-negative and
+        entries only."""
         plan = self.plan
         if not np.all(np.isfinite(plan)):
             raise ValueError("the transport plan is not finite (overflow in the solve); "
@@ -204,13 +225,14 @@ class PairPlan:
         low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
         col_high = (1 + tol) * max(1.0, 1 / ratio)
         mean_row = float(rows.mean()) if len(rows) else 1.0
-        bad = [what for what, failed in (
-            ("negative mass", plan.min(initial=0.0) < -tol),
-            (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol),
-            (f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),
-            (f"a query row of mass {rows.max(initial=0.0):.3g}", rows.max(initial=0.0) > high),
-            (f"mean query-row mass {mean_row:.3g} (expected {low:.3g} to {high:.3g})",
-             not low <= mean_row <= high)) if failed]
+        checks = [("negative mass", plan.min(initial=0.0) < -tol),
+                  (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol)]
+        if marginals:
+            checks += [(f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),
+                       (f"a query row of mass {rows.max(initial=0.0):.3g}", rows.max(initial=0.0) > high),
+                       (f"mean query-row mass {mean_row:.3g} (expected {low:.3g} to {high:.3g})",
+                        not low <= mean_row <= high)]
+        bad = [what for what, failed in checks if failed]
         if bad:
             raise ValueError(f"the transport plan is not a plan ({'; '.join(bad)}); the solve did "
                              "not converge with the model's transport settings (eps, steps)")
@@ -273,10 +295,15 @@ class Predictor:
       max_length: longest sequence accepted (residues).
       max_memory: refuse a pair whose estimated memory (``pfamalign.resources``) is larger
         (bytes; None: no limit).
+      engine: how plans are computed (``pfamalign.asap.ENGINES``), both directions of a
+        symmetrized plan included: ``sinkhorn`` (the trained steps), ``steps`` (``steps`` plain
+        Sinkhorn steps) or ``asap`` (the operator that ``pfamalign compile`` wrote into the
+        model directory).
     """
 
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
-                 max_length: int = 4096, max_memory: int | None = None):
+                 max_length: int = 4096, max_memory: int | None = None, engine: str = "sinkhorn",
+                 steps: int | None = None):
         from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
@@ -288,6 +315,11 @@ class Predictor:
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
         self.model, self.config = ckpt.load_model(path)
+        self.engine = None  # the model's own plan
+        if engine != "sinkhorn" or steps is not None:
+            from pfamalign.asap import Engine
+
+            self.engine = Engine.load(engine, path, self.model, steps=steps)
         self.decoding = DecoderSettings.load(path)
         self.pairhmm = model_pairhmm(path)
         self.embedder = get_embedder(self.config.embedder_id, weights)
@@ -310,7 +342,8 @@ class Predictor:
         settings = dataclasses.asdict(decoding or self.decoding)
         return {"version": f"pfamalign {__version__}",
                 "model": f"{self.config.name}{shipped} {self.model_hash}",
-                "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True}}
+                "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True},
+                **({"engine": self.engine.describe()} if self.engine is not None else {})}
 
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
@@ -338,28 +371,23 @@ class Predictor:
         """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
         (default: the bucket of the longest sequence) and a ``padded_batch`` size;
         ``symmetric``: both directions in the same call (each sequence encoded once)."""
-        lq = np.array([a.shape[0] for a, _ in batch], np.int32)
-        lk = np.array([b.shape[0] for _, b in batch], np.int32)
-        pad = pad or padded_length(int(max(lq.max(), lk.max())))
-        size = padded_batch(len(batch))
-        self.shapes.add((size, pad))
-        dim = batch[0][0].shape[1]
-        xq = np.zeros((size, pad, dim), np.float32)
-        xk = np.zeros((size, pad, dim), np.float32)
-        for n in range(size):  # slots past the batch repeat its first pair
-            a, b = batch[n] if n < len(batch) else batch[0]
-            xq[n, : len(a)], xk[n, : len(b)] = a, b
-        lq_all = np.r_[lq, np.full(size - len(batch), lq[0], np.int32)]
-        lk_all = np.r_[lk, np.full(size - len(batch), lk[0], np.int32)]
-        if not symmetric:  # jit-compiled per shape
-            return _unpad(np.asarray(self.model.plan(xq, xk, lq_all, lk_all)), lq, lk)
-        ab, ba = (np.asarray(x) for x in self.model.plans_both_ways(xq, xk, lq_all, lk_all))
+        xq, xk, lq_all, lk_all = pad_batch(batch, pad=pad, size=padded_batch(len(batch)))
+        self.shapes.add(xq.shape[:2])
+        lq, lk = lq_all[: len(batch)], lk_all[: len(batch)]
+        if self.engine is None:  # jit-compiled per shape
+            plan, both_ways = self.model.plan, self.model.plans_both_ways
+        else:
+            plan = functools.partial(self.engine.plan, self.model)
+            both_ways = functools.partial(self.engine.plans_both_ways, self.model)
+        if not symmetric:
+            return _unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
+        ab, ba = (np.asarray(x) for x in both_ways(xq, xk, lq_all, lk_all))
         return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None) -> PairAlignment:
-        pp.check()  # a failed solve is an error for this pair, not an alignment
+        pp.check(marginals=self.engine is None)  # a failed solve is an error, not an alignment
         return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
@@ -438,7 +466,7 @@ class Predictor:
                     posts = batched_match_posteriors(self.pairhmm, seqs + seqs[:1] * (size - len(chunk)),
                                                      pad, pad)
                 for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
-                    pp.check()  # a failed solve is an error, not an alignment
+                    pp.check(marginals=self.engine is None)  # a failed solve is an error
                     aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)
                     rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
                                                          id_b=pairs[n]["k_id"])

@@ -123,6 +123,17 @@ def decoder_settings(base, options: dict):
         fail(str(err))
 
 
+def engine_options(f):
+    """``--engine`` and ``--steps``: how the plans are computed (``pfamalign.asap.Engine``)."""
+    f = click.option("--steps", type=click.IntRange(min=1), default=None,
+                     help="With --engine steps: the number of plain Sinkhorn steps.")(f)
+    return click.option("--engine", type=click.Choice(["sinkhorn", "steps", "asap"]), default="sinkhorn",
+                        show_default=True,
+                        help="How the plan is computed: the trained Sinkhorn steps, N plain steps "
+                             "(--steps N), or the compiled operator of a model written by "
+                             "`pfamalign compile` (asap).")(f)
+
+
 strict_option = click.option("--strict", is_flag=True,
                              help="Stop at the first bad record (default: report it with its "
                                   "file:line, go on, exit 1 at the end).")

@@ -8,8 +8,8 @@ import time
 import click
 
 from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
-                                       decoder_options, decoder_settings, error_line, fail,
-                                       sequence_paths)
+                                       decoder_options, decoder_settings, engine_options, error_line,
+                                       fail, sequence_paths)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -41,6 +41,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
               help="Report to standard error: pairs, time, the batch shapes run and the programs "
                    "compiled (and loaded from the compile cache).")
 @decoder_options
+@engine_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
 @click.option("--max-memory", default=None, metavar="SIZE",
@@ -48,7 +49,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
                    "Default: 80% of this machine's memory.")
 @batch_options
 def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, verbose,
-          max_length, max_memory, strict, quiet, **decoding):
+          engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files; - reads standard input).
 
     \b
@@ -76,6 +77,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align query.fasta target.fasta -f json --plot plan.png
       cat family.fasta | pfamalign align - --all-pairs -f cigar
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
+      pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B   # see `compile`
     """
     from pfamalign import inputs, resources
     from pfamalign.alignment.formats import format_alignment
@@ -112,7 +114,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         counter = _compile_counter() if verbose else None
         budget = (resources.default_budget() if max_memory is None
                   else resources.parse_size(max_memory))
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget)
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget,
+                              engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
         provenance = predictor.provenance(settings)
         n_pairs = 0

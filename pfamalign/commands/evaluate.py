@@ -6,8 +6,8 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import (check_outputs, decoder_options, decoder_settings, fail,
-                                       strict_option)
+from pfamalign.commands._common import (check_outputs, decoder_options, decoder_settings, engine_options,
+                                       fail, strict_option)
 
 
 @click.command("eval")
@@ -32,6 +32,7 @@ from pfamalign.commands._common import (check_outputs, decoder_options, decoder_
 @click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and the sampling.")
 @decoder_options
+@engine_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the full results (every number, with intervals) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -39,7 +40,7 @@ from pfamalign.commands._common import (check_outputs, decoder_options, decoder_
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @strict_option
 def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
-             bootstrap, seed, json_out, plot, quiet, strict, **decoding):
+             bootstrap, seed, engine, steps, json_out, plot, quiet, strict, **decoding):
     """Score the aligner against reference alignments, beside the baselines.
 
     \b
@@ -77,7 +78,7 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
         from pfamalign.inference import Predictor
 
         try:
-            predictor = Predictor(checkpoint, weights=weights)
+            predictor = Predictor(checkpoint, weights=weights, engine=engine, steps=steps)
         except (FileNotFoundError, ValueError) as err:
             fail(str(err))
         settings = decoder_settings(predictor.decoding, decoding)

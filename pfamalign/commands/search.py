@@ -8,7 +8,8 @@ import click
 
 from pfamalign import inputs
 from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
-                                       decoder_options, decoder_settings, error_line, fail)
+                                       decoder_options, decoder_settings, engine_options, error_line,
+                                       fail)
 
 
 @click.command()
@@ -32,11 +33,12 @@ from pfamalign.commands._common import (batch_options, batch_progress, check_out
               help="Model directory (default: the model shipped with pfamalign).")
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
 @decoder_options
+@engine_options
 @click.option("--max-length", type=int, default=4096, show_default=True,
               help="Skip sequences longer than this (residues).")
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out, checkpoint, weights,
-           max_length, strict, quiet, **decoding):
+           engine, steps, max_length, strict, quiet, **decoding):
     """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
 
     \b
@@ -87,7 +89,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
         db_records = query_records if all_vs_all else list(inputs.read_fasta(database))
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
         queries = lib.usable_records(query_records, predictor.max_length, errors)
         db = queries if all_vs_all else lib.usable_records(db_records, predictor.max_length, errors)

@@ -1,0 +1,580 @@
+"""Compiled transport for the alignment plan (ASAP): the Sinkhorn teacher's plan without iterating.
+
+A trained aligner's plan is the banded, dustbin-augmented Sinkhorn plan ``P = exp(S + u ⊕ v)``
+(``kernels.reference``). The compiled operator predicts the query-side dual ``u`` from
+per-residue features with a linear map fitted (closed-form ridge) on calibration pairs, predicts
+the dustbin row's dual on its own, and rebuilds the plan by entropic c-transforms masked to the
+support: one key-side transform (``passes=1``, ASAP-0: column sums exact) or key, query, key
+(``passes=3``, ASAP). Every model weight stays frozen. docs/design.md §12 ("Compiled transport") says
+how this generalises the ASAP paper and what did not hold.
+
+Features of query row i (per head, scores ``S = <q, k> / (sqrt(d) eps)`` with the substitution
+channel inside q and k):
+
+* ``rowlse``: ``-LSE_j S_ij`` over the row's support (the row transform of v = 0);
+* ``norm``: ``||q_i||^2 / (sqrt(d) eps)``; ``spoke``: ``S_i,dustbin``; ``max``: ``max_j S_ij``;
+* ``slices``: the exact 1-D Kantorovich potential of q_i on L fixed random slices
+  (``kantorovich_1d``), the paper's feature family.
+
+Features and targets are centred over each pair's real rows: a constant shift of u moves into
+v and leaves the plan unchanged, so only the within-pair variation is fitted.
+
+Engines (``ENGINES``) give the head-mean plan ``[B, Lq + 1, Lk + 1]`` (real rows, then the
+dustbin row) that ``Aligner.plan`` gives, and both directions of a pair as
+``Aligner.plans_both_ways`` does (``Engine.plans_both_ways``: each sequence encoded once, the
+engine's transport run in each direction): ``sinkhorn`` (the trained T + R steps), ``steps``
+(N plain steps: the honest baseline at equal time) and ``asap`` (a compiled operator). The
+operator compiles balanced plans (``TransportConfig.marginals == "balanced"``, the default);
+a model with semi-relaxed marginals is refused (``Operator.check``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
+from pfamalign.kernels import DustbinTokens
+from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
+
+ENGINES = ("sinkhorn", "steps", "asap")
+FEATURES = ("rowlse", "norm", "spoke", "max")
+OPERATOR_FILE = "asap.json"
+OPERATOR_FORMAT = "pfamalign-asap"
+
+
+class CompileError(ValueError):
+    """A compiled operator that cannot serve the model it is used with."""
+
+
+# ---- the 1-D potentials ---------------------------------------------------------------------
+
+def kantorovich_1d(x, y, n, m):
+    """Exact Kantorovich potentials ``(f [Px], g [Py])`` of the 1-D problem between the first
+    ``n`` entries of ``x`` (mass 1/n each) and the first ``m`` of ``y`` (1/m each) for the cost
+    ``c(x, y) = -x y`` (the negated score; submodular, so the sorted north-west-corner coupling
+    is optimal). Quantile form for n != m: both sides are sorted, their cumulative masses
+    merged into a staircase of n + m - 1 cells (a row ends at (r+1)/n, a column at (c+1)/m,
+    a row first on ties), and ``f_i + g_j = c(x_i, y_j)`` on every cell fixes the potentials
+    (``f`` of the smallest x is 0). Entries beyond n, m are 0. No gradient is needed."""
+    px, py = x.shape[0], y.shape[0]
+    big = jnp.iinfo(jnp.int32).max // 4
+    xs_idx = jnp.argsort(jnp.where(jnp.arange(px) < n, x, jnp.inf))
+    ys_idx = jnp.argsort(jnp.where(jnp.arange(py) < m, y, jnp.inf))
+    xs, ys = x[xs_idx], y[ys_idx]
+    # events on the merged quantile grid, in units of 1 / (n m); ties: the row ends first
+    r, c = jnp.arange(px - 1), jnp.arange(py - 1)
+    row_key = jnp.where(r < n - 1, (r + 1) * m, big) * 2
+    col_key = jnp.where(c < m - 1, (c + 1) * n, big) * 2 + 1
+    order = jnp.argsort(jnp.concatenate([row_key, col_key]))
+    is_row = order < px - 1
+    cells = px + py - 1  # cell 0 = (0, 0); cell k follows event k - 1
+    i = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(is_row, dtype=jnp.int32)])
+    j = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(~is_row, dtype=jnp.int32)])
+    valid = jnp.arange(cells) <= n + m - 2
+    i, j = jnp.minimum(i, px - 1), jnp.minimum(j, py - 1)
+    cost = -xs[i] * ys[j]
+    # f changes only where a row starts: f_new = c_k - g_old = f_old + c_k - c_{k-1}
+    step = jnp.where(jnp.concatenate([jnp.zeros(1, bool), is_row]) & valid,
+                     jnp.diff(cost, prepend=cost[:1]), 0.0)
+    f_cell = jnp.cumsum(step)
+    g_cell = cost - f_cell
+    drop = lambda idx, size: jnp.where(valid, idx, size)  # scatter out of range: dropped
+    f_sorted = jnp.zeros(px, x.dtype).at[drop(i, px)].set(f_cell, mode="drop")
+    g_sorted = jnp.zeros(py, y.dtype).at[drop(j, py)].set(g_cell, mode="drop")
+    f = jnp.zeros(px, x.dtype).at[xs_idx].set(f_sorted)
+    g = jnp.zeros(py, y.dtype).at[ys_idx].set(g_sorted)
+    return (jnp.where(jnp.arange(px) < n, f, 0.0), jnp.where(jnp.arange(py) < m, g, 0.0))
+
+
+# ---- settings, operator ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AsapSettings:
+    """How an operator is fitted and applied.
+
+    Attributes:
+      slices: L random slices whose 1-D potentials are features (0, the default: none; on
+        the shipped model they explain 3 % of the dual on unseen families and add nothing to
+        the per-residue features, while their sorts cost time; README).
+      features: the per-residue features besides the slices (``FEATURES``).
+      passes: c-transforms of the reconstruction: 1 (ASAP-0: key) or 3 (ASAP: key, query, key).
+      ridge: ridge penalty, relative to the mean diagonal of the normal matrix.
+      seed: seed of the slices.
+    """
+
+    slices: int = 0
+    features: tuple[str, ...] = FEATURES
+    passes: int = 3
+    ridge: float = 1e-4
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "features", tuple(self.features))
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"unknown ASAP features {unknown}; choose from {FEATURES}")
+        if self.passes not in (1, 3):
+            raise ValueError(f"passes must be 1 (ASAP-0) or 3 (ASAP), got {self.passes}")
+        if self.slices < 0 or self.ridge < 0:
+            raise ValueError(f"need slices >= 0 and ridge >= 0, got {self.slices}, {self.ridge}")
+        if not self.features and not self.slices:
+            raise ValueError("no features: give some features or slices > 0")
+
+    @property
+    def n_features(self) -> int:
+        return len(self.features) + self.slices
+
+
+@dataclasses.dataclass
+class Operator:
+    """A fitted operator: per head, ``omega [H, F]`` (row features -> centred u),
+    ``omega_dustbin [H, 4]`` (pair features -> the dustbin row's u minus the real rows' mean),
+    the slices ``[H, d', L]``, the settings, fit statistics and the hash of the parameters it
+    was fitted to."""
+
+    settings: AsapSettings
+    omega: np.ndarray
+    omega_dustbin: np.ndarray
+    slices: np.ndarray
+    params_hash: str
+    stats: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"format": OPERATOR_FORMAT, "settings": dataclasses.asdict(self.settings),
+                "params_hash": self.params_hash, "stats": self.stats,
+                "omega": self.omega.tolist(), "omega_dustbin": self.omega_dustbin.tolist(),
+                "slices": self.slices.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Operator":
+        if data.get("format") != OPERATOR_FORMAT:
+            raise CompileError(f"not a compiled ASAP operator (format {data.get('format')!r})")
+        return cls(AsapSettings(**data["settings"]), np.asarray(data["omega"], np.float32),
+                   np.asarray(data["omega_dustbin"], np.float32), np.asarray(data["slices"], np.float32),
+                   data["params_hash"], data.get("stats", {}))
+
+    def arrays(self):
+        """The operator's arrays, as ``asap_of`` takes them."""
+        return tuple(jnp.asarray(a) for a in (self.omega, self.omega_dustbin, self.slices))
+
+    def check(self, model) -> None:
+        """Raises CompileError unless ``model`` holds the parameters this was fitted to (and
+        has balanced marginals: ``check_model``)."""
+        check_model(model)
+        have = params_hash(model)
+        if have != self.params_hash:
+            raise CompileError(f"the compiled operator was fitted to parameters {self.params_hash[:12]}, "
+                               f"but the model's are {have[:12]}: recompile with `pfamalign compile`")
+
+
+def check_model(model) -> None:
+    """Raises CompileError unless the model's plans are balanced: the reconstruction's
+    c-transforms are undamped, so semi-relaxed marginals (``rows`` / ``cols``, ``relax``) would
+    need another operator (the ``rows`` plan is a row softmax: nothing to amortise)."""
+    marginals = model.cfg.transport.marginals
+    if marginals != "balanced":
+        raise CompileError(f"ASAP compiles balanced plans only; this model's marginals are {marginals!r}")
+
+
+def params_hash(model) -> str:
+    """sha256 over the model's parameters (paths, shapes, dtypes and bytes, in path order)."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]
+    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        arr = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{arr.shape}|{arr.dtype}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def make_slices(settings: AsapSettings, heads: int, dim: int) -> np.ndarray:
+    """``[H, d', L]`` unit random directions (seeded)."""
+    rng = np.random.default_rng(settings.seed)
+    s = rng.standard_normal((heads, dim, settings.slices))
+    return (s / np.maximum(np.linalg.norm(s, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+# ---- the dense problem, features, reconstruction --------------------------------------------
+
+def projections(model, q_feat, k_feat, q_len, k_len):
+    """``(q, k, tokens, q_len, k_len)``: what the transport of ``model`` reads (the encoder and
+    the projections run here; every engine shares them)."""
+    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len)
+    if tokens is not None:  # the plan needs no values
+        tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
+    return q, k, tokens, q_len, k_len
+
+
+def problem_of(cfg, q, k, tokens, q_len, k_len):
+    """The dense extended problem: ``(S [B, H, Lq+1, Lk+1] at eps, mask, log_a, log_b)``."""
+    tokens = tokens if cfg.dustbin != "none" else DustbinTokens(None, None, None)
+    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
+    return dots / cfg.eps, mask, log_a, log_b
+
+
+def problem(model, q_feat, k_feat, q_len, k_len):
+    """The model's dense extended problem and projections: ``(S, mask, log_a, log_b, q, k)``."""
+    q, k, tokens, q_len, k_len = projections(model, q_feat, k_feat, q_len, k_len)
+    return problem_of(model.cfg.transport, q, k, tokens, q_len, k_len) + (q, k)
+
+
+def _row_mean(x, rows, axis=-1):
+    """Mean over the real rows (``rows`` [B, 1, Lq] bool) and its centred ``x``."""
+    n = jnp.maximum(jnp.sum(rows, -1, keepdims=True), 1)
+    mean = jnp.sum(jnp.where(rows, x, 0.0), -1, keepdims=True) / n
+    return mean, jnp.where(rows, x - mean, 0.0)
+
+
+def features(s, mask, q, k, q_len, k_len, slices, settings: AsapSettings, eps: float):
+    """Row features centred over each pair's real rows ``[B, H, Lq, F]``, the dustbin's pair
+    features ``[B, H, 4]`` and the real-row mask ``[B, 1, Lq]``."""
+    lq = q.shape[2]
+    rows = (jnp.arange(lq)[None, :] < q_len[:, None])[:, None]  # [B, 1, Lq]
+    real, real_mask = s[..., :lq, :], mask[..., :lq, :]
+    rowlse, _ = masked_neg_lse(real, real_mask, -1)  # [B, H, Lq]
+    scale = 1.0 / (np.sqrt(q.shape[-1]) * eps)  # the scores' scale
+    columns = {
+        "rowlse": rowlse,
+        "norm": jnp.sum(q * q, -1) * scale,
+        "spoke": jnp.where(real_mask[..., -1], real[..., -1], 0.0),
+        "max": jnp.max(jnp.where(real_mask, real, -1e30), -1),
+    }
+    feats = [columns[f] for f in settings.features]
+    if settings.slices:
+        xs = jnp.einsum("bhid,hdl->bhli", q, slices)  # [B, H, L, Lq]
+        ys = jnp.einsum("bhjd,hdl->bhlj", k, slices)
+        per_slice = jax.vmap(jax.vmap(lambda x, y, n, m: kantorovich_1d(x, y, n, m)[0],
+                                      (0, 0, None, None)), (0, 0, None, None))
+        pot = jax.vmap(per_slice)(xs, ys, q_len, k_len)  # [B, H, L, Lq]
+        feats += list(jnp.moveaxis(pot * scale, 2, 0))
+    x = jnp.stack(feats, -1)  # [B, H, Lq, F]
+    n = jnp.maximum(jnp.sum(rows, -1), 1)[..., None, None]
+    x = jnp.where(rows[..., None], x, 0.0)
+    x = jnp.where(rows[..., None], x - jnp.sum(x, 2, keepdims=True) / n, 0.0)
+    # the dustbin row: its own row transform against the real rows' mean transform, the lengths
+    db_row, _ = masked_neg_lse(s[..., lq, :], mask[..., lq, :], -1)  # [B, H]
+    mean_rowlse = jnp.sum(jnp.where(rows, rowlse, 0.0), -1) / n[..., 0, 0]
+    log_len = lambda l: jnp.broadcast_to(jnp.log(jnp.maximum(l, 1).astype(s.dtype))[:, None], db_row.shape)
+    z = jnp.stack([jnp.ones_like(db_row), db_row - mean_rowlse, log_len(q_len), log_len(k_len)], -1)
+    return x, z, rows
+
+
+def centred_target(u, rows):
+    """The teacher's dual as the operator predicts it: the real rows centred over the pair's
+    real rows ``[B, H, Lq]`` and the dustbin row minus that mean ``[B, H]``."""
+    lq = rows.shape[-1]
+    mean, real = _row_mean(u[..., :lq], rows)
+    return real, u[..., lq] - mean[..., 0]
+
+
+def reconstruct(s, mask, log_a, log_b, u, passes: int):
+    """Plan ``exp(S + u ⊕ v)`` on the support from the query-side dual ``u [B, H, Lq + 1]`` by
+    entropic c-transforms: key (passes=1) or key, query, key (passes=3). Returns (plan, u, v)."""
+    def col(u):
+        v, has = masked_neg_lse(s + u[..., :, None], mask, -2)
+        return jnp.where(has, v + log_b, 0.0)
+
+    def row(v):
+        u, has = masked_neg_lse(s + v[..., None, :], mask, -1)
+        return jnp.where(has, u + log_a, 0.0)
+
+    v = col(u)
+    if passes == 3:
+        u = row(v)
+        v = col(u)
+    log_plan = jnp.where(mask, s + u[..., :, None] + v[..., None, :], 0.0)
+    return jnp.where(mask, jnp.exp(log_plan), 0.0), u, v
+
+
+def predict_dual(x, z, rows, omega, omega_dustbin):
+    """``u [B, H, Lq + 1]``: the real rows from their features, the dustbin row on its own."""
+    u_real = jnp.einsum("bhif,hf->bhi", x, omega)
+    u_db = jnp.einsum("bhf,hf->bh", z, omega_dustbin)
+    return jnp.concatenate([jnp.where(rows, u_real, 0.0), u_db[..., None]], -1)
+
+
+def teacher_of(cfg, q, k, tokens, q_len, k_len, *, steps: int | None = None):
+    """The Sinkhorn plan ``[B, H, Lq+1, Lk+1]`` and its final potentials ``(u, v)``: the
+    config's own T + R steps, or ``steps`` plain steps at its eps."""
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, base_steps=steps, tail_steps=0, eps_schedule=None, tol=None)
+    v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
+    plan, _, _, (hu, hv), _ = reference_solve(q, k, v, q_len, k_len, tokens, cfg)
+    return plan, hu[..., -1, :], hv[..., -1, :]
+
+
+def teacher(model, q_feat, k_feat, q_len, k_len, *, steps: int | None = None):
+    """``teacher_of`` for a model and features."""
+    return teacher_of(model.cfg.transport, *projections(model, q_feat, k_feat, q_len, k_len), steps=steps)
+
+
+def asap_of(cfg, op_arrays, settings: AsapSettings, q, k, tokens, q_len, k_len):
+    """The compiled plan ``[B, H, Lq+1, Lk+1]`` and the predicted dual."""
+    omega, omega_db, slices = op_arrays
+    s, mask, log_a, log_b = problem_of(cfg, q, k, tokens, q_len, k_len)
+    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, cfg.eps)
+    u = predict_dual(x, z, rows, omega, omega_db)
+    plan, _, _ = reconstruct(s, mask, log_a, log_b, u, settings.passes)
+    return plan, u
+
+
+# ---- the fit ---------------------------------------------------------------------------------
+
+def ridge(x, y, penalty: float):
+    """Closed-form ridge ``argmin ||x w - y||^2 + lam ||w||^2`` (float64), ``lam = penalty``
+    times the mean diagonal of ``x^T x`` (scale-free)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    gram = x.T @ x
+    lam = penalty * np.trace(gram) / max(gram.shape[0], 1)
+    return np.linalg.solve(gram + lam * np.eye(gram.shape[0]), x.T @ y)
+
+
+def r_squared(pred, y) -> float:
+    """1 - SSE / SST about zero (the targets are centred per pair)."""
+    pred, y = np.asarray(pred, np.float64), np.asarray(y, np.float64)
+    return float(1.0 - np.sum((pred - y) ** 2) / max(np.sum(y ** 2), 1e-300))
+
+
+@functools.partial(nnx.jit, static_argnames=("settings",))
+def _calibration(model, slices, settings, q_feat, k_feat, q_len, k_len):
+    """Features and the teacher's centred targets of one batch."""
+    q, k, tokens, q_len, k_len = projections(model, q_feat, k_feat, q_len, k_len)
+    s, mask, log_a, log_b = problem_of(model.cfg.transport, q, k, tokens, q_len, k_len)
+    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, model.cfg.transport.eps)
+    _, u, _ = teacher_of(model.cfg.transport, q, k, tokens, q_len, k_len)
+    y, y_db = centred_target(u, rows)
+    return x, z, rows, y, y_db
+
+
+def _batches(pairs, batch_size):
+    """Pairs grouped by padded length (fewer shapes), in batches."""
+    order = sorted(range(len(pairs)), key=lambda i: max(len(pairs[i][0]), len(pairs[i][1])))
+    for start in range(0, len(order), batch_size):
+        yield [pairs[i] for i in order[start : start + batch_size]]
+
+
+def _stack_rows(model, slices, settings, pairs, batch_size):
+    """Per head: real-row features ``[N, F]``, targets ``[N]``; dustbin ``[P, 4]``, ``[P]``."""
+    heads = model.cfg.heads
+    xs, ys, zs, ydbs = [[] for _ in range(heads)], [[] for _ in range(heads)], [], []
+    for batch in _batches(pairs, batch_size):
+        x, z, rows, y, y_db = (np.asarray(a) for a in _calibration(
+            model, jnp.asarray(slices), settings, *pad_batch(batch)))
+        sel = rows[:, 0]  # [B, Lq]
+        for h in range(heads):
+            xs[h].append(x[:, h][sel])
+            ys[h].append(y[:, h][sel])
+        zs.append(z)
+        ydbs.append(y_db)
+    z, y_db = np.concatenate(zs), np.concatenate(ydbs)  # [P, H, 4], [P, H]
+    return ([np.concatenate(a) for a in xs], [np.concatenate(a) for a in ys], z, y_db)
+
+
+def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), batch_size: int = 8
+        ) -> Operator:
+    """Fits an operator on calibration ``pairs`` ``[(q_feat [Lq, D], k_feat [Lk, D])]``;
+    ``held_out`` pairs give the fit statistics (R^2 of the duals, plan errors vs the teacher)."""
+    if not pairs:
+        raise ValueError("no calibration pairs")
+    check_model(model)
+    heads, dim = model.cfg.heads, model.cfg.head_dim + model.substitution_dim
+    slices = make_slices(settings, heads, dim)
+    x, y, z, y_db = _stack_rows(model, slices, settings, list(pairs), batch_size)
+    omega = np.stack([ridge(x[h], y[h], settings.ridge) for h in range(heads)]).astype(np.float32)
+    omega_db = np.stack([ridge(z[:, h], y_db[:, h], settings.ridge) for h in range(heads)]).astype(np.float32)
+    stats = {"calibration_pairs": len(pairs), "calibration_rows": int(sum(len(a) for a in y)),
+             "r2_train": float(np.mean([r_squared(x[h] @ omega[h], y[h]) for h in range(heads)]))}
+    op = Operator(settings, omega, omega_db, slices, params_hash(model), stats)
+    if held_out:
+        op.stats.update(held_out_stats(model, op, list(held_out), batch_size))
+    return op
+
+
+def held_out_stats(model, op: Operator, pairs, batch_size: int = 8) -> dict:
+    """R^2 of both duals and the plans' errors against the teacher on ``pairs``."""
+    heads = model.cfg.heads
+    x, y, z, y_db = _stack_rows(model, op.slices, op.settings, pairs, batch_size)
+    out = {"held_out_pairs": len(pairs),
+           "r2_dual": float(np.mean([r_squared(x[h] @ op.omega[h], y[h]) for h in range(heads)])),
+           "r2_dustbin": float(np.mean([r_squared(z[:, h] @ op.omega_dustbin[h], y_db[:, h])
+                                        for h in range(heads)]))}
+    for passes in (1, 3):
+        errs = plan_errors(model, dataclasses.replace(op, settings=dataclasses.replace(
+            op.settings, passes=passes)), pairs, batch_size)
+        out.update({f"{k}_passes{passes}": v for k, v in errs.items()})
+    return out
+
+
+def plan_errors(model, op: Operator, pairs, batch_size: int = 8) -> dict:
+    """Pooled relative l2 of the plan and worst row / column marginal error against the
+    teacher's plan, over ``pairs``."""
+    num = den = 0.0
+    row_err = col_err = 0.0
+    for batch in _batches(pairs, batch_size):
+        args = pad_batch(batch)
+        ref = np.asarray(engine_plan(model, None, *args, engine="sinkhorn", heads_mean=False))
+        got = np.asarray(engine_plan(model, op.arrays(), *args, engine="asap", settings=op.settings,
+                                     heads_mean=False))
+        num += float(np.sum((got - ref) ** 2))
+        den += float(np.sum(ref ** 2))
+        row_err = max(row_err, float(np.max(np.abs(got.sum(-1) - ref.sum(-1)))))
+        col_err = max(col_err, float(np.max(np.abs(got.sum(-2) - ref.sum(-2)))))
+    return {"plan_rel_l2": float(np.sqrt(num / max(den, 1e-300))), "row_marginal_err": row_err,
+            "col_marginal_err": col_err}
+
+
+# ---- engines ---------------------------------------------------------------------------------
+
+def transport_of(cfg, op_arrays, q, k, tokens, q_len, k_len, *, engine: str, steps: int | None = None,
+                 settings: AsapSettings | None = None):
+    """The per-head extended plan ``[B, H, Lq + 1, Lk + 1]`` of one engine from projections."""
+    if engine == "asap":
+        return asap_of(cfg, op_arrays, settings, q, k, tokens, q_len, k_len)[0]
+    return teacher_of(cfg, q, k, tokens, q_len, k_len, steps=steps if engine == "steps" else None)[0]
+
+
+def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
+            settings: AsapSettings | None = None, heads_mean: bool = True):
+    """The plan of one engine: the head-mean ``[B, Lq + 1, Lk + 1]`` (real rows, then the
+    dustbin row) that ``Aligner.plan`` gives (``heads_mean``), else the per-head plan
+    ``[B, H, Lq + 1, Lk + 1]``. Not compiled (``engine_plan`` is)."""
+    plan = transport_of(model.cfg.transport, op_arrays, *projections(model, q_feat, k_feat, q_len, k_len),
+                        engine=engine, steps=steps, settings=settings)
+    return plan.mean(axis=1) if heads_mean else plan
+
+
+def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine: str,
+                       steps: int | None = None, settings: AsapSettings | None = None):
+    """``plan_of`` of A against B and of B against A (head means ``[B, La + 1, Lb + 1]``,
+    ``[B, Lb + 1, La + 1]``), each sequence encoded once (as ``Aligner.plans_both_ways``); the
+    engine's transport runs once per direction."""
+    ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
+
+    def one_way(q_feat, k_feat, q_len, k_len, encoded):
+        q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
+        if tokens is not None:  # the plan needs no values
+            tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
+        return transport_of(model.cfg.transport, op_arrays, q, k, tokens, q_len, k_len, engine=engine,
+                            steps=steps, settings=settings).mean(axis=1)
+
+    return one_way(a_feat, b_feat, a_len, b_len, (ha, hb)), one_way(b_feat, a_feat, b_len, a_len, (hb, ha))
+
+
+engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean"))
+engine_plans_both_ways = nnx.jit(plans_both_ways_of, static_argnames=("engine", "steps", "settings"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """How ``Predictor`` computes plans: ``sinkhorn`` (the model's trained steps), ``steps``
+    (``steps`` plain Sinkhorn steps) or ``asap`` (the operator compiled into the model
+    directory by ``pfamalign compile``)."""
+
+    name: str = "sinkhorn"
+    steps: int | None = None
+    operator: Operator | None = None
+
+    def __post_init__(self):
+        if self.name not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
+        if (self.name == "steps") != (self.steps is not None):
+            raise ValueError("--steps N goes with --engine steps (and only with it)")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.name == "asap" and self.operator is None:
+            raise ValueError("engine asap needs a compiled operator")
+
+    @classmethod
+    def load(cls, name: str, model_dir, model, *, steps: int | None = None,
+             passes: int | None = None) -> "Engine":
+        """The engine ``name`` for ``model`` loaded from ``model_dir``; for ``asap``, its
+        operator (checked against the model's parameters; ``passes`` overrides its own)."""
+        if name != "asap":
+            return cls(name, steps)
+        op = load_operator(model_dir)
+        op.check(model)
+        if passes is not None:
+            op = dataclasses.replace(op, settings=dataclasses.replace(op.settings, passes=passes))
+        return cls(name, steps, op)
+
+    def describe(self) -> dict:
+        """What provenance records: the engine, its steps, the operator's settings and hash."""
+        out = {"name": self.name}
+        if self.steps is not None:
+            out["steps"] = self.steps
+        if self.operator is not None:
+            out.update(passes=self.operator.settings.passes, slices=self.operator.settings.slices,
+                       params_hash=self.operator.params_hash[:16])
+        return out
+
+    def _call(self, fn, model, x, y, x_len, y_len, **kw):
+        op = self.operator
+        return fn(model, op.arrays() if op else None, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), engine=self.name,
+                  steps=self.steps, settings=op.settings if op else None, **kw)
+
+    def plan(self, model, q_feat, k_feat, q_len, k_len):
+        """Head-mean plans ``[B, Lq + 1, Lk + 1]``, last row the dustbin's (as ``Aligner.plan``)."""
+        return self._call(engine_plan, model, q_feat, k_feat, q_len, k_len)
+
+    def plans_both_ways(self, model, a_feat, b_feat, a_len, b_len):
+        """Both directions' head-mean plans (as ``Aligner.plans_both_ways``): what a
+        symmetrized alignment needs; each direction computed by this engine."""
+        return self._call(engine_plans_both_ways, model, a_feat, b_feat, a_len, b_len)
+
+
+# ---- compiled model directories --------------------------------------------------------------
+
+def load_operator(model_dir) -> Operator:
+    """The operator of a compiled model directory (CompileError when there is none)."""
+    path = pathlib.Path(model_dir) / OPERATOR_FILE
+    if not path.is_file():
+        raise CompileError(f"{model_dir} has no compiled operator ({OPERATOR_FILE}); "
+                           "make one with `pfamalign compile --checkpoint MODEL -o OUT`")
+    try:
+        return Operator.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CompileError(f"cannot read {path}: {err}") from err
+
+
+def check_output_dir(source, out) -> pathlib.Path:
+    """``out`` (absolute) if a compiled model can be written there: not the checkpoint
+    ``source``, not an existing path, in an existing directory. Else a ValueError."""
+    source, out = pathlib.Path(source).absolute(), pathlib.Path(out).absolute()
+    if out == source or (out.exists() and os.path.samefile(out, source)):
+        raise ValueError(f"output {out} is the checkpoint itself; write the compiled model elsewhere")
+    if out.exists():
+        raise ValueError(f"output {out} already exists; give a new directory")
+    if not out.parent.is_dir():
+        raise ValueError(f"the parent of {out} does not exist")
+    return out
+
+
+def write_compiled(source, out, op: Operator) -> pathlib.Path:
+    """Writes OUT: a copy of the model directory ``source`` (config, parameters, decoder
+    settings, training record) plus the operator, built beside OUT and renamed into place
+    (never half written). Refuses an existing OUT and OUT equal to ``source``."""
+    from pfamalign.checkpoint import write_json
+
+    source, out = pathlib.Path(source).absolute(), check_output_dir(source, out)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        staged = tmp / "model"
+        shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE))
+        write_json(staged / OPERATOR_FILE, op.to_dict())
+        os.replace(staged, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

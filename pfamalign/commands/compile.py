@@ -1,0 +1,102 @@
+"""``pfamalign compile``: fit the compiled transport (ASAP) of a trained aligner."""
+
+from __future__ import annotations
+
+import pathlib
+
+import click
+
+from pfamalign.commands._common import fail
+
+
+@click.command(name="compile")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+              help="Model directory to compile. Default: the model shipped with pfamalign.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+              help="Dataset (`pfamalign prepare` output) whose pairs calibrate the operator. "
+                   "Default: the dataset the model trained on, when it is still at the path its "
+                   "training record names.")
+@click.option("--split", default="train", show_default=True,
+              help="Split of --data to calibrate on (the model's training families: unlabeled use).")
+@click.option("--pairs", "n_pairs", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Calibration pairs (drawn across the families).")
+@click.option("--held-out", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Further pairs of the split, not fitted, for the fit statistics.")
+@click.option("--slices", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Random slices whose 1-D Kantorovich potentials are features besides the "
+                   "per-residue ones (the paper's features; on the shipped model they add nothing).")
+@click.option("--passes", type=click.Choice(["1", "3"]), default="3", show_default=True,
+              help="c-transforms rebuilding the plan: 1 (ASAP-0: column sums exact) or 3 (key, "
+                   "query, key).")
+@click.option("--ridge", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+              help="Ridge penalty (relative to the mean diagonal of the normal matrix).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the slices and the sampling.")
+@click.option("-o", "--out", type=click.Path(path_type=pathlib.Path), required=True,
+              help="New model directory: the checkpoint plus its compiled operator.")
+def compile_model(checkpoint, data, split, n_pairs, held_out, slices, passes, ridge, seed, out):
+    """Compile the alignment plan of a trained aligner (ASAP): fit a closed-form map from
+    per-residue features to the Sinkhorn dual on calibration pairs, so that `--engine asap`
+    rebuilds the plan with c-transforms instead of iterating. Every weight stays frozen.
+
+    \b
+    OUT loads wherever a model loads; `asap.json` in it holds the operator, its settings, its fit
+    statistics (R^2 of the dual, plan errors against the Sinkhorn plan on held-out calibration
+    pairs) and the hash of the parameters it fits: used with other parameters it is refused.
+    The statistics are printed as JSON.
+
+    \b
+    Examples:
+      pfamalign compile -o compiled/                       # the shipped model, its data
+      pfamalign compile --checkpoint runs/x/model --data data/ -o runs/x/compiled
+      pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B
+    """
+    import numpy as np
+
+    from pfamalign import asap, checkpoint as ckpt, jsonio
+    from pfamalign.evaluation import pair_records
+    from pfamalign.inference import Predictor, default_model_dir
+
+    try:
+        source = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
+        config_path, params_path = ckpt.resolve_model_path(source)
+        if params_path.parent != config_path.parent:
+            raise ValueError(f"{source} is not a model directory (config.json + params/); compile RUN/model")
+        source = config_path.parent
+        asap.check_output_dir(source, out)  # before the slow part
+        data = data or _training_data(source)
+        predictor = Predictor(source)
+        records, _, features = pair_records(data=data, split=split, max_pairs=n_pairs + held_out, seed=seed,
+                                            embedder_id=predictor.config.embedder_id)
+        records = list(records)
+        if len(records) < 2:
+            raise ValueError(f"{data} split {split!r} has {len(records)} pairs; need at least 2")
+        if features == "records":
+            pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in records]
+        else:
+            flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
+            pairs = list(zip(flat[0::2], flat[1::2]))
+        order = np.random.default_rng(seed).permutation(len(pairs))
+        n_fit = min(n_pairs, len(pairs) - (1 if held_out else 0))
+        fit = [pairs[i] for i in order[:n_fit]]
+        rest = [pairs[i] for i in order[n_fit:]]
+        settings = asap.AsapSettings(slices=slices, passes=int(passes), ridge=ridge, seed=seed)
+        op = asap.fit(predictor.model, fit, settings, held_out=rest)
+        op.stats.update({"data": str(data), "split": split})
+        asap.write_compiled(source, out, op)
+    except (FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    click.echo(jsonio.dumps({"out": str(out), "params_hash": op.params_hash, **op.stats}))
+
+
+def _training_data(model_dir: pathlib.Path) -> pathlib.Path:
+    """The dataset the model trained on, where its training record says it is."""
+    from pfamalign.checkpoint import read_training_record
+
+    record = read_training_record(model_dir) or {}
+    path = record.get("dataset", {}).get("path")
+    candidates = [pathlib.Path(path), pathlib.Path("data") / path] if path else []
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise ValueError(f"no calibration data: the model's training dataset ({path or 'unrecorded'}) is not "
+                     "here; pass --data DIR")

@@ -1,0 +1,316 @@
+"""The compiled transport (ASAP) of the alignment plan: 1-D potentials, reconstruction, fit,
+compiled directories."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from pfamalign import asap, checkpoint
+from pfamalign.kernels import TransportConfig
+from pfamalign.model import AlignerConfig, build_model
+
+EMBEDDER = "builtin/onehot+blosum62"
+
+
+def _model(seed=0, half_band=5, dustbin="spoke"):
+    cfg = AlignerConfig(name="asap_test", feature_dim=50, embedder_id=EMBEDDER, encoder="none",
+                        heads=2, head_dim=8, value_dim=4, substitution_window=1, ce_weight=1.0,
+                        transport=TransportConfig(half_band=half_band, eps=0.7, base_steps=6,
+                                                  tail_steps=2, dustbin=dustbin, impl="reference"))
+    return build_model(cfg, seed=seed)
+
+
+def _inputs(seed=0, length=16, q_len=(16, 11), k_len=(12, 16)):
+    rng = np.random.default_rng(seed)
+    feats = lambda: jnp.asarray(rng.normal(size=(len(q_len), length, 50)), jnp.float32)
+    return feats(), feats(), jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32)
+
+
+def _pairs(seed, n):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(rng.integers(8, 20), 50)).astype(np.float32),
+             rng.normal(size=(rng.integers(8, 20), 50)).astype(np.float32)) for _ in range(n)]
+
+
+# ---- 1-D potentials ---------------------------------------------------------------------------
+
+def _lp(x, y):
+    """Optimal value of the 1-D problem (uniform masses, cost -x y) by a dense LP."""
+    n, m = len(x), len(y)
+    cost = -np.outer(x, y)
+    a_eq = np.vstack([np.kron(np.eye(n), np.ones(m)), np.kron(np.ones(n), np.eye(m))])
+    b_eq = np.concatenate([np.full(n, 1 / n), np.full(m, 1 / m)])
+    res = linprog(cost.ravel(), A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    assert res.status == 0
+    return res.fun, cost
+
+
+@pytest.mark.parametrize("n, m, ties", [(5, 7, False), (7, 3, False), (6, 6, False), (4, 6, True), (1, 5, False)])
+def test_kantorovich_1d_is_an_optimal_dual_of_the_lp(n, m, ties):
+    rng = np.random.default_rng(n * 10 + m)
+    x, y = rng.normal(size=n), rng.normal(size=m)
+    if ties:  # repeated values on both sides
+        x[1], y[2], y[3] = x[0], y[0], y[0]
+    pad_x, pad_y = np.concatenate([x, rng.normal(size=3)]), np.concatenate([y, rng.normal(size=2)])
+    f, g = (np.asarray(a, np.float64) for a in asap.kantorovich_1d(
+        jnp.asarray(pad_x, jnp.float32), jnp.asarray(pad_y, jnp.float32), n, m))
+    assert np.all(f[n:] == 0) and np.all(g[m:] == 0)  # padding carries nothing
+    value, cost = _lp(x, y)
+    f, g = f[:n], g[:m]
+    # feasible (f_i + g_j <= c_ij) and optimal (dual objective = the LP's optimum)
+    assert np.max(f[:, None] + g[None, :] - cost) < 1e-5
+    np.testing.assert_allclose(f.mean() + g.mean(), value, atol=1e-5)
+
+
+# ---- reconstruction from the teacher's dual ----------------------------------------------------
+
+@pytest.mark.parametrize("dustbin", ["spoke", "capacity", "none"])
+def test_asap0_from_the_teachers_exact_dual_is_the_teachers_plan(dustbin):
+    model = _model(dustbin=dustbin)
+    args = _inputs()
+    plan, u, _ = asap.teacher(model, *args)
+    s, mask, log_a, log_b, _, _ = asap.problem(model, *args)
+    got, _, _ = asap.reconstruct(s, mask, log_a, log_b, u, passes=1)
+    # 1e-6, relative where a capacity dustbin's corner holds ~Lq mass (float32 rounding)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(plan), rtol=1e-6, atol=1e-6)
+
+
+def test_three_pass_from_the_exact_dual_is_the_teacher_plus_one_step():
+    model = _model()
+    args = _inputs(1)
+    _, u, _ = asap.teacher(model, *args)
+    s, mask, log_a, log_b, _, _ = asap.problem(model, *args)
+    got, _, _ = asap.reconstruct(s, mask, log_a, log_b, u, passes=3)
+    cfg = model.cfg.transport
+    longer = dataclasses.replace(model.cfg, transport=dataclasses.replace(cfg, tail_steps=cfg.tail_steps + 1))
+    plus_one = build_model(longer, seed=0)
+    want, _, _ = asap.teacher(plus_one, *args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    before, _, _ = asap.teacher(model, *args)
+    assert np.max(np.abs(np.asarray(want) - np.asarray(before))) > 1e-4  # the step is visible
+
+
+def test_column_sums_are_exact_after_the_key_side_transform():
+    model = _model(dustbin="capacity")
+    args = _inputs(2)
+    s, mask, log_a, log_b, _, _ = asap.problem(model, *args)
+    u = jnp.asarray(np.random.default_rng(0).normal(scale=3.0, size=s.shape[:-1]), jnp.float32)
+    plan, _, _ = asap.reconstruct(s, mask, log_a, log_b, u, passes=1)
+    cols = np.asarray(plan).sum(-2)  # [B, H, Lk + 1]
+    has = np.asarray(mask).any(-2)
+    want = np.where(has, np.exp(np.asarray(log_b)), 0.0)
+    np.testing.assert_allclose(cols, np.broadcast_to(want, cols.shape), rtol=2e-6, atol=1e-6)
+    assert np.max(np.abs(np.asarray(plan).sum(-1) - 1.0)) > 1e-2  # the rows are not exact
+
+
+def test_three_pass_row_error_is_within_the_key_dual_drift_bound():
+    """After key, query, key: |row_i - a_i| <= a_i (exp(||v+ - v0||_inf) - 1), v0 the first key
+    dual and v+ the last (the query transform made the rows exact against v0)."""
+    model = _model(dustbin="capacity")
+    args = _inputs(4)
+    s, mask, log_a, log_b, _, _ = asap.problem(model, *args)
+    u = jnp.asarray(np.random.default_rng(1).normal(scale=2.0, size=s.shape[:-1]), jnp.float32)
+    _, _, v0 = asap.reconstruct(s, mask, log_a, log_b, u, passes=1)
+    plan, _, v_plus = asap.reconstruct(s, mask, log_a, log_b, u, passes=3)
+    cols = np.asarray(mask).any(-2)
+    drift = np.max(np.where(cols, np.abs(np.asarray(v_plus) - np.asarray(v0)), 0.0), -1, keepdims=True)
+    rows = np.asarray(mask).any(-1)
+    a = np.broadcast_to(np.exp(np.asarray(log_a)), rows.shape)
+    err = np.where(rows, np.abs(np.asarray(plan).sum(-1) - a), 0.0)
+    bound = a * (np.exp(drift) - 1)
+    assert np.all(err <= bound * (1 + 1e-5) + 1e-6)
+    assert np.max(err) > 1e-3  # the rows are not exact: the bound is not vacuous here
+
+
+# ---- the fit ------------------------------------------------------------------------------------
+
+def test_ridge_equals_a_least_squares_solve():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 6)) * [1, 2, 3, 0.1, 5, 1], rng.normal(size=200)
+    penalty = 0.3
+    lam = penalty * np.trace(x.T @ x) / x.shape[1]
+    aug_x = np.vstack([x, np.sqrt(lam) * np.eye(6)])
+    aug_y = np.concatenate([y, np.zeros(6)])
+    np.testing.assert_allclose(asap.ridge(x, y, penalty), np.linalg.lstsq(aug_x, aug_y, rcond=None)[0],
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(asap.ridge(x, y, 0.0), np.linalg.lstsq(x, y, rcond=None)[0], rtol=1e-8)
+
+
+@pytest.mark.slow  # ~45 s: five compilations (the compiled directory test fits fast)
+def test_fit_learns_the_dual_and_reports_held_out_statistics():
+    model = _model()
+    op = asap.fit(model, _pairs(0, 12), asap.AsapSettings(slices=3), held_out=_pairs(1, 4))
+    assert op.omega.shape == (2, 7) and op.slices.shape == (2, 8 + model.substitution_dim, 3)
+    s = op.stats
+    assert s["r2_dual"] > 0.5 and s["r2_train"] > 0.5
+    assert s["col_marginal_err_passes1"] < 1e-5  # the key-side transform is last
+    # the compiled plans are closer to the teacher than one plain Sinkhorn step's
+    args = asap.pad_batch(_pairs(1, 4))
+    teacher = np.asarray(asap.engine_plan(model, None, *args, engine="sinkhorn"))
+    one = np.asarray(asap.engine_plan(model, None, *args, engine="steps", steps=1))
+    got = np.asarray(asap.Engine("asap", operator=op).plan(model, *args))
+    rel = lambda p: np.linalg.norm(p - teacher) / np.linalg.norm(teacher)
+    assert rel(got) < rel(one)
+
+
+def test_steps_engine_is_plain_sinkhorn_with_that_many_steps():
+    from pfamalign.kernels import transport_plan
+
+    model = _model()
+    xq, xk, lq, lk = _inputs(3)
+    got = np.asarray(asap.Engine("steps", 3).plan(model, xq, xk, lq, lk))
+    q, k, _, tokens = model.project(xq, xk, lq, lk)
+    cfg = dataclasses.replace(model.cfg.transport, base_steps=3, tail_steps=0)
+    want = np.asarray(transport_plan(q, k, lq, lk, tokens, config=cfg)).mean(1)  # dustbin row kept
+    assert got.shape == (2, 17, 17)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    with pytest.raises(ValueError, match="--steps"):
+        asap.Engine("steps")
+
+
+def test_engines_give_both_directions_as_the_model_does():
+    """``Engine.plans_both_ways`` is the engine's plan in each direction; the ``sinkhorn``
+    engine's equals ``Aligner.plans_both_ways`` (dustbin rows included)."""
+    model = _model()
+    xq, xk, lq, lk = _inputs(5)
+    want_ab, want_ba = (np.asarray(p) for p in model.plans_both_ways(xq, xk, lq, lk))
+    ab, ba = (np.asarray(p) for p in asap.Engine("sinkhorn").plans_both_ways(model, xq, xk, lq, lk))
+    assert ab.shape == ba.shape == (2, 17, 17)
+    np.testing.assert_allclose(ab, want_ab, atol=1e-6)
+    np.testing.assert_allclose(ba, want_ba, atol=1e-6)
+    steps = asap.Engine("steps", 2)
+    ab, ba = (np.asarray(p) for p in steps.plans_both_ways(model, xq, xk, lq, lk))
+    np.testing.assert_allclose(ab, np.asarray(steps.plan(model, xq, xk, lq, lk)), atol=1e-6)
+    np.testing.assert_allclose(ba, np.asarray(steps.plan(model, xk, xq, lk, lq)), atol=1e-6)
+
+
+def test_predictor_symmetrizes_the_engines_plans(tmp_path):
+    """``Predictor(engine=...)``: symmetric plans are the mean of the engine's two directions,
+    through the one padding helper (``inference.pad_batch``) both share."""
+    from pfamalign.inference import Predictor, pad_batch, symmetrize, _unpad
+
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    predictor = Predictor(src, engine="steps", steps=2)
+    assert predictor.provenance()["engine"] == {"name": "steps", "steps": 2}
+    pairs = _pairs(2, 3)
+    got = list(predictor.plans(pairs, symmetric=True))
+    xq, xk, lq, lk = pad_batch(pairs)
+    assert xq.shape[1] == 64 and list(lq) == [a.shape[0] for a, _ in pairs]
+    engine = asap.Engine("steps", 2)
+    ab = _unpad(np.asarray(engine.plan(predictor.model, xq, xk, lq, lk)), lq, lk)
+    ba = _unpad(np.asarray(engine.plan(predictor.model, xk, xq, lk, lq)), lk, lq)
+    for g, p, q in zip(got, ab, ba):
+        assert g.plan.shape == (p.plan.shape[0], p.plan.shape[1])
+        np.testing.assert_allclose(g.plan, symmetrize(p, q).plan, atol=1e-6)
+
+
+def test_engine_plans_are_checked_for_overflow_not_for_their_marginals():
+    """A few-step or compiled plan's rows are what it approximates (a 1-step row can hold 1.4):
+    ``Predictor`` checks such plans for finiteness, sign and entries only."""
+    from pfamalign.inference import PairPlan
+
+    plan = np.full((4, 4), 0.1)
+    plan[0, :3] = [0.9, 0.4, 0.1]  # a query row of mass 1.4 + dustbin
+    with pytest.raises(ValueError, match="query row"):
+        PairPlan(plan).check()
+    PairPlan(plan).check(marginals=False)
+    plan[1, 1] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        PairPlan(plan).check(marginals=False)
+
+
+def test_asap_refuses_a_model_with_relaxed_marginals():
+    model = _model()
+    cfg = model.cfg
+    rows = build_model(dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, marginals="rows")))
+    with pytest.raises(asap.CompileError, match="balanced"):
+        asap.fit(rows, _pairs(0, 2))
+
+
+# ---- compiled directories ---------------------------------------------------------------------
+
+def test_a_compiled_directory_refuses_other_parameters(tmp_path):
+    model = _model(seed=0)
+    src = checkpoint.save_model(tmp_path / "model", model)
+    op = asap.fit(model, _pairs(0, 4), asap.AsapSettings(slices=2))
+    out = asap.write_compiled(src, tmp_path / "compiled", op)
+    loaded, _ = checkpoint.load_model(out, impl=None)  # loads wherever a model loads
+    engine = asap.Engine.load("asap", out, loaded)
+    np.testing.assert_array_equal(engine.operator.omega, op.omega)
+    with pytest.raises(asap.CompileError, match="recompile"):
+        asap.Engine.load("asap", out, _model(seed=1))
+    with pytest.raises(asap.CompileError, match="no compiled operator"):
+        asap.Engine.load("asap", src, model)
+    with pytest.raises(ValueError, match="checkpoint itself"):
+        asap.write_compiled(src, src, op)
+    with pytest.raises(ValueError, match="already exists"):
+        asap.write_compiled(src, out, op)
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+def _run(args):
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_model(tmp_path):
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    res = _run(["compile", "--checkpoint", src, "--data", tmp_path, "-o", src])
+    assert res.exit_code == 2 and "checkpoint itself" in res.output and "Traceback" not in res.output
+    res = _run(["align", "--checkpoint", src, "--engine", "asap", "ACDEFGHIK", "ACDEGHIK"])
+    assert res.exit_code == 2 and "no compiled operator" in res.output
+    res = _run(["align", "--checkpoint", src, "--steps", "2", "ACDEFGHIK", "ACDEGHIK"])
+    assert res.exit_code == 2 and "--engine steps" in res.output
+
+
+@pytest.mark.slow  # ~2 min: a dataset, a fit, three engines' compilations, the benchmark
+def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp_path, capsys):
+    import json
+    import pathlib
+
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+
+    seed = pathlib.Path(__file__).parent / "data" / "pfam_seed"
+    data = tmp_path / "ds"
+    run_prepare(PrepareConfig(inputs=(str(seed),), out=str(data), embedder=EMBEDDER,
+                              sampling=SamplingConfig(pairs_per_family=4, max_len=120),
+                              split_fractions=(0.6, 0.2, 0.2), seed=1), quiet=True)
+    src = checkpoint.save_model(tmp_path / "model", _model())
+    out = tmp_path / "compiled"
+    res = _run(["compile", "--checkpoint", src, "--data", data, "--pairs", 6, "--held-out", 2,
+                "--slices", 2, "-o", out])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output)
+    assert stats["held_out_pairs"] == 2 and -1 < stats["r2_dual"] <= 1
+    assert json.loads((out / asap.OPERATOR_FILE).read_text())["params_hash"] == stats["params_hash"]
+    for engine in (["--engine", "asap"], ["--engine", "steps", "--steps", 2], []):
+        res = _run(["align", "--checkpoint", out, *engine, "-f", "json", "ACDEFGHIKLMN", "ACDEGHIKLN"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["pairs"]
+    # the benchmark runs on the compiled model and prints one JSON line per engine and kind
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import bench_engines
+
+        bench_engines.main(["--checkpoint", str(out), "--data", str(data), "--split", "train", "--pairs", "2",
+                            "--lengths", "16", "--steps", "1", "--repeats", "1", "--bootstrap", "10", "--json"])
+    finally:
+        sys.path.pop(0)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    engines = {"sinkhorn", "steps_1", "asap0", "asap"}
+    assert {r["engine"] for r in rows if r["kind"] == "speed"} == engines
+    accuracy = {r["engine"]: r for r in rows if r["kind"] == "accuracy"}
+    assert set(accuracy) == engines and accuracy["sinkhorn"]["plan_rel_l2"] == 0.0
