@@ -12,7 +12,7 @@ from flax import nnx
 from pfamalign import checkpoint, configs, encoder as enc
 from pfamalign.kernels import TransportConfig
 from pfamalign.model import AlignerConfig, aligner_loss, build_model
-from pfamalign.training import step as train_step
+import meshes
 
 D = 50  # builtin/onehot+blosum62 features
 
@@ -385,23 +385,7 @@ def test_eight_devices_take_the_same_step_as_one():
     batch = {"q_feat": np.asarray(_feat(b=8, seed=15)), "k_feat": np.asarray(_feat(b=8, seed=16)),
              "q_len": lens.astype(np.int32), "k_len": lens.astype(np.int32),
              "target": target.astype(np.int32), "valid": np.ones(8, bool)}
-    graphdef, _ = checkpoint.abstract_params(cfg.model)
-    loss_fn = lambda p, b: aligner_loss(nnx.merge(graphdef, p), b)[0]
-    grads, losses = {}, {}
-    for n in (8, 1):
-        mesh = train_step.make_mesh(jax.devices()[:n])
-        state = train_step.init_state(cfg, mesh)
-        grad_fn = jax.jit(jax.grad(loss_fn), in_shardings=(train_step.replicated(mesh),
-                                                            train_step.batch_sharding(mesh)))
-        grads[n] = jax.device_get(grad_fn(state.params, train_step.shard_batch(batch, mesh)))
-        step = train_step.make_train_step(cfg, mesh)
-        _, _, m = step(state.params, state.opt_state, train_step.shard_batch(batch, mesh))
-        losses[n] = float(m["loss"])
-    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
-    scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads[1]))
-    assert scale > 0
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale),
-                 grads[8], grads[1])
+    meshes.assert_eight_devices_match_one(cfg, [batch])
 
 
 # ---- the named configurations train, resume and load ----------------------------------------
