@@ -152,16 +152,15 @@ class Evaluation:
 
 
 def model_plans(predictor, records: Sequence[dict], *, features: str = "records",
-                batch_size: int = 8, symmetric: bool = False) -> Iterator:
+                batch_size: int = 8) -> Iterator:
     """The model's ``PairPlan`` of each record, in order: from the records' stored
-    embeddings (``features="records"``) or embedding their residues (``"featurize"``);
-    ``symmetric``: the mean of both directions (``inference.symmetrize``)."""
+    embeddings (``features="records"``) or embedding their residues (``"featurize"``)."""
     if features == "records":
         feats = [(r["q_feat"], r["k_feat"]) for r in records]
     else:
         flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
         feats = list(zip(flat[0::2], flat[1::2]))
-    return predictor.plans(feats, batch_size=batch_size, symmetric=symmetric)
+    return predictor.plans(feats, batch_size=batch_size)
 
 
 def evaluate(records: Iterable[dict], *, predictor=None, features: str = "records",

@@ -12,6 +12,7 @@ from flax import nnx
 from pfamalign import checkpoint, configs, encoder as enc
 from pfamalign.kernels import TransportConfig
 from pfamalign.model import AlignerConfig, aligner_loss, build_model
+import faultkill
 import meshes
 
 D = 50  # builtin/onehot+blosum62 features
@@ -410,9 +411,6 @@ def tiny_dataset(tmp_path_factory):
     pytest.param("align_attn", marks=pytest.mark.slow),
     pytest.param("align_ceta", marks=pytest.mark.slow)])
 def test_named_config_trains_resumes_and_loads(name, tiny_dataset, tmp_path, monkeypatch):
-    import os
-    import signal
-
     from pfamalign.inference import Predictor
     from pfamalign.training import loop as train, rundir
 
@@ -424,12 +422,7 @@ def test_named_config_trains_resumes_and_loads(name, tiny_dataset, tmp_path, mon
     cfg = rundir.resolve_config(tiny_dataset, name, overrides=sets)
     out = tmp_path / "run"
 
-    def sigterm_at_two(batch, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return batch
-
-    monkeypatch.setattr(train, "_prepare_batch", sigterm_at_two)
+    faultkill.sigterm_at(monkeypatch, 2)
     first = train.run(tiny_dataset, out, cfg, quiet=True)
     assert first.interrupted and first.step == 3
     monkeypatch.undo()

@@ -122,7 +122,7 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
         def __init__(self, plans):
             self._plans = plans
 
-        def plans(self, feats, batch_size=8, symmetric=False):
+        def plans(self, feats, batch_size=8):
             return iter(self._plans)
 
     incumbent = DecoderSettings(decoder="mea", min_mass=0.5)  # aligns nothing here

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import faultkill
 import meshes
 from pfamalign import checkpoint, evaluation, tuning
 from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
@@ -198,12 +199,7 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
                                                         monkeypatch):
     out = tmp_path / "run"
 
-    def send_sigterm(batch, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return batch
-
-    monkeypatch.setattr(train, "_prepare_batch", send_sigterm)
+    faultkill.sigterm_at(monkeypatch, 2)
     first = train.run(dataset, out, _cfg(dataset), quiet=True)
     assert first.interrupted and first.signal == signal.SIGTERM and first.step == 3
     assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
