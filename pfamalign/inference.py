@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.alignment.decode import MODES, affine_decode, hybrid_decode, mea_decode
+from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
@@ -82,6 +82,9 @@ class DecoderSettings:
     units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
     + (1 - alpha) * P_hmm``, the plan mixed with the shipped pair-HMM's match posteriors (needs
     the sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
+    ``objective`` (``mea`` and ``posterior``): ``accuracy`` maximizes the expected number of
+    right pairs, ``f1`` the expected F1 of the aligned pairs (it leaves out pairs less likely
+    than half the F1 reached; ``alignment.decode``).
     ``mode``: ``global`` aligns end to end (end gaps charged); ``local`` finds the best-scoring
     segment (Smith-Waterman ends: flanks stay unaligned for free). A model directory may carry
     tuned values in ``decoding.json``; ``for_decoder`` gives each decoder's own defaults.
@@ -96,12 +99,15 @@ class DecoderSettings:
     plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
     mode: str = "global"
     alpha: float = 0.5  # posterior: the plan's share of the mixed posterior
+    objective: str = "accuracy"  # mea / posterior: "accuracy" or "f1"
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
@@ -165,11 +171,12 @@ class DecoderSettings:
                 if hmm_posteriors is None:
                     hmm_posteriors = match_posteriors(hmm or default_pairhmm(), *sequences)
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
-            return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode)
+            return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
+                              objective=self.objective)
         if self.decoder == "mea":
             return mea_decode(pp.real, row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin,
-                              min_mass=self.min_mass,
-                              gap_cost=self.gap_cost, mode=self.mode)
+                              min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
+                              objective=self.objective)
         if self.decoder == "hybrid":
             if sequences is None:
                 raise ValueError("the hybrid decoder needs the two sequences")

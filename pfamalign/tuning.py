@@ -2,7 +2,8 @@
 ``scripts/tune_decoder.py`` runs it on its own).
 
 Every candidate of ``candidate_settings`` (MEA, the affine-gap decoder over threshold x gap
-costs, the hybrid decoder over plan weights, the plan mixed with the pair-HMM posteriors)
+costs, the hybrid decoder over plan weights, the plan mixed with the pair-HMM posteriors; MEA
+and the mixed posteriors for both objectives, expected right pairs and expected F1)
 decodes the same plans (computed once per pair) and is scored by aligned-pair micro F1 against
 the references (``alignment.metrics``, as ``pfamalign eval``), overall and below 30 % identity.
 
@@ -22,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pfamalign.alignment.decode import OBJECTIVES
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference, prf
 from pfamalign.inference import DecoderSettings
 
@@ -36,11 +38,12 @@ LOW_IDENTITY = 30.0  # percent: the hard pairs, reported beside the overall F1
 def candidate_settings() -> list[DecoderSettings]:
     """The grid, in the order it is scored (ties go to the first); add new decoders here."""
     hybrid = DecoderSettings.for_decoder("hybrid")
-    return ([DecoderSettings(decoder="mea")]
+    return ([DecoderSettings(decoder="mea", objective=o) for o in OBJECTIVES]
             + [DecoderSettings(threshold=t, gap_open=o, gap_extend=e)
                for t, (o, e) in itertools.product(THRESHOLDS, GAPS)]
             + [dataclasses.replace(hybrid, plan_weight=w) for w in PLAN_WEIGHTS]
-            + [DecoderSettings(decoder="posterior", alpha=a) for a in ALPHAS])
+            + [DecoderSettings(decoder="posterior", alpha=a, objective=o)
+               for o, a in itertools.product(OBJECTIVES, ALPHAS)])
 
 
 def incumbent_settings() -> DecoderSettings:

@@ -25,7 +25,7 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import EXTERNAL_ALIGNERS, external_align, needleman_wunsch
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference
-from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors
+from pfamalign.alignment.pairhmm import default_pairhmm, load, match_posteriors
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
 from pfamalign.tuning import micro_f1
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [source[int(i)] for i in picked]
     families = [r["family"] for r in records]
     pid = np.array([r["pid"] for r in records])
-    hmm = PairHMM.from_json(open(args.hmm).read()) if args.hmm else default_pairhmm()
+    hmm = load(open(args.hmm).read()) if args.hmm else default_pairhmm()
     predictor = Predictor(args.checkpoint)
     meta = {"bench": "posterior", "split": args.split, "n_pairs": len(records),
             "n_families": len(set(families)), "seed": args.seed, "hmm": args.hmm or "shipped"}

@@ -1,12 +1,14 @@
 """Fit the pair-HMM's parameters by counting on a dataset's training families and write them.
 
     python scripts/fit_pairhmm.py --data /work/data/data_b62_1k           # the shipped asset
-    python scripts/fit_pairhmm.py --data DATA --gap-types 1 --out hmm.json
+    python scripts/fit_pairhmm.py --data DATA --gap-types 1 --identity-edges "" --out hmm.json
 
 Supervised maximum likelihood on the reference alignments of one split (``train`` by default:
 the validation and test families stay unseen): residue-pair and background counts, gap opens
 and switches, a geometric mixture of gap lengths per gap type, plus pseudocounts
-(``pfamalign.alignment.pairhmm.fit``). Prints one JSON line with the fitted gap parameters.
+(``pfamalign.alignment.pairhmm.fit``), one model per percent-identity bin of the reference
+pairs (``--identity-edges``; ``fit_mixture``), or a single one with ``--identity-edges ""``.
+Prints one JSON line with the fitted gap parameters.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pathlib
 import sys
 
 from pfamalign import jsonio
-from pfamalign.alignment.pairhmm import asset_path, fit
+from pfamalign.alignment.pairhmm import IDENTITY_EDGES, PairHMMMixture, asset_path, fit, fit_mixture
 from pfamalign.pipelines import reader, records
 
 
@@ -26,16 +28,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="train", choices=("train", "val"))
     parser.add_argument("--gap-types", type=int, default=2, help="1: short gaps only; 2: short and long")
     parser.add_argument("--pseudocount", type=float, default=1.0)
+    parser.add_argument("--identity-edges", default=",".join(f"{e:g}" for e in IDENTITY_EDGES),
+                        help="percent-identity bin edges, one pair-HMM per bin (default %(default)s; "
+                             "\"\" fits a single pair-HMM)")
     parser.add_argument("--out", default=None, help=f"output file (default: the package asset {asset_path()})")
     args = parser.parse_args(argv)
 
-    hmm = fit(reader.iter_pairs(args.data, args.split), n_gap_types=args.gap_types, pseudocount=args.pseudocount)
+    try:
+        edges = [float(e) for e in args.identity_edges.split(",") if e.strip()]
+    except ValueError:
+        parser.error(f"--identity-edges must be comma-separated numbers, got {args.identity_edges!r}")
+    pairs = reader.iter_pairs(args.data, args.split)
+    options = {"n_gap_types": args.gap_types, "pseudocount": args.pseudocount}
+    hmm = fit_mixture(pairs, edges=edges, **options) if edges else fit(pairs, **options)
     recipe = (f"python scripts/fit_pairhmm.py --data {pathlib.Path(args.data).name} --split {args.split} "
-              f"--gap-types {args.gap_types} --pseudocount {args.pseudocount}")
+              f"--gap-types {args.gap_types} --pseudocount {args.pseudocount} "
+              f"--identity-edges '{args.identity_edges}'")
     out = pathlib.Path(args.out) if args.out else asset_path()
     records.write_text(out, hmm.to_json(recipe))  # atomic: a reader never sees half a file
-    print(jsonio.dumps_line({"out": str(out), "gap_open": hmm.gap_open.tolist(), "gap_extend": hmm.gap_extend.tolist(),
-                             "gap_switch": hmm.gap_switch}))
+    parts = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
+    print(jsonio.dumps_line({"out": str(out), "edges": edges,
+                             "prior": hmm.prior.tolist() if isinstance(hmm, PairHMMMixture) else [1.0],
+                             "gap_open": [c.gap_open.tolist() for c in parts],
+                             "gap_extend": [c.gap_extend.tolist() for c in parts],
+                             "gap_switch": [c.gap_switch for c in parts]}))
     return 0
 
 

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pfamalign.alignment.decode import allowed_pairs, mea_decode
+from pfamalign.alignment.decode import allowed_pairs, expected_f1, mea_decode
 
 
 def _allowed_reference(plan, row_db, col_db, min_mass):
@@ -370,3 +370,53 @@ def test_local_mode_leaves_flanks_unaligned_where_global_must_pay_for_them():
 def test_unknown_mode_is_refused(decode):
     with pytest.raises(ValueError, match="mode must be 'global' or 'local'"):
         decode("semiglobal")
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_pair_cost_is_optimal_against_brute_force(mode, seed):
+    # sum (P_ij - pair_cost) - gap_cost * unaligned: a pair is taken only where it pays
+    rng = np.random.default_rng(2000 + seed)
+    lq, lk = (int(n) for n in rng.integers(1, 6, size=2))
+    plan = rng.random((lq, lk)) ** 2
+    pair_cost, gap = float(rng.uniform(0, 0.6)), [0.0, 0.1][seed % 2]
+    aln = mea_decode(plan, pair_cost=pair_cost, gap_cost=gap, mode=mode)
+    ends = (lq, lk) if mode == "global" else None
+    best = max(_affine_objective(plan - pair_cost, p, 0.0, gap, gap, ends) for p in _proper_alignments(lq, lk))
+    _check_proper(aln, lq, lk)
+    assert aln.score == pytest.approx(best, abs=1e-9)
+    assert all(plan[i, j] > pair_cost - 2 * gap for i, j in aln.pairs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_expected_f1_objective_is_optimal_against_brute_force(mode, seed):
+    # the largest 2 sum_A P / (|A| + sum P) over every proper alignment, found by enumeration
+    rng = np.random.default_rng(3000 + seed)
+    lq, lk = (int(n) for n in rng.integers(1, 6, size=2))
+    plan = rng.random((lq, lk)) ** 3 * (rng.random((lq, lk)) < 0.8)
+    aln = mea_decode(plan, objective="f1", mode=mode)
+    _check_proper(aln, lq, lk)
+    best = max(expected_f1(plan, p) for p in _proper_alignments(lq, lk) if all(plan[i, j] > 0 for i, j in p))
+    assert expected_f1(plan, aln.pairs) == pytest.approx(best, abs=1e-12)
+
+
+def test_expected_f1_drops_pairs_plain_mea_takes_and_gains_in_f1():
+    # one sure pair and four pairs of probability 0.1 beside it: MEA takes all five (each adds
+    # mass), the expected F1 is best with the sure pair alone
+    plan = np.full((5, 5), 0.0)
+    plan[0, 0] = 1.0
+    for n in range(1, 5):
+        plan[n, n] = 0.1
+    mea = mea_decode(plan)
+    f1 = mea_decode(plan, objective="f1")
+    assert len(mea.pairs) == 5 and [tuple(p) for p in f1.pairs] == [(0, 0)]
+    assert expected_f1(plan, f1.pairs) == pytest.approx(2 * 1.0 / (1 + 1.4))
+    assert expected_f1(plan, f1.pairs) > expected_f1(plan, mea.pairs) == pytest.approx(2 * 1.4 / (5 + 1.4))
+
+
+def test_bad_objective_and_pair_cost_are_errors():
+    with pytest.raises(ValueError, match="objective"):
+        mea_decode(np.ones((2, 2)), objective="recall")
+    with pytest.raises(ValueError, match="pair_cost"):
+        mea_decode(np.ones((2, 2)), pair_cost=-0.1)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pfamalign import compile_cache
-from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors
+from pfamalign.alignment.pairhmm import PairHMM, PairHMMMixture, default_pairhmm, match_posteriors
 from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
@@ -30,13 +30,23 @@ def _random_seq(rng, n, odd=False):
     return "".join(rng.choice(list(letters), n))
 
 
+def _single_hmm() -> PairHMM:
+    shipped = default_pairhmm()
+    return shipped.components[-1] if isinstance(shipped, PairHMMMixture) else shipped
+
+
 def _one_gap_type_hmm() -> PairHMM:
-    base = default_pairhmm()
+    base = _single_hmm()
     return PairHMM(pair_probs=base.pair_probs, background=base.background, gap_open=[0.03],
                    gap_extend=[0.001], gap_switch=0.0)  # tiny extension: the scan must not overflow
 
 
-@pytest.mark.parametrize("hmm", [default_pairhmm(), _one_gap_type_hmm()], ids=["shipped", "one_gap_type"])
+def _mixture() -> PairHMMMixture:
+    return PairHMMMixture(components=[_single_hmm(), _one_gap_type_hmm()], prior=[0.7, 0.3])
+
+
+@pytest.mark.parametrize("hmm", [default_pairhmm(), _single_hmm(), _one_gap_type_hmm(), _mixture()],
+                         ids=["shipped", "single", "one_gap_type", "mixture"])
 def test_batched_posteriors_equal_the_reference(hmm):
     rng = np.random.default_rng(0)
     pairs = [(_random_seq(rng, la, odd=True), _random_seq(rng, lb)) for la, lb in

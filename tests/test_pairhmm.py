@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import dataclasses
 import math
 import pathlib
 import sys
@@ -144,12 +145,18 @@ def test_gap_mixture_separates_short_and_long_runs():
 
 
 def test_shipped_parameters_load_and_round_trip():
-    hmm = default_pairhmm()
-    again = PairHMM.from_json(hmm.to_json())
-    for name in ("pair_probs", "background", "gap_open", "gap_extend", "gap_switch"):
-        np.testing.assert_array_equal(getattr(again, name), getattr(hmm, name))
-    lo = hmm.log_odds()
-    assert all(lo[k, k] > 0 for k in range(len(RESIDUES)))  # identities score above background
+    shipped = default_pairhmm()
+    assert isinstance(shipped, pairhmm.PairHMMMixture) and shipped.edges == pairhmm.IDENTITY_EDGES
+    again = pairhmm.load(shipped.to_json())
+    np.testing.assert_array_equal(again.prior, shipped.prior)
+    for hmm, back in zip(shipped.components, again.components):
+        for name in ("pair_probs", "background", "gap_open", "gap_extend", "gap_switch"):
+            np.testing.assert_array_equal(getattr(back, name), getattr(hmm, name))
+        lo = hmm.log_odds()
+        assert all(lo[k, k] > 0 for k in range(len(RESIDUES)))  # identities score above background
+    # remote homologs substitute more: the identity score falls from the close to the remote bin
+    diag = [np.mean(np.diag(c.log_odds())[:20]) for c in shipped.components]
+    assert diag[0] < diag[1] < diag[2]
     with pytest.raises(ValueError, match="pair-HMM parameter file"):
         PairHMM.from_json('{"format": "other"}')
 
@@ -157,7 +164,7 @@ def test_shipped_parameters_load_and_round_trip():
 def test_500_by_500_under_a_second():
     rng = np.random.default_rng(1)
     a, b = ("".join(rng.choice(list(RESIDUES), 500)) for _ in range(2))
-    hmm = default_pairhmm()
+    hmm = default_pairhmm().components[0]  # one forward-backward (a mixture runs one per component)
     times = []
     for _ in range(3):  # the best of three: the machine is shared
         t0 = time.perf_counter()
@@ -232,10 +239,13 @@ def run_script(name: str, argv: list[str]):
 def test_fit_script_writes_a_parameter_file_with_its_recipe(dataset, tmp_path, capsys):
     out = tmp_path / "hmm.json"
     assert run_script("fit_pairhmm", ["--data", str(dataset), "--gap-types", "1", "--out", str(out)]) == 0
-    hmm = PairHMM.from_json(out.read_text())
-    assert hmm.n_gap_types == 1
+    hmm = pairhmm.load(out.read_text())
+    assert isinstance(hmm, pairhmm.PairHMMMixture)  # one per identity bin the pairs fill
+    assert all(c.n_gap_types == 1 for c in hmm.components)
     assert "--gap-types 1" in json.loads(out.read_text())["recipe"]
     assert str(out) in capsys.readouterr().out
+    assert run_script("fit_pairhmm", ["--data", str(dataset), "--identity-edges", "", "--out", str(out)]) == 0
+    assert isinstance(pairhmm.load(out.read_text()), PairHMM)
 
 
 @pytest.mark.slow
@@ -259,8 +269,9 @@ def test_a_model_directory_uses_its_own_pairhmm(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(default_model_dir(), model)
     shipped = pairhmm.default_pairhmm()
-    own = pairhmm.PairHMM(shipped.pair_probs, shipped.background, shipped.gap_open * 0.2,
-                          shipped.gap_extend, shipped.gap_switch)  # far fewer gaps
+    first = shipped.components[0]
+    own = pairhmm.PairHMM(first.pair_probs, first.background, first.gap_open * 0.2,
+                          first.gap_extend, first.gap_switch)  # one model, far fewer gaps
     (model / pairhmm.MODEL_FILE).write_text(own.to_json())
     predictor = Predictor(model)
     assert np.array_equal(predictor.pairhmm.gap_open, own.gap_open)
@@ -271,3 +282,62 @@ def test_a_model_directory_uses_its_own_pairhmm(tmp_path):
     expected = hmm_only.decode(pp, (a, b), hmm_posteriors=pairhmm.match_posteriors(own, a, b))
     assert np.array_equal(mine.pairs, expected.pairs)
     assert not np.allclose(pairhmm.match_posteriors(own, a, b), pairhmm.match_posteriors(shipped, a, b))
+
+
+# ---- the identity mixture -------------------------------------------------------------------
+
+def _mixture(seed: int) -> pairhmm.PairHMMMixture:
+    shared = random_hmm(seed, 2).background
+    parts = [dataclasses.replace(random_hmm(seed + 10 * k, 2), background=shared) for k in range(3)]
+    return pairhmm.PairHMMMixture(components=parts, prior=[0.5, 0.3, 0.2], edges=(30, 50))
+
+
+@pytest.mark.parametrize("a, b, seed", [("AC", "W", 0), ("MKV", "MKLV", 1), ("WYCH", "HCY", 2)])
+def test_mixture_posteriors_are_the_brute_force_bayes_mixture(a, b, seed):
+    # P(i ~ j) = sum_k prior_k Z_k P_k(i ~ j) / sum_k prior_k Z_k, every Z_k and P_k by enumeration
+    mix = _mixture(seed)
+    solved = [brute_force(c, a, b) for c in mix.components]
+    z = np.array([total for _, total in solved]) * mix.prior
+    expected = sum(zk / z.sum() * post for zk, (post, _) in zip(z, solved))
+    np.testing.assert_allclose(match_posteriors(mix, a, b), expected, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(expected, solved[0][0])  # the mixture is not one of its parts
+
+
+def test_mixture_json_round_trips_and_load_tells_the_kinds_apart(tmp_path):
+    mix = _mixture(3)
+    again = pairhmm.load(mix.to_json("recipe"))
+    assert isinstance(again, pairhmm.PairHMMMixture) and again.edges == (30.0, 50.0)
+    np.testing.assert_array_equal(again.prior, mix.prior)
+    np.testing.assert_array_equal(again.components[2].pair_probs, mix.components[2].pair_probs)
+    single = random_hmm(0, 1)
+    assert isinstance(pairhmm.load(single.to_json()), PairHMM)
+    (tmp_path / pairhmm.MODEL_FILE).write_text(mix.to_json())
+    assert isinstance(pairhmm.model_pairhmm(tmp_path), pairhmm.PairHMMMixture)
+    with pytest.raises(ValueError, match="share one background"):
+        pairhmm.PairHMMMixture(components=[random_hmm(0, 1), random_hmm(1, 1)], prior=[0.5, 0.5])
+    with pytest.raises(ValueError, match="prior"):
+        pairhmm.PairHMMMixture(components=[single], prior=[0.5])
+
+
+def _record(seq_a, seq_b, target, pid):
+    return {"q_seq": seq_a, "k_seq": seq_b, "target": np.asarray(target), "pid": pid}
+
+
+def test_fit_mixture_counts_each_identity_bin_apart_over_one_background():
+    rng = np.random.default_rng(0)
+    recs = []
+    for n in range(30):
+        a = "".join(rng.choice(list(RESIDUES), 12))
+        b = a[:4] + "".join(rng.choice(list(RESIDUES), 8)) if n % 3 == 0 else a
+        recs.append(_record(a, b, np.r_[np.arange(10), [-1, -1]], [20.0, 40.0, 80.0][n % 3]))
+    mix = pairhmm.fit_mixture(recs, edges=(30, 50))
+    assert len(mix.components) == 3
+    np.testing.assert_allclose(mix.prior, [1 / 3] * 3)
+    overall = fit(recs)
+    for k, pid in enumerate([20.0, 40.0, 80.0]):
+        alone = fit([r for r in recs if r["pid"] == pid])
+        np.testing.assert_allclose(mix.components[k].pair_probs, alone.pair_probs)
+        np.testing.assert_allclose(mix.components[k].background, overall.background)
+    # no pair between 30 and 50 % identity: that bin merges with a neighbour
+    merged = pairhmm.fit_mixture([r for r in recs if r["pid"] != 40.0], edges=(30, 50))
+    assert len(merged.components) == 2 and len(merged.edges) == 1

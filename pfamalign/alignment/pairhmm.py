@@ -25,6 +25,15 @@ Parameters are learned by counting on reference alignments (``fit``): residue-pa
 background counts, gap opens, switches, and a mixture of geometric gap lengths (EM) for the
 gap types. The shipped parameters (``assets/pairhmm.json``) come from
 ``scripts/fit_pairhmm.py`` on the training families of the bundled dataset.
+
+A ``PairHMMMixture`` holds one such model per range of sequence identity (close and remote
+homologs differ in substitutions and in gap rates) over a shared background, and mixes their
+posteriors per pair by how well each explains the two sequences:
+
+    P(i ~ j | x, y) = sum_k P(k | x, y) P_k(i ~ j | x, y),    P(k | x, y) ∝ prior_k Z_k(x, y),
+
+``Z_k`` the likelihood ratio of the pair under model k (comparable across k because the
+background is shared). It is the pair-HMM of the mixture of divergences, not a fixed one.
 """
 
 from __future__ import annotations
@@ -122,6 +131,59 @@ class PairHMM:
                    gap_extend=data["gap_extend"], gap_switch=data["gap_switch"])
 
 
+@dataclasses.dataclass(frozen=True)
+class PairHMMMixture:
+    """Pair-HMMs ``components`` (one background for all) with ``prior`` weights; ``edges``:
+    the percent-identity boundaries of the reference pairs each component was counted on
+    (``len(edges) + 1`` components), kept for the record."""
+
+    components: tuple[PairHMM, ...]
+    prior: np.ndarray
+    edges: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "components", tuple(self.components))
+        object.__setattr__(self, "prior", np.asarray(self.prior, np.float64))
+        object.__setattr__(self, "edges", tuple(float(e) for e in self.edges))
+        if not self.components or self.prior.shape != (len(self.components),):
+            raise ValueError("need one prior weight per component, and at least one component")
+        if not (np.all(self.prior > 0) and abs(self.prior.sum() - 1) < 1e-9):
+            raise ValueError(f"the prior must be positive and sum to 1, got {self.prior}")
+        if any(not np.array_equal(c.background, self.components[0].background) for c in self.components):
+            raise ValueError("the components must share one background (their likelihoods are compared)")
+
+    def weights(self, log_z) -> np.ndarray:
+        """``P(k | x, y)`` from each component's ``log Z_k`` of one pair."""
+        logits = np.log(self.prior) + np.asarray(log_z, np.float64)
+        return np.exp(logits - np.logaddexp.reduce(logits))
+
+    def to_json(self, recipe: str = "") -> str:
+        return jsonio.dumps({"format": MIXTURE_FORMAT, "residues": RESIDUES, "recipe": recipe,
+                             "edges": list(self.edges), "prior": self.prior.tolist(),
+                             "components": [json.loads(c.to_json()) for c in self.components]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "PairHMMMixture":
+        data = json.loads(text)
+        if data.get("format") != MIXTURE_FORMAT or data.get("residues") != RESIDUES:
+            raise ValueError("not a pfamalign pair-HMM mixture file (format or residue order differs)")
+        return cls(components=[PairHMM.from_json(json.dumps(c)) for c in data["components"]],
+                   prior=data["prior"], edges=data.get("edges", ()))
+
+
+MIXTURE_FORMAT = "pfamalign-pairhmm-mixture"
+AnyPairHMM = PairHMM | PairHMMMixture
+
+
+def load(text: str) -> AnyPairHMM:
+    """A parameter file of either kind (one pair-HMM or a mixture), by its ``format``."""
+    try:
+        kind = json.loads(text).get("format")
+    except (json.JSONDecodeError, AttributeError):
+        kind = None
+    return PairHMMMixture.from_json(text) if kind == MIXTURE_FORMAT else PairHMM.from_json(text)
+
+
 def asset_path() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / ASSET))
 
@@ -130,17 +192,17 @@ MODEL_FILE = "pairhmm.json"  # a model directory's own parameters (fitted on its
 
 
 @functools.lru_cache(maxsize=None)
-def default_pairhmm() -> PairHMM:
+def default_pairhmm() -> AnyPairHMM:
     """The parameters shipped with the package (fitted on the bundled training families)."""
-    return PairHMM.from_json(asset_path().read_text())
+    return load(asset_path().read_text())
 
 
-def model_pairhmm(model_dir: pathlib.Path) -> PairHMM:
+def model_pairhmm(model_dir: pathlib.Path) -> AnyPairHMM:
     """A model directory's pair-HMM (``pairhmm.json``, fitted on the families the model trained
     on), else the shipped one: a model evaluated on held-out families must not use
     parameters counted on them."""
     path = pathlib.Path(model_dir) / MODEL_FILE
-    return PairHMM.from_json(path.read_text()) if path.is_file() else default_pairhmm()
+    return load(path.read_text()) if path.is_file() else default_pairhmm()
 
 
 # ---- forward-backward ----------------------------------------------------------------------
@@ -212,11 +274,19 @@ def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str) -> tuple[np.ndarr
     return fwd_m, bwd_m, log_z
 
 
-def match_posteriors(hmm: PairHMM, seq_a: str, seq_b: str) -> np.ndarray:
-    """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j."""
+def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str) -> np.ndarray:
+    """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j
+    (for a mixture: the components' posteriors weighted by ``PairHMMMixture.weights``)."""
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
-    fwd_m, bwd_m, log_z = log_forward_backward(hmm, seq_a, seq_b)
+    if isinstance(hmm, PairHMMMixture):
+        solved = [log_forward_backward(c, seq_a, seq_b) for c in hmm.components]
+        weights = hmm.weights([log_z for _, _, log_z in solved])
+        return sum(w * _posterior(*fb) for w, fb in zip(weights, solved))
+    return _posterior(*log_forward_backward(hmm, seq_a, seq_b))
+
+
+def _posterior(fwd_m: np.ndarray, bwd_m: np.ndarray, log_z: float) -> np.ndarray:
     return np.minimum(np.exp(fwd_m[1:, 1:] + bwd_m[1:, 1:] - log_z), 1.0)
 
 
@@ -290,13 +360,41 @@ def fit(records: Iterable[dict], *, n_gap_types: int = 2, pseudocount: float = 1
                    gap_switch=(switches + pseudocount) / (len(runs) + 2 * pseudocount))
 
 
-def fit_for_model(model_dir: pathlib.Path, data_dir, *, split: str = "train") -> PairHMM:
+IDENTITY_EDGES = (30.0, 50.0)  # percent: the identity bins of the evaluation, one component each
+
+
+def fit_mixture(records: Iterable[dict], *, edges: Iterable[float] = IDENTITY_EDGES,
+                n_gap_types: int = 2, pseudocount: float = 1.0) -> PairHMMMixture:
+    """One ``fit`` per percent-identity bin of the reference pairs (records with ``pid``),
+    over the background of all of them; the prior is each bin's share of the pairs. An edge
+    that would leave a bin empty is dropped (its bin merges with the next)."""
+    records = list(records)
+    pid = np.array([float(r["pid"]) for r in records])
+    edges = sorted(float(e) for e in edges)
+    while edges:
+        counts = np.bincount(np.searchsorted(edges, pid, side="right"), minlength=len(edges) + 1)
+        if counts.all():
+            break
+        empty = int(np.argmin(counts))
+        edges.pop(min(empty, len(edges) - 1))  # an edge of the empty bin: it merges with a neighbour
+    bins = np.searchsorted(edges, pid, side="right")
+    overall = fit(records, n_gap_types=n_gap_types, pseudocount=pseudocount)
+    components, counts = [], []
+    for k in range(len(edges) + 1):
+        members = [r for r, b in zip(records, bins) if b == k]
+        one = fit(members, n_gap_types=n_gap_types, pseudocount=pseudocount)
+        components.append(dataclasses.replace(one, background=overall.background))
+        counts.append(len(members))
+    return PairHMMMixture(components=components, prior=np.asarray(counts) / sum(counts), edges=edges)
+
+
+def fit_for_model(model_dir: pathlib.Path, data_dir, *, split: str = "train") -> AnyPairHMM:
     """Counts the pair-HMM on a dataset's ``split`` (the model's training families) and writes
     it into the model directory (``MODEL_FILE``, atomically), so that the ``posterior``
     decoder of that model never uses parameters counted on the families it is scored on."""
     from pfamalign.pipelines import reader, records
 
-    hmm = fit(reader.iter_pairs(data_dir, split))
+    hmm = fit_mixture(reader.iter_pairs(data_dir, split))
     recipe = f"counted on the {split} split of {reader.PairDataset(data_dir).config_hash}"
     records.write_text(pathlib.Path(model_dir) / MODEL_FILE, hmm.to_json(recipe))
     return hmm

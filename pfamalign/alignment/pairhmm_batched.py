@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from pfamalign.alignment.pairhmm import PairHMM, residue_indices
+from pfamalign.alignment.pairhmm import AnyPairHMM, PairHMM, PairHMMMixture, residue_indices
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
 X64 = True
@@ -139,7 +139,7 @@ def _posteriors(p, qi, ki, lq, lk):
     bm, bc = bm[::-1][1:], bc[::-1][1:]  # rows 1..Pq, to pair with the forward rows
     log_scale = fc + bc - log_z[None, :]  # [Pq, B]
     post = fm[:, :, 1:] * bm[:, :, 1:] * jnp.exp(log_scale)[:, :, None]
-    return jnp.minimum(jnp.swapaxes(post, 0, 1), 1.0)
+    return jnp.minimum(jnp.swapaxes(post, 0, 1), 1.0), log_z
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,10 +149,11 @@ def _compiled():
     return jax.jit(_posteriors)
 
 
-def batched_match_posteriors(hmm: PairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int
+def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int
                              ) -> list[np.ndarray]:
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)``, computed in one jitted call on
-    a ``[len(pairs), pad_q, pad_k]`` lattice (one compilation per batch shape)."""
+    a ``[len(pairs), pad_q, pad_k]`` lattice per component (one compilation per batch shape);
+    a mixture's components are weighted per pair (``PairHMMMixture.weights``)."""
     import jax
 
     if any(not a or not b for a, b in pairs):
@@ -165,7 +166,16 @@ def batched_match_posteriors(hmm: PairHMM, pairs: list[tuple[str, str]], pad_q: 
         qi[n, : len(a)], ki[n, : len(b)] = residue_indices(a), residue_indices(b)
     lq = np.array([len(a) for a, _ in pairs], np.int32)
     lk = np.array([len(b) for _, b in pairs], np.int32)
+    components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
+    solved = []
     with jax.enable_x64(X64):
-        params = {k: np.asarray(v, np.float64) for k, v in _linear_params(hmm).items()}
-        out = np.asarray(_compiled()(params, qi, ki, lq, lk))
+        for component in components:
+            params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
+            post, log_z = _compiled()(params, qi, ki, lq, lk)
+            solved.append((np.asarray(post), np.asarray(log_z)))
+    if isinstance(hmm, PairHMMMixture):
+        weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])
+        out = sum(weights[:, k, None, None] * post for k, (post, _) in enumerate(solved))
+    else:
+        out = solved[0][0]
     return [out[n, : lq[n], : lk[n]] for n in range(len(pairs))]

@@ -79,7 +79,7 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
 
 
 DECODER_FIELDS = ("decoder", "mode", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass",
-                  "plan_weight", "alpha")
+                  "plan_weight", "alpha", "objective")
 
 
 def decoder_options(f):
@@ -108,6 +108,10 @@ def decoder_options(f):
                      help="posterior: the plan's share of the mixed posterior (0 = pair-HMM only, "
                           "1 = plan only)."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
+        click.option("--objective", type=click.Choice(["accuracy", "f1"]), default=None,
+                     help="mea / posterior: maximize the expected number of right pairs (accuracy) "
+                          "or the expected F1 of the aligned pairs (f1: leaves out pairs less likely "
+                          "than half the F1 reached). Default: the model's decoding.json."),
     ]
     for option in reversed(options):
         f = option(f)
