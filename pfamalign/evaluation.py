@@ -9,7 +9,9 @@ Every method is scored on the same sequence pairs:
   subprocesses included);
 - for methods with a plan (the model, the diagonal reference): the seed paper's plan metrics
   (sparse CE, barycenter MAE, within-5, monotonicity violation; reconstruction when the model
-  exposes values), by ``model_plan_metrics`` in both paths.
+  exposes values), by ``model_plan_metrics`` in both paths;
+- for the model: the reliability of its per-pair confidences (confidence bin vs precision,
+  ECE, Brier; ``metrics.reliability``), from per-bin sums accumulated pair by pair.
 
 One definition of the model's plan metrics (``model_plan_metrics``, docs/design.md §5): they
 are those of the plan the model decodes, the head-mean plan ``[Lq, Lk]`` with its dustbin
@@ -37,9 +39,10 @@ from flax import nnx
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import (EXTERNAL_ALIGNERS, diagonal_pairs, external_align,
                                            needleman_wunsch, smith_waterman)
-from pfamalign.alignment.metrics import (IDENTITY_BINS, PlanMetrics, alignment_counts,
-                                         diagonal_plan_metrics, paired_f1_difference, plan_metrics,
-                                         prf_by_identity)
+from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIABILITY_SUMS,
+                                         PlanMetrics, alignment_counts, diagonal_plan_metrics,
+                                         paired_f1_difference, pairs_in_reference, plan_metrics,
+                                         prf_by_identity, reliability, reliability_sums)
 from pfamalign.checkpoint import read_training_record, write_json
 from pfamalign.model import Aligner, aligner_loss
 
@@ -121,7 +124,9 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
 @dataclasses.dataclass
 class Evaluation:
     """Per-method aligned-pair counts ``[N, 3]``, plan metrics and seconds, plus per-pair
-    identity; ``skipped``: requested baselines that could not run, with the reason."""
+    identity; ``reliability``: per-bin sums ``[bins, 4]`` (``metrics.reliability_sums``) of the
+    methods with confidences; ``skipped``: requested baselines that could not run, with the
+    reason."""
 
     methods: list[str]
     counts: dict[str, list] = dataclasses.field(default_factory=dict)
@@ -130,6 +135,7 @@ class Evaluation:
     families: list = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    reliability: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def summary(self, *, n_boot: int = 1000, seed: int = 0) -> dict:
         pid = np.asarray(self.pid, np.float64)
@@ -141,6 +147,8 @@ class Evaluation:
                                             n_boot=n_boot, seed=seed)}
             if self.plan.get(m):
                 entry["plan_metrics"] = PlanMetrics.pool(self.plan[m]).to_dict()
+            if m in self.reliability:
+                entry["reliability"] = reliability(self.reliability[m])
             out["methods"][m] = entry
         if "model" in self.methods:  # paired: model minus each baseline on the same pairs
             model = np.asarray(self.counts["model"], np.int64).reshape(-1, 3)
@@ -187,6 +195,8 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     dustbin = predictor is not None and predictor.config.dustbin
     ev = Evaluation(methods, {m: [] for m in methods}, {"model": [], "diagonal": []},
                     seconds={m: 0.0 for m in methods}, skipped=skipped)
+    if predictor is not None:
+        ev.reliability["model"] = np.zeros((RELIABILITY_BINS, len(RELIABILITY_SUMS)))
     pending: list[dict] = []
 
     def flush():
@@ -196,6 +206,9 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
             for r, pp in zip(pending, plans):
                 aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
+                if aln.confidence is not None:
+                    ev.reliability["model"] += reliability_sums(
+                        aln.confidence, pairs_in_reference(aln.pairs, r["target"]))
                 ev.plan["model"].append(model_plan_metrics(pp.real, pp.row_dustbin, r["target"],
                                                            dustbin=dustbin))
             ev.seconds["model"] += time.perf_counter() - start
@@ -376,6 +389,13 @@ def render(summary: dict, console=None) -> None:
         console.print(f"[bold]{LABELS.get(m, m)} not scored[/bold]: {why}")
     console.print("seconds per method: " + ", ".join(
         f"{e['label']} {e['seconds']:.1f}" for e in summary["methods"].values()))
+    for entry in summary["methods"].values():
+        if "reliability" in entry:
+            rel = entry["reliability"]
+            num = lambda x: "—" if x is None or not np.isfinite(x) else f"{x:.4f}"
+            console.print(f"calibration of {entry['label']}'s pair confidences: ECE "
+                          f"{num(rel['ece'])}, Brier {num(rel['brier'])} over {rel['n_pairs']} "
+                          f"aligned pairs (per confidence bin: --json, --plot)")
     if summary.get("model_minus"):
         tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI: "
                           "resampling pairs / whole families)")
@@ -400,16 +420,21 @@ def render(summary: dict, console=None) -> None:
         console.print(tab)
 
 
-def plot(summary: dict, path) -> pathlib.Path:
-    """Grouped bars: micro F1 with its 95 % interval per method and identity bin."""
+def figure(summary: dict):
+    """Grouped bars: micro F1 with its 95 % interval per method and identity bin; beside
+    them, when a method has confidences, its reliability panel (``_reliability_panel``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     methods = list(summary["methods"])
-    fig = Figure(figsize=(8, 4.5))
+    calibrated = [m for m in methods if "reliability" in summary["methods"][m]]
+    fig = Figure(figsize=(8 + 4.5 * bool(calibrated), 4.5))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(111)
+    if calibrated:
+        ax, rel_ax = fig.subplots(1, 2, width_ratios=[8, 4.5])
+    else:
+        ax = fig.add_subplot(111)
     width = 0.8 / max(len(methods), 1)
     for n, m in enumerate(methods):
         prf = summary["methods"][m]["prf"]
@@ -425,11 +450,45 @@ def plot(summary: dict, path) -> pathlib.Path:
     ax.set_ylabel("aligned-pair F1 (micro)")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8, loc="lower right")
+    if calibrated:
+        _reliability_panel(rel_ax, {summary["methods"][m]["label"]: summary["methods"][m]["reliability"]
+                                    for m in calibrated})
     fig.tight_layout()
+    return fig
+
+
+def _reliability_panel(ax, tables: dict) -> None:
+    """Reliability curve per method (label -> ``metrics.reliability`` table): precision
+    against mean confidence per non-empty bin, marker area by the bin's share of the pairs;
+    bars: the share of pairs per bin (of the first method); the diagonal is perfect
+    calibration."""
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="calibrated")
+    for n, (label, rel) in enumerate(tables.items()):
+        bins = [b for b in rel["bins"] if b["count"]]
+        share = np.array([b["count"] for b in bins], np.float64) / max(rel["n_pairs"], 1)
+        if n == 0:
+            ax.bar([b["low"] for b in rel["bins"]],
+                   [b["count"] / max(rel["n_pairs"], 1) for b in rel["bins"]],
+                   width=[b["high"] - b["low"] for b in rel["bins"]], align="edge",
+                   color="lightgrey", label="share of pairs")
+        ece = "—" if rel["ece"] is None or not np.isfinite(rel["ece"]) else f"{rel['ece']:.3f}"
+        x, y = [b["mean_confidence"] for b in bins], [b["precision"] for b in bins]
+        line, = ax.plot(x, y, "-", marker=".", label=f"{label} (ECE {ece})")
+        ax.scatter(x, y, s=20 + 400 * share, alpha=0.4, color=line.get_color())
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence of an aligned pair (bin mean)")
+    ax.set_ylabel("precision (fraction in the reference)")
+    ax.set_title("reliability", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot(summary: dict, path) -> pathlib.Path:
+    """``figure`` written as a PNG (atomically)."""
     from pfamalign.outputs import atomic_path
 
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
+        figure(summary).savefig(tmp, dpi=120)
     return pathlib.Path(path)
 
 

@@ -164,14 +164,17 @@ def evaluate_fold(records: list[dict], predictor, baselines) -> evaluation.Evalu
 
 
 def raw(ev: evaluation.Evaluation) -> dict:
-    """What pooling needs of a fold's evaluation (counts, identity, families, seconds)."""
+    """What pooling needs of a fold's evaluation (counts, identity, families, seconds, the
+    reliability bin sums)."""
     return {"methods": ev.methods, "counts": {m: np.asarray(ev.counts[m]).tolist() for m in ev.methods},
             "pid": list(ev.pid), "families": list(ev.families), "seconds": ev.seconds,
-            "skipped": ev.skipped}
+            "skipped": ev.skipped, "reliability": {m: s.tolist() for m, s in ev.reliability.items()}}
 
 
 def pool(raws: list[dict]) -> evaluation.Evaluation:
-    """One Evaluation over the pairs of several folds (the methods every fold has)."""
+    """One Evaluation over the pairs of several folds (the methods every fold has). A
+    method's reliability is pooled (bin sums added) only when every fold has it: a
+    result.json written before it was recorded leaves the pooled reliability out."""
     methods = [m for m in raws[0]["methods"] if all(m in r["methods"] for r in raws)]
     ev = evaluation.Evaluation(methods, {m: [] for m in methods}, {},
                                seconds={m: 0.0 for m in methods})
@@ -182,6 +185,9 @@ def pool(raws: list[dict]) -> evaluation.Evaluation:
         ev.pid += r["pid"]
         ev.families += r["families"]
         ev.skipped.update(r["skipped"])
+    for m in methods:
+        if all(m in r.get("reliability", {}) for r in raws):
+            ev.reliability[m] = np.sum([r["reliability"][m] for r in raws], axis=0)
     return ev
 
 

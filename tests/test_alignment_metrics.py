@@ -8,7 +8,8 @@ import pytest
 
 from pfamalign.alignment.metrics import (
     PlanMetrics, alignment_counts, barycenters, diagonal_plan, diagonal_plan_metrics,
-    identity_bin, pair_counts, paired_f1_difference, plan_metrics, prf, prf_by_identity, prf_summary)
+    identity_bin, pair_counts, paired_f1_difference, pairs_in_reference, plan_metrics, prf,
+    prf_by_identity, prf_summary, reliability, reliability_sums)
 from pfamalign.alignment.pairs import (
     PairAlignment, check_pairs, pairs_from_target, target_from_pairs)
 
@@ -248,3 +249,84 @@ def test_plan_metrics_validation():
         plan_metrics(plan, np.array([0, 1, 2]), dustbin_mass=np.ones(4))
     m = plan_metrics(plan, np.array([-1, -1, -1]))
     assert m.n_annotated == 0 and math.isnan(m.barycenter_mae) and math.isnan(m.reconstruction)
+
+
+# --- reliability of per-pair confidences ----------------------------------------------------------
+
+def test_pairs_in_reference_matches_the_true_positives():
+    target = np.array([0, 2, -1, 3, 5])
+    pairs = np.array([[0, 0], [1, 1], [2, 2], [3, 3], [4, 5]])
+    np.testing.assert_array_equal(pairs_in_reference(pairs, target), [True, False, False, True, True])
+    assert pairs_in_reference(pairs, target).sum() == alignment_counts(pairs, target)[0]
+    assert pairs_in_reference(np.zeros((0, 2)), target).shape == (0,)
+    with pytest.raises(ValueError, match="out of range"):
+        pairs_in_reference([[5, 0]], target)
+
+
+def test_reliability_by_hand():
+    conf = np.array([0.05, 0.15, 0.12, 0.95, 1.0, 1.2])  # 1.2: plan mass above 1, clipped
+    correct = np.array([False, True, False, True, True, False])
+    rel = reliability(reliability_sums(conf, correct))
+    assert rel["n_pairs"] == 6 and len(rel["bins"]) == 10
+    assert [b["count"] for b in rel["bins"]] == [1, 2, 0, 0, 0, 0, 0, 0, 0, 3]
+    first, second, last = rel["bins"][0], rel["bins"][1], rel["bins"][9]
+    assert (first["low"], first["high"], last["low"], last["high"]) == (0.0, 0.1, 0.9, 1.0)
+    assert first["mean_confidence"] == pytest.approx(0.05) and first["precision"] == 0.0
+    assert second["mean_confidence"] == pytest.approx(0.135) and second["precision"] == 0.5
+    assert last["mean_confidence"] == pytest.approx(2.95 / 3) and last["precision"] == pytest.approx(2 / 3)
+    assert math.isnan(rel["bins"][5]["precision"]) and math.isnan(rel["bins"][5]["mean_confidence"])
+    # ECE = (1 * 0.05 + 2 * 0.365 + 3 * (2.95 - 2) / 3) / 6
+    assert rel["ece"] == pytest.approx((0.05 + 0.73 + 0.95) / 6)
+    # Brier = mean (c - y)^2 with c clipped: .05^2 + .85^2 + .12^2 + .05^2 + 0 + 1
+    assert rel["brier"] == pytest.approx((0.0025 + 0.7225 + 0.0144 + 0.0025 + 0 + 1) / 6)
+
+
+def test_reliability_matches_a_brute_force_loop_and_pools_by_adding():
+    rng = np.random.default_rng(0)
+    conf = np.concatenate([rng.uniform(0, 1.1, 500), [0.0, 0.5, 1.0]])
+    correct = rng.uniform(size=conf.size) < 0.6
+    n_bins = 7
+    rel = reliability(reliability_sums(conf, correct, n_bins=n_bins))
+    c = np.minimum(conf, 1.0)
+    ece = brier = 0.0
+    for k in range(n_bins):
+        lo, hi = k / n_bins, (k + 1) / n_bins
+        members = [n for n in range(c.size) if lo <= c[n] < hi or (k == n_bins - 1 and c[n] == 1.0)]
+        cell = rel["bins"][k]
+        assert cell["count"] == len(members)
+        assert cell["mean_confidence"] == pytest.approx(np.mean(c[members]))
+        assert cell["precision"] == pytest.approx(np.mean(correct[members]))
+        ece += len(members) / c.size * abs(np.mean(correct[members]) - np.mean(c[members]))
+    for n in range(c.size):
+        brier += (c[n] - float(correct[n])) ** 2 / c.size
+    assert rel["ece"] == pytest.approx(ece) and rel["brier"] == pytest.approx(brier)
+    # pooled over two halves (folds) = computed on all pairs
+    half = conf.size // 2
+    parts = [reliability_sums(conf[s], correct[s], n_bins=n_bins) for s in (slice(None, half), slice(half, None))]
+    np.testing.assert_allclose(parts[0] + parts[1], reliability_sums(conf, correct, n_bins=n_bins))
+
+
+def test_reliability_separates_calibrated_from_overconfident():
+    rng = np.random.default_rng(1)
+    conf = rng.uniform(size=200_000)
+    calibrated = reliability(reliability_sums(conf, rng.uniform(size=conf.size) < conf))
+    overconfident = reliability(reliability_sums(conf, rng.uniform(size=conf.size) < conf ** 3))
+    assert calibrated["ece"] < 0.01
+    assert calibrated["brier"] == pytest.approx(1 / 6, abs=0.005)  # E[c (1 - c)], c ~ U(0, 1)
+    assert overconfident["ece"] > 0.2  # E[c - c^3] = 1/4 before binning
+    assert all(b["precision"] < b["mean_confidence"] for b in overconfident["bins"])
+
+
+def test_reliability_validation_and_empty():
+    with pytest.raises(ValueError, match="length"):
+        reliability_sums([0.5, 0.5], [True])
+    with pytest.raises(ValueError, match="bool"):
+        reliability_sums([0.5], [1])
+    with pytest.raises(ValueError, match=">= 0"):
+        reliability_sums([-0.1], [True])
+    with pytest.raises(ValueError, match="finite"):
+        reliability_sums([np.nan], [True])
+    with pytest.raises(ValueError, match="sums"):
+        reliability(np.zeros((10, 3)))
+    empty = reliability(reliability_sums([], np.zeros(0, bool)))
+    assert empty["n_pairs"] == 0 and math.isnan(empty["ece"]) and math.isnan(empty["brier"])

@@ -20,6 +20,15 @@ replacement, ``n_boot`` times, ``numpy.random.default_rng(seed)``). Resamples de
 resamples. Percent-identity bins are half-open: ``<30`` = [0, 30), ``30-50`` = [30, 50),
 ``>=50`` = [50, 100].
 
+Reliability (calibration of the per-pair confidences)
+-----------------------------------------------------
+Each aligned pair of a method with confidences (the model) is one sample ``(c, y)``: its
+confidence clipped to [0, 1] and whether the pair is in the reference. ``RELIABILITY_BINS``
+equal bins on [0, 1] (right-closed last bin, so c = 1 lands in it); per bin the count, mean
+confidence and precision (mean y). ECE = sum over bins of ``count / N * |precision - mean
+confidence|``; Brier = mean ``(c - y)^2``. Everything derives from per-bin sums
+(``reliability_sums``), so pairs and crossval folds pool by adding them.
+
 Plan metrics (annotated rows: ``target[i] = c_i >= 0``)
 --------------------------------------------------------
 * reconstruction ``||O_i - V_{c_i}||^2`` summed over value dims, mean over annotated rows and
@@ -218,6 +227,64 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
             cell["low"], cell["high"] = (float(x) for x in np.nanpercentile(diff, [alpha, 100 - alpha]))
         out[name] = cell
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reliability of the per-pair confidences
+# ---------------------------------------------------------------------------------------------
+
+RELIABILITY_BINS = 10
+RELIABILITY_SUMS = ("count", "confidence", "correct", "squared_error")  # columns of the sums
+
+
+def pairs_in_reference(pairs, target) -> np.ndarray:
+    """``[n]`` bool: whether each predicted pair ``(i, j)`` is a reference pair of ``target``."""
+    target = check_target(target)
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if pairs.size and (pairs.min() < 0 or pairs[:, 0].max() >= len(target)):
+        raise ValueError(f"predicted pairs out of range for target length {len(target)}")
+    return target[pairs[:, 0]] == pairs[:, 1]
+
+
+def reliability_sums(confidence, correct, *, n_bins: int = RELIABILITY_BINS) -> np.ndarray:
+    """Per-bin sums ``[n_bins, 4]`` (columns ``RELIABILITY_SUMS``: count, sum of confidence,
+    sum of correct, sum of ``(c - y)^2``) of aligned pairs with ``confidence [n]`` (>= 0;
+    clipped to 1: plan masses may exceed 1 by rounding) and ``correct [n]`` (bool)."""
+    conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    y = np.asarray(correct).reshape(-1)
+    if y.shape != conf.shape:
+        raise ValueError(f"confidence and correct differ in length: {conf.size} vs {y.size}")
+    if y.dtype != bool:
+        raise ValueError(f"correct must be bool, got dtype {y.dtype}")
+    if not np.all(np.isfinite(conf)) or (conf.size and conf.min() < 0):
+        raise ValueError("confidences must be finite and >= 0")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    conf = np.minimum(conf, 1.0)
+    b = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)  # [n]
+    y = y.astype(np.float64)
+    columns = (np.ones_like(conf), conf, y, (conf - y) ** 2)
+    return np.stack([np.bincount(b, weights=w, minlength=n_bins) for w in columns], axis=1)
+
+
+def reliability(sums) -> dict:
+    """The reliability table of ``reliability_sums`` (added over any pairs / folds):
+    ``{"bins": [{"low", "high", "count", "mean_confidence", "precision"}], "ece", "brier",
+    "n_pairs"}``; an empty bin's means, and ECE / Brier without pairs, are NaN."""
+    sums = np.asarray(sums, dtype=np.float64)
+    if sums.ndim != 2 or sums.shape[1] != len(RELIABILITY_SUMS) or not len(sums):
+        raise ValueError(f"sums must be [n_bins, {len(RELIABILITY_SUMS)}], got {sums.shape}")
+    count, conf, correct, sq = sums.T
+    n = count.sum()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf, precision = conf / count, correct / count
+        gaps = np.where(count > 0, np.abs(precision - mean_conf), 0.0)
+        ece, brier = (np.sum(count * gaps) / n, sq.sum() / n) if n else (np.nan, np.nan)
+    edges = np.linspace(0.0, 1.0, len(sums) + 1)
+    bins = [{"low": float(edges[k]), "high": float(edges[k + 1]), "count": int(count[k]),
+             "mean_confidence": float(mean_conf[k]), "precision": float(precision[k])}
+            for k in range(len(sums))]
+    return {"bins": bins, "ece": float(ece), "brier": float(brier), "n_pairs": int(n)}
 
 
 # ---------------------------------------------------------------------------------------------
