@@ -438,9 +438,9 @@ def figure(summary: dict):
     width = 0.8 / max(len(methods), 1)
     for n, m in enumerate(methods):
         prf = summary["methods"][m]["prf"]
-        vals = np.array([prf[b]["micro"]["f1"]["value"] for b in bins])
-        lo = np.array([prf[b]["micro"]["f1"]["low"] for b in bins])
-        hi = np.array([prf[b]["micro"]["f1"]["high"] for b in bins])
+        vals = np.array([prf[b]["micro"]["f1"]["value"] for b in bins], np.float64)
+        lo = np.array([prf[b]["micro"]["f1"]["low"] for b in bins], np.float64)
+        hi = np.array([prf[b]["micro"]["f1"]["high"] for b in bins], np.float64)
         err = np.nan_to_num(np.stack([vals - lo, hi - vals]), nan=0.0)
         x = np.arange(len(bins)) + (n - (len(methods) - 1) / 2) * width
         ax.bar(x, np.nan_to_num(vals), width, yerr=err, capsize=3, label=summary["methods"][m]["label"])

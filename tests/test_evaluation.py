@@ -61,6 +61,10 @@ def test_validation_and_eval_give_the_same_plan_metrics(name, dataset, tmp_path)
     n_aligned = sum(int((r["target"] >= 0).sum()) for r in records)
     n_rows = sum(len(r["target"]) for r in records)
     assert pooled.n_ce == (n_rows if cfg.model.dustbin else n_aligned)
+    # reliability: every aligned pair of the model once, correct exactly when a true positive
+    sums = ev.reliability["model"].sum(axis=0)
+    tp, n_pred, _ = np.asarray(ev.counts["model"]).sum(axis=0)
+    assert (sums[0], sums[2]) == (n_pred, tp) and n_pred > 0
 
 
 # ---- drawing pairs across families (`eval --max-pairs`, the decoder tuning) -------------------
@@ -140,3 +144,84 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
     kept = tune([pair("PF00001", 0), pair("PF00002", 1)])
     assert [r["f1"] for r in kept.rows][1] > [r["f1"] for r in kept.rows][0]
     assert kept.best == incumbent and kept.margin["value"] > 0 and not kept.margin["low"] > 0
+
+
+# ---- reliability of the model's pair confidences (issue 18, calibration) ----------------------
+
+N = 8
+
+
+class FixedPlanPredictor:
+    """The predictor interface `evaluate` uses, with given plans (one per record, in order)."""
+
+    config = type("Config", (), {"dustbin": False, "embedder_id": "fixed"})
+
+    def __init__(self, plans):
+        self._plans = iter(plans)
+
+    def plans(self, feats, batch_size=8):
+        return [next(self._plans) for _ in feats]
+
+    def decode(self, pp, decoding, sequences):
+        return decoding.decode(pp, sequences)
+
+
+def _calibration_evaluation(baselines=("nw",)):
+    """Two pairs of one 8-residue sequence, reference = the diagonal: a plan of mass 0.95 on
+    the diagonal (8 right pairs at 0.95) and one of mass 0.35 on the diagonal shifted by one
+    (7 wrong pairs at 0.35)."""
+    from pfamalign.inference import DecoderSettings, PairPlan
+
+    records, plans = [], []
+    for family, mass, shift in (("PF00001", 0.95, 0), ("PF00002", 0.35, 1)):
+        plan = np.zeros((N + 1, N + 1))
+        plan[np.arange(N - shift), np.arange(shift, N)] = mass
+        plans.append(PairPlan(plan))
+        records.append({"q_seq": "ACDEFGHI", "k_seq": "ACDEFGHI", "target": np.arange(N),
+                        "pid": 100.0, "family": family, "q_feat": np.zeros((N, 1)),
+                        "k_feat": np.zeros((N, 1))})
+    return evaluation.evaluate(records, predictor=FixedPlanPredictor(plans), baselines=baselines,
+                               decoding=DecoderSettings(decoder="mea"))
+
+
+def test_eval_summary_has_the_model_reliability():
+    summary = _calibration_evaluation().summary(n_boot=0)
+    assert "reliability" not in summary["methods"]["nw"]  # no confidences
+    rel = summary["methods"]["model"]["reliability"]
+    assert rel["n_pairs"] == 15
+    counts = [b["count"] for b in rel["bins"]]
+    assert counts == [0, 0, 0, 7, 0, 0, 0, 0, 0, 8]
+    assert rel["bins"][9]["precision"] == 1.0 and rel["bins"][9]["mean_confidence"] == pytest.approx(0.95)
+    assert rel["bins"][3]["precision"] == 0.0 and rel["bins"][3]["mean_confidence"] == pytest.approx(0.35)
+    assert rel["ece"] == pytest.approx((8 * 0.05 + 7 * 0.35) / 15)
+    assert rel["brier"] == pytest.approx((8 * 0.05 ** 2 + 7 * 0.35 ** 2) / 15)
+    # the console line
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    evaluation.render(summary, console=Console(file=out, width=200))
+    assert f"ECE {rel['ece']:.4f}, Brier {rel['brier']:.4f} over 15 aligned pairs" in out.getvalue()
+
+
+def test_eval_plot_has_the_reliability_panel(tmp_path):
+    import json
+
+    summary = _calibration_evaluation().summary(n_boot=0)
+    read_back = json.loads(evaluation.to_json(summary))  # empty bins: null, as crossval reads them
+    for s in (summary, read_back):
+        bars, panel = evaluation.figure(s).axes
+        curve = [line for line in panel.get_lines() if line.get_label().startswith("pfamalign")]
+        assert len(curve) == 1
+        np.testing.assert_allclose(curve[0].get_xdata(), [0.35, 0.95])  # the non-empty bins
+        np.testing.assert_allclose(curve[0].get_ydata(), [0.0, 1.0])
+        shares = sorted(round(p.get_height(), 6) for p in panel.patches if p.get_height() > 0)
+        assert shares == [round(7 / 15, 6), round(8 / 15, 6)]
+    path = evaluation.plot(summary, tmp_path / "eval.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # baselines only: no confidences, no panel
+    baselines = evaluation.evaluate(
+        [{"q_seq": "ACDEF", "k_seq": "ACDEF", "target": np.arange(5), "pid": 100.0}],
+        baselines=("nw",)).summary(n_boot=0)
+    assert len(evaluation.figure(baselines).axes) == 1

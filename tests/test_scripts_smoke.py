@@ -152,6 +152,35 @@ def test_crossval_baselines_every_family_tested_once_and_resumes(tmp_path, capsy
     assert before == [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
 
 
+def test_crossval_pools_the_reliability_of_folds_that_recorded_it():
+    """Pooled reliability = the folds' bin sums added; a result.json from before it was
+    recorded (no "reliability") leaves it out of the pooled summary rather than mislabel a
+    part as the whole."""
+    from pfamalign.alignment.metrics import reliability, reliability_sums
+
+    crossval = importlib.import_module("crossval")
+    rng = np.random.default_rng(0)
+    conf = [rng.uniform(size=30), rng.uniform(size=20)]
+    correct = [rng.uniform(size=30) < 0.5, rng.uniform(size=20) < 0.8]
+    folds = []
+    for k in range(2):
+        n = 2 + k
+        folds.append({"methods": ["model", "nw"], "counts": {m: [[3, 4, 5]] * n for m in ("model", "nw")},
+                      "pid": [40.0] * n, "families": [f"PF0000{k}"] * n,
+                      "seconds": {"model": 1.0, "nw": 0.5}, "skipped": {},
+                      "reliability": {"model": reliability_sums(conf[k], correct[k]).tolist()}})
+    got = crossval.pool(folds).summary(n_boot=0)["methods"]
+    want = reliability(reliability_sums(np.concatenate(conf), np.concatenate(correct)))
+    rel = got["model"]["reliability"]
+    assert rel["n_pairs"] == 50 and rel["ece"] == pytest.approx(want["ece"])
+    assert rel["brier"] == pytest.approx(want["brier"])
+    for key in ("count", "mean_confidence", "precision"):
+        np.testing.assert_allclose([b[key] for b in rel["bins"]], [b[key] for b in want["bins"]])
+    assert "reliability" not in got["nw"]
+    old = {key: value for key, value in folds[0].items() if key != "reliability"}
+    assert "reliability" not in crossval.pool([old, folds[1]]).summary(n_boot=0)["methods"]["model"]
+
+
 @pytest.mark.slow
 def test_crossval_trains_tunes_and_compares_the_model(tmp_path, capsys):
     tiny = ["encoder_layers=1", "encoder_width=16", "head_dim=8", "value_dim=8",

@@ -280,7 +280,7 @@ def reliability(sums) -> dict:
         mean_conf, precision = conf / count, correct / count
         gaps = np.where(count > 0, np.abs(precision - mean_conf), 0.0)
         ece, brier = (np.sum(count * gaps) / n, sq.sum() / n) if n else (np.nan, np.nan)
-    edges = np.linspace(0.0, 1.0, len(sums) + 1)
+    edges = np.linspace(0.0, 1.0, len(sums) + 1).round(12)  # 0.6, not 0.6000000000000001
     bins = [{"low": float(edges[k]), "high": float(edges[k + 1]), "count": int(count[k]),
              "mean_confidence": float(mean_conf[k]), "precision": float(precision[k])}
             for k in range(len(sums))]
