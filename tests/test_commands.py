@@ -212,6 +212,13 @@ def test_eval_scores_model_and_baselines_by_the_same_protocol(model_dir, dataset
     assert by_family["value"] == summary["model_minus"]["nw"]["all"]["value"]
     assert by_family["n_groups"] == len({r["family"] for r in recs})
     assert model["plan_metrics"]["n_barycenter"] > 0
+    # calibration: the model's aligned pairs by confidence bin; their pooled precision is the
+    # model's micro precision; the baselines have no confidences
+    rel = model["reliability"]
+    assert rel["n_pairs"] == sum(b["count"] for b in rel["bins"]) > 0
+    correct = sum(b["count"] * b["precision"] for b in rel["bins"] if b["count"])
+    assert correct / rel["n_pairs"] == pytest.approx(model["prf"]["all"]["micro"]["precision"]["value"])
+    assert "reliability" not in summary["methods"]["nw"] and "ECE" in res.output
     assert png.stat().st_size > 5000
 
 

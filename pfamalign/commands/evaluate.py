@@ -36,7 +36,7 @@ from pfamalign.commands._common import (check_outputs, decoder_options, decoder_
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the full results (every number, with intervals) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="PNG of F1 by identity bin per method.")
+              help="PNG of F1 by identity bin per method, beside the model's reliability curve.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @strict_option
 def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
@@ -47,7 +47,9 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
     Metrics, every method on the same pairs: aligned-pair precision / recall / F1 of the
     decoded alignment (micro; macro in --json) overall and by percent identity (<30, 30-50,
     >=50 %), with bootstrap 95 % intervals; for the model and the diagonal reference also the
-    seed paper's plan metrics (sparse CE, barycenter MAE, within-5, monotonicity violation).
+    seed paper's plan metrics (sparse CE, barycenter MAE, within-5, monotonicity violation);
+    for the model the calibration of its pair confidences (precision per confidence bin,
+    ECE, Brier; the reliability panel of --plot).
 
     \b
     A malformed family of a --stockholm file is reported (file:line) on standard error and
