@@ -203,8 +203,11 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         if predictor is not None and pending:
             start = time.perf_counter()
             plans = model_plans(predictor, pending, features=features, batch_size=batch_size)
-            for r, pp in zip(pending, plans):
-                aln = predictor.decode(pp, decoding, (r["q_seq"], r["k_seq"]))
+            seqs = [(r["q_seq"], r["k_seq"]) for r in pending]
+            posts = (predictor.hmm_posteriors(seqs) if (decoding or predictor.decoding).uses_pairhmm()
+                     else [None] * len(seqs))
+            for r, pp, pair, post in zip(pending, plans, seqs, posts):
+                aln = predictor.decode(pp, decoding, pair, hmm_posteriors=post)
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 if aln.confidence is not None:
                     ev.reliability["model"] += reliability_sums(

@@ -21,7 +21,7 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
-from pfamalign.alignment.pairhmm import PairHMM, default_pairhmm, match_posteriors, model_pairhmm
+from pfamalign.alignment.pairhmm import AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.resources import check_align_memory
 
@@ -159,7 +159,7 @@ class DecoderSettings:
         return self.decoder == "posterior" and self.alpha < 1
 
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
-               hmm_posteriors: np.ndarray | None = None, hmm: PairHMM | None = None) -> PairAlignment:
+               hmm_posteriors: np.ndarray | None = None, hmm: AnyPairHMM | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
         and ``posterior``; for ``posterior``, ``hmm_posteriors`` (their pair-HMM match
         posteriors, if already computed) or ``hmm`` (the parameters; default: the shipped)."""
@@ -261,7 +261,7 @@ def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
     return PairPlan(0.5 * (ab.plan + ba.plan.T))
 
 
-def model_content_hash(model_dir: pathlib.Path, hmm: PairHMM) -> str:
+def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
     """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
     names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
     changes it; the decoder settings are recorded beside it (``Predictor.provenance``)."""
@@ -393,9 +393,11 @@ class Predictor:
 
     # ---- alignment ----------------------------------------------------------------------
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
-               sequences: tuple[str, str] | None = None) -> PairAlignment:
+               sequences: tuple[str, str] | None = None, *,
+               hmm_posteriors: np.ndarray | None = None) -> PairAlignment:
         pp.check(marginals=self.engine is None)  # a failed solve is an error, not an alignment
-        return (decoding or self.decoding).decode(pp, sequences, hmm=self.pairhmm)
+        return (decoding or self.decoding).decode(pp, sequences, hmm_posteriors=hmm_posteriors,
+                                                  hmm=self.pairhmm)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
               symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:
@@ -453,9 +455,26 @@ class Predictor:
             return str(err)
         return None
 
-    def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
+    def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
+        """The model's pair-HMM match posteriors of each ``(seq_a, seq_b)``, in order, by the
+        batched engine: pairs bucketed by padded length, one jitted call per batch (tested
+        equal to ``pairhmm.match_posteriors``)."""
         from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
+        out: list = [None] * len(seq_pairs)
+        buckets: dict[int, list[int]] = {}
+        for n, (a, b) in enumerate(seq_pairs):
+            buckets.setdefault(padded_length(max(len(a), len(b))), []).append(n)
+        for pad, members in buckets.items():
+            for start in range(0, len(members), BATCH_SIZES[-1]):
+                chunk = members[start: start + BATCH_SIZES[-1]]
+                seqs = [seq_pairs[n] for n in chunk]
+                filler = seqs[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
+                for n, post in zip(chunk, batched_match_posteriors(self.pairhmm, seqs + filler, pad, pad)):
+                    out[n] = post
+        return out
+
+    def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
         done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
         buckets: dict[int, list[int]] = {}
         for n, pair in enumerate(pairs):
@@ -467,11 +486,7 @@ class Predictor:
                 seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
                 feats = [tuple(self.featurize(pair)) for pair in seqs]
                 plans = self._plan_batch(feats, pad=pad, symmetric=True)
-                posts = [None] * len(chunk)
-                if decoding.uses_pairhmm():
-                    size = padded_batch(len(chunk))
-                    posts = batched_match_posteriors(self.pairhmm, seqs + seqs[:1] * (size - len(chunk)),
-                                                     pad, pad)
+                posts = self.hmm_posteriors(seqs) if decoding.uses_pairhmm() else [None] * len(chunk)
                 for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
                     pp.check(marginals=self.engine is None)  # a failed solve is an error
                     aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)

@@ -33,6 +33,7 @@ PLAN_WEIGHTS = (0.0, 2.0, 5.0, 10.0, 20.0)  # hybrid, BLOSUM62 units (0 = Needle
 ALPHAS = (0.25, 0.5, 0.75)  # posterior: the plan's share (0, the pair-HMM alone, ignores the model)
 MIN_FAMILIES_TO_RESAMPLE = 5
 LOW_IDENTITY = 30.0  # percent: the hard pairs, reported beside the overall F1
+HMM_CHUNK = 64  # pairs whose pair-HMM posteriors are computed (and held) together
 
 
 def candidate_settings() -> list[DecoderSettings]:
@@ -84,7 +85,6 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
     ``features`` as there). Each pair's plan (and pair-HMM posterior, when a candidate uses
     it) is computed once and decoded by every candidate (no plan is kept). With an
     ``incumbent``, the best candidate wins only with evidence (module docstring)."""
-    from pfamalign.alignment.pairhmm import match_posteriors
     from pfamalign.evaluation import model_plans
     from pfamalign.pipelines.stockholm import accession_base
 
@@ -96,9 +96,13 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
         raise ValueError("no pairs to tune the decoder on")
     needs_hmm = any(c.uses_pairhmm() for c in candidates)
     counts = np.zeros((len(candidates), len(records), 3), np.int64)
-    for n, (r, pp) in enumerate(zip(records, model_plans(predictor, records, features=features))):
+    plans = model_plans(predictor, records, features=features)
+    for n, (r, pp) in enumerate(zip(records, plans)):
         seqs = (r["q_seq"], r["k_seq"])
-        hmm = match_posteriors(predictor.pairhmm, *seqs) if needs_hmm else None
+        if n % HMM_CHUNK == 0:  # the pair-HMM in batches; a chunk's posteriors at a time
+            chunk = [(x["q_seq"], x["k_seq"]) for x in records[n: n + HMM_CHUNK]]
+            posteriors = predictor.hmm_posteriors(chunk) if needs_hmm else [None] * len(chunk)
+        hmm = posteriors[n % HMM_CHUNK]
         for c, settings in enumerate(candidates):
             counts[c, n] = alignment_counts(settings.decode(pp, seqs, hmm_posteriors=hmm).pairs,
                                             r["target"])

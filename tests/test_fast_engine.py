@@ -287,3 +287,17 @@ def test_align_cli_verbose_provenance_and_svg_plot(tmp_path):
     assert b"<svg" in plot.read_bytes()[:500]
     bad = CliRunner().invoke(main, ["align", "MKV", "MKV", "--plot", str(tmp_path / "p.docx")])
     assert bad.exit_code == 2 and "cannot write a figure as .docx" in bad.output
+
+
+def test_predictor_hmm_posteriors_equal_the_reference_across_buckets():
+    # pairs of several padded lengths and an odd count per bucket: the bucketing and the filler
+    # rows must give back every pair's own posteriors, in order
+    from pfamalign.inference import Predictor, default_model_dir
+
+    predictor = Predictor(default_model_dir())
+    rng = np.random.default_rng(5)
+    pairs = [(_random_seq(rng, la), _random_seq(rng, lb)) for la, lb in
+             [(30, 41), (200, 150), (12, 9), (130, 70), (64, 65), (5, 300), (77, 77)]]
+    got = predictor.hmm_posteriors(pairs)
+    for (a, b), post in zip(pairs, got):
+        np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b), rtol=1e-8, atol=1e-12)
