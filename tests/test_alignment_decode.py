@@ -420,3 +420,14 @@ def test_bad_objective_and_pair_cost_are_errors():
         mea_decode(np.ones((2, 2)), objective="recall")
     with pytest.raises(ValueError, match="pair_cost"):
         mea_decode(np.ones((2, 2)), pair_cost=-0.1)
+
+
+def test_the_f1_objective_scores_its_alignment_without_the_pair_cost():
+    # the score compares across pairs (search ranks hits by it): the summed plan mass of the
+    # chosen pairs less gap costs, as the accuracy objective would score the same pairs
+    rng = np.random.default_rng(7)
+    plan = rng.random((9, 11)) ** 4
+    for gap in (0.0, 0.05):
+        aln = mea_decode(plan, objective="f1", gap_cost=gap)
+        unaligned = 9 + 11 - 2 * len(aln.pairs)
+        assert aln.score == pytest.approx(plan[aln.pairs[:, 0], aln.pairs[:, 1]].sum() - gap * unaligned)

@@ -29,6 +29,8 @@ decoders share the Gotoh engine (``_gotoh_pairs``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from pfamalign.alignment.pairs import PairAlignment
@@ -103,8 +105,9 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
       gap_cost: linear cost per unaligned residue (>= 0); 0 is plain MEA.
       pair_cost: cost per aligned pair (>= 0): a pair is taken only where ``P_ij`` exceeds it.
       objective: ``"accuracy"`` maximizes the objective above; ``"f1"`` maximizes the
-        expected F1 of the aligned pairs instead (``expected_f1_pair_cost``: the objective
-        above with the pair cost that makes it so; ``pair_cost`` is then ignored).
+        expected F1 of the aligned pairs instead (``expected_f1``; the objective above with
+        the pair cost that makes it so, ``pair_cost`` is then ignored); its ``score`` is the
+        objective above at ``pair_cost = 0`` (the expected number of right pairs, less gaps).
       mode: ``"global"`` charges every unaligned residue; ``"local"`` only those between the
         first and the last pair (the flanks outside the aligned segment are free). Local runs
         the Gotoh engine with ``gap_open = gap_extend = gap_cost`` and free ends; with
@@ -123,7 +126,10 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
     ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)  # [Lq, Lk]
     decode = lambda cost: _mea_alignment(plan, ok, gap_cost, cost, mode)
     if objective == "f1":
-        return _expected_f1_alignment(plan, decode)
+        best, cost = _expected_f1_alignment(plan, decode)
+        # scored without the pair cost (it differs from pair to pair), so that scores compare
+        # across pairs: search ranks hits by them
+        return dataclasses.replace(best, score=best.score + cost * len(best.pairs))
     return decode(pair_cost)
 
 
@@ -156,22 +162,23 @@ def expected_f1(plan, pairs) -> float:
 MAX_F1_ROUNDS = 50
 
 
-def _expected_f1_alignment(plan: np.ndarray, decode) -> PairAlignment:
+def _expected_f1_alignment(plan: np.ndarray, decode) -> tuple[PairAlignment, float]:
     """Maximizes ``expected_f1`` over the alignments ``decode`` can return, by Dinkelbach's
     method for ratios: with ``lam`` the current value, the alignment maximizing
     ``sum_A (2 P_ij - lam) - lam sum P`` is ``decode(pair_cost = lam / 2)``; its ratio is at
     least ``lam``, and equal only at the optimum. Each round raises ``lam`` and there are
     finitely many alignments, so it stops (in 2-5 rounds on real pairs). The pair cost it
     settles on is F/2: a pair is worth taking when it is right with probability above half
-    the F1 reached, not above 0 as plain MEA assumes."""
-    best, value = decode(0.0), None
+    the F1 reached, not above 0 as plain MEA assumes. Returns the alignment and the pair
+    cost it was decoded with."""
+    best, cost = decode(0.0), 0.0
     for _ in range(MAX_F1_ROUNDS):
         value = expected_f1(plan, best.pairs)
         nxt = decode(value / 2)
         if expected_f1(plan, nxt.pairs) <= value + 1e-12:
             break
-        best = nxt
-    return best
+        best, cost = nxt, value / 2
+    return best, cost
 
 
 def _mea_pairs(plan: np.ndarray, ok: np.ndarray, bonus: float) -> np.ndarray:
