@@ -332,6 +332,7 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
 # ---- certify -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 48 s: three tail depths' compiles and 20000-step float64 solves (infeasible)
 def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     from pfamalign.inference import Predictor
@@ -365,6 +366,30 @@ def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     assert "sender error" in res.output and "not certified" in res.output
     res = run(["certify", a, b, "--checkpoint", model_dir, "--score-noise", "-1"])
     assert res.exit_code != 0 and "--score-noise must be >= 0" in res.output
+
+
+def test_certify_of_a_feasible_pair_applies_and_agrees_with_align(model_dir, tmp_path):
+    """The fast certify run: equal lengths (spoke is feasible, the float64 solves converge) and
+    one tail depth; its stable matches are align --score-noise's."""
+    out = tmp_path / "c.json"
+    a = PDZ_A[:40]
+    res = run(["certify", a, a, "--checkpoint", model_dir, "--tail-depths", "0", "--score-noise", "1e-3",
+               "--json", out])
+    assert res.exit_code == 0, res.output
+    cert = json.loads(out.read_text())
+    (row,) = cert["bias"]["rows"]
+    assert row["residual"] <= 1e-4 * max(row["grad_norm"], 1e-12)
+    for marg, ceta, soft in zip(cert["marginals"], cert["ceta"], cert["softmax_ot"]):
+        assert marg["feasible"] and marg["expected_row_sum"] == 1.0
+        assert ceta["converged"] and ceta["applies"] and ceta["lhs"] <= ceta["rhs_gauge"] <= ceta["rhs_sup"]
+        assert soft["violations"] == 0
+    st = cert["stable_matches"]
+    assert st["applies"] and st["certified"] > 0
+    assert f"{st['certified']} of {st['aligned']} aligned pairs" in res.output
+    res = run(["align", a, a, "--checkpoint", model_dir, "-f", "json", "--score-noise", "1e-3"])
+    doc = json.loads(res.output)
+    assert [p for p, s in zip(doc["pairs"], doc["stable"]) if s] == st["pairs"]
+    assert doc["stable_matches"]["threshold"] == pytest.approx(st["threshold"])
 
 
 def _converged_mean_plan(predictor, seq_a, seq_b):
