@@ -155,7 +155,8 @@ def _problem(lq, lk, tcfg):
 
     lens = (np.array([lq]), np.array([lk]))
     mask = np.asarray(dense_support(*lens, lq, lk, half_band=tcfg.half_band, dustbin=tcfg.dustbin))[0]
-    log_a, log_b = (np.asarray(x, np.float64)[0, 0] for x in dense_log_targets(*lens, lq, lk, dustbin=tcfg.dustbin))
+    targets = dense_log_targets(*lens, lq, lk, dustbin=tcfg.dustbin)
+    log_a, log_b = (np.asarray(x, np.float64)[0, 0] for x in targets)
     return mask, log_a, log_b
 
 
