@@ -101,8 +101,33 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     out.update(sections)
     if score_noise is not None:
         aln, _ = predictor.align(pair["q_seq"], pair["k_seq"])
-        out["stable_matches"] = _stable(out, converged, aln.pairs, score_noise)
+        ceta = out["ceta"]
+        out["stable_matches"] = _stable(all(c["applies"] for c in ceta) and tcfg.marginals == "balanced",
+                                        converged, max(c["mass"] for c in ceta), tcfg.eps, aln.pairs,
+                                        score_noise)
     return out
+
+
+def stable_matches(predictor, seq_a: str, seq_b: str, pairs, radius: float) -> dict:
+    """``stable_matches`` of the aligned ``pairs`` of ``seq_a`` with ``seq_b`` alone (``align -f
+    json --score-noise``): the test of ``certify_pair``, on the heads' mean converged float64
+    plan of the A -> B direction, without the other certificates. No solve when the problem
+    cannot have unit real rows and columns (not balanced, relaxed, or infeasible)."""
+    import jax.numpy as jnp
+
+    model, tcfg = predictor.model, predictor.model.cfg.transport
+    balanced = tcfg.marginals == "balanced"
+    if not (balanced and tcfg.relax is None
+            and cert.feasible(*_totals(*_problem(len(seq_a), len(seq_b), tcfg)), balanced=True)):
+        return _stable(False, [], 0.0, tcfg.eps, pairs, radius)
+    q_feat, k_feat = predictor.featurize([seq_a, seq_b])
+    lq, lk = len(q_feat), len(k_feat)
+    _, _, (q, k, _, tokens) = _scores(model, jnp.asarray(q_feat), jnp.asarray(k_feat), lq, lk)
+    s, mask, log_a, log_b = _extended_scores(q, k, tokens, lq, lk, tcfg)
+    sols = [_converge(s[h], mask, log_a, log_b, tcfg) for h in range(s.shape[0])]
+    converged = all(max(x.row_error, x.col_error) <= CONVERGED_ERROR for x in sols)
+    return _stable(converged, [x.plan for x in sols], max(float(x.plan.sum()) for x in sols), tcfg.eps,
+                   pairs, radius)
 
 
 # The float64 solves aim at marginal errors <= 1e-9 within CONVERGED_STEPS steps; a plan counts
@@ -113,9 +138,7 @@ CONVERGED_ERROR = 1e-5
 
 def _extended_scores(q, k, tokens, lq, lk, tcfg):
     """float64 scores ``S = q.k / sqrt(d)`` ``[H, Lq + 1, Lk + 1]`` (last row / column: the
-    dustbin tokens), the support and the log targets of the op (``kernels.reference``)."""
-    from pfamalign.kernels.reference import dense_log_targets, dense_support
-
+    dustbin tokens), the support and the log targets of the op (``_problem``)."""
     f64 = lambda x: np.asarray(x, np.float64)
     qe, ke = f64(q[0]), f64(k[0])  # [H, L, d]
     h, _, d = qe.shape
@@ -123,10 +146,29 @@ def _extended_scores(q, k, tokens, lq, lk, tcfg):
     tk = f64(tokens.k) if tokens is not None and tcfg.dustbin != "none" else np.zeros((h, d))
     qe, ke = np.concatenate([qe, tq[:, None]], 1), np.concatenate([ke, tk[:, None]], 1)
     s = np.einsum("hid,hjd->hij", qe, ke) / np.sqrt(d)
+    return (s, *_problem(lq, lk, tcfg))
+
+
+def _problem(lq, lk, tcfg):
+    """The op's support ``[Lq + 1, Lk + 1]`` and log targets (``kernels.reference``), float64."""
+    from pfamalign.kernels.reference import dense_log_targets, dense_support
+
     lens = (np.array([lq]), np.array([lk]))
     mask = np.asarray(dense_support(*lens, lq, lk, half_band=tcfg.half_band, dustbin=tcfg.dustbin))[0]
-    log_a, log_b = (f64(x)[0, 0] for x in dense_log_targets(*lens, lq, lk, dustbin=tcfg.dustbin))
-    return s, mask, log_a, log_b
+    targets = dense_log_targets(*lens, lq, lk, dustbin=tcfg.dustbin)
+    log_a, log_b = (np.asarray(x, np.float64)[0, 0] for x in targets)
+    return mask, log_a, log_b
+
+
+def _totals(mask, log_a, log_b) -> tuple[float, float]:
+    """The row and column totals of the targets on the support's active lines."""
+    return float(np.exp(log_a)[mask.any(1)].sum()), float(np.exp(log_b)[mask.any(0)].sum())
+
+
+def _converge(s, mask, log_a, log_b, tcfg):
+    """The op's problem on scores ``s`` solved at the final eps towards marginal errors <= 1e-9."""
+    return cert.solve_dense(s, mask, log_a, log_b, kappa=tcfg.damping(), stages=((float(tcfg.eps), 1),),
+                            tol=1e-9, max_steps=CONVERGED_STEPS)
 
 
 def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, seed=0) -> dict:
@@ -144,12 +186,12 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
     out, converged_plans = {"marginals": [], "ceta": [], "softmax_ot": []}, []
     for h in range(s.shape[0]):
         p_out = np.asarray(plan[0, h], np.float64)
-        solve = lambda x, **kw: cert.solve_dense(x, mask, log_a, log_b, kappa=kappa, **kw)
-        mine = solve(s[h], stages=own, tol=tcfg.tol, max_steps=tcfg.max_steps + tcfg.tail_steps)
-        conv = solve(s[h], stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
+        mine = cert.solve_dense(s[h], mask, log_a, log_b, kappa=kappa, stages=own, tol=tcfg.tol,
+                                max_steps=tcfg.max_steps + tcfg.tail_steps)
+        conv = _converge(s[h], mask, log_a, log_b, tcfg)
         noise = np.where(mask, perturbation * rng.uniform(-1, 1, size=s[h].shape), 0.0)
-        conv_t = solve(s[h] + noise, stages=((tau, 1),), tol=1e-9, max_steps=CONVERGED_STEPS)
-        totals = (float(np.exp(log_a)[mask.any(1)].sum()), float(np.exp(log_b)[mask.any(0)].sum()))
+        conv_t = _converge(s[h] + noise, mask, log_a, log_b, tcfg)
+        totals = _totals(mask, log_a, log_b)
         marg = cert.plan_marginals(p_out, real_rows, real_cols, balanced=balanced, total_rows=totals[0],
                                    total_cols=totals[1], steps=mine.steps - tcfg.tail_steps)
         marg["l1_to_converged"] = float(np.abs(p_out - conv.plan).sum())
@@ -181,16 +223,16 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
     return out, converged_plans
 
 
-def _stable(result: dict, plans, pairs, radius: float) -> dict:
-    """``stable_matches`` of the decoded pairs on the heads' mean converged plan: valid only when
-    every head's problem is balanced, feasible and converged (unit real rows and columns)."""
-    ceta = result["ceta"]
-    if not all(c["applies"] for c in ceta) or result["transport"]["marginals"] != "balanced":
-        return {"score_noise": radius, "applies": False, "certified": 0, "aligned": int(len(pairs)),
+def _stable(applies: bool, plans, mass: float, tau: float, pairs, radius: float) -> dict:
+    """``stable_matches`` of the decoded ``pairs`` on the heads' mean converged ``plans`` of total
+    mass ``mass`` (the largest head's): valid only when every head's problem is balanced,
+    feasible and converged (unit real rows and columns), which the caller says in ``applies``."""
+    if not applies:
+        n = len(np.asarray(pairs).reshape(-1, 2))
+        return {"score_noise": radius, "applies": False, "certified": 0, "aligned": n, "pairs": [],
+                "stable": [False] * n,
                 "reason": "needs a balanced, feasible, converged plan (unit rows and columns)"}
-    mean = np.mean(plans, 0)
-    res = cert.stable_matches(mean, pairs, mass=max(c["mass"] for c in ceta), tau=result["transport"]["eps"],
-                              radius=radius)
+    res = cert.stable_matches(np.mean(plans, 0), pairs, mass=mass, tau=float(tau), radius=radius)
     return {**res, "applies": True}
 
 

@@ -355,7 +355,7 @@ class Predictor:
     # ---- featurization ------------------------------------------------------------------
     def featurize(self, sequences: Sequence[str]) -> list[np.ndarray]:
         for seq in sequences:
-            problem = self._problem(seq)
+            problem = self.sequence_problem(seq)
             if problem is not None:
                 raise ValueError(problem)
         return [np.asarray(f, np.float32) for f in self.embedder.embed(list(sequences))]
@@ -434,8 +434,9 @@ class Predictor:
                 pending = []
         yield from self._align_window(pending, decoding)
 
-    def _problem(self, seq: str) -> str | None:
-        """Why this model cannot embed ``seq`` (None: it can)."""
+    def sequence_problem(self, seq: str) -> str | None:
+        """Why this model cannot embed ``seq`` (None: it can): the one length check before a
+        plan (``pair_problem``, ``featurize``, ``search.usable_records``)."""
         if not seq:
             return "empty sequence"
         if len(seq) > self.max_length:
@@ -446,7 +447,7 @@ class Predictor:
     def pair_problem(self, seq_a: str, seq_b: str) -> str | None:
         """Why this model cannot align these sequences (None: it can): an empty one, one
         longer than ``max_length``, or more memory than ``max_memory``."""
-        problem = self._problem(seq_a) or self._problem(seq_b)
+        problem = self.sequence_problem(seq_a) or self.sequence_problem(seq_b)
         if problem is not None:
             return problem
         try:

@@ -11,6 +11,7 @@ its own input), and a missing parent directory is a clear error, not a traceback
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import pathlib
 import sys
@@ -43,10 +44,22 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
     return path
 
 
+# Every temporary name starts with "." and holds ".tmp": ``temporary_path``'s
+# ``.STEM.PID.tmp.SUFFIX``, the pipelines' fixed ``.NAME.tmp`` and older runs' ``.NAME.PID.tmp``;
+# what cleans or reports stray temporaries matches this pattern.
+TEMPORARY_GLOB = ".*.tmp*"
+
+
 def temporary_path(path: pathlib.Path) -> pathlib.Path:
-    """The temporary name beside ``path`` that an atomic write fills before the rename; it
-    keeps the suffix, from which plotting libraries take the image format."""
+    """The temporary name beside ``path`` that an atomic write fills before the rename (every
+    atomic write's, the pipelines' too); it keeps the suffix, from which plotting libraries
+    take the image format."""
     return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is a temporary one (``TEMPORARY_GLOB``)."""
+    return fnmatch.fnmatchcase(name, TEMPORARY_GLOB)
 
 
 @contextlib.contextmanager

@@ -192,14 +192,14 @@ def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dic
             "target": None, "pid": None, "where": subject.where, "qn": qn, "decoy": decoy}
 
 
-def usable_records(items: Iterable[FastaRecord | BadRecord], max_length: int, errors) -> list[FastaRecord]:
-    """The records of a FASTA stream that can be searched; the others go to ``errors`` once
-    (not once per query)."""
+def usable_records(items: Iterable[FastaRecord | BadRecord], predictor, errors) -> list[FastaRecord]:
+    """The records of a FASTA stream that ``predictor`` can search (``Predictor.sequence_problem``);
+    the others go to ``errors`` once (not once per query)."""
     kept = []
     for item in items:
-        if not isinstance(item, BadRecord) and len(item.seq) > max_length:
-            item = BadRecord(item.where, f"{item.id} of {len(item.seq)} residues is longer than this "
-                                         f"model accepts ({max_length}); split it into domains")
+        problem = None if isinstance(item, BadRecord) else predictor.sequence_problem(item.seq)
+        if problem is not None:
+            item = BadRecord(item.where, f"{item.id}: {problem}")
         if isinstance(item, BadRecord):
             errors.add(item)
         else:

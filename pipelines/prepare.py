@@ -24,6 +24,7 @@ import pathlib
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 
+from pfamalign.outputs import is_temporary
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines import stages
 from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_hash,
@@ -128,7 +129,7 @@ def _remove_owned(out: pathlib.Path, manifest: dict | None) -> None:
 def _user_entries(out: pathlib.Path) -> list[str]:
     """What ``out`` holds besides the lock file and leftover temporary files."""
     return sorted(p.name for p in out.iterdir()
-                  if p.name != LOCK_NAME and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+                  if p.name != LOCK_NAME and not is_temporary(p.name))
 
 
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from pfamalign import jsonio
+from pfamalign.outputs import temporary_path
 
 MAGIC = b"PFR1"
 _HEADER = struct.Struct("<I")
@@ -83,12 +84,9 @@ def decode(data: bytes) -> dict[str, object]:
 
 # ------------------------------------------------------------------------------------------
 # Files: every committed file is written to a temporary name, fsynced and renamed, so a file
-# that exists under its final name is complete (a kill -9 leaves at most a *.tmp behind).
+# that exists under its final name is complete (a kill -9 leaves at most a temporary file
+# behind: ``pfamalign.outputs.temporary_path``, matched by ``TEMPORARY_GLOB``).
 # ------------------------------------------------------------------------------------------
-
-def _tmp_path(path: pathlib.Path) -> pathlib.Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
 
 def _fsync(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -111,7 +109,7 @@ def write_array_record(path: os.PathLike, records: Iterable[bytes], *,
     from array_record.python.array_record_module import ArrayRecordWriter
 
     path = pathlib.Path(path)
-    tmp = _tmp_path(path)
+    tmp = temporary_path(path)
     writer = ArrayRecordWriter(str(tmp), options)
     n = 0
     try:
@@ -151,7 +149,7 @@ def count_array_record(path: os.PathLike) -> int:
 def write_text(path: os.PathLike, text: str) -> None:
     """Atomically writes a text file."""
     path = pathlib.Path(path)
-    tmp = _tmp_path(path)
+    tmp = temporary_path(path)
     tmp.write_text(text, encoding="utf-8")
     commit(tmp, path)
 

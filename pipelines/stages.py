@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign.outputs import TEMPORARY_GLOB
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines.config import part_of
 from pfamalign.pipelines.pairs import SamplingConfig, sample_family
@@ -88,7 +89,7 @@ class WorkDir:
 def clean_tmp(directory: pathlib.Path) -> None:
     """Removes temporary files left by a killed run."""
     if directory.is_dir():
-        for p in directory.glob(".*.tmp"):
+        for p in directory.glob(TEMPORARY_GLOB):
             p.unlink(missing_ok=True)
 
 

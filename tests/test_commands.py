@@ -339,6 +339,7 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
 # ---- certify -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 48 s: three tail depths' compiles and 20000-step float64 solves (infeasible)
 def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     from pfamalign.inference import Predictor
@@ -372,6 +373,110 @@ def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     assert "sender error" in res.output and "not certified" in res.output
     res = run(["certify", a, b, "--checkpoint", model_dir, "--score-noise", "-1"])
     assert res.exit_code != 0 and "--score-noise must be >= 0" in res.output
+
+
+def test_certify_of_a_feasible_pair_applies_and_agrees_with_align(model_dir, tmp_path):
+    """The fast certify run: equal lengths (spoke is feasible, the float64 solves converge) and
+    one tail depth; its stable matches are align --score-noise's."""
+    out = tmp_path / "c.json"
+    a = PDZ_A[:40]
+    res = run(["certify", a, a, "--checkpoint", model_dir, "--tail-depths", "0", "--score-noise", "1e-3",
+               "--json", out])
+    assert res.exit_code == 0, res.output
+    cert = json.loads(out.read_text())
+    (row,) = cert["bias"]["rows"]
+    assert row["residual"] <= 1e-4 * max(row["grad_norm"], 1e-12)
+    for marg, ceta, soft in zip(cert["marginals"], cert["ceta"], cert["softmax_ot"]):
+        assert marg["feasible"] and marg["expected_row_sum"] == 1.0
+        assert ceta["converged"] and ceta["applies"] and ceta["lhs"] <= ceta["rhs_gauge"] <= ceta["rhs_sup"]
+        assert soft["violations"] == 0
+    st = cert["stable_matches"]
+    assert st["applies"] and st["certified"] > 0
+    assert f"{st['certified']} of {st['aligned']} aligned pairs" in res.output
+    res = run(["align", a, a, "--checkpoint", model_dir, "-f", "json", "--score-noise", "1e-3"])
+    doc = json.loads(res.output)
+    assert [p for p, s in zip(doc["pairs"], doc["stable"]) if s] == st["pairs"]
+    assert doc["stable_matches"]["threshold"] == pytest.approx(st["threshold"])
+
+
+def _converged_mean_plan(predictor, seq_a, seq_b):
+    """The heads' mean plan of the op's float64 problem (A -> B) by a plain log-domain Sinkhorn
+    run to marginal errors 1e-11, independent of ``certificates.solve_dense``."""
+    import jax.numpy as jnp
+    from scipy.special import logsumexp
+
+    from pfamalign.certify import _extended_scores
+
+    model, tcfg = predictor.model, predictor.model.cfg.transport
+    qf, kf = predictor.featurize([seq_a, seq_b])
+    q, k, _, tokens = model.project(jnp.asarray(qf)[None], jnp.asarray(kf)[None], jnp.array([len(qf)]),
+                                    jnp.array([len(kf)]))
+    s, mask, log_a, log_b = _extended_scores(q, k, tokens, len(qf), len(kf), tcfg)
+    plans = []
+    for h in range(s.shape[0]):
+        z = np.where(mask, s[h] / tcfg.eps, -np.inf)
+        u, v = np.zeros(z.shape[0]), np.zeros(z.shape[1])
+        for _ in range(20000):
+            u = log_a - logsumexp(z + v[None], axis=1)
+            v = log_b - logsumexp(z + u[:, None], axis=0)
+            p = np.exp(z + u[:, None] + v[None])
+            if np.abs(np.log(p.sum(1)) - log_a).max() < 1e-11:
+                break
+        plans.append(p)
+    return np.mean(plans, 0), float(np.sum(plans[0])), float(tcfg.eps)
+
+
+def test_stable_matches_exceed_the_threshold_and_shrink_with_noise(model_dir):
+    from pfamalign.certify import stable_matches
+    from pfamalign.inference import Predictor
+
+    # a vs a: spoke with equal lengths is balanced and feasible; its converged plan certifies pairs
+    a, predictor = PDZ_A[:40], Predictor(model_dir)
+    diagonal = np.stack([np.arange(40)] * 2, 1)
+    plan, mass, eps = _converged_mean_plan(predictor, a, a)
+    sets = [stable_matches(predictor, a, a, diagonal, r) for r in (0.0, 1e-3, 1e-2, 1.0)]
+    for st, r in zip(sets, (0.0, 1e-3, 1e-2, 1.0)):
+        assert st["applies"] and st["aligned"] == 40 and st["certified"] == sum(st["stable"])
+        assert st["threshold"] == pytest.approx(0.5 + mass / (2 * eps) * r, rel=1e-6)
+        flagged = np.array(st["stable"])
+        entries = plan[diagonal[:, 0], diagonal[:, 1]]
+        assert np.all(entries[flagged] > st["threshold"])
+        assert np.all(entries[~flagged] <= st["threshold"] + 1e-6)
+    # more noise, fewer certified: the flagged sets shrink as r grows, to none once 1/2 + (M/2 eps) r > 1
+    flags = [np.array(st["stable"]) for st in sets]
+    assert all(np.all(flags[n + 1] <= flags[n]) for n in range(3))
+    assert flags[0].sum() > flags[2].sum() > 0 and flags[3].sum() == 0
+    # 40 vs 36: the unit targets are infeasible, nothing is certified (and nothing is solved)
+    st = stable_matches(predictor, a, PDZ_B[:36], diagonal[:36], 0.0)
+    assert not st["applies"] and st["certified"] == 0 and st["stable"] == [False] * 36
+
+
+@pytest.mark.slow
+def test_align_score_noise_marks_certified_stable_pairs(model_dir, tmp_path):
+    from pfamalign.certify import stable_matches
+    from pfamalign.inference import Predictor
+
+    a, c = PDZ_A[:40], PDZ_B[:36]
+    fasta = tmp_path / "three.fasta"
+    fasta.write_text(f">a\n{a}\n>b\n{a}\n>c\n{c}\n")
+    res = run(["align", fasta, "--checkpoint", model_dir, "-f", "json", "--score-noise", "1e-3"])
+    assert res.exit_code == 0, res.output
+    same, other = (json.loads(line) for line in res.output.splitlines())
+    st = same["stable_matches"]
+    assert st["applies"] and st["score_noise"] == 1e-3 and st["aligned"] == same["n_aligned"]
+    assert len(same["stable"]) == same["n_aligned"] and st["certified"] == sum(same["stable"]) > 0
+    want = stable_matches(Predictor(model_dir), a, a, np.array(same["pairs"]), 1e-3)
+    assert same["stable"] == want["stable"] and st["threshold"] == want["threshold"]
+    st = other["stable_matches"]
+    assert not st["applies"] and st["certified"] == 0 and "feasible" in st["reason"]
+    assert other["stable"] == [False] * other["n_aligned"]
+
+
+def test_align_score_noise_needs_json():
+    res = run(["align", PDZ_A, PDZ_B, "--score-noise", "1e-3"])
+    assert res.exit_code == 2 and "--score-noise marks pairs in JSON output only" in res.output
+    res = run(["align", PDZ_A, PDZ_B, "-f", "json", "--score-noise", "-1"])
+    assert res.exit_code == 2 and "--score-noise must be >= 0" in res.output
 
 
 def test_top_level_help_lists_every_command():

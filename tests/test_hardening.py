@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from pfamalign.cli import main
+from pfamalign.outputs import TEMPORARY_GLOB
 from test_train import TINY as TRAIN_TINY
 
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -264,10 +265,11 @@ def test_a_stray_manifest_temporary_is_cleaned_on_rerun(tmp_path):
     out = tmp_path / "ds"
     run_prepare(_prepare_cfg(out, keep_work=True), quiet=True)
     manifest = (out / "manifest.json").read_bytes()
-    (out / "manifest.json").rename(out / ".manifest.json.999999.tmp")  # killed before the rename
+    (out / "manifest.json").rename(out / ".manifest.999999.tmp.json")  # killed before the rename
+    (out / ".manifest.json.999998.tmp").write_bytes(manifest)  # an older version's temporary name
     run_prepare(_prepare_cfg(out), quiet=True)
     assert (out / "manifest.json").read_bytes() == manifest
-    assert not list(out.rglob("*.tmp"))
+    assert not list(out.rglob(TEMPORARY_GLOB))
 
 
 @pytest.mark.parametrize("skip_bad", [False, True])

@@ -2,7 +2,8 @@
 
 import pytest
 
-from pfamalign.outputs import OutputError, atomic_path, open_output
+from pfamalign.outputs import (TEMPORARY_GLOB, OutputError, atomic_path, is_temporary, open_output,
+                               temporary_path)
 
 
 def test_output_equal_to_an_input_is_refused_and_the_input_survives(tmp_path):
@@ -39,3 +40,24 @@ def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(OutputError, match="does not exist"):
         with open_output(tmp_path / "nope" / "out.txt"):
             pass
+
+
+def test_every_temporary_name_is_matched_by_the_cleaning_pattern(tmp_path):
+    """The stray-temporary cleaning (prepare, verify) matches what the atomic writes name."""
+    from pfamalign.pipelines import records
+
+    names = [temporary_path(tmp_path / n).name for n in ("plot.png", "manifest.json", "noext", "a.tar.gz")]
+    assert all(n.startswith(".") and ".tmp" in n for n in names)
+    assert temporary_path(tmp_path / "plot.png").suffix == ".png"  # plotting reads the format here
+    legacy = [".manifest.json.999999.tmp", ".scatter-00001.tmp", ".pairs-00000-of-00002.array_record.tmp"]
+    for name in names + legacy:
+        (tmp_path / name).write_text("x")
+    keep = ["manifest.json", ".pfamalign.lock", "tmp.txt", ".hidden"]
+    for name in keep:
+        (tmp_path / name).write_text("x")
+    assert sorted(p.name for p in tmp_path.glob(TEMPORARY_GLOB)) == sorted(names + legacy)
+    assert sorted(n for n in names + legacy + keep if is_temporary(n)) == sorted(names + legacy)
+    # a pipelines write lands on its name and leaves nothing the pattern matches
+    records.write_text(tmp_path / "sub.txt", "hello\n")
+    assert (tmp_path / "sub.txt").read_text() == "hello\n"
+    assert len(list(tmp_path.glob(TEMPORARY_GLOB))) == len(names + legacy)

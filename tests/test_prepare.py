@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from pfamalign.cli import main as cli
+from pfamalign.outputs import TEMPORARY_GLOB
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines import reader
 from pfamalign.pipelines.config import PrepareConfig
@@ -223,7 +224,7 @@ def test_resume_after_kill_is_byte_identical(reference, tmp_path, stage):
         assert (work / "plan.json").exists() and any((work / "emb").glob("part-*"))
     else:
         assert (out / "embeddings" / "index.tsv").exists()
-    assert list(out.rglob("*.tmp")), "the kill should leave a temporary file behind"
+    assert list(out.rglob(TEMPORARY_GLOB)), "the kill should leave a temporary file behind"
     second = _run_cli_subprocess(out)
     assert second.returncode == 0, second.stderr
     ref = {k: v for k, v in _tree(reference.out).items() if not k.startswith("work/")}

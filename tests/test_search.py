@@ -216,6 +216,22 @@ def test_search_reports_bad_records_and_goes_on_unless_strict(fastas):
     assert res.exit_code == 2 and f"{bad_db}:{line}" in res.stderr and not out.exists()
 
 
+def test_search_reports_an_overlong_record_once_with_the_predictors_message(fastas):
+    tmp, queries, db = fastas
+    longest = max(len(s) for _, s in queries + db)
+    long_db = tmp / "long_db.fasta"
+    long_db.write_text((tmp / "db.fasta").read_text() + f">long\n{'A' * (longest + 1)}\n")
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(long_db), "--decoys", "10",
+                                    "--evalue", "1000", "--max-length", str(longest)])
+    assert res.exit_code == 1
+    # the check and its words are the predictor's (the one made before every plan), reported
+    # once for the record, not once per query
+    message = f"long: sequence of {longest + 1} residues is longer than this model accepts ({longest})"
+    assert res.stderr.count(message) == 1 and res.stdout.count(message) == 1
+    rows = _table(res.stdout)[1]
+    assert len(rows) == len(queries) * len(db) and "long" not in {r[1] for r in rows}
+
+
 def test_search_usage_errors_need_no_model(fastas):
     tmp, _, _ = fastas
     res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta")])

@@ -309,11 +309,16 @@ def plan_marginals(plan, real_rows, real_cols, *, balanced: bool, total_rows: fl
     differ the exact final column step leaves every row ``total_cols / total_rows`` on average
     (``expected_row_sum``)."""
     p = np.asarray(plan, np.float64)
-    feasible = (not balanced) or abs(total_rows - total_cols) <= 1e-6 * max(total_rows, total_cols)
     return {"sender_error": float(np.abs(p.sum(1) - 1)[real_rows].max(initial=0.0)),
             "receiver_error": float(np.abs(p.sum(0) - 1)[real_cols].max(initial=0.0)),
-            "total_mass": float(p.sum()), "feasible": bool(feasible),
+            "total_mass": float(p.sum()),
+            "feasible": feasible(total_rows, total_cols, balanced=balanced),
             "expected_row_sum": float(total_cols / total_rows) if balanced else 1.0, "steps": int(steps)}
+
+
+def feasible(total_rows: float, total_cols: float, *, balanced: bool) -> bool:
+    """Whether the targets can all hold: a balanced problem needs equal row and column totals."""
+    return (not balanced) or abs(total_rows - total_cols) <= 1e-6 * max(total_rows, total_cols)
 
 
 def oscillation(x, mask) -> float:
@@ -410,4 +415,4 @@ def stable_matches(plan, pairs, *, mass: float, tau: float, radius: float) -> di
     vals = p[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     ok = vals > threshold
     return {"score_noise": radius, "threshold": threshold, "aligned": int(len(pairs)),
-            "certified": int(ok.sum()), "pairs": pairs[ok].tolist()}
+            "certified": int(ok.sum()), "pairs": pairs[ok].tolist(), "stable": ok.tolist()}

@@ -316,8 +316,10 @@ def cigar_to_pairs(cigar: str) -> tuple[np.ndarray, int, int]:
     return arr, i, j
 
 
-def to_json(rec: AlignmentRecord, *, indent: int | None = None, provenance: dict | None = None) -> str:
-    """JSON document (format ``pfamalign.pairwise/1``); ``provenance`` as an object."""
+def to_json(rec: AlignmentRecord, *, indent: int | None = None, provenance: dict | None = None,
+            extra: dict | None = None) -> str:
+    """JSON document (format ``pfamalign.pairwise/1``); ``provenance`` as an object; ``extra``:
+    more fields (e.g. ``align --score-noise``'s ``stable``), added before the provenance."""
     doc = {
         "format": JSON_FORMAT,
         "id_a": rec.id_a, "id_b": rec.id_b,
@@ -331,6 +333,7 @@ def to_json(rec: AlignmentRecord, *, indent: int | None = None, provenance: dict
         "cigar": to_cigar(rec),
         "coordinates": "pairs: 0-based [i, j] residue indices",
     }
+    doc.update(extra or {})
     if provenance:
         doc["provenance"] = provenance
     return jsonio.dumps(doc, indent=indent)
@@ -354,12 +357,16 @@ FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
 WITH_PROVENANCE = ("pair", "stockholm", "json")  # fasta and cigar have no place for it
 
 
-def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None) -> str:
+def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None,
+                     extra: dict | None = None) -> str:
     """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
     ``json``) with default options, ending with a newline; ``provenance`` in the formats
-    that carry it (``WITH_PROVENANCE``)."""
+    that carry it (``WITH_PROVENANCE``); ``extra`` fields only in ``json``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
+    if extra and fmt != "json":
+        raise ValueError(f"the {fmt} format has no place for extra fields ({', '.join(extra)})")
+    kw = {"extra": extra} if extra else {}
     if fmt in WITH_PROVENANCE and provenance:
-        return FORMATS[fmt](rec, provenance=provenance)
-    return FORMATS[fmt](rec)
+        kw["provenance"] = provenance
+    return FORMATS[fmt](rec, **kw)

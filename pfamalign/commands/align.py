@@ -37,6 +37,10 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
               help="Figure of the plan with marginals and the decoded path (single pair), in the "
                    "format its extension names (.png, .svg, .pdf, ...). Sequences longer than "
                    "400 residues show the band around the path.")
+@click.option("--score-noise", type=float, default=None, metavar="R",
+              help="With -f json: mark each aligned pair `stable` when it is certified to stay its "
+                   "row's and column's winner under any score change of gauge-reduced size R "
+                   "(as `certify --score-noise`), with a per-pair `stable_matches` summary.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Report to standard error: pairs, time, the batch shapes run and the programs "
                    "compiled (and loaded from the compile cache).")
@@ -48,7 +52,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
               help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
                    "Default: 80% of this machine's memory.")
 @batch_options
-def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, verbose,
+def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, score_noise, verbose,
           engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Align SEQ_A with SEQ_B (residue strings or FASTA files; - reads standard input).
 
@@ -78,6 +82,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       cat family.fasta | pfamalign align - --all-pairs -f cigar
       pfamalign align --pairs pairs.tsv -f json -o alignments.jsonl
       pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B   # see `compile`
+      pfamalign align query.fasta target.fasta -f json --score-noise 1e-3
     """
     from pfamalign import inputs, resources
     from pfamalign.alignment.formats import format_alignment
@@ -96,6 +101,10 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         raise click.UsageError("--all-pairs needs one multi-FASTA file (SEQ_A alone)")
     if many and plot is not None:
         raise click.UsageError("--plot draws a single pair; give SEQ_A and SEQ_B")
+    if score_noise is not None and fmt != "json":
+        raise click.UsageError(f"--score-noise marks pairs in JSON output only; add -f json (got -f {fmt})")
+    if score_noise is not None and not score_noise >= 0:
+        raise click.UsageError(f"--score-noise must be >= 0, got {score_noise}")
     errors = BatchErrors(strict or not many)
     sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
     check_outputs(out, plot, inputs=sources)
@@ -127,7 +136,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                     continue
                 _, rec, pp = item
                 n_pairs += 1
-                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt), provenance=provenance))
+                extra = None if score_noise is None else _stability(predictor, rec, score_noise)
+                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt), provenance=provenance, extra=extra))
                 advance()
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
@@ -146,6 +156,16 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         fail(str(err))
     if errors:
         fail(errors.summary(), code=1)
+
+
+def _stability(predictor, rec, radius: float) -> dict:
+    """The JSON fields of ``--score-noise``: ``stable`` per aligned pair and the summary."""
+    from pfamalign.certify import stable_matches
+
+    summary = stable_matches(predictor, rec.seq_a, rec.seq_b, rec.pairs, radius)
+    stable = summary.pop("stable")
+    del summary["pairs"]  # the pairs flagged in ``stable``
+    return {"stable": stable, "stable_matches": summary}
 
 
 def _compile_counter():

@@ -91,8 +91,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         db_records = query_records if all_vs_all else list(inputs.read_fasta(database))
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
-        queries = lib.usable_records(query_records, predictor.max_length, errors)
-        db = queries if all_vs_all else lib.usable_records(db_records, predictor.max_length, errors)
+        queries = lib.usable_records(query_records, predictor, errors)
+        db = queries if all_vs_all else lib.usable_records(db_records, predictor, errors)
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
         per_query = decoys + len(db) - (1 if all_vs_all else 0)

@@ -8,6 +8,7 @@ import pathlib
 import click
 
 from pfamalign.commands._common import fail
+from pfamalign.outputs import TEMPORARY_GLOB
 
 
 def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
@@ -38,7 +39,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         problems += verify_checksums(d)
         checked.append(f"{d}: {len(json.loads((d / CHECKSUMS).read_text())['sha256'])} files")
     problems += [f"{p}: temporary file left by an interrupted run (safe to delete)"
-                 for p in sorted(directory.rglob(".*.tmp*"))]
+                 for p in sorted(directory.rglob(TEMPORARY_GLOB))]
     return checked, problems
 
 
