@@ -101,6 +101,10 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None, help="model (default: the shipped one)")
     parser.add_argument("--bootstrap", type=int, default=2000, help="family resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--objective", choices=("accuracy", "f1"), default=None,
+                        help="decoder objective (default: the model's, as `pfamalign search`)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="posterior decoder: the plan's share (default: the model's)")
     _common.add_output_args(parser, repeats=None)
     args = parser.parse_args(argv)
 
@@ -131,7 +135,8 @@ def main(argv=None) -> None:
     evalues = np.full((n, n), np.nan)
     start = time.perf_counter()
     done = 0
-    for result in lib.search(predictor, records, records, predictor.decoding, BatchErrors(strict=True),
+    settings = predictor.decoding.override(objective=args.objective, alpha=args.alpha)
+    for result in lib.search(predictor, records, records, settings, BatchErrors(strict=True),
                              all_vs_all=True, decoys=args.decoys, seed=args.seed):
         q = index[result.query.id]
         for hit in result.hits:
