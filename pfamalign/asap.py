@@ -479,7 +479,7 @@ def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), b
 
 # The paper's own setting: square, balanced, no dustbin. Features of a layer's operator:
 # per-residue ones (no dustbin spoke) plus slices; README / design §12 give the measurements.
-CETA_SETTINGS = AsapSettings(slices=16, features=("rowlse", "norm", "max"))
+CETA_SETTINGS = AsapSettings(slices=64, features=("rowlse", "norm", "max"))
 
 
 def ceta_layers(model) -> list:
@@ -648,11 +648,17 @@ class Engine:
                 out["ceta_layers"] = len(self.operator.layers)
         return out
 
-    def _call(self, fn, model, x, y, x_len, y_len, **kw):
+    def args(self) -> tuple:
+        """``(op_arrays, keywords)``: what ``plan_of`` takes besides the model and inputs."""
         op = self.operator
-        return fn(model, op.arrays() if op else None, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
-                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), engine=self.name,
-                  steps=self.steps, settings=op.settings if op else None, **(op.ceta() if op else {}), **kw)
+        return (op.arrays() if op else None,
+                dict(engine=self.name, steps=self.steps, settings=op.settings if op else None,
+                     **(op.ceta() if op else {})))
+
+    def _call(self, fn, model, x, y, x_len, y_len, **kw):
+        arrays, static = self.args()
+        return fn(model, arrays, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), **static, **kw)
 
     def plan(self, model, q_feat, k_feat, q_len, k_len):
         """Head-mean plans ``[B, Lq + 1, Lk + 1]``, last row the dustbin's (as ``Aligner.plan``)."""

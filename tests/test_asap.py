@@ -369,17 +369,11 @@ def test_ceta_layer_asap0_from_the_exact_dual_is_the_layers_plan_and_output():
         np.testing.assert_allclose(out, want, atol=1e-6)
 
 
-@pytest.fixture(scope="module")
-def ceta_compiled():
-    """A CETA model and its operator (plan + both layers) fitted on 8 pairs, 3 held out."""
+@pytest.mark.slow  # ~80 s: the fit (plan + two layers, held-out statistics), eager encoders
+def test_fit_compiles_each_ceta_layer_and_the_compiled_encoder_is_close():
     model = _ceta_model()
     op = asap.fit(model, _pairs(10, 8), held_out=_pairs(11, 3),
                   ceta_settings=dataclasses.replace(asap.CETA_SETTINGS, slices=4))
-    return model, op
-
-
-def test_fit_compiles_each_ceta_layer_and_the_compiled_encoder_is_close(ceta_compiled):
-    model, op = ceta_compiled
     assert len(op.layers) == 2
     for i, layer in enumerate(op.layers):
         assert layer.omega.shape == (2, 3 + 4) and layer.slices.shape == (2, 8, 4)
@@ -397,8 +391,22 @@ def test_fit_compiles_each_ceta_layer_and_the_compiled_encoder_is_close(ceta_com
     assert 0 < np.max(np.abs(with_layers - without)) < 0.05
 
 
-def test_a_compiled_ceta_model_refuses_missing_or_foreign_layer_operators(ceta_compiled, tmp_path):
-    model, op = ceta_compiled
+def _shaped_operator(model, heads, dim, settings, **fields):
+    """An operator of the right shapes for ``model`` (random weights): what loading and the
+    checks read, without a fit."""
+    rng = np.random.default_rng(0)
+    return asap.Operator(settings, rng.normal(size=(heads, settings.n_features)).astype(np.float32),
+                         rng.normal(size=(heads, 4)).astype(np.float32), asap.make_slices(settings, heads, dim),
+                         asap.params_hash(model), **fields)
+
+
+def test_a_compiled_ceta_model_refuses_missing_or_foreign_layer_operators(tmp_path):
+    model = _ceta_model()
+    cfg = model.cfg
+    layers = tuple(_shaped_operator(model, cfg.attn_heads, cfg.attn_head_dim, asap.CETA_SETTINGS, stats={"layer": i})
+                   for i in range(2))
+    op = _shaped_operator(model, cfg.heads, cfg.head_dim + model.substitution_dim, asap.AsapSettings(),
+                          layers=layers)
     src = checkpoint.save_model(tmp_path / "model", model)
     out = asap.write_compiled(src, tmp_path / "compiled", op)
     engine = asap.Engine.load("asap", out, checkpoint.load_model(out, impl=None)[0])

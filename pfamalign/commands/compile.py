@@ -28,7 +28,7 @@ from pfamalign.commands._common import fail
                    "per-residue ones (the paper's features; on the shipped model they add nothing).")
 @click.option("--ceta-slices", type=click.IntRange(min=0), default=None,
               help="Slices of the operators of the encoder's CETA layers (a model with CETA "
-                   "attention; they also use the per-residue features). [default: 16]")
+                   "attention; they also use the per-residue features). [default: 64]")
 @click.option("--passes", type=click.Choice(["1", "3"]), default="3", show_default=True,
               help="c-transforms rebuilding the plan (and each CETA layer's): 1 (ASAP-0: column "
                    "sums exact) or 3 (key, query, key).")
