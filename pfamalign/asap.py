@@ -1,4 +1,5 @@
-"""Compiled transport for the alignment plan (ASAP): the Sinkhorn teacher's plan without iterating.
+"""Compiled transport (ASAP): the Sinkhorn teacher's plan without iterating, for the alignment
+plan and for the encoder's CETA layers.
 
 A trained aligner's plan is the banded, dustbin-augmented Sinkhorn plan ``P = exp(S + u ⊕ v)``
 (``kernels.reference``). The compiled operator predicts the query-side dual ``u`` from
@@ -26,6 +27,12 @@ engine's transport run in each direction): ``sinkhorn`` (the trained T + R steps
 (N plain steps: the honest baseline at equal time) and ``asap`` (a compiled operator). The
 operator compiles balanced plans (``TransportConfig.marginals == "balanced"``, the default);
 a model with semi-relaxed marginals is refused (``Operator.check``).
+
+The encoder's CETA layers (square, balanced, no dustbin: the paper's own setting) get one
+operator each (``fit_ceta``, ``Operator.layers``), fitted by the same pieces (``fit_problems``
+over problem batches) on each layer's actual inputs, captured by running the encoder
+(``ceta_inputs``); with ``--engine asap`` the encoder runs them instead of the layers' Sinkhorn
+(``ceta_solvers``: per layer ``P V`` from the compiled plan).
 """
 
 from __future__ import annotations
