@@ -1,4 +1,5 @@
-"""Compiled transport for the alignment plan (ASAP): the Sinkhorn teacher's plan without iterating.
+"""Compiled transport (ASAP): the Sinkhorn teacher's plan without iterating, for the alignment
+plan and for the encoder's CETA layers.
 
 A trained aligner's plan is the banded, dustbin-augmented Sinkhorn plan ``P = exp(S + u ⊕ v)``
 (``kernels.reference``). The compiled operator predicts the query-side dual ``u`` from
@@ -26,6 +27,12 @@ engine's transport run in each direction): ``sinkhorn`` (the trained T + R steps
 (N plain steps: the honest baseline at equal time) and ``asap`` (a compiled operator). The
 operator compiles balanced plans (``TransportConfig.marginals == "balanced"``, the default);
 a model with semi-relaxed marginals is refused (``Operator.check``).
+
+The encoder's CETA layers (square, balanced, no dustbin: the paper's own setting) get one
+operator each (``fit_ceta``, ``Operator.layers``), fitted by the same pieces (``fit_problems``
+over problem batches) on each layer's actual inputs, captured by running the encoder
+(``ceta_inputs``); with ``--engine asap`` the encoder runs them instead of the layers' Sinkhorn
+(``ceta_solvers``: per layer ``P V`` from the compiled plan).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import numpy as np
 from flax import nnx
 
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
-from pfamalign.kernels import DustbinTokens
+from pfamalign.kernels import DustbinTokens, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
 
 ENGINES = ("sinkhorn", "steps", "asap")
@@ -142,7 +149,8 @@ class Operator:
     """A fitted operator: per head, ``omega [H, F]`` (row features -> centred u),
     ``omega_dustbin [H, 4]`` (pair features -> the dustbin row's u minus the real rows' mean),
     the slices ``[H, d', L]``, the settings, fit statistics and the hash of the parameters it
-    was fitted to."""
+    was fitted to; ``layers``: one such operator per CETA layer of the encoder (none for
+    other encoders), each with its own settings, statistics and hash."""
 
     settings: AsapSettings
     omega: np.ndarray
@@ -150,12 +158,14 @@ class Operator:
     slices: np.ndarray
     params_hash: str
     stats: dict = dataclasses.field(default_factory=dict)
+    layers: tuple = ()
 
     def to_dict(self) -> dict:
-        return {"format": OPERATOR_FORMAT, "settings": dataclasses.asdict(self.settings),
-                "params_hash": self.params_hash, "stats": self.stats,
-                "omega": self.omega.tolist(), "omega_dustbin": self.omega_dustbin.tolist(),
-                "slices": self.slices.tolist()}
+        out = {"format": OPERATOR_FORMAT, "settings": dataclasses.asdict(self.settings),
+               "params_hash": self.params_hash, "stats": self.stats,
+               "omega": self.omega.tolist(), "omega_dustbin": self.omega_dustbin.tolist(),
+               "slices": self.slices.tolist()}
+        return {**out, "layers": [layer.to_dict() for layer in self.layers]} if self.layers else out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Operator":
@@ -163,20 +173,36 @@ class Operator:
             raise CompileError(f"not a compiled ASAP operator (format {data.get('format')!r})")
         return cls(AsapSettings(**data["settings"]), np.asarray(data["omega"], np.float32),
                    np.asarray(data["omega_dustbin"], np.float32), np.asarray(data["slices"], np.float32),
-                   data["params_hash"], data.get("stats", {}))
+                   data["params_hash"], data.get("stats", {}),
+                   tuple(cls.from_dict(layer) for layer in data.get("layers", [])))
 
     def arrays(self):
         """The operator's arrays, as ``asap_of`` takes them."""
         return tuple(jnp.asarray(a) for a in (self.omega, self.omega_dustbin, self.slices))
 
+    def ceta(self) -> dict:
+        """The CETA layers' operators as ``plan_of`` takes them (``ceta_arrays``,
+        ``ceta_settings``; None without layers)."""
+        if not self.layers:
+            return {"ceta_arrays": None, "ceta_settings": None}
+        return {"ceta_arrays": tuple(layer.arrays() for layer in self.layers),
+                "ceta_settings": tuple(layer.settings for layer in self.layers)}
+
     def check(self, model) -> None:
-        """Raises CompileError unless ``model`` holds the parameters this was fitted to (and
-        has balanced marginals: ``check_model``)."""
+        """Raises CompileError unless ``model`` holds the parameters this (and every layer
+        operator) was fitted to, has balanced marginals (``check_model``) and has an operator
+        for each CETA layer of its encoder."""
         check_model(model)
         have = params_hash(model)
-        if have != self.params_hash:
-            raise CompileError(f"the compiled operator was fitted to parameters {self.params_hash[:12]}, "
-                               f"but the model's are {have[:12]}: recompile with `pfamalign compile`")
+        for op in (self,) + tuple(self.layers):
+            if have != op.params_hash:
+                raise CompileError(f"the compiled operator was fitted to parameters {op.params_hash[:12]}, "
+                                   f"but the model's are {have[:12]}: recompile with `pfamalign compile`")
+        n = len(ceta_layers(model))
+        if len(self.layers) != n:
+            raise CompileError(f"the model's encoder has {n} CETA layers, but the compiled operator has "
+                               f"{len(self.layers)} layer operators (none for layer {min(len(self.layers), n)}): "
+                               "recompile with `pfamalign compile`")
 
 
 def check_model(model) -> None:
@@ -208,10 +234,11 @@ def make_slices(settings: AsapSettings, heads: int, dim: int) -> np.ndarray:
 
 # ---- the dense problem, features, reconstruction --------------------------------------------
 
-def projections(model, q_feat, k_feat, q_len, k_len):
+def projections(model, q_feat, k_feat, q_len, k_len, ceta=None):
     """``(q, k, tokens, q_len, k_len)``: what the transport of ``model`` reads (the encoder and
-    the projections run here; every engine shares them)."""
-    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len)
+    the projections run here; every engine shares them; ``ceta``: the encoder's CETA solvers,
+    ``ceta_solvers``)."""
+    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, ceta=ceta)
     if tokens is not None:  # the plan needs no values
         tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
     return q, k, tokens, q_len, k_len
@@ -347,15 +374,25 @@ def r_squared(pred, y) -> float:
     return float(1.0 - np.sum((pred - y) ** 2) / max(np.sum(y ** 2), 1e-300))
 
 
-@functools.partial(nnx.jit, static_argnames=("settings",))
-def _calibration(model, slices, settings, q_feat, k_feat, q_len, k_len):
-    """Features and the teacher's centred targets of one batch."""
-    q, k, tokens, q_len, k_len = projections(model, q_feat, k_feat, q_len, k_len)
-    s, mask, log_a, log_b = problem_of(model.cfg.transport, q, k, tokens, q_len, k_len)
-    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, model.cfg.transport.eps)
-    _, u, _ = teacher_of(model.cfg.transport, q, k, tokens, q_len, k_len)
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def calibration_of(cfg, slices, settings, q, k, tokens, q_len, k_len):
+    """Features and the teacher's centred targets of one problem batch (``features``,
+    ``centred_target``): ``(x, z, rows, y, y_db)``."""
+    s, mask, _, _ = problem_of(cfg, q, k, tokens, q_len, k_len)
+    x, z, rows = features(s, mask, q, k, q_len, k_len, slices, settings, cfg.eps)
+    _, u, _ = teacher_of(cfg, q, k, tokens, q_len, k_len)
     y, y_db = centred_target(u, rows)
     return x, z, rows, y, y_db
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _plan_gap(cfg, op_arrays, settings, q, k, tokens, q_len, k_len):
+    """Squared distance, squared norm and worst row / column error of the compiled plan
+    against the teacher's on one problem batch."""
+    ref = teacher_of(cfg, q, k, tokens, q_len, k_len)[0]
+    got = asap_of(cfg, op_arrays, settings, q, k, tokens, q_len, k_len)[0]
+    return (jnp.sum((got - ref) ** 2), jnp.sum(ref ** 2), jnp.max(jnp.abs(got.sum(-1) - ref.sum(-1))),
+            jnp.max(jnp.abs(got.sum(-2) - ref.sum(-2))))
 
 
 def _batches(pairs, batch_size):
@@ -365,13 +402,12 @@ def _batches(pairs, batch_size):
         yield [pairs[i] for i in order[start : start + batch_size]]
 
 
-def _stack_rows(model, slices, settings, pairs, batch_size):
-    """Per head: real-row features ``[N, F]``, targets ``[N]``; dustbin ``[P, 4]``, ``[P]``."""
-    heads = model.cfg.heads
+def _stack_rows(problems, slices, settings, heads):
+    """Per head, over the problem batches ``(cfg, q, k, tokens, q_len, k_len)``: real-row
+    features ``[N, F]`` and targets ``[N]``; the dustbin's ``[P, 4]``, ``[P]``."""
     xs, ys, zs, ydbs = [[] for _ in range(heads)], [[] for _ in range(heads)], [], []
-    for batch in _batches(pairs, batch_size):
-        x, z, rows, y, y_db = (np.asarray(a) for a in _calibration(
-            model, jnp.asarray(slices), settings, *pad_batch(batch)))
+    for cfg, *args in problems:
+        x, z, rows, y, y_db = (np.asarray(a) for a in calibration_of(cfg, jnp.asarray(slices), settings, *args))
         sel = rows[:, 0]  # [B, Lq]
         for h in range(heads):
             xs[h].append(x[:, h][sel])
@@ -382,57 +418,150 @@ def _stack_rows(model, slices, settings, pairs, batch_size):
     return ([np.concatenate(a) for a in xs], [np.concatenate(a) for a in ys], z, y_db)
 
 
-def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), batch_size: int = 8
-        ) -> Operator:
-    """Fits an operator on calibration ``pairs`` ``[(q_feat [Lq, D], k_feat [Lk, D])]``;
-    ``held_out`` pairs give the fit statistics (R^2 of the duals, plan errors vs the teacher)."""
-    if not pairs:
-        raise ValueError("no calibration pairs")
-    check_model(model)
-    heads, dim = model.cfg.heads, model.cfg.head_dim + model.substitution_dim
+def fit_problems(problems, settings: AsapSettings, *, heads: int, dim: int, params_hash: str) -> Operator:
+    """Fits an operator (per head) on calibration problems ``(cfg, q, k, tokens, q_len, k_len)``
+    of one transport: the alignment plan's (``fit``) or one CETA layer's (``fit_ceta``)."""
     slices = make_slices(settings, heads, dim)
-    x, y, z, y_db = _stack_rows(model, slices, settings, list(pairs), batch_size)
+    x, y, z, y_db = _stack_rows(problems, slices, settings, heads)
     omega = np.stack([ridge(x[h], y[h], settings.ridge) for h in range(heads)]).astype(np.float32)
     omega_db = np.stack([ridge(z[:, h], y_db[:, h], settings.ridge) for h in range(heads)]).astype(np.float32)
-    stats = {"calibration_pairs": len(pairs), "calibration_rows": int(sum(len(a) for a in y)),
+    stats = {"calibration_rows": int(sum(len(a) for a in y)),
              "r2_train": float(np.mean([r_squared(x[h] @ omega[h], y[h]) for h in range(heads)]))}
-    op = Operator(settings, omega, omega_db, slices, params_hash(model), stats)
-    if held_out:
-        op.stats.update(held_out_stats(model, op, list(held_out), batch_size))
-    return op
+    return Operator(settings, omega, omega_db, slices, params_hash, stats)
 
 
-def held_out_stats(model, op: Operator, pairs, batch_size: int = 8) -> dict:
-    """R^2 of both duals and the plans' errors against the teacher on ``pairs``."""
-    heads = model.cfg.heads
-    x, y, z, y_db = _stack_rows(model, op.slices, op.settings, pairs, batch_size)
-    out = {"held_out_pairs": len(pairs),
-           "r2_dual": float(np.mean([r_squared(x[h] @ op.omega[h], y[h]) for h in range(heads)])),
-           "r2_dustbin": float(np.mean([r_squared(z[:, h] @ op.omega_dustbin[h], y_db[:, h])
-                                        for h in range(heads)]))}
+def problem_stats(op: "Operator", problems, *, dustbin: bool = True) -> dict:
+    """R^2 of the dual (and the dustbin's) and, for both reconstructions, the pooled relative
+    l2 of the plan and the worst row / column marginal error against the teacher, over the
+    problem batches (a list: read twice)."""
+    heads = op.omega.shape[0]
+    x, y, z, y_db = _stack_rows(problems, op.slices, op.settings, heads)
+    out = {"r2_dual": float(np.mean([r_squared(x[h] @ op.omega[h], y[h]) for h in range(heads)]))}
+    if dustbin:
+        out["r2_dustbin"] = float(np.mean([r_squared(z[:, h] @ op.omega_dustbin[h], y_db[:, h])
+                                           for h in range(heads)]))
     for passes in (1, 3):
-        errs = plan_errors(model, dataclasses.replace(op, settings=dataclasses.replace(
-            op.settings, passes=passes)), pairs, batch_size)
-        out.update({f"{k}_passes{passes}": v for k, v in errs.items()})
+        settings = dataclasses.replace(op.settings, passes=passes)
+        gaps = [np.asarray(g) for cfg, *args in problems
+                for g in [np.stack(_plan_gap(cfg, op.arrays(), settings, *args))]]
+        num, den = sum(g[0] for g in gaps), sum(g[1] for g in gaps)
+        out.update({f"plan_rel_l2_passes{passes}": float(np.sqrt(num / max(den, 1e-300))),
+                    f"row_marginal_err_passes{passes}": float(max(g[2] for g in gaps)),
+                    f"col_marginal_err_passes{passes}": float(max(g[3] for g in gaps))})
     return out
 
 
-def plan_errors(model, op: Operator, pairs, batch_size: int = 8) -> dict:
-    """Pooled relative l2 of the plan and worst row / column marginal error against the
-    teacher's plan, over ``pairs``."""
-    num = den = 0.0
-    row_err = col_err = 0.0
+_projections = nnx.jit(projections)
+
+
+def _plan_problems(model, pairs, batch_size):
+    """The alignment plan's problem batches of ``pairs``."""
     for batch in _batches(pairs, batch_size):
-        args = pad_batch(batch)
-        ref = np.asarray(engine_plan(model, None, *args, engine="sinkhorn", heads_mean=False))
-        got = np.asarray(engine_plan(model, op.arrays(), *args, engine="asap", settings=op.settings,
-                                     heads_mean=False))
-        num += float(np.sum((got - ref) ** 2))
-        den += float(np.sum(ref ** 2))
-        row_err = max(row_err, float(np.max(np.abs(got.sum(-1) - ref.sum(-1)))))
-        col_err = max(col_err, float(np.max(np.abs(got.sum(-2) - ref.sum(-2)))))
-    return {"plan_rel_l2": float(np.sqrt(num / max(den, 1e-300))), "row_marginal_err": row_err,
-            "col_marginal_err": col_err}
+        yield (model.cfg.transport,) + tuple(_projections(model, *pad_batch(batch)))
+
+
+def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), batch_size: int = 8,
+        ceta_settings: AsapSettings | None = None) -> Operator:
+    """Fits an operator on calibration ``pairs`` ``[(q_feat [Lq, D], k_feat [Lk, D])]``;
+    ``held_out`` pairs give the fit statistics (R^2 of the duals, plan errors vs the teacher).
+    A model whose encoder has CETA layers also gets one operator per layer (``fit_ceta``,
+    ``ceta_settings``), in ``Operator.layers``."""
+    if not pairs:
+        raise ValueError("no calibration pairs")
+    check_model(model)
+    heads, dim, digest = model.cfg.heads, model.cfg.head_dim + model.substitution_dim, params_hash(model)
+    op = fit_problems(_plan_problems(model, list(pairs), batch_size), settings, heads=heads, dim=dim,
+                      params_hash=digest)
+    op.stats["calibration_pairs"] = len(pairs)
+    if held_out:
+        op.stats.update(held_out_pairs=len(held_out), **problem_stats(
+            op, list(_plan_problems(model, list(held_out), batch_size)), dustbin=model.cfg.transport.dustbin != "none"))
+    if ceta_layers(model):
+        op.layers = fit_ceta(model, pairs, ceta_settings or CETA_SETTINGS, held_out=held_out,
+                             batch_size=batch_size, params_hash=digest)
+    return op
+
+
+# ---- the encoder's CETA layers ---------------------------------------------------------------
+
+# The paper's own setting: square, balanced, no dustbin. Features of a layer's operator:
+# per-residue ones (no dustbin spoke) plus slices; README / design §12 give the measurements.
+CETA_SETTINGS = AsapSettings(slices=64, features=("rowlse", "norm", "max"))
+
+
+def ceta_layers(model) -> list:
+    """The encoder's CETA attention modules in layer order (empty for any other encoder)."""
+    cfg = model.cfg
+    if cfg.encoder != "transformer" or cfg.attention != "ceta":
+        return []
+    return [block.attn for block in model.encoder.blocks]
+
+
+@nnx.jit
+def _capture(model, feat, lens):
+    """Each CETA layer's queries, keys and values ``[B, H, L, d]`` as the encoder (Sinkhorn
+    layers) computes them on ``feat``: recorded by solvers that run the layer's own transport."""
+    seen = []
+
+    def record(q, k, v, lens, cfg):
+        seen.append((q, k, v))
+        return transport(q, k, v, lens, lens, config=cfg)
+
+    model.encode(feat, lens, ceta=[record] * len(ceta_layers(model)))
+    return seen
+
+
+def ceta_inputs(model, feat, lens):
+    """Per CETA layer, its transport's problem batch ``(cfg, q, k, None, lens, lens)`` and its
+    values ``v``, on the sequences ``feat [B, L, D]``, ``lens [B]``."""
+    feat, lens = jnp.asarray(feat, jnp.float32), jnp.asarray(lens, jnp.int32)
+    return [((layer.ceta_config(feat.shape[1]), q, k, None, lens, lens), v)
+            for layer, (q, k, v) in zip(ceta_layers(model), _capture(model, feat, lens))]
+
+
+def _ceta_problems(model, pairs, batch_size):
+    """Per batch of pairs, one problem batch per CETA layer on the batch's sequences (both
+    sides): a list (every layer is fitted from one capture)."""
+    out = []
+    for batch in _batches(pairs, batch_size):
+        q_feat, k_feat, q_len, k_len = pad_batch(batch)
+        inputs = ceta_inputs(model, np.concatenate([q_feat, k_feat]), np.concatenate([q_len, k_len]))
+        out.append([problem for problem, _ in inputs])
+    return out
+
+
+def fit_ceta(model, pairs, settings: AsapSettings = CETA_SETTINGS, *, held_out=(), batch_size: int = 8,
+             params_hash: str) -> tuple:
+    """One operator per CETA layer of the encoder (per head, as the heads solve separately),
+    fitted on the layer's actual inputs: the sequences of ``pairs`` run through the encoder.
+    ``held_out`` pairs' sequences give each layer's statistics."""
+    cfg = model.cfg
+    fitted = _ceta_problems(model, list(pairs), batch_size)
+    held = _ceta_problems(model, list(held_out), batch_size) if held_out else []
+    ops = []
+    for i in range(len(ceta_layers(model))):
+        op = fit_problems([b[i] for b in fitted], settings, heads=cfg.attn_heads, dim=cfg.attn_head_dim,
+                          params_hash=params_hash)
+        op.stats.update(layer=i, calibration_sequences=2 * len(pairs))
+        if held:
+            op.stats.update(held_out_sequences=2 * len(held_out),
+                            **problem_stats(op, [b[i] for b in held], dustbin=False))
+        ops.append(op)
+    return tuple(ops)
+
+
+def ceta_attend(cfg, op_arrays, settings: AsapSettings, q, k, v, lens):
+    """A CETA layer's output ``P V [B, H, L, dv]`` with the compiled plan P."""
+    plan, _ = asap_of(cfg, op_arrays, settings, q, k, None, lens, lens)
+    return jnp.einsum("bhij,bhjv->bhiv", plan[..., :-1, :-1], v)
+
+
+def ceta_solvers(ceta_arrays, ceta_settings):
+    """Per CETA layer, the solver ``Attention.mix`` takes: its compiled operator (None: none)."""
+    if ceta_arrays is None:
+        return None
+    return [lambda q, k, v, lens, cfg, a=a, s=s: ceta_attend(cfg, a, s, q, k, v, lens)
+            for a, s in zip(ceta_arrays, ceta_settings)]
 
 
 # ---- engines ---------------------------------------------------------------------------------
@@ -446,21 +575,25 @@ def transport_of(cfg, op_arrays, q, k, tokens, q_len, k_len, *, engine: str, ste
 
 
 def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
-            settings: AsapSettings | None = None, heads_mean: bool = True):
+            settings: AsapSettings | None = None, heads_mean: bool = True, ceta_arrays=None,
+            ceta_settings=None):
     """The plan of one engine: the head-mean ``[B, Lq + 1, Lk + 1]`` (real rows, then the
     dustbin row) that ``Aligner.plan`` gives (``heads_mean``), else the per-head plan
-    ``[B, H, Lq + 1, Lk + 1]``. Not compiled (``engine_plan`` is)."""
-    plan = transport_of(model.cfg.transport, op_arrays, *projections(model, q_feat, k_feat, q_len, k_len),
-                        engine=engine, steps=steps, settings=settings)
+    ``[B, H, Lq + 1, Lk + 1]``; with ``ceta_arrays`` / ``ceta_settings`` (``Operator.ceta``)
+    the encoder's CETA layers run their compiled operators. Not compiled (``engine_plan`` is)."""
+    proj = projections(model, q_feat, k_feat, q_len, k_len, ceta_solvers(ceta_arrays, ceta_settings))
+    plan = transport_of(model.cfg.transport, op_arrays, *proj, engine=engine, steps=steps, settings=settings)
     return plan.mean(axis=1) if heads_mean else plan
 
 
 def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine: str,
-                       steps: int | None = None, settings: AsapSettings | None = None):
+                       steps: int | None = None, settings: AsapSettings | None = None, ceta_arrays=None,
+                       ceta_settings=None):
     """``plan_of`` of A against B and of B against A (head means ``[B, La + 1, Lb + 1]``,
     ``[B, Lb + 1, La + 1]``), each sequence encoded once (as ``Aligner.plans_both_ways``); the
     engine's transport runs once per direction."""
-    ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
+    ceta = ceta_solvers(ceta_arrays, ceta_settings)
+    ha, hb = model.encode(a_feat, a_len, ceta=ceta), model.encode(b_feat, b_len, ceta=ceta)
 
     def one_way(q_feat, k_feat, q_len, k_len, encoded):
         q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
@@ -472,8 +605,9 @@ def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine
     return one_way(a_feat, b_feat, a_len, b_len, (ha, hb)), one_way(b_feat, a_feat, b_len, a_len, (hb, ha))
 
 
-engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean"))
-engine_plans_both_ways = nnx.jit(plans_both_ways_of, static_argnames=("engine", "steps", "settings"))
+engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean", "ceta_settings"))
+engine_plans_both_ways = nnx.jit(plans_both_ways_of, static_argnames=("engine", "steps", "settings",
+                                                                      "ceta_settings"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,13 +651,21 @@ class Engine:
         if self.operator is not None:
             out.update(passes=self.operator.settings.passes, slices=self.operator.settings.slices,
                        params_hash=self.operator.params_hash[:16])
+            if self.operator.layers:
+                out["ceta_layers"] = len(self.operator.layers)
         return out
 
-    def _call(self, fn, model, x, y, x_len, y_len, **kw):
+    def args(self) -> tuple:
+        """``(op_arrays, keywords)``: what ``plan_of`` takes besides the model and inputs."""
         op = self.operator
-        return fn(model, op.arrays() if op else None, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
-                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), engine=self.name,
-                  steps=self.steps, settings=op.settings if op else None, **kw)
+        return (op.arrays() if op else None,
+                dict(engine=self.name, steps=self.steps, settings=op.settings if op else None,
+                     **(op.ceta() if op else {})))
+
+    def _call(self, fn, model, x, y, x_len, y_len, **kw):
+        arrays, static = self.args()
+        return fn(model, arrays, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), **static, **kw)
 
     def plan(self, model, q_feat, k_feat, q_len, k_len):
         """Head-mean plans ``[B, Lq + 1, Lk + 1]``, last row the dustbin's (as ``Aligner.plan``)."""
@@ -549,31 +691,35 @@ def load_operator(model_dir) -> Operator:
         raise CompileError(f"cannot read {path}: {err}") from err
 
 
-def check_output_dir(source, out) -> pathlib.Path:
+def check_output_dir(source, out, *, replace: bool = False) -> pathlib.Path:
     """``out`` (absolute) if a compiled model can be written there: not the checkpoint
-    ``source``, not an existing path, in an existing directory. Else a ValueError."""
+    ``source``, not an existing path (``replace``: an existing compiled model directory), in
+    an existing directory. Else a ValueError."""
     source, out = pathlib.Path(source).absolute(), pathlib.Path(out).absolute()
     if out == source or (out.exists() and os.path.samefile(out, source)):
         raise ValueError(f"output {out} is the checkpoint itself; write the compiled model elsewhere")
-    if out.exists():
+    if out.exists() and not (replace and (out / OPERATOR_FILE).is_file()):
         raise ValueError(f"output {out} already exists; give a new directory")
     if not out.parent.is_dir():
         raise ValueError(f"the parent of {out} does not exist")
     return out
 
 
-def write_compiled(source, out, op: Operator) -> pathlib.Path:
+def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathlib.Path:
     """Writes OUT: a copy of the model directory ``source`` (config, parameters, decoder
     settings, training record) plus the operator, built beside OUT and renamed into place
-    (never half written). Refuses an existing OUT and OUT equal to ``source``."""
+    (never half written). Refuses OUT equal to ``source`` and an existing OUT (``replace``:
+    an existing compiled model directory is swapped out, as ``train --compile`` does)."""
     from pfamalign.checkpoint import write_json
 
-    source, out = pathlib.Path(source).absolute(), check_output_dir(source, out)
+    source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         staged = tmp / "model"
         shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE))
         write_json(staged / OPERATOR_FILE, op.to_dict())
+        if out.exists():
+            os.replace(out, tmp / "old")
         os.replace(staged, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -308,8 +308,10 @@ class Attention(nnx.Module):
         s = jax.nn.relu(jnp.einsum("bihe,bje->bhij", qi, ki))
         return jnp.einsum("bhij,bih->bij", s, self.index_w(x)) / math.sqrt(self.cfg.indexer_dim)
 
-    def mix(self, x, lens, *, sparse: bool | None = None, trace: bool = False):
-        """``(out [B, L, H * d] before the output projection, aux loss, trace dict)``."""
+    def mix(self, x, lens, *, sparse: bool | None = None, trace: bool = False, solve=None):
+        """``(out [B, L, H * d] before the output projection, aux loss, trace dict)``.
+        ``solve(q, k, v, lens, config) -> [B, H, L, d]`` replaces a CETA layer's Sinkhorn
+        (a compiled operator: ``asap.ceta_solvers``; None: the transport op)."""
         cfg = self.cfg
         b, l, _ = x.shape
         q, k, v = self.heads(x)
@@ -319,7 +321,8 @@ class Attention(nnx.Module):
         aux, info = jnp.zeros((), jnp.float32), {}
         if cfg.attention == "ceta":
             tcfg = self.ceta_config(l)
-            o = transport(q, k, v, lens, lens, config=tcfg)
+            o = (transport(q, k, v, lens, lens, config=tcfg) if solve is None
+                 else solve(q, k, v, lens, tcfg))
             if trace:
                 info["plan"] = transport_plan(q, k, lens, lens, config=tcfg)[:, :, :-1, :-1]
         elif cfg.attention == "softmax" or not cfg.topk:
@@ -357,8 +360,8 @@ class Attention(nnx.Module):
         return TransportConfig(half_band=band, eps=1.0, base_steps=self.cfg.ceta_steps,
                                tail_steps=2, dustbin="none")
 
-    def __call__(self, x, lens, trace: bool = False):
-        o, aux, info = self.mix(x, lens, trace=trace)
+    def __call__(self, x, lens, trace: bool = False, solve=None):
+        o, aux, info = self.mix(x, lens, trace=trace, solve=solve)
         return self.out(o), aux, info
 
 
@@ -418,20 +421,21 @@ class Block(nnx.Module):
             self.hc1 = HyperConnection(w, cfg.streams, 2 * layer, rngs=rngs)
             self.hc2 = HyperConnection(w, cfg.streams, 2 * layer + 1, rngs=rngs)
 
-    def _attn(self, x, lens, trace=False):
-        return self.attn(self.norm1(x), lens, trace)
+    def _attn(self, x, lens, trace=False, solve=None):
+        return self.attn(self.norm1(x), lens, trace, solve)
 
     def _mlp(self, x, lens, trace=False):
         return self.mlp(self.norm2(x), lens, trace)
 
-    def __call__(self, x, lens, mask, trace: bool = False):
+    def __call__(self, x, lens, mask, trace: bool = False, solve=None):
         """x ``[B, L, W]`` (plain) or ``[B, L, n, W]`` (cayley) -> (x, aux loss, trace info:
-        the attention's and the first mixing matrix ``mix``)."""
+        the attention's and the first mixing matrix ``mix``). ``solve``: see ``Attention.mix``."""
         if self.cayley:
-            x, aux, info = self.hc1(x, lens, self._attn, mask, trace)
+            attn = lambda h, lens, trace: self._attn(h, lens, trace, solve)
+            x, aux, info = self.hc1(x, lens, attn, mask, trace)
             x, _, _ = self.hc2(x, lens, self._mlp, mask)
             return x, aux, info
-        y, aux, info = self._attn(x, lens, trace)
+        y, aux, info = self._attn(x, lens, trace, solve)
         x = (x + y) * mask
         y, _, _ = self._mlp(x, lens)
         return (x + y) * mask, aux, info
@@ -446,26 +450,27 @@ class TransformerEncoder(nnx.Module):
         self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.encoder_layers)])
         self.norm = nnx.LayerNorm(cfg.encoder_width, rngs=rngs)
 
-    def streams(self, feat, lens, trace: bool = False):
+    def streams(self, feat, lens, trace: bool = False, ceta=None):
         """Per-layer states: a list of ``[B, L, W]`` (plain) or ``[B, L, n, W]`` (cayley), the
         input projection first; the summed auxiliary loss; with ``trace`` also each layer's
         trace info (attention weights ``plan [B, H, L, L]``, gsa's ``k`` and ``selected``, the
-        mixing matrices)."""
+        mixing matrices). ``ceta``: one solver per layer replacing its CETA Sinkhorn
+        (``Attention.mix``), or None."""
         mask = length_mask(feat.shape[1], lens)
         x = self.inp(feat * mask) * mask
         if self.cfg.residual == "cayley":
             x = jnp.broadcast_to(x[:, :, None, :], x.shape[:2] + (self.cfg.streams,) + x.shape[2:])
         states, aux, infos = [x], jnp.zeros((), jnp.float32), []
-        for block in self.blocks:
-            x, a, info = block(x, lens, mask, trace)
+        for i, block in enumerate(self.blocks):
+            x, a, info = block(x, lens, mask, trace, ceta[i] if ceta is not None else None)
             states.append(x)
             infos.append(info)
             aux = aux + a
         return (states, aux, infos) if trace else (states, aux)
 
-    def __call__(self, feat, lens):  # [B, L, D], [B] -> ([B, L, W], aux loss)
+    def __call__(self, feat, lens, ceta=None):  # [B, L, D], [B] -> ([B, L, W], aux loss)
         mask = length_mask(feat.shape[1], lens)
-        states, aux = self.streams(feat, lens)
+        states, aux = self.streams(feat, lens, ceta=ceta)
         x = states[-1]
         if x.ndim == 4:  # the streams' mean: at init every stream is the input projection
             x = jnp.mean(x, 2)

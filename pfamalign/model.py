@@ -216,13 +216,14 @@ class Aligner(nnx.Module):
 
     # -- pieces ----------------------------------------------------------------------------
 
-    def encode(self, feat, lens):
+    def encode(self, feat, lens, *, ceta=None):
         """[B, L, D], [B] -> ([B, L, width + P] (zero on padding): the encoder's output and
-        the relative-position features; the encoder's auxiliary loss)."""
+        the relative-position features; the encoder's auxiliary loss). ``ceta``: one solver
+        per transformer layer replacing its CETA Sinkhorn (compiled operators, ``asap``)."""
         feat = jnp.asarray(feat, jnp.float32)
         mask = _length_mask(feat.shape[1], lens)
         h, aux = (feat * mask, jnp.zeros((), jnp.float32)) if self.encoder is None \
-            else self.encoder(feat, lens)
+            else self.encoder(feat, lens) if ceta is None else self.encoder(feat, lens, ceta=ceta)
         if self.cfg.position_features:
             h = jnp.concatenate([h, position_features(feat.shape[1], lens,
                                                       self.cfg.position_features) * mask], -1)
@@ -254,17 +255,18 @@ class Aligner(nnx.Module):
         b, l, _ = x.shape
         return x.reshape(b, l, self.cfg.heads, m).transpose(0, 2, 1, 3)
 
-    def project(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
+    def project(self, q_feat, k_feat, q_len, k_len, *, encoded=None, ceta=None):
         """Queries ``[B, H, Lq, d']``, keys ``[B, H, Lk, d']`` (d' = d + the substitution
         channel) and unit-norm values ``[B, H, Lk, dv]``, plus the dustbin tokens (None
-        without a dustbin). ``encoded``: the two sequences' ``encode`` outputs, if known."""
-        return self._project(q_feat, k_feat, q_len, k_len, encoded=encoded)[:4]
+        without a dustbin). ``encoded``: the two sequences' ``encode`` outputs, if known;
+        ``ceta``: as ``encode``."""
+        return self._project(q_feat, k_feat, q_len, k_len, encoded=encoded, ceta=ceta)[:4]
 
-    def _project(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
+    def _project(self, q_feat, k_feat, q_len, k_len, *, encoded=None, ceta=None):
         """``project``'s outputs and the encoder's auxiliary loss (both sequences)."""
         cfg = self.cfg
         (hq, aux_q), (hk, aux_k) = encoded if encoded is not None else (
-            self.encode(q_feat, q_len), self.encode(k_feat, k_len))
+            self.encode(q_feat, q_len, ceta=ceta), self.encode(k_feat, k_len, ceta=ceta))
         q = self._heads(self.q_proj(hq), cfg.head_dim)
         k = self._heads(self.k_proj(hk), cfg.head_dim)
         if cfg.substitution_window >= 0:  # [learned | windowed substitution] per head

@@ -20,7 +20,18 @@ Two kinds of JSON line, every engine measured in the same run:
   (families resampled whole).
 
 Engines: ``sinkhorn``, ``steps_N`` for each ``--steps``, ``asap0`` (one key-side c-transform)
-and ``asap`` (key, query, key) from the checkpoint's operator.
+and ``asap`` (key, query, key) from the checkpoint's operator. For a model whose encoder has
+CETA layers, ``asap`` and ``asap0`` also run the layers' compiled operators, and
+``ceta_asap`` is the Sinkhorn plan on an encoder with compiled CETA layers (the layers alone);
+``--engines`` picks a subset.
+
+* ``kind="layer"`` (CETA models, ``--layer-lengths``): one CETA layer (``--layer``) forward
+  on ``--batch`` sequences of length L made of held-out test sequences joined end to end, its
+  inputs captured by running the encoder: ``layer_ms`` of the layer's Sinkhorn (the transport
+  op as the encoder runs it) and of its compiled operator (``asap``: 3 passes, ``asap0``: 1)
+  per sequence, interleaved rounds, min; ``speedup`` = Sinkhorn's / this; ``out_rel_l2`` and
+  ``plan_rel_l2``: the relative l2 distance of the layer's output ``P V`` and of its plan to
+  the Sinkhorn layer's.
 """
 
 from __future__ import annotations
@@ -37,13 +48,18 @@ import _common
 from pfamalign import asap, jsonio
 
 
-def engines(predictor, steps) -> dict:
+def engines(predictor, steps, names=None) -> dict:
+    """``{name: (op_arrays, plan_of keywords)}`` (``Engine.args``) of the compared engines."""
     model_dir, model = predictor.path, predictor.model
     out = {"sinkhorn": asap.Engine()}
     out.update({f"steps_{n}": asap.Engine("steps", n) for n in steps})
     out["asap0"] = asap.Engine.load("asap", model_dir, model, passes=1)
     out["asap"] = asap.Engine.load("asap", model_dir, model, passes=3)
-    return out
+    out = {name: e.args() for name, e in out.items()}
+    if out["asap"][1]["ceta_arrays"] is not None:  # the Sinkhorn plan, the compiled CETA layers
+        ceta = {k: out["asap"][1][k] for k in ("ceta_arrays", "ceta_settings")}
+        out["ceta_asap"] = (None, {**out["sinkhorn"][1], **ceta})
+    return {name: args for name, args in out.items() if not names or name in names or name == "sinkhorn"}
 
 
 def related_pair(rng, length: int) -> tuple[str, str]:
@@ -68,11 +84,9 @@ def speed(predictor, table, lengths, batch, repeats):
         args = tuple(jnp.asarray(a) for a in asap.pad_batch(list(zip(feats[0::2], feats[1::2]))))
         proj = _common.block(project(predictor.model, *args))
         cases, mem = {}, {}
-        for name, e in table.items():
-            op = e.operator
-            kw = dict(engine=e.name, steps=e.steps, settings=op.settings if op else None)
-            arrays = op.arrays() if op else None
-            cases[name] = (lambda *a, e=e: e.plan(predictor.model, *a), args)
+        for name, (arrays, kw) in table.items():
+            cases[name] = (lambda *a, o=arrays, kw=kw: asap.engine_plan(predictor.model, o, *a, **kw), args)
+            kw = {k: v for k, v in kw.items() if not k.startswith("ceta_")}  # the plan's transport alone
             cases[name + "/transport"] = (lambda *p, a=arrays, kw=kw: transport(cfg, a, *p, **kw), proj)
             _, mem[name] = _common.compile_with_memory(
                 lambda *p, a=arrays, kw=kw: asap.transport_of(cfg, a, *p, **kw), *proj)
@@ -92,6 +106,46 @@ def speed(predictor, table, lengths, batch, repeats):
                    "speedup": best["sinkhorn"] / best[name],
                    "transport_speedup": best["sinkhorn/transport"] / best[name + "/transport"],
                    **_common.environment()}
+
+
+def layer_speed(predictor, data, split, lengths, batch, repeats, layer):
+    """``kind="layer"`` lines: one CETA layer's Sinkhorn against its compiled operator."""
+    import jax
+
+    from pfamalign.evaluation import pair_records
+    from pfamalign.kernels import transport
+
+    model = predictor.model
+    op = asap.load_operator(predictor.path)
+    op.check(model)
+    records, _, _ = pair_records(data=data, split=split, max_pairs=400, seed=1, embedder_id=predictor.config.embedder_id)
+    residues = "".join(s for r in records for s in (r["q_seq"], r["k_seq"]))  # held-out families, joined
+    sinkhorn = jax.jit(lambda q, k, v, lens, cfg: transport(q, k, v, lens, lens, config=cfg), static_argnums=4)
+    compiled = jax.jit(asap.ceta_attend, static_argnums=(0, 2))
+    plan = jax.jit(lambda cfg, a, s, q, k, lens: asap.asap_of(cfg, a, s, q, k, None, lens, lens)[0], static_argnums=(0, 2))
+    teacher = jax.jit(lambda cfg, q, k, lens: asap.teacher_of(cfg, q, k, None, lens, lens)[0], static_argnums=0)
+    lop = op.layers[layer]
+    for length in lengths:
+        if len(residues) < batch * length:
+            raise SystemExit(f"{data} {split} has {len(residues)} residues; need {batch * length} for L = {length}")
+        seqs = [residues[n * length : (n + 1) * length] for n in range(batch)]
+        feats = np.stack(predictor.featurize(seqs))
+        (cfg, q, k, _, lens, _), v = asap.ceta_inputs(model, feats, np.full(batch, length, np.int32))[layer]
+        variants = {"asap": lop.settings, "asap0": dataclasses.replace(lop.settings, passes=1)}
+        cases = {"sinkhorn": (lambda *a, cfg=cfg: sinkhorn(*a, cfg), (q, k, v, lens))}
+        cases.update({name: (lambda *a, s=s, cfg=cfg: compiled(cfg, lop.arrays(), s, *a), (q, k, v, lens))
+                      for name, s in variants.items()})
+        best = _common.time_interleaved(cases, repeats=repeats)
+        ref_out = np.asarray(cases["sinkhorn"][0](q, k, v, lens))
+        ref_plan = np.asarray(teacher(cfg, q, k, lens))
+        rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+        for name in cases:
+            out = np.asarray(cases[name][0](q, k, v, lens))
+            got_plan = ref_plan if name == "sinkhorn" else np.asarray(plan(cfg, lop.arrays(), variants[name], q, k, lens))
+            yield {"script": "bench_engines", "kind": "layer", "engine": name, "layer": layer, "L": length,
+                   "batch": batch, "heads": int(q.shape[1]), "layer_ms": best[name] / batch * 1e3,
+                   "speedup": best["sinkhorn"] / best[name], "out_rel_l2": rel(out, ref_out),
+                   "plan_rel_l2": rel(got_plan, ref_plan), **_common.environment()}
 
 
 def _decode(predictor, pp, decoding, pair, engine: str):
@@ -128,12 +182,9 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
         longest = max(max(len(a), len(b)) for a, b in pairs)
         args = asap.pad_batch(pairs, pad=-(-longest // 256) * 256)  # few shapes: few compilations
         teacher = np.asarray(asap.engine_plan(predictor.model, None, *args, engine="sinkhorn", heads_mean=False))
-        for name, e in table.items():
-            o = e.operator
+        for name, (arrays, kw) in table.items():
             t0 = time.perf_counter()
-            full = np.asarray(asap.engine_plan(predictor.model, o.arrays() if o else None, *args, engine=e.name,
-                                               steps=e.steps, settings=o.settings if o else None,
-                                               heads_mean=False))
+            full = np.asarray(asap.engine_plan(predictor.model, arrays, *args, **kw, heads_mean=False))
             errs[name]["s"] += time.perf_counter() - t0
             err = errs[name]
             err["num"] += float(np.sum((full - teacher) ** 2))
@@ -172,7 +223,12 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=48, help="held-out pairs for the accuracy lines (0: none)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512], help="speed lengths L")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3, 4], help="steps of the `steps` engines")
-    parser.add_argument("--batch", type=int, default=4, help="pairs per plan batch")
+    parser.add_argument("--batch", type=int, default=4, help="pairs per plan batch (sequences per layer batch)")
+    parser.add_argument("--engines", nargs="+", default=None,
+                        help="engines to measure besides sinkhorn (default: all)")
+    parser.add_argument("--layer-lengths", type=int, nargs="*", default=[128, 256, 512, 1024],
+                        help="L of the CETA layer lines (CETA models; none: skip)")
+    parser.add_argument("--layer", type=int, default=0, help="the CETA layer timed")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     _common.add_output_args(parser, repeats=3)
@@ -181,8 +237,14 @@ def main(argv=None):
     from pfamalign.inference import Predictor
 
     predictor = Predictor(args.checkpoint)
-    table = engines(predictor, args.steps)
+    table = engines(predictor, args.steps, args.engines)
     rows = []
+    layers = args.layer_lengths if asap.ceta_layers(predictor.model) else []
+    for row in layer_speed(predictor, args.data, args.split, layers, args.batch, args.repeats, args.layer) \
+            if layers else ():
+        rows.append(row)
+        if args.json:
+            print(jsonio.dumps_line(row), flush=True)
     for row in speed(predictor, table, args.lengths, args.batch, args.repeats):
         rows.append(row)
         if args.json:
@@ -193,6 +255,10 @@ def main(argv=None):
             if args.json:
                 print(jsonio.dumps_line(row), flush=True)
     out = sys.stderr if args.json else sys.stdout
+    if layers:
+        print(_common.format_table([r for r in rows if r["kind"] == "layer"],
+                                   ["engine", "layer", "L", "layer_ms", "speedup", "out_rel_l2", "plan_rel_l2"]),
+              file=out)
     print(_common.format_table([r for r in rows if r["kind"] == "speed"],
                                ["engine", "L", "plan_ms", "speedup", "transport_ms", "transport_speedup",
                                 "align_ms", "peak_mib"]), file=out)

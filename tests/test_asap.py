@@ -314,3 +314,115 @@ def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp
     assert {r["engine"] for r in rows if r["kind"] == "speed"} == engines
     accuracy = {r["engine"]: r for r in rows if r["kind"] == "accuracy"}
     assert set(accuracy) == engines and accuracy["sinkhorn"]["plan_rel_l2"] == 0.0
+
+
+# ---- the encoder's CETA layers ------------------------------------------------------------------
+
+def _ceta_model(seed=0):
+    """A two-layer CETA encoder whose residual branches are switched on (their zero-initialised
+    output maps drawn at random), so the layers' outputs reach the encoder's output."""
+    from flax import nnx
+
+    cfg = AlignerConfig(name="asap_ceta_test", feature_dim=50, embedder_id=EMBEDDER, encoder="transformer",
+                        attention="ceta", encoder_layers=2, encoder_width=16, attn_heads=2, attn_head_dim=8,
+                        mlp_ratio=1, heads=1, head_dim=8, value_dim=4, substitution_window=1, ce_weight=1.0,
+                        transport=TransportConfig(half_band=5, eps=0.7, base_steps=6, tail_steps=2,
+                                                  dustbin="spoke", impl="reference"))
+    model = build_model(cfg, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for block in model.encoder.blocks:
+        for lin in (block.attn.out, block.mlp.down):
+            lin.kernel[...] = jnp.asarray(rng.normal(scale=0.3, size=lin.kernel.shape), jnp.float32)
+    return model
+
+
+def _encode(model, pairs, op=None):
+    """The encoder's output on both sides of ``pairs`` ``[2B, L, W]`` (real rows only compared:
+    padding is zero), the CETA layers compiled by ``op``'s layer operators when given."""
+    xq, xk, lq, lk = asap.pad_batch(pairs)
+    feat, lens = jnp.asarray(np.concatenate([xq, xk])), jnp.asarray(np.concatenate([lq, lk]))
+    ceta = asap.ceta_solvers(**op.ceta()) if op is not None else None
+    return np.asarray(model.encode(feat, lens, ceta=ceta)[0])
+
+
+def test_ceta_layer_asap0_from_the_exact_dual_is_the_layers_plan_and_output():
+    """Each CETA layer, on its actual inputs (captured by running the encoder): ASAP-0 from
+    the teacher's final dual is the layer's converged plan, and its ``P V`` the layer's output
+    as the transport op computes it."""
+    from pfamalign.kernels import transport
+
+    model = _ceta_model()
+    xq, _, lq, _ = asap.pad_batch(_pairs(6, 3))
+    inputs = asap.ceta_inputs(model, xq, lq)
+    assert len(inputs) == 2
+    for (cfg, q, k, tokens, q_len, k_len), v in inputs:
+        assert q.shape == (3, 2, xq.shape[1], 8) and tokens is None and cfg.dustbin == "none"
+        plan, u, _ = asap.teacher_of(cfg, q, k, tokens, q_len, k_len)
+        s, mask, log_a, log_b = asap.problem_of(cfg, q, k, tokens, q_len, k_len)
+        got, _, _ = asap.reconstruct(s, mask, log_a, log_b, u, passes=1)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(plan), atol=1e-6)
+        rows = np.asarray(plan).sum(-1)[..., :-1]
+        real = np.arange(xq.shape[1])[None, None] < np.asarray(lq)[:, None, None]
+        assert np.max(np.abs(np.where(real, rows - 1, 0))) < 1e-4  # converged: balanced
+        want = np.asarray(transport(q, k, v, q_len, k_len, config=cfg))
+        out = np.einsum("bhij,bhjv->bhiv", np.asarray(got)[..., :-1, :-1], np.asarray(v))
+        np.testing.assert_allclose(out, want, atol=1e-6)
+
+
+@pytest.mark.slow  # ~80 s: the fit (plan + two layers, held-out statistics), eager encoders
+def test_fit_compiles_each_ceta_layer_and_the_compiled_encoder_is_close():
+    model = _ceta_model()
+    op = asap.fit(model, _pairs(10, 8), held_out=_pairs(11, 3),
+                  ceta_settings=dataclasses.replace(asap.CETA_SETTINGS, slices=4))
+    assert len(op.layers) == 2
+    for i, layer in enumerate(op.layers):
+        assert layer.omega.shape == (2, 3 + 4) and layer.slices.shape == (2, 8, 4)
+        assert layer.stats["layer"] == i and layer.stats["held_out_sequences"] == 6
+        assert 0.5 < layer.stats["r2_dual"] <= 1 and layer.stats["plan_rel_l2_passes3"] < 0.1
+        assert layer.stats["col_marginal_err_passes1"] < 1e-5  # the key-side transform is last
+    for pairs in (_pairs(10, 8)[:4], _pairs(11, 3)):  # calibration and held-out pairs
+        teacher, got = _encode(model, pairs), _encode(model, pairs, op)
+        rel = np.linalg.norm(got - teacher) / np.linalg.norm(teacher)
+        assert 0 < rel < 0.02
+    # the engine runs the compiled layers: its plan differs from the Sinkhorn layers' plan
+    args = asap.pad_batch(_pairs(11, 3))
+    with_layers = np.asarray(asap.Engine("asap", operator=op).plan(model, *args))
+    without = np.asarray(asap.engine_plan(model, op.arrays(), *args, engine="asap", settings=op.settings))
+    assert 0 < np.max(np.abs(with_layers - without)) < 0.05
+
+
+def _shaped_operator(model, heads, dim, settings, **fields):
+    """An operator of the right shapes for ``model`` (random weights): what loading and the
+    checks read, without a fit."""
+    rng = np.random.default_rng(0)
+    return asap.Operator(settings, rng.normal(size=(heads, settings.n_features)).astype(np.float32),
+                         rng.normal(size=(heads, 4)).astype(np.float32), asap.make_slices(settings, heads, dim),
+                         asap.params_hash(model), **fields)
+
+
+def test_a_compiled_ceta_model_refuses_missing_or_foreign_layer_operators(tmp_path):
+    model = _ceta_model()
+    cfg = model.cfg
+    layers = tuple(_shaped_operator(model, cfg.attn_heads, cfg.attn_head_dim, asap.CETA_SETTINGS, stats={"layer": i})
+                   for i in range(2))
+    op = _shaped_operator(model, cfg.heads, cfg.head_dim + model.substitution_dim, asap.AsapSettings(),
+                          layers=layers)
+    src = checkpoint.save_model(tmp_path / "model", model)
+    out = asap.write_compiled(src, tmp_path / "compiled", op)
+    engine = asap.Engine.load("asap", out, checkpoint.load_model(out, impl=None)[0])
+    assert [layer.stats for layer in engine.operator.layers] == [layer.stats for layer in op.layers]
+    np.testing.assert_array_equal(engine.operator.layers[1].omega, op.layers[1].omega)
+    assert engine.describe()["ceta_layers"] == 2
+    with pytest.raises(asap.CompileError, match="none for layer 1"):
+        dataclasses.replace(op, layers=op.layers[:1]).check(model)
+    foreign = dataclasses.replace(op.layers[0], params_hash="0" * 64)
+    with pytest.raises(asap.CompileError, match="recompile"):
+        dataclasses.replace(op, layers=(foreign, op.layers[1])).check(model)
+    with pytest.raises(asap.CompileError, match="recompile"):
+        asap.Engine.load("asap", out, _ceta_model(seed=1))
+    # a rerun (`train --compile`) replaces a compiled directory, never any other directory
+    asap.write_compiled(src, out, dataclasses.replace(op, stats={"rerun": 1}), replace=True)
+    assert asap.load_operator(out).stats == {"rerun": 1}
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match="already exists"):
+        asap.write_compiled(src, tmp_path / "other", op, replace=True)

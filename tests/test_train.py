@@ -311,8 +311,30 @@ def test_cli_help():
     res = _cli(["train", "--help"])
     assert res.exit_code == 0
     for text in ("k2_eps1", "align_ce", "--distributed", "--set", "--tensorboard", "TPU pod",
-                 "--tune-pairs", "--no-tune"):
+                 "--tune-pairs", "--no-tune", "--compile", "OUT/compiled"):
         assert text in res.output
+
+
+@pytest.mark.slow  # ~1 min: a tiny CETA run, then its compile (plan + the CETA layer), twice
+def test_train_compile_writes_the_compiled_model_and_a_rerun_replaces_it(dataset, tmp_path):
+    from pfamalign import asap
+
+    out = tmp_path / "ceta"
+    sets = {**TINY, "attn_heads": 2, "attn_head_dim": 8, "mlp_ratio": 1, "train.ckpt_every": 0}
+    args = ["train", "--data", str(dataset), "--config", "align_ceta", "--out", str(out), "--no-tune",
+            "--compile", "-q", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    res = _cli(args)
+    assert res.exit_code == 0, res.output
+    op = asap.load_operator(out / "compiled")
+    model, _ = checkpoint.load_model(out / "compiled")
+    op.check(model)  # the trained parameters, one operator per CETA layer
+    assert len(op.layers) == 1 and op.stats["split"] == "train" and op.stats["data"] == str(dataset)
+    assert "r2_dual" in op.layers[0].stats and not (out / "model" / asap.OPERATOR_FILE).exists()
+    first = (out / "compiled" / asap.OPERATOR_FILE).stat().st_mtime_ns
+    res = _cli(args)  # the finished run resumes at its end and compiles again, over the old one
+    assert res.exit_code == 0, res.output
+    assert (out / "compiled" / asap.OPERATOR_FILE).stat().st_mtime_ns > first
+    asap.load_operator(out / "compiled").check(model)
 
 
 def test_cli_bad_inputs(dataset, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import click
@@ -25,24 +26,30 @@ from pfamalign.commands._common import fail
 @click.option("--slices", type=click.IntRange(min=0), default=0, show_default=True,
               help="Random slices whose 1-D Kantorovich potentials are features besides the "
                    "per-residue ones (the paper's features; on the shipped model they add nothing).")
+@click.option("--ceta-slices", type=click.IntRange(min=0), default=None,
+              help="Slices of the operators of the encoder's CETA layers (a model with CETA "
+                   "attention; they also use the per-residue features). [default: 64]")
 @click.option("--passes", type=click.Choice(["1", "3"]), default="3", show_default=True,
-              help="c-transforms rebuilding the plan: 1 (ASAP-0: column sums exact) or 3 (key, "
-                   "query, key).")
+              help="c-transforms rebuilding the plan (and each CETA layer's): 1 (ASAP-0: column "
+                   "sums exact) or 3 (key, query, key).")
 @click.option("--ridge", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Ridge penalty (relative to the mean diagonal of the normal matrix).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the slices and the sampling.")
 @click.option("-o", "--out", type=click.Path(path_type=pathlib.Path), required=True,
               help="New model directory: the checkpoint plus its compiled operator.")
-def compile_model(checkpoint, data, split, n_pairs, held_out, slices, passes, ridge, seed, out):
+def compile_model(checkpoint, data, split, n_pairs, held_out, slices, ceta_slices, passes, ridge, seed, out):
     """Compile the alignment plan of a trained aligner (ASAP): fit a closed-form map from
     per-residue features to the Sinkhorn dual on calibration pairs, so that `--engine asap`
-    rebuilds the plan with c-transforms instead of iterating. Every weight stays frozen.
+    rebuilds the plan with c-transforms instead of iterating. Every weight stays frozen. A
+    model whose encoder has CETA layers also gets one operator per layer (sliced 1-D
+    potentials and per-residue features of the layer's queries and keys), which `--engine
+    asap` uses in place of the layers' Sinkhorn.
 
     \b
-    OUT loads wherever a model loads; `asap.json` in it holds the operator, its settings, its fit
-    statistics (R^2 of the dual, plan errors against the Sinkhorn plan on held-out calibration
-    pairs) and the hash of the parameters it fits: used with other parameters it is refused.
-    The statistics are printed as JSON.
+    OUT loads wherever a model loads; `asap.json` in it holds the operator(s), their settings,
+    their fit statistics (R^2 of the dual, plan errors against the Sinkhorn plan on held-out
+    calibration pairs, per CETA layer too) and the hash of the parameters they fit: used with
+    other parameters they are refused. The statistics are printed as JSON.
 
     \b
     Examples:
@@ -50,42 +57,61 @@ def compile_model(checkpoint, data, split, n_pairs, held_out, slices, passes, ri
       pfamalign compile --checkpoint runs/x/model --data data/ -o runs/x/compiled
       pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B
     """
-    import numpy as np
-
-    from pfamalign import asap, checkpoint as ckpt, jsonio
-    from pfamalign.evaluation import pair_records
-    from pfamalign.inference import Predictor, default_model_dir
+    from pfamalign import asap, jsonio
+    from pfamalign.inference import default_model_dir
 
     try:
-        source = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
-        config_path, params_path = ckpt.resolve_model_path(source)
-        if params_path.parent != config_path.parent:
-            raise ValueError(f"{source} is not a model directory (config.json + params/); compile RUN/model")
-        source = config_path.parent
-        asap.check_output_dir(source, out)  # before the slow part
-        data = data or _training_data(source)
-        predictor = Predictor(source)
-        records, _, features = pair_records(data=data, split=split, max_pairs=n_pairs + held_out, seed=seed,
-                                            embedder_id=predictor.config.embedder_id)
-        records = list(records)
-        if len(records) < 2:
-            raise ValueError(f"{data} split {split!r} has {len(records)} pairs; need at least 2")
-        if features == "records":
-            pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in records]
-        else:
-            flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
-            pairs = list(zip(flat[0::2], flat[1::2]))
-        order = np.random.default_rng(seed).permutation(len(pairs))
-        n_fit = min(n_pairs, len(pairs) - (1 if held_out else 0))
-        fit = [pairs[i] for i in order[:n_fit]]
-        rest = [pairs[i] for i in order[n_fit:]]
         settings = asap.AsapSettings(slices=slices, passes=int(passes), ridge=ridge, seed=seed)
-        op = asap.fit(predictor.model, fit, settings, held_out=rest)
-        op.stats.update({"data": str(data), "split": split})
-        asap.write_compiled(source, out, op)
+        ceta = dataclasses.replace(asap.CETA_SETTINGS, passes=int(passes), ridge=ridge, seed=seed,
+                                   **({} if ceta_slices is None else {"slices": ceta_slices}))
+        op = compile_into(checkpoint if checkpoint is not None else default_model_dir(), out, data=data,
+                          split=split, n_pairs=n_pairs, held_out=held_out, settings=settings,
+                          ceta_settings=ceta, seed=seed)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    click.echo(jsonio.dumps({"out": str(out), "params_hash": op.params_hash, **op.stats}))
+    click.echo(jsonio.dumps({"out": str(out), "params_hash": op.params_hash, **op.stats,
+                             **({"layers": [layer.stats for layer in op.layers]} if op.layers else {})}))
+
+
+def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int = 64, held_out: int = 16,
+                 settings=None, ceta_settings=None, seed: int = 0, replace: bool = False):
+    """Fits the model directory ``source``'s operator(s) on ``n_pairs`` calibration pairs of
+    ``data``'s ``split`` (default: the model's training dataset), ``held_out`` more for the
+    statistics, and writes the compiled model directory ``out`` (``asap.write_compiled``;
+    ``replace``: over an earlier compiled one). Returns the operator; ValueError /
+    FileNotFoundError on bad input. `compile` and `train --compile` share it."""
+    import numpy as np
+
+    from pfamalign import asap, checkpoint as ckpt
+    from pfamalign.evaluation import pair_records
+    from pfamalign.inference import Predictor
+
+    config_path, params_path = ckpt.resolve_model_path(pathlib.Path(source))
+    if params_path.parent != config_path.parent:
+        raise ValueError(f"{source} is not a model directory (config.json + params/); compile RUN/model")
+    source = config_path.parent
+    asap.check_output_dir(source, out, replace=replace)  # before the slow part
+    data = data or _training_data(source)
+    predictor = Predictor(source)
+    records, _, features = pair_records(data=data, split=split, max_pairs=n_pairs + held_out, seed=seed,
+                                        embedder_id=predictor.config.embedder_id)
+    records = list(records)
+    if len(records) < 2:
+        raise ValueError(f"{data} split {split!r} has {len(records)} pairs; need at least 2")
+    if features == "records":
+        pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in records]
+    else:
+        flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
+        pairs = list(zip(flat[0::2], flat[1::2]))
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    n_fit = min(n_pairs, len(pairs) - (1 if held_out else 0))
+    fit = [pairs[i] for i in order[:n_fit]]
+    rest = [pairs[i] for i in order[n_fit:]]
+    op = asap.fit(predictor.model, fit, settings or asap.AsapSettings(), held_out=rest,
+                  ceta_settings=ceta_settings)
+    op.stats.update({"data": str(data), "split": split})
+    asap.write_compiled(source, out, op, replace=replace)
+    return op
 
 
 def _training_data(model_dir: pathlib.Path) -> pathlib.Path:

@@ -35,6 +35,10 @@ from pfamalign.config_table import CONFIG_NAMES
                    "across the val families); written to OUT/model/decoding.json.")
 @click.option("--no-tune", is_flag=True,
               help="Skip the decoder choice: OUT/model gets the shipped model's decoder.")
+@click.option("--compile", "compile_", is_flag=True,
+              help="At the end, compile the model's transport (`pfamalign compile`: the plan and "
+                   "any CETA encoder layers, calibrated on this dataset's train pairs) into "
+                   "OUT/compiled, a model directory for `--engine asap` (replaced on a rerun).")
 @click.option("--allow-changes", is_flag=True,
               help="Resume even though optimisation settings (--lr, --steps, ...) differ "
                    "from the saved run's (e.g. a lower LR after a divergence).")
@@ -51,7 +55,7 @@ from pfamalign.config_table import CONFIG_NAMES
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary.")
 @click.pass_context
 def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every, ckpt_every,
-          seed, set_items, tune_pairs, no_tune, allow_changes, distributed, coordinator, num_processes, process_id,
+          seed, set_items, tune_pairs, no_tune, compile_, allow_changes, distributed, coordinator, num_processes, process_id,
           tensorboard, quiet):
     """Train an aligner on a prepared dataset.
 
@@ -64,8 +68,9 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
                               the configuration built to align
 
     \b
-    Example:
+    Examples:
       pfamalign train --data data/ --config align_ce --out runs/align_ce --steps 3000
+      pfamalign train --data data/ --config align_ceta --out runs/ceta --compile   # + runs/ceta/compiled
 
     Re-running the same command resumes from the newest checkpoint (same step, same data
     position); SIGTERM or Ctrl-C save a checkpoint and exit (status 128 + signal). A NaN or
@@ -124,6 +129,13 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         raise click.ClickException(str(err)) from None
     if result.interrupted:
         ctx.exit(128 + int(result.signal or 15))
+    if compile_ and result.model_dir is not None:  # the model's writer compiles it
+        from pfamalign.commands.compile import compile_into
+
+        try:
+            compile_into(result.model_dir, result.out_dir / "compiled", data=data_dir, replace=True)
+        except (ValueError, FileNotFoundError) as err:
+            raise click.ClickException(f"--compile: {err}") from None
     if not quiet:
         from rich.console import Console
 
