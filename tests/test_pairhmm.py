@@ -341,3 +341,9 @@ def test_fit_mixture_counts_each_identity_bin_apart_over_one_background():
     # no pair between 30 and 50 % identity: that bin merges with a neighbour
     merged = pairhmm.fit_mixture([r for r in recs if r["pid"] != 40.0], edges=(30, 50))
     assert len(merged.components) == 2 and len(merged.edges) == 1
+    # nothing to count in a bin (its pairs have no gaps): it merges too
+    a = "".join(rng.choice(list(RESIDUES), 12))
+    gapless = [_record(a, a, np.arange(12), 90.0) for _ in range(3)]
+    merged = pairhmm.fit_mixture([r for r in recs if r["pid"] != 80.0] + gapless, edges=(30, 50))
+    assert len(merged.components) == 2 and merged.edges == (30.0,)
+    assert merged.prior[1] == pytest.approx(13 / 23)  # the 30-50 % pairs and the gapless ones

@@ -367,25 +367,29 @@ def fit_mixture(records: Iterable[dict], *, edges: Iterable[float] = IDENTITY_ED
                 n_gap_types: int = 2, pseudocount: float = 1.0) -> PairHMMMixture:
     """One ``fit`` per percent-identity bin of the reference pairs (records with ``pid``),
     over the background of all of them; the prior is each bin's share of the pairs. An edge
-    that would leave a bin empty is dropped (its bin merges with the next)."""
+    of a bin that cannot be counted (no pairs, or no gaps or consecutive pairs) is dropped,
+    so that bin merges with a neighbour; with no edge left it is one HMM (a one-component
+    mixture), and an error only if the pairs cannot be counted at all."""
     records = list(records)
     pid = np.array([float(r["pid"]) for r in records])
     edges = sorted(float(e) for e in edges)
-    while edges:
-        counts = np.bincount(np.searchsorted(edges, pid, side="right"), minlength=len(edges) + 1)
-        if counts.all():
-            break
-        empty = int(np.argmin(counts))
-        edges.pop(min(empty, len(edges) - 1))  # an edge of the empty bin: it merges with a neighbour
-    bins = np.searchsorted(edges, pid, side="right")
     overall = fit(records, n_gap_types=n_gap_types, pseudocount=pseudocount)
-    components, counts = [], []
-    for k in range(len(edges) + 1):
-        members = [r for r, b in zip(records, bins) if b == k]
-        one = fit(members, n_gap_types=n_gap_types, pseudocount=pseudocount)
-        components.append(dataclasses.replace(one, background=overall.background))
-        counts.append(len(members))
-    return PairHMMMixture(components=components, prior=np.asarray(counts) / sum(counts), edges=edges)
+    while True:
+        bins = np.searchsorted(edges, pid, side="right")
+        components, counts, failed = [], [], None
+        for k in range(len(edges) + 1):
+            members = [r for r, b in zip(records, bins) if b == k]
+            try:
+                one = fit(members, n_gap_types=n_gap_types, pseudocount=pseudocount)
+            except ValueError:  # no pairs, or nothing to count in this bin
+                failed = k
+                break
+            components.append(dataclasses.replace(one, background=overall.background))
+            counts.append(len(members))
+        if failed is None:
+            return PairHMMMixture(components=components, prior=np.asarray(counts) / sum(counts),
+                                  edges=edges)
+        edges.pop(min(failed, len(edges) - 1))  # an edge of that bin: it merges with a neighbour
 
 
 def fit_for_model(model_dir: pathlib.Path, data_dir, *, split: str = "train") -> AnyPairHMM:
