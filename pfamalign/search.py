@@ -2,9 +2,10 @@
 decoder's score, with E-values from an extreme-value fit on shuffled decoys.
 
 Score. A hit's score is the objective of the decoder that produced its alignment
-(``PairAlignment.score``): for the shipped model's posterior decoder (global MEA, no gap cost)
-the *expected number of correctly aligned pairs*, the summed mixed plan / pair-HMM posterior
-mass along the path; for ``affine`` / ``hybrid`` their DP objective. Hits are ranked by it
+(``PairAlignment.score``): for the shipped model's posterior decoder (global, no gap cost;
+either objective) the *expected number of correctly aligned pairs* of its alignment, the
+summed mixed plan / pair-HMM posterior mass along the path; for ``affine`` / ``hybrid`` their
+DP objective. Hits are ranked by it
 and the E-value and bit score are functions of it, so the three agree.
 
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
