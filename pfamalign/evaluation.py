@@ -204,7 +204,8 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
             start = time.perf_counter()
             plans = model_plans(predictor, pending, features=features, batch_size=batch_size)
             seqs = [(r["q_seq"], r["k_seq"]) for r in pending]
-            posts = (predictor.hmm_posteriors(seqs) if (decoding or predictor.decoding).uses_pairhmm()
+            settings = decoding or predictor.decoding
+            posts = (predictor.hmm_posteriors(seqs, mode=settings.mode) if settings.uses_pairhmm()
                      else [None] * len(seqs))
             for r, pp, pair, post in zip(pending, plans, seqs, posts):
                 aln = predictor.decode(pp, decoding, pair, hmm_posteriors=post)

@@ -162,14 +162,16 @@ class DecoderSettings:
                hmm_posteriors: np.ndarray | None = None, hmm: AnyPairHMM | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
         and ``posterior``; for ``posterior``, ``hmm_posteriors`` (their pair-HMM match
-        posteriors, if already computed) or ``hmm`` (the parameters; default: the shipped)."""
+        posteriors, if already computed, under the model of this ``mode``: local posteriors
+        for local mode) or ``hmm`` (the parameters; default: the shipped)."""
         if self.decoder == "posterior":
             if sequences is None:
                 raise ValueError("the posterior decoder needs the two sequences")
             mixed = self.alpha * pp.real
             if self.uses_pairhmm():
                 if hmm_posteriors is None:
-                    hmm_posteriors = match_posteriors(hmm or default_pairhmm(), *sequences)
+                    hmm_posteriors = match_posteriors(hmm or default_pairhmm(), *sequences,
+                                                      local=self.mode == "local")
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
             return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
                               objective=self.objective)
@@ -212,16 +214,17 @@ class PairPlan:
 
     def check(self, tol: float = PLAN_TOL, *, marginals: bool = True) -> None:
         """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
-        non-negative, no entry (a confidence) above 1 + ``tol``, no query row above
-        ``max(1, r)`` and no key column above ``max(1, 1 / r)`` (times 1 + ``tol``), and the
-        mean row mass (real + dustbin) within ``tol`` of [min(1, r), max(1, r)],
-        r = (Lk + 1) / (Lq + 1): with unbalanced targets the rows are off by about the ratio
-        of the totals, and a plan of a fixed number of steps (or the mean of both directions)
-        leaves single rows further off, so only the mean is bounded from below. A broken solve
-        (too small an eps, overflow) is far outside these bounds, and its confidences would
-        be meaningless. ``marginals=False`` (the plans of a ``steps`` or ``asap`` engine,
-        whose row and column masses are what they approximate): finite, non-negative and
-        entries only."""
+        non-negative, no entry (a confidence; the dustbin corner is none) above 1 + ``tol``,
+        no query row above ``max(1, r)`` and no key column above ``max(1, 1 / r)`` (times
+        1 + ``tol``), and the mean row mass (real + dustbin) within ``tol`` of
+        [min(1, r), max(1, r)], r = (Lk + 1) / (Lq + 1): with unbalanced targets the rows are
+        off by about the ratio of the totals, and a plan of a fixed number of steps (or the
+        mean of both directions) leaves single rows further off, so only the mean is bounded
+        from below. A broken solve (too small an eps, overflow) is far outside these bounds,
+        and its confidences would be meaningless. ``marginals=False``
+        (``Predictor.checks_marginals``: the plans of a ``steps`` or ``asap`` engine, whose
+        masses are what they approximate, and of a model with a free side): finite,
+        non-negative and entries only."""
         plan = self.plan
         if not np.all(np.isfinite(plan)):
             raise ValueError("the transport plan is not finite (overflow in the solve); "
@@ -232,8 +235,9 @@ class PairPlan:
         low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
         col_high = (1 + tol) * max(1.0, 1 / ratio)
         mean_row = float(rows.mean()) if len(rows) else 1.0
+        entries = plan.ravel()[:-1]  # all but the dustbin corner (a capacity plan's may be > 1)
         checks = [("negative mass", plan.min(initial=0.0) < -tol),
-                  (f"an entry of {plan.max(initial=0.0):.3g}", plan.max(initial=0.0) > 1 + tol)]
+                  (f"an entry of {entries.max(initial=0.0):.3g}", entries.max(initial=0.0) > 1 + tol)]
         if marginals:
             checks += [(f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),
                        (f"a query row of mass {rows.max(initial=0.0):.3g}", rows.max(initial=0.0) > high),
@@ -392,10 +396,17 @@ class Predictor:
         return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
     # ---- alignment ----------------------------------------------------------------------
+    def checks_marginals(self) -> bool:
+        """Whether ``PairPlan.check`` bounds a plan's row and column masses: only for the
+        model's own balanced solve. An engine's plans approximate their masses; with a free
+        (or KL-relaxed) side one direction's key column may hold several rows' mass, and a
+        symmetrized plan carries it into the other direction's rows."""
+        return self.engine is None and self.model.cfg.transport.marginals == "balanced"
+
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None, *,
                hmm_posteriors: np.ndarray | None = None) -> PairAlignment:
-        pp.check(marginals=self.engine is None)  # a failed solve is an error, not an alignment
+        pp.check(marginals=self.checks_marginals())  # a failed solve is an error, not an alignment
         return (decoding or self.decoding).decode(pp, sequences, hmm_posteriors=hmm_posteriors,
                                                   hmm=self.pairhmm)
 
@@ -456,10 +467,12 @@ class Predictor:
             return str(err)
         return None
 
-    def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
+    def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]], *, mode: str = "global"
+                       ) -> list[np.ndarray]:
         """The model's pair-HMM match posteriors of each ``(seq_a, seq_b)``, in order, by the
         batched engine: pairs bucketed by padded length, one jitted call per batch (tested
-        equal to ``pairhmm.match_posteriors``)."""
+        equal to ``pairhmm.match_posteriors``). ``mode``: the decoder's (``local``: the
+        segment model, flanks free)."""
         from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
         out: list = [None] * len(seq_pairs)
@@ -471,7 +484,8 @@ class Predictor:
                 chunk = members[start: start + BATCH_SIZES[-1]]
                 seqs = [seq_pairs[n] for n in chunk]
                 filler = seqs[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
-                for n, post in zip(chunk, batched_match_posteriors(self.pairhmm, seqs + filler, pad, pad)):
+                for n, post in zip(chunk, batched_match_posteriors(self.pairhmm, seqs + filler, pad, pad,
+                                                                   local=mode == "local")):
                     out[n] = post
         return out
 
@@ -487,9 +501,10 @@ class Predictor:
                 seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
                 feats = [tuple(self.featurize(pair)) for pair in seqs]
                 plans = self._plan_batch(feats, pad=pad, symmetric=True)
-                posts = self.hmm_posteriors(seqs) if decoding.uses_pairhmm() else [None] * len(chunk)
+                posts = (self.hmm_posteriors(seqs, mode=decoding.mode) if decoding.uses_pairhmm()
+                         else [None] * len(chunk))
                 for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
-                    pp.check(marginals=self.engine is None)  # a failed solve is an error
+                    pp.check(marginals=self.checks_marginals())  # a failed solve is an error
                     aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)
                     rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
                                                          id_b=pairs[n]["k_id"])

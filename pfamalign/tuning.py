@@ -94,16 +94,16 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
     records = list(records)
     if not records:
         raise ValueError("no pairs to tune the decoder on")
-    needs_hmm = any(c.uses_pairhmm() for c in candidates)
+    hmm_modes = sorted({c.mode for c in candidates if c.uses_pairhmm()})  # posteriors per mode
     counts = np.zeros((len(candidates), len(records), 3), np.int64)
     plans = model_plans(predictor, records, features=features)
     for n, (r, pp) in enumerate(zip(records, plans)):
         seqs = (r["q_seq"], r["k_seq"])
         if n % HMM_CHUNK == 0:  # the pair-HMM in batches; a chunk's posteriors at a time
             chunk = [(x["q_seq"], x["k_seq"]) for x in records[n: n + HMM_CHUNK]]
-            posteriors = predictor.hmm_posteriors(chunk) if needs_hmm else [None] * len(chunk)
-        hmm = posteriors[n % HMM_CHUNK]
+            posteriors = {mode: predictor.hmm_posteriors(chunk, mode=mode) for mode in hmm_modes}
         for c, settings in enumerate(candidates):
+            hmm = posteriors[settings.mode][n % HMM_CHUNK] if settings.uses_pairhmm() else None
             counts[c, n] = alignment_counts(settings.decode(pp, seqs, hmm_posteriors=hmm).pairs,
                                             r["target"])
     low = np.array([r["pid"] < LOW_IDENTITY for r in records])

@@ -4,6 +4,7 @@ paired F1 differences.
     python scripts/bench_local.py --data DATA_DIR --pairs 300            # both sides flanked
     python scripts/bench_local.py --data DATA_DIR --pairs 300 --embed key
     python scripts/bench_local.py --data DATA_DIR --pairs 300 --flank 0 0  # no flanks (control)
+    python scripts/bench_local.py --data DATA_DIR --pairs 300 --relax 0 0.1 1 10  # relax grid
 
 Takes ``--pairs`` pairs of the (held-out) ``--split`` at random (seeded), embeds each domain
 (the key, or both sequences) between flanks of uniform random length in ``--flank MIN MAX``
@@ -22,11 +23,19 @@ flank false-positive rate, aligned pairs that involve a flank residue per flank 
 ``plan`` line says where the plan puts flank rows (mean dustbin mass of flank and domain
 query rows, share of the plan's real mass on flank rows or columns). Then the paired F1
 differences (bootstrap over pairs and over whole families).
+
+``--relax LAM ...`` repeats the model's methods and the ``plan`` line with the model's own
+scores under semi-relaxed transport (``marginals="rows"``: every query row sends its unit
+mass, the key columns pay a KL penalty of weight LAM for missing their target; ``0``: free
+columns, the row softmax), each line tagged with its ``transport``. This changes the
+transport at inference only (the model was trained with its own marginals): it measures what
+a looser key side does to the same scores, e.g. whether flank columns are left empty.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import numpy as np
@@ -88,6 +97,25 @@ def flank_counts(pairs: np.ndarray, q_dom, k_dom, lq: int, lk: int) -> tuple[int
     return int((~(in_q & in_k)).sum()), flank_residues
 
 
+def with_transport(model, **fields) -> None:
+    """Replaces fields of ``model``'s transport configuration in place (the jitted plan
+    functions recompile for the new configuration)."""
+    cfg = model.cfg
+    model.cfg = dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, **fields))
+
+
+def transport_variants(model, relax: list[float]) -> list[tuple[str, dict]]:
+    """(label, transport fields) per variant: the model as trained, then rows + relax LAM."""
+    trained = model.cfg.transport
+    out = [(f"trained ({trained.dustbin}, {trained.marginals})", {})]
+    for lam in relax:
+        if lam < 0:
+            raise ValueError(f"--relax needs LAM >= 0, got {lam}")
+        out.append((f"rows, relax {lam:g}" if lam else "rows (softmax)",
+                    {"marginals": "rows", "relax": lam or None}))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="prepared dataset directory")
@@ -98,6 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--embed", choices=("both", "key"), default="both",
                     help="flank both sequences or only the key")
     ap.add_argument("--checkpoint", default=None, help="model directory (default: the shipped model)")
+    ap.add_argument("--relax", type=float, nargs="*", default=[], metavar="LAM",
+                    help="also score semi-relaxed transport of the model's scores: rows unit, key "
+                         "columns a KL penalty of weight LAM (0: the row softmax)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-boot", type=int, default=1000)
     args = ap.parse_args(argv)
@@ -110,53 +141,76 @@ def main(argv=None) -> int:
     records = [records[i] for i in chosen]
     freq = background_frequencies(args.data)
     predictor = Predictor(args.checkpoint)
-    model = predictor.decoding  # the model's tuned decoder (the shipped model: hybrid)
-    methods = {
-        "sw": lambda a, b, pp: smith_waterman(a, b),
-        "nw": lambda a, b, pp: needleman_wunsch(a, b),
-    }
+    decoder = predictor.decoding  # the model's tuned decoder
+    try:
+        variants = transport_variants(predictor.model, args.relax)
+    except ValueError as err:
+        ap.error(str(err))
+    baselines = {"sw": lambda a, b: smith_waterman(a, b), "nw": lambda a, b: needleman_wunsch(a, b)}
     plan_only = DecoderSettings.for_decoder("affine")
-    for mode in ("global", "local"):
-        for name, settings in (("model", model), ("plan", plan_only)):
-            s = settings.override(mode=mode)
-            methods[f"{name}_{mode}"] = lambda a, b, pp, s=s: s.decode(pp, (a, b))
+    decoders = {f"{name}_{mode}": settings.override(mode=mode)
+                for mode in ("global", "local") for name, settings in (("model", decoder), ("plan", plan_only))}
 
-    counts = {m: [] for m in methods}
-    flank = {m: np.zeros(2, np.int64) for m in methods}
-    dustbin_flank, dustbin_domain, flank_share = [], [], []
-    pid, family = [], []
     cases = list(flanked_pairs(records, rng, freq, tuple(args.flank), args.embed == "both"))
-    features = (tuple(predictor.featurize([q, k])) for _, q, k, *_ in cases)
-    for (rec, q_seq, k_seq, ref, q_dom, k_dom), pp in zip(cases, predictor.plans(features)):
-        pid.append(rec["pid"])
-        family.append(rec["family"])
-        for name, align in methods.items():
-            pairs = align(q_seq, k_seq, pp).pairs
-            counts[name].append(pair_counts(pairs, ref))
-            flank[name] += flank_counts(pairs, q_dom, k_dom, len(q_seq), len(k_seq))
-        q_in = np.zeros(len(q_seq), bool)
-        q_in[q_dom[0]:q_dom[1]] = True
-        k_in = np.zeros(len(k_seq), bool)
-        k_in[k_dom[0]:k_dom[1]] = True
-        dustbin_flank.extend(pp.row_dustbin[~q_in])
-        dustbin_domain.extend(pp.row_dustbin[q_in])
-        on_flanks = pp.real[~q_in].sum() + pp.real[q_in][:, ~k_in].sum()
-        flank_share.append(on_flanks / max(pp.real.sum(), 1e-12))
-
+    pid = [rec["pid"] for rec, *_ in cases]
+    family = [rec["family"] for rec, *_ in cases]
     setup = {"split": args.split, "pairs": len(records), "flank": list(args.flank), "embed": args.embed,
-             "seed": args.seed, "checkpoint": str(predictor.path), "decoder": model.decoder,
-             "plan_weight": model.plan_weight}
-    for name in methods:
-        summary = prf_summary(counts[name], n_boot=args.n_boot, seed=args.seed)
-        fp, residues = flank[name]
-        print(jsonio.dumps_line({"method": name, **setup, "micro": summary["micro"],
-                            "flank_pairs": int(fp), "flank_residues": int(residues),
-                            "flank_fp_rate": fp / residues if residues else None}))
-    print(jsonio.dumps_line({"plan": "where the flanks go", **setup,
-                        "mean_dustbin_mass_flank_rows": float(np.mean(dustbin_flank)) if dustbin_flank else None,
-                        "mean_dustbin_mass_domain_rows": float(np.mean(dustbin_domain)),
-                        "mean_real_mass_share_on_flanks": float(np.mean(flank_share))}))
-    for a, b in DIFFERENCES:
+             "seed": args.seed, "checkpoint": str(predictor.path), "decoder": decoder.decoder}
+    counts: dict[str, list] = {}  # "method" or "method[transport]" -> per-pair counts
+    seq_pairs = [(q, k) for _, q, k, *_ in cases]
+    posteriors = {mode: predictor.hmm_posteriors(seq_pairs, mode=mode) if decoder.uses_pairhmm()
+                  else [None] * len(cases) for mode in ("global", "local")}  # plan-independent
+
+    def report(name: str, per_pair: list, flank: np.ndarray, **tags) -> None:
+        summary = prf_summary(per_pair, n_boot=args.n_boot, seed=args.seed)
+        fp, residues = flank
+        print(jsonio.dumps_line({"method": name, **tags, **setup, "micro": summary["micro"],
+                                 "flank_pairs": int(fp), "flank_residues": int(residues),
+                                 "flank_fp_rate": fp / residues if residues else None}), flush=True)
+
+    for name, align in baselines.items():
+        counts[name], flank = [], np.zeros(2, np.int64)
+        for _, q_seq, k_seq, ref, q_dom, k_dom in cases:
+            pairs = align(q_seq, k_seq).pairs
+            counts[name].append(pair_counts(pairs, ref))
+            flank += flank_counts(pairs, q_dom, k_dom, len(q_seq), len(k_seq))
+        report(name, counts[name], flank)
+
+    trained = predictor.model.cfg.transport
+    for v, (label, fields) in enumerate(variants):
+        with_transport(predictor.model, **fields)
+        key = (lambda m: m) if v == 0 else (lambda m, label=label: f"{m}[{label}]")
+        per = {m: [] for m in decoders}
+        flank = {m: np.zeros(2, np.int64) for m in decoders}
+        dustbin_flank, dustbin_domain, flank_share = [], [], []
+        features = (tuple(predictor.featurize([q, k])) for _, q, k, *_ in cases)
+        for n, ((_, q_seq, k_seq, ref, q_dom, k_dom), pp) in enumerate(zip(cases, predictor.plans(features))):
+            for m, settings in decoders.items():
+                pairs = settings.decode(pp, (q_seq, k_seq), hmm_posteriors=posteriors[settings.mode][n],
+                                        hmm=predictor.pairhmm).pairs
+                per[m].append(pair_counts(pairs, ref))
+                flank[m] += flank_counts(pairs, q_dom, k_dom, len(q_seq), len(k_seq))
+            q_in = np.zeros(len(q_seq), bool)
+            q_in[q_dom[0]:q_dom[1]] = True
+            k_in = np.zeros(len(k_seq), bool)
+            k_in[k_dom[0]:k_dom[1]] = True
+            dustbin_flank.extend(pp.row_dustbin[~q_in])
+            dustbin_domain.extend(pp.row_dustbin[q_in])
+            on_flanks = pp.real[~q_in].sum() + pp.real[q_in][:, ~k_in].sum()
+            flank_share.append(on_flanks / max(pp.real.sum(), 1e-12))
+        for m in decoders:
+            counts[key(m)] = per[m]
+            report(m, per[m], flank[m], transport=label)
+        print(jsonio.dumps_line({"plan": "where the flanks go", "transport": label, **setup,
+                                 "mean_dustbin_mass_flank_rows": float(np.mean(dustbin_flank)) if dustbin_flank else None,
+                                 "mean_dustbin_mass_domain_rows": float(np.mean(dustbin_domain)),
+                                 "mean_real_mass_share_on_flanks": float(np.mean(flank_share))}), flush=True)
+    with_transport(predictor.model, **dataclasses.asdict(trained))
+
+    differences = list(DIFFERENCES)
+    for label, _ in variants[1:]:
+        differences += [(f"plan_local[{label}]", "plan_local"), (f"model_local[{label}]", "model_local")]
+    for a, b in differences:
         row = {"difference": f"{a} - {b}", **setup}
         for label, groups in (("pairs", None), ("families", family)):
             cell = paired_f1_difference(counts[a], counts[b], pid, groups=groups, n_boot=args.n_boot,

@@ -45,15 +45,16 @@ def _mixture() -> PairHMMMixture:
     return PairHMMMixture(components=[_single_hmm(), _one_gap_type_hmm()], prior=[0.7, 0.3])
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 @pytest.mark.parametrize("hmm", [default_pairhmm(), _single_hmm(), _one_gap_type_hmm(), _mixture()],
                          ids=["shipped", "single", "one_gap_type", "mixture"])
-def test_batched_posteriors_equal_the_reference(hmm):
+def test_batched_posteriors_equal_the_reference(hmm, local):
     rng = np.random.default_rng(0)
     pairs = [(_random_seq(rng, la, odd=True), _random_seq(rng, lb)) for la, lb in
              [(1, 1), (1, 50), (63, 2), (40, 40), (64, 64), (17, 55)]]
-    out = batched_match_posteriors(hmm, pairs, 64, 96)  # rectangular padding, longer than needed
+    out = batched_match_posteriors(hmm, pairs, 64, 96, local=local)  # rectangular padding, longer than needed
     for (a, b), post in zip(pairs, out):
-        ref = match_posteriors(hmm, a, b)
+        ref = match_posteriors(hmm, a, b, local=local)
         assert post.shape == ref.shape == (len(a), len(b))
         np.testing.assert_allclose(post, ref, rtol=1e-9, atol=1e-12)
 
@@ -289,15 +290,20 @@ def test_align_cli_verbose_provenance_and_svg_plot(tmp_path):
     assert bad.exit_code == 2 and "cannot write a figure as .docx" in bad.output
 
 
-def test_predictor_hmm_posteriors_equal_the_reference_across_buckets():
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_predictor_hmm_posteriors_equal_the_reference_across_buckets(mode):
     # pairs of several padded lengths and an odd count per bucket: the bucketing and the filler
-    # rows must give back every pair's own posteriors, in order
+    # rows must give back every pair's own posteriors, in order; the last pair is a domain
+    # inside long random flanks (the local model's scaled start / end weights)
     from pfamalign.inference import Predictor, default_model_dir
 
     predictor = Predictor(default_model_dir())
     rng = np.random.default_rng(5)
     pairs = [(_random_seq(rng, la), _random_seq(rng, lb)) for la, lb in
              [(30, 41), (200, 150), (12, 9), (130, 70), (64, 65), (5, 300), (77, 77)]]
-    got = predictor.hmm_posteriors(pairs)
+    domain = _random_seq(rng, 80)
+    pairs.append((_random_seq(rng, 150) + domain + _random_seq(rng, 200), domain))
+    got = predictor.hmm_posteriors(pairs, mode=mode)
     for (a, b), post in zip(pairs, got):
-        np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b, local=mode == "local"),
+                                   rtol=1e-8, atol=1e-12)

@@ -136,6 +136,30 @@ def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
         predictor.decode(PairPlan(broken))
 
 
+def test_a_row_softmax_plan_with_a_crowded_key_column_is_decoded():
+    """With free key columns (``marginals="rows"``: the row softmax) one key column may take
+    several rows' mass: a plan, not a failed solve, so ``Predictor`` decodes it. A capacity
+    plan's dustbin corner may exceed 1 for the same reason (it is no confidence)."""
+    import dataclasses
+
+    from pfamalign.inference import PairPlan, Predictor
+
+    predictor = Predictor()
+    cfg = predictor.model.cfg
+    predictor.model.cfg = dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, marginals="rows"))
+    assert not predictor.checks_marginals()
+    a, b = PDZ_A, "W" * (len(PDZ_A) - 6) + "GGGGGG"  # PDZ_A's glycines crowd onto the six G keys
+    aln, pp = predictor.align(a, b)
+    assert len(aln.pairs) > 0
+    with pytest.raises(ValueError, match="key column of mass"):  # what a balanced solve may not do
+        pp.check(marginals=True)
+    corner = np.zeros((4, 4))
+    corner[:3, :3] = np.eye(3) * 0.5
+    corner[:3, 3] = corner[3, :3] = 0.5
+    corner[3, 3] = 2.0  # a capacity plan's unaligned-unaligned mass
+    PairPlan(corner).check()
+
+
 # ---- 8: decoding.json ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text,fragment", [('{"decoder": "mea", "gap_cots": 1.0}', "unknown"),

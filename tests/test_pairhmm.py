@@ -73,6 +73,37 @@ def brute_force(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
     return post / total, total
 
 
+def brute_force_local(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
+    """Sums every segment path: a first pair at any cell (start weight 1 / (Lq Lk)), then any
+    path of the model, ending after any pair (end weight 1 / (Lq Lk)); the flanks around the
+    segment cost nothing."""
+    odds = np.exp(hmm.log_odds())
+    ia, ib = pairhmm.residue_indices(a), pairhmm.residue_indices(b)
+    gaps = range(hmm.n_gap_types)
+    states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
+    weight = 1.0 / (len(a) * len(b))
+    post = np.zeros((len(a), len(b)))
+    total = 0.0
+
+    def walk(i, j, state, prob, pairs):
+        nonlocal total
+        if state[0] == "M":  # the segment may end after any pair
+            total += prob * weight
+            for p in pairs:
+                post[p] += prob * weight
+        for nxt in states:
+            if nxt[0] == "M" and i < len(a) and j < len(b):
+                walk(i + 1, j + 1, nxt, prob * transition(hmm, state, nxt) * odds[ia[i], ib[j]], pairs + [(i, j)])
+            elif nxt[0] == "X" and i < len(a):
+                walk(i + 1, j, nxt, prob * transition(hmm, state, nxt), pairs)
+            elif nxt[0] == "Y" and j < len(b):
+                walk(i, j + 1, nxt, prob * transition(hmm, state, nxt), pairs)
+
+    for i0, j0 in itertools.product(range(len(a)), range(len(b))):
+        walk(i0 + 1, j0 + 1, ("M",), weight * odds[ia[i0], ib[j0]], [(i0, j0)])
+    return post / total, total
+
+
 @pytest.mark.parametrize("n_gap_types", [1, 2])
 def test_transitions_out_of_every_state_sum_to_one(n_gap_types):
     hmm = random_hmm(0, n_gap_types)
@@ -97,6 +128,63 @@ def test_posteriors_match_brute_force(a, b, n_gap_types, seed):
     assert log_z == pytest.approx(math.log(total), rel=1e-10)
     assert bwd_m[0, 0] == pytest.approx(log_z, rel=1e-10)  # backward from the start agrees
     np.testing.assert_allclose(match_posteriors(hmm, a, b), expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("a, b, n_gap_types, seed", [
+    ("AC", "W", 2, 0), ("ACD", "ACD", 1, 1), ("MKV", "MKLV", 2, 2), ("WYCH", "HCY", 2, 3), ("GAXB", "GAPW", 1, 4),
+])
+def test_local_posteriors_match_brute_force(a, b, n_gap_types, seed):
+    hmm = random_hmm(seed, n_gap_types)
+    expected, total = brute_force_local(hmm, a, b)
+    fwd_m, bwd_m, log_z = pairhmm.log_forward_backward(hmm, a, b, local=True)
+    assert log_z == pytest.approx(math.log(total), rel=1e-10)
+    # backward from every start agrees: Z = sum_ij start * emission * backward
+    emit = hmm.log_odds()[pairhmm.residue_indices(a)[:, None], pairhmm.residue_indices(b)[None, :]]
+    from_starts = np.logaddexp.reduce((pairhmm.local_log_start(len(a), len(b)) + emit + bwd_m[1:, 1:]).ravel())
+    assert from_starts == pytest.approx(log_z, rel=1e-10)
+    np.testing.assert_allclose(match_posteriors(hmm, a, b, local=True), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_local_posteriors_leave_the_flanks_and_global_ones_do_not():
+    """A domain between random flanks: the local model puts next to no mass on the flanks,
+    the global one must spread the flanks over something (end gaps cost)."""
+    rng = np.random.default_rng(1)
+    hmm = default_pairhmm().components[1] if hasattr(default_pairhmm(), "components") else default_pairhmm()
+    domain = "".join(rng.choice(list(RESIDUES), 60))
+    rand = lambda n: "".join(rng.choice(list(RESIDUES), n))
+    a, b = rand(40) + domain + rand(40), domain  # b is a's middle: the truth is the diagonal 40 + i ~ i
+    local, glob = (match_posteriors(hmm, a, b, local=flag) for flag in (True, False))
+    truth = np.zeros_like(local)
+    truth[40 + np.arange(60), np.arange(60)] = 1
+    assert (local * truth).sum() / 60 > 0.9
+    flanks = np.r_[0:40, 100:140]
+    assert local[flanks].sum() < 0.05 * local.sum()
+    assert local.sum() <= 60 + 1e-9 and local.min() >= 0
+    # identical, unflanked sequences: both put the diagonal first (the local segment may leave
+    # out an end residue whose pair scores below the background)
+    same_l, same_g = (match_posteriors(hmm, domain, domain, local=flag) for flag in (True, False))
+    assert np.diag(same_l).mean() > 0.95 and np.diag(same_g).min() > 0.9
+    assert not np.allclose(local, glob)
+
+
+def test_local_mode_of_the_posterior_decoder_uses_the_segment_model():
+    """``--mode local`` with the posterior decoder mixes in the local posteriors: a domain
+    inside unrelated flanks is aligned to the domain, not stretched across the flanks (before,
+    local and global gave the same alignment: zero gap cost makes the MEA ends free anyway)."""
+    rng = np.random.default_rng(3)
+    a_dom = "".join(rng.choice(list(RESIDUES), 70))
+    b_dom = "".join(c if rng.random() < 0.7 else rng.choice(list(RESIDUES)) for c in a_dom)  # 70 % identity
+    rand = lambda n: "".join(rng.choice(list(RESIDUES), n))
+    a, b = rand(90) + a_dom + rand(60), rand(50) + b_dom + rand(100)
+    pp = PairPlan(np.zeros((len(a) + 1, len(b) + 1)))
+    hmm_only = DecoderSettings.for_decoder("posterior").override(alpha=0.0, objective="f1")  # the shipped objective
+    in_flanks = {}
+    for mode in ("global", "local"):
+        pairs = hmm_only.override(mode=mode).decode(pp, (a, b)).pairs
+        in_flanks[mode] = int(np.sum((pairs[:, 0] < 90) | (pairs[:, 0] >= 160)))
+        on_truth = np.sum(pairs[:, 1] - pairs[:, 0] == -40)
+        assert on_truth >= 60, mode  # both find the domain ...
+    assert in_flanks["local"] <= 5 < 30 <= in_flanks["global"]  # ... only local leaves the flanks
 
 
 def test_no_switch_bars_adjacent_opposite_gaps():

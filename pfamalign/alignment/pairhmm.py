@@ -9,8 +9,15 @@ a gap). Transitions, symmetric in the two sequences:
     X_g -> Y_h           : (1 - gap_extend[g]) gap_switch w_h,   w_h = gap_open[h] / sum(gap_open)
 
 and the same with X and Y exchanged (the switch lets a gap in one sequence follow a gap in the
-other, as Pfam's unaligned insert regions do). A path starts as if from M at the origin and
-ends at ``(Lq, Lk)`` in any state, so end gaps are charged like inner ones (ProbCons' choice).
+other, as Pfam's unaligned insert regions do). Globally (``local=False``, the default) a path
+starts as if from M at the origin and ends at ``(Lq, Lk)`` in any state, so end gaps are
+charged like inner ones (ProbCons' choice). Locally (``local=True``) the path is a segment
+that starts with a pair at any cell and ends with a pair at any cell; the residues before and
+after it are flanks emitted by the background (log-odds 0) at no gap charge, with start and
+end uniform over the cells (``log_start = log_end = -log(Lq Lk)``; every local path has one
+of each, so the constant changes ``log Z`` and no posterior). It is Smith-Waterman's
+segment, summed over instead of maximised: the posteriors of a domain inside unrelated
+flanks fall off at the domain's ends instead of being stretched across the flanks.
 
 Emissions are log-odds ``log p(a, b) - log q(a) - log q(b)`` for M and 0 for the insert
 states: every path emits each residue once, so the background factors are common to all paths
@@ -226,31 +233,43 @@ def _emissions(hmm: PairHMM, seq_a: str, seq_b: str) -> np.ndarray:
     return hmm.log_odds()[residue_indices(seq_a)[:, None], residue_indices(seq_b)[None, :]]
 
 
-def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str) -> tuple[np.ndarray, np.ndarray, float]:
+def local_log_start(lq: int, lk: int) -> float:
+    """``log_start = log_end`` of the local model: uniform over the ``Lq x Lk`` cells."""
+    return -float(np.log(lq) + np.log(lk))
+
+
+def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray, float]:
     """Log forward and backward values of the match state on the ``(Lq + 1) x (Lk + 1)``
     lattice (``[i, j]``: residues up to i and j emitted, the last pair (i-1, j-1) by M) and
-    ``log Z``, the log-likelihood ratio of the two sequences against the background."""
+    ``log Z``, the log-likelihood ratio of the two sequences against the background;
+    ``local``: the segment model (module docstring)."""
     t = hmm.log_transitions()
     emit = _emissions(hmm, seq_a, seq_b)
     lq, lk = emit.shape
     g = hmm.n_gap_types
     neg = -np.inf
+    start = local_log_start(lq, lk) if local else neg  # into M at any pair, from the flank
     fwd_m = np.full((lq + 1, lk + 1), neg)
-    fwd_m[0, 0] = 0.0  # the path starts as if from M at the origin
+    if not local:
+        fwd_m[0, 0] = 0.0  # the path starts as if from M at the origin
     x_row = np.full((g, lk + 1), neg)
     y_row = np.full((g, lk + 1), neg)
     for i in range(lq + 1):
         m_row = fwd_m[i]
         if i > 0:
             m_row[1:] = _lse(t["mm"] + fwd_m[i - 1, :-1], *(t["close"][h] + x_row[h, :-1] for h in range(g)),
-                             *(t["close"][h] + y_row[h, :-1] for h in range(g))) + emit[i - 1]
+                             *(t["close"][h] + y_row[h, :-1] for h in range(g)), start) + emit[i - 1]
             x_row = _lse(t["open"][:, None] + fwd_m[i - 1][None, :], t["extend"][:, None] + x_row,
                          *(t["switch"][h][:, None] + y_row[h][None, :] for h in range(g)))
         enter_y = np.full((g, lk + 1), neg)  # into Y_g at (i, j) from M or X_h at (i, j - 1)
         enter_y[:, 1:] = _lse(t["open"][:, None] + m_row[None, :-1],
                               *(t["switch"][h][:, None] + x_row[h][None, :-1] for h in range(g)))
         y_row = _geometric_scan(enter_y, t["extend"])
-    log_z = float(_lse(fwd_m[lq, lk], *x_row[:, lk], *y_row[:, lk]))
+    if local:  # the segment ends after a pair at any cell
+        log_z = float(np.logaddexp.reduce(fwd_m[1:, 1:].ravel()) + start)
+    else:
+        log_z = float(_lse(fwd_m[lq, lk], *x_row[:, lk], *y_row[:, lk]))
 
     bwd_m = np.full((lq + 1, lk + 1), neg)
     x_next = np.full((g, lk + 1), neg)  # backward of X_g on row i + 1
@@ -258,32 +277,37 @@ def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str) -> tuple[np.ndarr
         diag = np.full(lk + 1, neg)  # the next move is a pair: emission plus M at (i+1, j+1)
         if i < lq:
             diag[:-1] = emit[i] + bwd_m[i + 1, 1:]
-        end = np.full(lk + 1, neg)
-        if i == lq:
-            end[lk] = 0.0  # every state may end the path at (Lq, Lk)
+        end = np.full(lk + 1, neg)  # gap states may end the path (globally, at (Lq, Lk))
+        end_m = end  # the match state may end it (locally, after any pair)
+        if i == lq and not local:
+            end[lk] = 0.0
+        elif local and i > 0:
+            end_m = np.full(lk + 1, neg)
+            end_m[1:] = start
         # Y_g at (i, j): close to a pair, switch to X_h (down), extend to Y_g at (i, j + 1)
         leave_y = _lse(t["close"][:, None] + diag[None, :], end[None, :],
                        *(t["switch"][:, h][:, None] + x_next[h][None, :] for h in range(g)))
         y_row = _geometric_scan(leave_y[:, ::-1], t["extend"])[:, ::-1]
         y_right = np.full((g, lk + 1), neg)  # Y_h at (i, j + 1)
         y_right[:, :-1] = y_row[:, 1:]
-        bwd_m[i] = _lse(t["mm"] + diag, end, *(t["open"][h] + x_next[h] for h in range(g)),
+        bwd_m[i] = _lse(t["mm"] + diag, end_m, *(t["open"][h] + x_next[h] for h in range(g)),
                         *(t["open"][h] + y_right[h] for h in range(g)))
         x_next = _lse(t["close"][:, None] + diag[None, :], end[None, :], t["extend"][:, None] + x_next,
                       *(t["switch"][:, h][:, None] + y_right[h][None, :] for h in range(g)))
     return fwd_m, bwd_m, log_z
 
 
-def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str) -> np.ndarray:
+def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False) -> np.ndarray:
     """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j
-    (for a mixture: the components' posteriors weighted by ``PairHMMMixture.weights``)."""
+    (for a mixture: the components' posteriors weighted by ``PairHMMMixture.weights``);
+    ``local``: under the segment model (the module docstring)."""
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
     if isinstance(hmm, PairHMMMixture):
-        solved = [log_forward_backward(c, seq_a, seq_b) for c in hmm.components]
+        solved = [log_forward_backward(c, seq_a, seq_b, local=local) for c in hmm.components]
         weights = hmm.weights([log_z for _, _, log_z in solved])
         return sum(w * _posterior(*fb) for w, fb in zip(weights, solved))
-    return _posterior(*log_forward_backward(hmm, seq_a, seq_b))
+    return _posterior(*log_forward_backward(hmm, seq_a, seq_b, local=local))
 
 
 def _posterior(fwd_m: np.ndarray, bwd_m: np.ndarray, log_z: float) -> np.ndarray:

@@ -12,8 +12,11 @@ Differences from the reference, none of which changes the result beyond rounding
   blocks of columns (``_scan_right``).
 * **Padding**: a batch of pairs runs on one ``[B, Pq, Pk]`` lattice. The forward pass on cells
   ``(i, j) <= (Lq, Lk)`` does not read beyond them; the backward pass starts its paths only at
-  each pair's own end cell ``(Lq, Lk)``, so padded cells carry zero backward mass. Results are
-  exact for every pair whatever the padding.
+  each pair's own end cell ``(Lq, Lk)`` (locally: at its own cells), so padded cells carry
+  zero backward mass. Results are exact for every pair whatever the padding.
+* **Local** (``local=True``, the segment model): the start and end weights enter each row in
+  that row's scaled units (``exp(log_start - c)``, c the running log scale). Every row holds
+  at least one fresh start (forward) or end (backward), so the scaled weight stays bounded.
 
 Runs in float64 (``jax.enable_x64`` around the call: the rest of the package stays float32).
 """
@@ -72,8 +75,9 @@ def _scan_right(c, ops):
     return y.reshape(b, g, nb * _BLOCK)[..., :n]
 
 
-def _posteriors(p, qi, ki, lq, lk):
-    """``[B, Pq, Pk]`` match posteriors of padded index arrays ``qi [B, Pq]``, ``ki [B, Pk]``."""
+def _posteriors(p, qi, ki, lq, lk, local=False):
+    """``[B, Pq, Pk]`` match posteriors of padded index arrays ``qi [B, Pq]``, ``ki [B, Pk]``
+    (``local``: the segment model, ``pairhmm.log_forward_backward``)."""
     import jax
     import jax.numpy as jnp
 
@@ -98,36 +102,55 @@ def _posteriors(p, qi, ki, lq, lk):
             jnp.einsum("hg,bhj->bgj", sw, shift_right(x_row))
         return _scan_right(enter, ops)
 
-    # row 0: the path starts at the origin as if from M; leading key gaps along the row
-    m0 = jnp.zeros((b, pk + 1)).at[:, 0].set(1.0)
+    cols = jnp.arange(pk + 1)
+    log_start = -(jnp.log(lq.astype(emit.dtype)) + jnp.log(lk.astype(emit.dtype)))  # [B], local
+    in_cols = ((cols[None, :] >= 1) & (cols[None, :] <= lk[:, None])).astype(emit.dtype)  # [B, Pk + 1]
+
+    # row 0: globally the path starts at the origin as if from M, leading key gaps along the
+    # row; locally nothing is on row 0 (a segment starts with a pair)
+    m0 = jnp.zeros((b, pk + 1)) if local else jnp.zeros((b, pk + 1)).at[:, 0].set(1.0)
     x0 = jnp.zeros((b, g, pk + 1))
     (m0, x0, y0), c0 = rescale(m0, x0, fwd_y(m0, x0))
 
     def fwd_step(carry, e_row):  # e_row [B, Pk]: emissions of query residue i - 1
         m, x, y, c = carry
         into = p["mm"] * m + jnp.einsum("g,bgj->bj", p["close"], x + y)  # before the pair
+        if local:  # or a fresh segment starts with this pair
+            into = into + jnp.exp(log_start - c)[:, None]
         m_new = jnp.pad(into[:, :-1] * e_row, ((0, 0), (1, 0)))
         x_new = p["open"][None, :, None] * m[:, None, :] + dec * x + jnp.einsum("hg,bhj->bgj", sw, y)
         (m_new, x_new, y_new), s = rescale(m_new, x_new, fwd_y(m_new, x_new))
-        return (m_new, x_new, y_new, c + s), (m_new, c + s, m_new + x_new.sum(1) + y_new.sum(1))
+        ends = (m_new * in_cols).sum(-1) if local else None  # segments ending on this row
+        return (m_new, x_new, y_new, c + s), (m_new, c + s, m_new + x_new.sum(1) + y_new.sum(1), ends)
 
-    _, (fm, fc, total) = jax.lax.scan(fwd_step, (m0, x0, y0, c0), jnp.swapaxes(emit, 0, 1))
+    _, (fm, fc, total, ends) = jax.lax.scan(fwd_step, (m0, x0, y0, c0), jnp.swapaxes(emit, 0, 1))
     rows = jnp.arange(b)
-    log_z = jnp.log(total[lq - 1, rows, lk]) + fc[lq - 1, rows]  # lq >= 1: rows 1..Pq scanned
+    if local:  # sum over the rows 1..Lq of each pair
+        keep = (jnp.arange(1, pq + 1)[:, None] <= lq[None, :]) & (ends > 0)  # [Pq, B]
+        log_rows = jnp.where(keep, jnp.log(jnp.where(keep, ends, 1.0)) + fc, -jnp.inf)
+        log_z = jax.nn.logsumexp(log_rows, axis=0) + log_start
+    else:
+        log_z = jnp.log(total[lq - 1, rows, lk]) + fc[lq - 1, rows]  # lq >= 1: rows 1..Pq scanned
 
-    # backward, rows Pq .. 0; paths end at each pair's (Lq, Lk) in any state
-    cols = jnp.arange(pk + 1)
+    # backward, rows Pq .. 0; globally paths end at each pair's (Lq, Lk) in any state, locally
+    # after any pair of the pair's own cells
 
     def bwd_step(carry, inputs):
         bm_next, bx_next, c = carry  # row i + 1
         i, e_row = inputs  # e_row: emissions of query residue i (zeros past the end)
-        end = ((i == lq)[:, None] & (cols[None, :] == lk[:, None])).astype(bm_next.dtype)
+        if local:
+            end = jnp.zeros((b, pk + 1), bm_next.dtype)
+            row_in = ((i >= 1) & (i <= lq)).astype(bm_next.dtype)  # [B]
+            end_m = in_cols * (row_in * jnp.exp(log_start - c))[:, None]
+        else:
+            end = ((i == lq)[:, None] & (cols[None, :] == lk[:, None])).astype(bm_next.dtype)
+            end_m = end
         diag = jnp.pad(e_row * bm_next[:, 1:], ((0, 0), (0, 1)))  # pair (i, j) then M at (i+1, j+1)
         leave = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + \
             jnp.einsum("gh,bhj->bgj", sw, bx_next)
         by = _scan_right(leave[..., ::-1], ops)[..., ::-1]
         y_right = jnp.pad(by[..., 1:], ((0, 0), (0, 0), (0, 1)))
-        bm = p["mm"] * diag + end + jnp.einsum("h,bhj->bj", p["open"], bx_next + y_right)
+        bm = p["mm"] * diag + end_m + jnp.einsum("h,bhj->bj", p["open"], bx_next + y_right)
         bx = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + dec * bx_next + \
             jnp.einsum("gh,bhj->bgj", sw, y_right)
         (bm, bx), s = rescale(bm, bx)
@@ -146,14 +169,15 @@ def _posteriors(p, qi, ki, lq, lk):
 def _compiled():
     import jax
 
-    return jax.jit(_posteriors)
+    return jax.jit(_posteriors, static_argnames="local")
 
 
-def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int
-                             ) -> list[np.ndarray]:
+def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int,
+                             *, local: bool = False) -> list[np.ndarray]:
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)``, computed in one jitted call on
     a ``[len(pairs), pad_q, pad_k]`` lattice per component (one compilation per batch shape);
-    a mixture's components are weighted per pair (``PairHMMMixture.weights``)."""
+    a mixture's components are weighted per pair (``PairHMMMixture.weights``); ``local``: the
+    segment model."""
     import jax
 
     if any(not a or not b for a, b in pairs):
@@ -171,7 +195,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
     with jax.enable_x64(X64):
         for component in components:
             params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
-            post, log_z = _compiled()(params, qi, ki, lq, lk)
+            post, log_z = _compiled()(params, qi, ki, lq, lk, local=local)
             solved.append((np.asarray(post), np.asarray(log_z)))
     if isinstance(hmm, PairHMMMixture):
         weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])
