@@ -240,10 +240,22 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, abstract = abstract_params(config, sharding=device)
     try:
-        params = ocp.StandardCheckpointer().restore(params_path, abstract)
+        params = _local_checkpointer(ocp).restore(params_path, abstract)
     except Exception as err:  # orbax raises several types on foreign / truncated data
         raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
     return nnx.merge(graphdef, params), config
+
+
+def _local_checkpointer(ocp):
+    """A checkpointer for this process alone. By default orbax synchronises every process of
+    a multi-process run around a restore; a model directory is read by one process (process
+    0 finishing a trained model, after the others have left), so the others must not be
+    waited for."""
+    if jax.process_count() == 1:
+        return ocp.StandardCheckpointer()
+    me = jax.process_index()
+    return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"load_model_{me}"))
 
 
 # ---------------------------------------------------------------------------------------------

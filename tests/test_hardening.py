@@ -158,6 +158,10 @@ def test_a_row_softmax_plan_with_a_crowded_key_column_is_decoded():
     corner[:3, 3] = corner[3, :3] = 0.5
     corner[3, 3] = 2.0  # a capacity plan's unaligned-unaligned mass
     PairPlan(corner).check()
+    predictor.model.cfg = dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, dustbin="capacity"))
+    assert not predictor.checks_marginals()
+    predictor.model.cfg = cfg
+    assert predictor.checks_marginals()  # the shipped model (spoke, balanced)
 
 
 # ---- 8: decoding.json ------------------------------------------------------------------------

@@ -34,15 +34,22 @@ BATCH_KEYS = ("q_feat", "k_feat", "q_len", "k_len", "target", "valid")  # the st
 # Devices and the data-parallel mesh
 # ---------------------------------------------------------------------------------------------
 
+# After the last step process 0 finishes the model alone (pair-HMM count, decoder tuning:
+# minutes) while the other processes wait at jax's shutdown barrier, whose default deadline
+# (300 s) is shorter than that on a small host.
+SHUTDOWN_TIMEOUT_S = 4 * 3600
+
+
 def init_distributed(coordinator: str | None = None, num_processes: int | None = None,
                      process_id: int | None = None) -> None:
     """Joins a multi-host run: auto-detected (TPU / SLURM / MPI) without a coordinator."""
     if coordinator is not None:
         # cross-process collectives for CPU devices (no effect on TPU / GPU)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator, num_processes, process_id)
+        jax.distributed.initialize(coordinator, num_processes, process_id,
+                                   shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
 
 
 def make_mesh(devices=None) -> jax.sharding.Mesh:
