@@ -103,6 +103,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--objective", choices=("accuracy", "f1"), default=None,
                         help="decoder objective (default: the model's, as `pfamalign search`)")
+    parser.add_argument("--mode", choices=("global", "local"), default=None,
+                        help="decoder mode (default: the model's, as `pfamalign search`)")
     parser.add_argument("--alpha", type=float, default=None,
                         help="posterior decoder: the plan's share (default: the model's)")
     _common.add_output_args(parser, repeats=None)
@@ -135,7 +137,7 @@ def main(argv=None) -> None:
     evalues = np.full((n, n), np.nan)
     start = time.perf_counter()
     done = 0
-    settings = predictor.decoding.override(objective=args.objective, alpha=args.alpha)
+    settings = predictor.decoding.override(objective=args.objective, alpha=args.alpha, mode=args.mode)
     for result in lib.search(predictor, records, records, settings, BatchErrors(strict=True),
                              all_vs_all=True, decoys=args.decoys, seed=args.seed):
         q = index[result.query.id]
