@@ -45,49 +45,22 @@ def transition(hmm: PairHMM, src: tuple, dst: tuple) -> float:
     return leave * hmm.gap_switch * w[dst[1]]
 
 
-def brute_force(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
-    """Sums every state path from the origin (as if from M) to (Lq, Lk): the match posteriors
-    and the total likelihood ratio."""
+def brute_force(hmm: PairHMM, a: str, b: str, *, local: bool = False) -> tuple[np.ndarray, float]:
+    """Sums every state path: the match posteriors and the total likelihood ratio. Globally
+    the paths run from the origin (as if from M) to (Lq, Lk); locally they are segments, a
+    first pair at any cell (start weight 1 / (Lq Lk)), then any path of the model, ending
+    after any pair (end weight 1 / (Lq Lk)), the flanks around them costing nothing."""
     odds = np.exp(hmm.log_odds())
     ia, ib = pairhmm.residue_indices(a), pairhmm.residue_indices(b)
     gaps = range(hmm.n_gap_types)
     states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
+    weight = 1.0 / (len(a) * len(b)) if local else 1.0
     post = np.zeros((len(a), len(b)))
     total = 0.0
 
     def walk(i, j, state, prob, pairs):
         nonlocal total
-        if (i, j) == (len(a), len(b)):
-            total += prob
-            for p in pairs:
-                post[p] += prob
-        for nxt in states:
-            if nxt[0] == "M" and i < len(a) and j < len(b):
-                walk(i + 1, j + 1, nxt, prob * transition(hmm, state, nxt) * odds[ia[i], ib[j]], pairs + [(i, j)])
-            elif nxt[0] == "X" and i < len(a):
-                walk(i + 1, j, nxt, prob * transition(hmm, state, nxt), pairs)
-            elif nxt[0] == "Y" and j < len(b):
-                walk(i, j + 1, nxt, prob * transition(hmm, state, nxt), pairs)
-
-    walk(0, 0, ("M",), 1.0, [])
-    return post / total, total
-
-
-def brute_force_local(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
-    """Sums every segment path: a first pair at any cell (start weight 1 / (Lq Lk)), then any
-    path of the model, ending after any pair (end weight 1 / (Lq Lk)); the flanks around the
-    segment cost nothing."""
-    odds = np.exp(hmm.log_odds())
-    ia, ib = pairhmm.residue_indices(a), pairhmm.residue_indices(b)
-    gaps = range(hmm.n_gap_types)
-    states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
-    weight = 1.0 / (len(a) * len(b))
-    post = np.zeros((len(a), len(b)))
-    total = 0.0
-
-    def walk(i, j, state, prob, pairs):
-        nonlocal total
-        if state[0] == "M":  # the segment may end after any pair
+        if (state[0] == "M") if local else (i, j) == (len(a), len(b)):  # the path may end here
             total += prob * weight
             for p in pairs:
                 post[p] += prob * weight
@@ -99,8 +72,11 @@ def brute_force_local(hmm: PairHMM, a: str, b: str) -> tuple[np.ndarray, float]:
             elif nxt[0] == "Y" and j < len(b):
                 walk(i, j + 1, nxt, prob * transition(hmm, state, nxt), pairs)
 
-    for i0, j0 in itertools.product(range(len(a)), range(len(b))):
-        walk(i0 + 1, j0 + 1, ("M",), weight * odds[ia[i0], ib[j0]], [(i0, j0)])
+    if local:
+        for i0, j0 in itertools.product(range(len(a)), range(len(b))):
+            walk(i0 + 1, j0 + 1, ("M",), weight * odds[ia[i0], ib[j0]], [(i0, j0)])
+    else:
+        walk(0, 0, ("M",), 1.0, [])
     return post / total, total
 
 
@@ -135,7 +111,7 @@ def test_posteriors_match_brute_force(a, b, n_gap_types, seed):
 ])
 def test_local_posteriors_match_brute_force(a, b, n_gap_types, seed):
     hmm = random_hmm(seed, n_gap_types)
-    expected, total = brute_force_local(hmm, a, b)
+    expected, total = brute_force(hmm, a, b, local=True)
     fwd_m, bwd_m, log_z = pairhmm.log_forward_backward(hmm, a, b, local=True)
     assert log_z == pytest.approx(math.log(total), rel=1e-10)
     # backward from every start agrees: Z = sum_ij start * emission * backward
