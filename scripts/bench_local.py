@@ -176,8 +176,9 @@ def main(argv=None) -> int:
             flank += flank_counts(pairs, q_dom, k_dom, len(q_seq), len(k_seq))
         report(name, counts[name], flank)
 
-    trained = predictor.model.cfg.transport
+    trained = predictor.model.cfg
     for v, (label, fields) in enumerate(variants):
+        predictor.model.cfg = trained
         with_transport(predictor.model, **fields)
         key = (lambda m: m) if v == 0 else (lambda m, label=label: f"{m}[{label}]")
         per = {m: [] for m in decoders}
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
                                  "mean_dustbin_mass_flank_rows": float(np.mean(dustbin_flank)) if dustbin_flank else None,
                                  "mean_dustbin_mass_domain_rows": float(np.mean(dustbin_domain)),
                                  "mean_real_mass_share_on_flanks": float(np.mean(flank_share))}), flush=True)
-    with_transport(predictor.model, **dataclasses.asdict(trained))
+    predictor.model.cfg = trained
 
     differences = list(DIFFERENCES)
     for label, _ in variants[1:]:

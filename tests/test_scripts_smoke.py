@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_commands import dataset  # noqa: F401  (the tiny prepared dataset, a fixture)
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 TINY = ["--dim", "8", "--base-steps", "2"]
@@ -103,6 +104,41 @@ def test_bench_search_runs_on_a_families_table(tmp_path, capsys):
     assert [r["method"] for r in rows] == ["pfamalign", "SW-BLOSUM62", "pfamalign - SW", "calibration"]
     assert all(0 <= r["roc1"] <= 1 and 0 < r["map"] <= 1 for r in rows[:2])
     assert rows[0]["n_queries"] == 9 and rows[3]["expected_at_most"]["E<=1"] == 9
+
+
+# ---- scripts/bench_local.py ---------------------------------------------------------------------
+
+
+def test_bench_local_relax_grid_tags_every_variant_and_restores_the_model(dataset, capsys, monkeypatch):
+    from pfamalign import inference
+
+    bench = importlib.import_module("bench_local")
+    seen = []
+    real = inference.Predictor
+
+    class Watched(real):  # the predictor the script builds, kept to look at its model afterwards
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            seen.append(self)
+
+    monkeypatch.setattr(bench, "Predictor", Watched)
+    assert bench.main(["--data", str(dataset), "--pairs", "3", "--flank", "5", "10", "--relax", "0", "2",
+                       "--n-boot", "20"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    methods = [(r["method"], r.get("transport")) for r in rows if "method" in r]
+    variants = ["trained (spoke, balanced)", "rows (softmax)", "rows, relax 2"]
+    assert methods[:2] == [("sw", None), ("nw", None)]
+    assert methods[2:] == [(m, v) for v in variants for m in ("model_global", "plan_global", "model_local",
+                                                                "plan_local")]
+    assert [r["transport"] for r in rows if "plan" in r] == variants
+    for r in rows:
+        if "method" in r:
+            assert 0 <= r["micro"]["f1"]["value"] <= 1 and r["flank_residues"] > 0
+    differences = [r["difference"] for r in rows if "difference" in r]
+    assert "plan_local[rows, relax 2] - plan_local" in differences
+    assert seen[0].model.cfg == real().model.cfg  # the script leaves the model as it found it
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(dataset), "--relax", "-1"])
 
 
 # ---- scripts/crossval.py ------------------------------------------------------------------------
