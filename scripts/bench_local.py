@@ -158,6 +158,7 @@ def main(argv=None) -> int:
              "seed": args.seed, "checkpoint": str(predictor.path), "decoder": decoder.decoder}
     counts: dict[str, list] = {}  # "method" or "method[transport]" -> per-pair counts
     seq_pairs = [(q, k) for _, q, k, *_ in cases]
+    features = [tuple(predictor.featurize(pair)) for pair in seq_pairs]  # every variant plans these
     posteriors = {mode: predictor.hmm_posteriors(seq_pairs, mode=mode) if decoder.uses_pairhmm()
                   else [None] * len(cases) for mode in ("global", "local")}  # plan-independent
 
@@ -184,7 +185,6 @@ def main(argv=None) -> int:
         per = {m: [] for m in decoders}
         flank = {m: np.zeros(2, np.int64) for m in decoders}
         dustbin_flank, dustbin_domain, flank_share = [], [], []
-        features = (tuple(predictor.featurize([q, k])) for _, q, k, *_ in cases)
         for n, ((_, q_seq, k_seq, ref, q_dom, k_dom), pp) in enumerate(zip(cases, predictor.plans(features))):
             for m, settings in decoders.items():
                 pairs = settings.decode(pp, (q_seq, k_seq), hmm_posteriors=posteriors[settings.mode][n],

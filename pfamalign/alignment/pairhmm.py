@@ -277,12 +277,11 @@ def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = 
         diag = np.full(lk + 1, neg)  # the next move is a pair: emission plus M at (i+1, j+1)
         if i < lq:
             diag[:-1] = emit[i] + bwd_m[i + 1, 1:]
-        end = np.full(lk + 1, neg)  # gap states may end the path (globally, at (Lq, Lk))
-        end_m = end  # the match state may end it (locally, after any pair)
+        end = np.full(lk + 1, neg)  # any state may end the path globally, at (Lq, Lk)
         if i == lq and not local:
             end[lk] = 0.0
-        elif local and i > 0:
-            end_m = np.full(lk + 1, neg)
+        end_m = end.copy()  # locally only M ends it, after any pair
+        if local and i > 0:
             end_m[1:] = start
         # Y_g at (i, j): close to a pair, switch to X_h (down), extend to Y_g at (i, j + 1)
         leave_y = _lse(t["close"][:, None] + diag[None, :], end[None, :],
