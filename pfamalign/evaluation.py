@@ -202,13 +202,9 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     def flush():
         if predictor is not None and pending:
             start = time.perf_counter()
-            plans = model_plans(predictor, pending, features=features, batch_size=batch_size)
+            plans = list(model_plans(predictor, pending, features=features, batch_size=batch_size))
             seqs = [(r["q_seq"], r["k_seq"]) for r in pending]
-            settings = decoding or predictor.decoding
-            posts = (predictor.hmm_posteriors(seqs, mode=settings.mode) if settings.uses_pairhmm()
-                     else [None] * len(seqs))
-            for r, pp, pair, post in zip(pending, plans, seqs, posts):
-                aln = predictor.decode(pp, decoding, pair, hmm_posteriors=post)
+            for r, pp, aln in zip(pending, plans, predictor.decode_batch(plans, seqs, decoding)):
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))
                 if aln.confidence is not None:
                     ev.reliability["model"] += reliability_sums(

@@ -21,7 +21,8 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode
 from pfamalign.alignment.formats import AlignmentRecord
-from pfamalign.alignment.pairhmm import AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm
+from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
+                                         plan_log_odds)
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.resources import check_align_memory
 
@@ -82,6 +83,10 @@ class DecoderSettings:
     units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
     + (1 - alpha) * P_hmm``, the plan mixed with the shipped pair-HMM's match posteriors (needs
     the sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
+    ``plan_power`` (``posterior``, > 0): the plan enters as the match posteriors of the plan
+    pair-HMM instead of as it is: the pair-HMM's gap transitions with the plan's odds raised to
+    this power as match emissions (``pairhmm.plan_log_odds``; no substitution table), so that
+    with ``alpha = 1`` the plan alone carries the alignment through a path-consistent posterior.
     ``objective`` (``mea`` and ``posterior``): ``accuracy`` maximizes the expected number of
     right pairs, ``f1`` the expected F1 of the aligned pairs (it leaves out pairs less likely
     than half the F1 reached; ``alignment.decode``).
@@ -100,6 +105,7 @@ class DecoderSettings:
     mode: str = "global"
     alpha: float = 0.5  # posterior: the plan's share of the mixed posterior
     objective: str = "accuracy"  # mea / posterior: "accuracy" or "f1"
+    plan_power: float = 0.0  # posterior: > 0, the plan through the plan pair-HMM; 0, as it is
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
@@ -116,6 +122,8 @@ class DecoderSettings:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.plan_power < 0:
+            raise ValueError(f"plan_power must be >= 0, got {self.plan_power}")
 
     @classmethod
     def for_decoder(cls, decoder: str) -> "DecoderSettings":
@@ -156,22 +164,37 @@ class DecoderSettings:
         write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self))
 
     def uses_pairhmm(self) -> bool:
+        """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""
         return self.decoder == "posterior" and self.alpha < 1
 
+    def uses_plan_hmm(self) -> bool:
+        """Whether the plan enters through the plan pair-HMM (``plan_power``)."""
+        return self.decoder == "posterior" and self.alpha > 0 and self.plan_power > 0
+
+    def plan_posteriors(self, pp: "PairPlan", sequences: tuple[str, str], hmm: AnyPairHMM) -> np.ndarray:
+        """The plan pair-HMM's match posteriors of one plan (the reference engine; the
+        ``Predictor`` batches them)."""
+        return match_posteriors(hmm, *sequences, local=self.mode == "local",
+                                log_emissions=plan_log_odds(pp.real, self.plan_power))
+
     def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
-               hmm_posteriors: np.ndarray | None = None, hmm: AnyPairHMM | None = None) -> PairAlignment:
+               hmm_posteriors: np.ndarray | None = None, hmm: AnyPairHMM | None = None,
+               plan_posteriors: np.ndarray | None = None) -> PairAlignment:
         """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
         and ``posterior``; for ``posterior``, ``hmm_posteriors`` (their pair-HMM match
         posteriors, if already computed, under the model of this ``mode``: local posteriors
-        for local mode) or ``hmm`` (the parameters; default: the shipped)."""
+        for local mode), ``plan_posteriors`` (with ``plan_power``: the plan pair-HMM's, if
+        already computed) or ``hmm`` (the parameters; default: the shipped)."""
         if self.decoder == "posterior":
             if sequences is None:
                 raise ValueError("the posterior decoder needs the two sequences")
-            mixed = self.alpha * pp.real
+            hmm = hmm or default_pairhmm()
+            if self.uses_plan_hmm() and plan_posteriors is None:
+                plan_posteriors = self.plan_posteriors(pp, sequences, hmm)
+            mixed = self.alpha * (plan_posteriors if self.uses_plan_hmm() else pp.real)
             if self.uses_pairhmm():
                 if hmm_posteriors is None:
-                    hmm_posteriors = match_posteriors(hmm or default_pairhmm(), *sequences,
-                                                      local=self.mode == "local")
+                    hmm_posteriors = match_posteriors(hmm, *sequences, local=self.mode == "local")
                 mixed = mixed + (1 - self.alpha) * hmm_posteriors
             return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
                               objective=self.objective)
@@ -415,6 +438,19 @@ class Predictor:
         return (decoding or self.decoding).decode(pp, sequences, hmm_posteriors=hmm_posteriors,
                                                   hmm=self.pairhmm)
 
+    def decode_batch(self, plans: Sequence[PairPlan], seq_pairs: Sequence[tuple[str, str]],
+                     decoding: DecoderSettings | None = None) -> list[PairAlignment]:
+        """The alignments of a batch of plans of ``seq_pairs`` (the fast path of ``decode``):
+        every plan checked first, then the pair-HMM posteriors the decoder needs, batched."""
+        decoding = decoding or self.decoding
+        for pp in plans:
+            pp.check(marginals=self.checks_marginals())  # a failed solve is an error
+        posts = (self.hmm_posteriors(seq_pairs, mode=decoding.mode) if decoding.uses_pairhmm()
+                 else [None] * len(plans))
+        plan_posts = self.plan_posteriors(seq_pairs, plans, decoding)
+        return [decoding.decode(pp, pair, hmm_posteriors=post, hmm=self.pairhmm, plan_posteriors=plan_post)
+                for pp, pair, post, plan_post in zip(plans, seq_pairs, posts, plan_posts)]
+
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
               symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:
         """One pair, the simple way (the reference the batched ``align_records`` is tested
@@ -472,12 +508,13 @@ class Predictor:
             return str(err)
         return None
 
-    def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]], *, mode: str = "global"
-                       ) -> list[np.ndarray]:
+    def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]], *, mode: str = "global",
+                       log_emissions: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """The model's pair-HMM match posteriors of each ``(seq_a, seq_b)``, in order, by the
         batched engine: pairs bucketed by padded length, one jitted call per batch (tested
         equal to ``pairhmm.match_posteriors``). ``mode``: the decoder's (``local``: the
-        segment model, flanks free)."""
+        segment model, flanks free); ``log_emissions``: per pair, match log-odds in place of
+        the substitution table's (``plan_posteriors``)."""
         from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
         out: list = [None] * len(seq_pairs)
@@ -487,12 +524,22 @@ class Predictor:
         for pad, members in buckets.items():
             for start in range(0, len(members), BATCH_SIZES[-1]):
                 chunk = members[start: start + BATCH_SIZES[-1]]
-                seqs = [seq_pairs[n] for n in chunk]
-                filler = seqs[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
-                for n, post in zip(chunk, batched_match_posteriors(self.pairhmm, seqs + filler, pad, pad,
-                                                                   local=mode == "local")):
+                padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
+                tables = None if log_emissions is None else [log_emissions[n] for n in padded]
+                posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
+                                                 local=mode == "local", log_emissions=tables)
+                for n, post in zip(chunk, posts):
                     out[n] = post
         return out
+
+    def plan_posteriors(self, seq_pairs: Sequence[tuple[str, str]], plans: Sequence[PairPlan],
+                        decoding: DecoderSettings) -> list[np.ndarray | None]:
+        """The plan pair-HMM's match posteriors of each plan (``DecoderSettings.plan_power``),
+        batched as ``hmm_posteriors``; Nones when the decoder does not use them."""
+        if not decoding.uses_plan_hmm():
+            return [None] * len(plans)
+        return self.hmm_posteriors(seq_pairs, mode=decoding.mode,
+                                   log_emissions=[plan_log_odds(pp.real, decoding.plan_power) for pp in plans])
 
     def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
         done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
@@ -506,11 +553,7 @@ class Predictor:
                 seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
                 feats = [tuple(self.featurize(pair)) for pair in seqs]
                 plans = self._plan_batch(feats, pad=pad, symmetric=True)
-                posts = (self.hmm_posteriors(seqs, mode=decoding.mode) if decoding.uses_pairhmm()
-                         else [None] * len(chunk))
-                for n, pp, seq_pair, post in zip(chunk, plans, seqs, posts):
-                    pp.check(marginals=self.checks_marginals())  # a failed solve is an error
-                    aln = decoding.decode(pp, seq_pair, hmm_posteriors=post, hmm=self.pairhmm)
+                for n, pp, seq_pair, aln in zip(chunk, plans, seqs, self.decode_batch(plans, seqs, decoding)):
                     rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
                                                          id_b=pairs[n]["k_id"])
                     done[n] = rec, pp

@@ -3,7 +3,8 @@
 
 Every candidate of ``candidate_settings`` (MEA, the affine-gap decoder over threshold x gap
 costs, the hybrid decoder over plan weights, the plan mixed with the pair-HMM posteriors; MEA
-and the mixed posteriors for both objectives, expected right pairs and expected F1)
+and the mixed posteriors for both objectives, expected right pairs and expected F1; the plan
+through the plan pair-HMM over its powers, alone and mixed, for the F1 objective)
 decodes the same plans (computed once per pair) and is scored by aligned-pair micro F1 against
 the references (``alignment.metrics``, as ``pfamalign eval``), overall and below 30 % identity.
 
@@ -31,6 +32,7 @@ THRESHOLDS = (0.0, 0.02, 0.05, 0.1)
 GAPS = ((0.5, 0.05), (1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (3.0, 0.1), (5.0, 0.5))
 PLAN_WEIGHTS = (0.0, 2.0, 5.0, 10.0, 20.0)  # hybrid, BLOSUM62 units (0 = Needleman-Wunsch)
 ALPHAS = (0.25, 0.5, 0.75)  # posterior: the plan's share (0, the pair-HMM alone, ignores the model)
+PLAN_POWERS = (0.035, 0.05, 0.07, 0.1, 0.15, 0.2)  # posterior through the plan pair-HMM (``plan_power``)
 MIN_FAMILIES_TO_RESAMPLE = 5
 LOW_IDENTITY = 30.0  # percent: the hard pairs, reported beside the overall F1
 HMM_CHUNK = 64  # pairs whose pair-HMM posteriors are computed (and held) together
@@ -44,7 +46,9 @@ def candidate_settings() -> list[DecoderSettings]:
                for t, (o, e) in itertools.product(THRESHOLDS, GAPS)]
             + [dataclasses.replace(hybrid, plan_weight=w) for w in PLAN_WEIGHTS]
             + [DecoderSettings(decoder="posterior", alpha=a, objective=o)
-               for o, a in itertools.product(OBJECTIVES, ALPHAS)])
+               for o, a in itertools.product(OBJECTIVES, ALPHAS)]
+            + [DecoderSettings(decoder="posterior", alpha=a, objective="f1", plan_power=b)
+               for b, a in itertools.product(PLAN_POWERS, ALPHAS + (1.0,))])
 
 
 def incumbent_settings() -> DecoderSettings:
@@ -95,17 +99,24 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
     if not records:
         raise ValueError("no pairs to tune the decoder on")
     hmm_modes = sorted({c.mode for c in candidates if c.uses_pairhmm()})  # posteriors per mode
+    # the plan pair-HMM's posteriors per (power, mode); `plan_key` of a candidate names them
+    plan_key = lambda c: (c.plan_power, c.mode) if c.uses_plan_hmm() else None
+    plan_settings = {plan_key(c): c for c in candidates if c.uses_plan_hmm()}
     counts = np.zeros((len(candidates), len(records), 3), np.int64)
     plans = model_plans(predictor, records, features=features)
-    for n, (r, pp) in enumerate(zip(records, plans)):
-        seqs = (r["q_seq"], r["k_seq"])
-        if n % HMM_CHUNK == 0:  # the pair-HMM in batches; a chunk's posteriors at a time
-            chunk = [(x["q_seq"], x["k_seq"]) for x in records[n: n + HMM_CHUNK]]
-            posteriors = {mode: predictor.hmm_posteriors(chunk, mode=mode) for mode in hmm_modes}
-        for c, settings in enumerate(candidates):
-            hmm = posteriors[settings.mode][n % HMM_CHUNK] if settings.uses_pairhmm() else None
-            counts[c, n] = alignment_counts(settings.decode(pp, seqs, hmm_posteriors=hmm).pairs,
-                                            r["target"])
+    for start in range(0, len(records), HMM_CHUNK):  # the pair-HMMs in batches, a chunk at a time
+        chunk = records[start: start + HMM_CHUNK]
+        chunk_plans = list(itertools.islice(plans, len(chunk)))
+        seqs = [(r["q_seq"], r["k_seq"]) for r in chunk]
+        posteriors = {mode: predictor.hmm_posteriors(seqs, mode=mode) for mode in hmm_modes}
+        plan_posteriors = {key: predictor.plan_posteriors(seqs, chunk_plans, c)
+                           for key, c in plan_settings.items()}
+        for i, (r, pp) in enumerate(zip(chunk, chunk_plans)):
+            for c, settings in enumerate(candidates):
+                hmm = posteriors[settings.mode][i] if settings.uses_pairhmm() else None
+                plan = plan_posteriors[plan_key(settings)][i] if settings.uses_plan_hmm() else None
+                aln = settings.decode(pp, seqs[i], hmm_posteriors=hmm, plan_posteriors=plan)
+                counts[c, start + i] = alignment_counts(aln.pairs, r["target"])
     low = np.array([r["pid"] < LOW_IDENTITY for r in records])
     rows = []
     for settings, per_pair in zip(candidates, counts):
@@ -165,11 +176,16 @@ def choose_decoder(model_dir, data_dir, *, split: str = "val", max_pairs: int | 
             "margin_over_incumbent": result.margin, "settings": dataclasses.asdict(result.best)}
 
 
+def plan_note(settings: dict) -> str:
+    power = settings.get("plan_power", 0.0)
+    return f", the plan through the plan pair-HMM at power {power:g}" if power > 0 else ""
+
+
 def describe(choice: dict) -> str:
     """One line about a ``choose_decoder`` record, for the console."""
     s = choice["settings"]
     what = s["decoder"] + (f" (plan weight {s['plan_weight']:g})" if s["decoder"] == "hybrid" else
-                           f" (alpha {s['alpha']:g})" if s["decoder"] == "posterior" else "")
+                           f" (alpha {s['alpha']:g}{plan_note(s)})" if s["decoder"] == "posterior" else "")
     if choice["source"] != "tuned":
         return f"decoder: {what}, the shipped model's settings: {choice['reason']}"
     low = "" if choice["f1_below30"] is None else f", below 30 % identity {choice['f1_below30']:.3f}"

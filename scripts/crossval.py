@@ -13,8 +13,9 @@ pfamalign/assets/default_model/TRAINING.md), the decoder chosen on the fold's va
 (``scripts/tune_decoder.py --write``; on the training families when the fold has no val
 family, and said so), then ``pfamalign.evaluation`` on up to ``--max-pairs-per-fold`` test pairs
 taken round-robin across the fold's families: the model with its tuned decoder and with the
-plan-only MEA decoder, NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on
-the same pairs. The folds are then pooled: micro F1 per identity bin with bootstrap CIs, and
+plan-only decoders (MEA on the plan; the plan pair-HMM, alpha 1, its power the best of the
+tuning rows), NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on the same
+pairs. The folds are then pooled: micro F1 per identity bin with bootstrap CIs, and
 the model minus each method with the family-resampling (cluster) bootstrap CI.
 
 ``--fixed-decoders`` skips the decoder choice (for comparing encoders cheaply): the model is scored
@@ -63,7 +64,11 @@ RECIPE_SETS = ["train.warmup_steps=50", "position_features=0", "substitution_win
 BASELINES = ("nw", "sw", "diagonal", "probcons", "muscle")
 MEA = DecoderSettings.for_decoder("mea")
 FIXED = DecoderSettings.for_decoder("posterior")  # --fixed-decoders: alpha 0.5, no tuning
-LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)"}
+# plan only through the plan pair-HMM: the power chosen with the decoder (``plan_only_settings``);
+# this one where nothing was tuned
+PLAN_HMM = DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=0.05)
+LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)",
+          "model_plan": "pfamalign, plan only (plan pair-HMM)"}
 BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
 
@@ -150,16 +155,31 @@ def sample_test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dic
     return [features[i] for i in sorted(chosen)]
 
 
-def evaluate_fold(records: list[dict], predictor, baselines) -> evaluation.Evaluation:
-    """The model with its own (tuned) decoder and with the plan-only MEA decoder, and the
-    baselines, on the same pairs; families grouped by accession (seed and hmmalign versions of
-    one family are one cluster)."""
+def plan_only_settings(fold_dir: pathlib.Path) -> DecoderSettings:
+    """The plan-only decoder through the plan pair-HMM (alpha 1) that scored best where the
+    fold's decoder was chosen (its ``tune_decoder.jsonl`` rows); ``PLAN_HMM`` without them."""
+    log = fold_dir / "tune_decoder.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    rows = [r for r in rows if r.get("decoder") == "posterior" and r.get("alpha") == 1.0
+            and r.get("plan_power", 0) > 0]
+    if not rows:
+        return PLAN_HMM
+    best = max(rows, key=lambda r: r["f1"])
+    return DecoderSettings(**{f.name: best[f.name] for f in dataclasses.fields(DecoderSettings)})
+
+
+def evaluate_fold(records: list[dict], predictor, baselines,
+                  plan_only: DecoderSettings = PLAN_HMM) -> evaluation.Evaluation:
+    """The model with its own (tuned) decoder and with the two plan-only decoders (MEA on the
+    plan, and ``plan_only`` through the plan pair-HMM), and the baselines, on the same pairs;
+    families grouped by accession (seed and hmmalign versions of one family are one cluster)."""
     records = [{**r, "family": accession_base(r["family"])} for r in records]
     ev = evaluation.evaluate(records, predictor=predictor, baselines=baselines)
     if predictor is not None:
-        mea = evaluation.evaluate(records, predictor=predictor, baselines=(), decoding=MEA)
-        ev.methods.insert(1, "model_mea")
-        ev.counts["model_mea"], ev.seconds["model_mea"] = mea.counts["model"], mea.seconds["model"]
+        for n, (name, settings) in enumerate((("model_mea", MEA), ("model_plan", plan_only))):
+            alone = evaluation.evaluate(records, predictor=predictor, baselines=(), decoding=settings)
+            ev.methods.insert(1 + n, name)
+            ev.counts[name], ev.seconds[name] = alone.counts["model"], alone.seconds["model"]
     return ev
 
 
@@ -248,7 +268,9 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
         seen = seen_families(args.seen_data)
         info["fixed_model_saw"] = (sorted(seen & set(info["test_families"])) if seen is not None
                                    else "unknown (one fixed model for every fold; pass --seen-data)")
-    ev = evaluate_fold(records, predictor, () if args.no_baselines else BASELINES)
+    plan_only = plan_only_settings(fold_dir)
+    info["plan_only_decoding"] = dataclasses.asdict(plan_only)
+    ev = evaluate_fold(records, predictor, () if args.no_baselines else BASELINES, plan_only)
     result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap,
                                                                             seed=args.seed))}
     write_text(result_path, jsonio.dumps(result))
@@ -292,6 +314,9 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
     for m, diff in pooled.get("model_minus_by_family", {}).items():
         lines.append(f"| pfamalign − {methods[m]['label']} (CI resampling families) | "
                      + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
+    for m, diff in pooled.get("plan_only_minus_by_family", {}).items():
+        lines.append(f"| plan only (plan pair-HMM) − {methods[m]['label']} (CI resampling families) | "
+                     + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
     for m, why in pooled.get("skipped_baselines", {}).items():
         lines.append(f"\n{m} not scored: {why}")
     lines += ["", "Per fold (micro F1, all pairs):", "",
@@ -324,7 +349,20 @@ def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) ->
     return {"compare_to": str(other), "folds": folds, **{
         f"{m}_minus_theirs": paired_f1_difference(counts(a, m), counts(b, m), np.asarray(a.pid), groups=a.families,
                                                   n_boot=args.bootstrap, seed=args.seed)
-        for m in ("model", "model_mea") if m in a.methods and m in b.methods}}
+        for m in ("model", "model_mea", "model_plan") if m in a.methods and m in b.methods}}
+
+
+def plan_only_versus(ev: evaluation.Evaluation, args) -> dict:
+    """The plan alone (through the plan pair-HMM) minus each baseline on the same pairs, with
+    the family-resampling CI: whether the plan carries the alignment as well as they do."""
+    from pfamalign.alignment.metrics import paired_f1_difference
+
+    if "model_plan" not in ev.methods:
+        return {}
+    counts = lambda m: np.asarray(ev.counts[m], np.int64).reshape(-1, 3)
+    return {m: paired_f1_difference(counts("model_plan"), counts(m), np.asarray(ev.pid), groups=ev.families,
+                                    n_boot=args.bootstrap, seed=args.seed)
+            for m in ev.methods if not m.startswith("model")}
 
 
 def headline(summary: dict) -> dict:
@@ -415,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ev = pool([r["evaluation"] for r in results])
     pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed))
+    pooled["plan_only_minus_by_family"] = plan_only_versus(ev, args)
     print(jsonio.dumps_line({"fold": "pooled", "folds": folds, "settings": settings,
                              "f1": headline(pooled), "summary": pooled}), flush=True)
     if args.compare_to is not None:

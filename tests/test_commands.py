@@ -487,6 +487,7 @@ def test_top_level_help_lists_every_command():
 
 def test_align_decoder_options(model_dir):
     from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
+    from pfamalign.alignment.pairhmm import match_posteriors, plan_log_odds
     from pfamalign.inference import Predictor
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
@@ -506,6 +507,15 @@ def test_align_decoder_options(model_dir):
     expected = hybrid_decode(pp.real, PDZ_A, PDZ_B, plan_weight=7.0, gap_open=11.0, gap_extend=1.0,
                              mode="global")
     assert hyb["pairs"] == expected.pairs.tolist()
+    # the plan alone through the plan pair-HMM: MEA (f1) on its posteriors, no substitution table
+    predictor = Predictor(model_dir)
+    plan_only = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder",
+                                "posterior", "--alpha", "1", "--plan-power", "0.1", "--objective", "f1"]).output)
+    post = match_posteriors(predictor.pairhmm, PDZ_A, PDZ_B, log_emissions=plan_log_odds(pp.real, 0.1))
+    assert plan_only["pairs"] == mea_decode(post, objective="f1").pairs.tolist()
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--decoder",
+                                    "posterior", "--plan-power", "-1"])
+    assert res.exit_code != 0 and "plan_power must be >= 0" in res.output
 
 
 def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):

@@ -162,8 +162,8 @@ class FixedPlanPredictor:
     def plans(self, feats, batch_size=8):
         return [next(self._plans) for _ in feats]
 
-    def decode(self, pp, decoding, sequences, hmm_posteriors=None):
-        return decoding.decode(pp, sequences, hmm_posteriors=hmm_posteriors)
+    def decode_batch(self, plans, seq_pairs, decoding):
+        return [decoding.decode(pp, pair) for pp, pair in zip(plans, seq_pairs)]
 
 
 def _calibration_evaluation(baselines=("nw",)):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pfamalign import compile_cache
+from pfamalign.alignment import pairhmm
 from pfamalign.alignment.pairhmm import PairHMM, PairHMMMixture, default_pairhmm, match_posteriors
 from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
@@ -59,6 +60,21 @@ def test_batched_posteriors_equal_the_reference(hmm, local):
         np.testing.assert_allclose(post, ref, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+@pytest.mark.parametrize("hmm", [_single_hmm(), _mixture()], ids=["single", "mixture"])
+def test_batched_posteriors_of_given_emission_tables_equal_the_reference(hmm, local):
+    """The plan pair-HMM's batched path: one table per pair, its padding neutral."""
+    rng = np.random.default_rng(1)
+    pairs = [(_random_seq(rng, la), _random_seq(rng, lb)) for la, lb in [(1, 1), (63, 2), (40, 40), (17, 55)]]
+    tables = [pairhmm.plan_log_odds(rng.dirichlet(np.ones(len(b)), len(a)), 0.3) for a, b in pairs]
+    out = batched_match_posteriors(hmm, pairs, 64, 96, local=local, log_emissions=tables)
+    for (a, b), table, post in zip(pairs, tables, out):
+        np.testing.assert_allclose(post, match_posteriors(hmm, a, b, local=local, log_emissions=table),
+                                   rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="emission tables"):
+        batched_match_posteriors(hmm, pairs, 64, 96, log_emissions=tables[:2])
+
+
 def test_batched_posteriors_reject_what_does_not_fit():
     with pytest.raises(ValueError, match="non-empty"):
         batched_match_posteriors(default_pairhmm(), [("", "A")], 64, 64)
@@ -94,14 +110,22 @@ def _assert_same(rec, aln, pp, ref_pp):
     np.testing.assert_allclose(pp.plan, ref_pp.plan, atol=1e-5)  # float32 plans, other padding
 
 
-def test_align_records_equal_the_reference_path(predictor):
+PLAN_HMM = {"decoder": "posterior", "alpha": 0.5, "objective": "f1", "plan_power": 0.05}
+
+
+@pytest.mark.parametrize("decoding", [None, PLAN_HMM, {**PLAN_HMM, "alpha": 1.0, "mode": "local"}],
+                         ids=["model", "plan_hmm", "plan_hmm_only_local"])
+def test_align_records_equal_the_reference_path(predictor, decoding):
+    from pfamalign.inference import DecoderSettings
+
+    decoding = decoding and DecoderSettings(**decoding)
     rng = np.random.default_rng(1)
     base = _random_seq(rng, 50)
     pairs = [(base, base[3:47]), (base[:30], _random_seq(rng, 35))]  # one batch of 2 (plans and pair-HMMs)
-    out = list(predictor.align_records(_records(pairs)))
+    out = list(predictor.align_records(_records(pairs), decoding))
     assert [r.id_a for r, _ in out] == ["a0", "a1"]  # input order
     for (a, b), (rec, pp) in zip(pairs, out):
-        aln, ref_pp = predictor.align(a, b)
+        aln, ref_pp = predictor.align(a, b, decoding)
         _assert_same(rec, aln, pp, ref_pp)
 
 

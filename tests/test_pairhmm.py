@@ -45,13 +45,18 @@ def transition(hmm: PairHMM, src: tuple, dst: tuple) -> float:
     return leave * hmm.gap_switch * w[dst[1]]
 
 
-def brute_force(hmm: PairHMM, a: str, b: str, *, local: bool = False) -> tuple[np.ndarray, float]:
+def brute_force(hmm: PairHMM, a: str, b: str, *, local: bool = False,
+                log_emissions: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Sums every state path: the match posteriors and the total likelihood ratio. Globally
     the paths run from the origin (as if from M) to (Lq, Lk); locally they are segments, a
     first pair at any cell (start weight 1 / (Lq Lk)), then any path of the model, ending
-    after any pair (end weight 1 / (Lq Lk)), the flanks around them costing nothing."""
-    odds = np.exp(hmm.log_odds())
+    after any pair (end weight 1 / (Lq Lk)), the flanks around them costing nothing.
+    ``log_emissions``: the match log-odds of each residue pair (default: the table's)."""
     ia, ib = pairhmm.residue_indices(a), pairhmm.residue_indices(b)
+    if log_emissions is None:
+        log_emissions = hmm.log_odds()[ia[:, None], ib[None, :]]
+    odds = np.exp(log_emissions)
+    ia, ib = np.arange(len(a)), np.arange(len(b))  # odds[ia[i], ib[j]]: the pair (i, j)'s
     gaps = range(hmm.n_gap_types)
     states = [("M",)] + [("X", g) for g in gaps] + [("Y", g) for g in gaps]
     weight = 1.0 / (len(a) * len(b)) if local else 1.0
@@ -119,6 +124,32 @@ def test_local_posteriors_match_brute_force(a, b, n_gap_types, seed):
     from_starts = np.logaddexp.reduce((pairhmm.local_log_start(len(a), len(b)) + emit + bwd_m[1:, 1:]).ravel())
     assert from_starts == pytest.approx(log_z, rel=1e-10)
     np.testing.assert_allclose(match_posteriors(hmm, a, b, local=True), expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("a, b, n_gap_types, seed", [("AC", "W", 2, 0), ("MKV", "MKLV", 2, 2), ("WYCH", "HCY", 1, 3)])
+def test_posteriors_of_a_given_emission_table_match_brute_force(a, b, n_gap_types, seed, local):
+    """The plan pair-HMM's engine: any table of match log-odds in place of the residues'."""
+    hmm = random_hmm(seed, n_gap_types)
+    table = np.random.default_rng(seed).normal(0, 1.5, (len(a), len(b)))
+    expected, total = brute_force(hmm, a, b, local=local, log_emissions=table)
+    assert pairhmm.log_forward_backward(hmm, a, b, local=local, log_emissions=table)[2] == \
+        pytest.approx(math.log(total), rel=1e-10)
+    np.testing.assert_allclose(match_posteriors(hmm, a, b, local=local, log_emissions=table), expected,
+                               rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        match_posteriors(hmm, a, b, log_emissions=table.T if len(a) != len(b) else table[:, :-1])
+
+
+def test_plan_log_odds_are_zero_where_the_plan_is_uniform_and_scale_with_the_power():
+    np.testing.assert_allclose(pairhmm.plan_log_odds(np.full((7, 7), 1 / 7), 0.05), 0.0, atol=1e-12)
+    plan = np.full((4, 9), 1 / 9)  # rows of mass one, uniform: sqrt(Lq Lk) = 6 against the 9 keys
+    np.testing.assert_allclose(pairhmm.plan_log_odds(plan, 0.05), 0.05 * math.log(6 / 9), atol=1e-12)
+    plan[1, 2], plan[0, 0] = 0.9, 0.0
+    odds = pairhmm.plan_log_odds(plan, 0.1)
+    assert odds[1, 2] == pytest.approx(0.1 * math.log(0.9 * 6))
+    assert np.isfinite(odds[0, 0]) and odds[0, 0] == pytest.approx(0.1 * math.log(1e-30 * 6))
+    np.testing.assert_allclose(pairhmm.plan_log_odds(plan, 0.2), 2 * odds)
 
 
 def test_local_posteriors_leave_the_flanks_and_global_ones_do_not():
@@ -265,6 +296,29 @@ def test_posterior_decoder_maximizes_the_mixed_expected_accuracy(alpha, gap_cost
     aln = DecoderSettings(decoder="posterior", alpha=alpha, gap_cost=gap_cost).decode(pp, (a, b))
     assert objective([tuple(p) for p in aln.pairs]) == pytest.approx(best)
     assert aln.score == pytest.approx(best)
+
+
+@pytest.mark.parametrize("alpha, power, seed", [(1.0, 0.5, 5), (0.5, 1.0, 6), (0.25, 2.0, 7)])
+def test_plan_hmm_posterior_decoder_maximizes_the_expected_accuracy_of_the_brute_force_posteriors(
+        alpha, power, seed):
+    """With ``plan_power`` the plan enters as the posteriors of every path of the pair-HMM with
+    the plan's odds as match emissions (summed by brute force here), not as it is."""
+    a, b = "MKWVC", "MKVC"
+    pp = plan_for(a, b, seed)
+    hmm = random_hmm(seed, 2)
+    plan_post, _ = brute_force(hmm, a, b, log_emissions=power * np.log(pp.real * math.sqrt(len(a) * len(b))))
+    mixed = alpha * plan_post + (1 - alpha) * match_posteriors(hmm, a, b)
+    best = max(sum(mixed[p] for p in pairs) for pairs in proper_alignments(len(a), len(b)))
+    settings = DecoderSettings(decoder="posterior", alpha=alpha, plan_power=power)
+    assert settings.uses_plan_hmm() and settings.uses_pairhmm() == (alpha < 1)
+    aln = settings.decode(pp, (a, b), hmm=hmm)
+    assert aln.score == pytest.approx(best)
+    # the same with the posteriors given (as the batched path does)
+    given = settings.decode(pp, (a, b), hmm=hmm, plan_posteriors=plan_post,
+                            hmm_posteriors=match_posteriors(hmm, a, b))
+    np.testing.assert_array_equal(given.pairs, aln.pairs)
+    with pytest.raises(ValueError, match="plan_power"):
+        DecoderSettings(decoder="posterior", plan_power=-0.1)
 
 
 def test_posterior_decoder_uses_given_posteriors_and_needs_sequences():

@@ -227,6 +227,6 @@ def test_crossval_trains_tunes_and_compares_the_model(tmp_path, capsys):
     fold, pooled = rows
     assert fold["decoder_chosen_on"] in ("val families of the fold", "train families of the fold")
     assert (tmp_path / "cv" / "fold1" / "run" / "model" / "decoding.json").is_file()
-    assert {"model", "model_mea", "nw"} <= set(pooled["f1"])
+    assert {"model", "model_mea", "model_plan", "nw"} <= set(pooled["f1"])
     diff = pooled["summary"]["model_minus_by_family"]["nw"]["all"]
     assert diff["n_groups"] == len(fold["test_families"]) and diff["low"] <= diff["value"] <= diff["high"]

@@ -41,6 +41,14 @@ posteriors per pair by how well each explains the two sequences:
 
 ``Z_k`` the likelihood ratio of the pair under model k (comparable across k because the
 background is shared). It is the pair-HMM of the mixture of divergences, not a fixed one.
+
+**The plan as emissions** (``log_emissions``, ``plan_log_odds``): any ``[Lq, Lk]`` table of
+match log-odds can replace the substitution table. The ``posterior`` decoder's plan pair-HMM
+uses the transport plan's own odds, ``beta log(P_ij sqrt(Lq Lk))`` (``sqrt(Lq Lk) P_ij`` is 1
+where the plan is uniform), under the fitted gap transitions: the plan's evidence, made
+consistent along a path with affine gaps, and no substitution matrix. ``beta`` (the decoder's
+``plan_power``, about 0.05 for the trained models: their ``eps = 1`` plans are far sharper
+than pair-HMM odds) is tuned on validation families.
 """
 
 from __future__ import annotations
@@ -238,14 +246,24 @@ def local_log_start(lq: int, lk: int) -> float:
     return -float(np.log(lq) + np.log(lk))
 
 
-def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = False
+def plan_log_odds(plan: np.ndarray, power: float) -> np.ndarray:
+    """Match log-odds from a ``[Lq, Lk]`` transport plan: ``power * log(P sqrt(Lq Lk))``
+    (module docstring), entries below 1e-30 read as 1e-30."""
+    plan = np.asarray(plan, np.float64)
+    return power * np.log(np.maximum(plan, 1e-30) * np.sqrt(plan.shape[0] * plan.shape[1]))
+
+
+def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = False,
+                         log_emissions: np.ndarray | None = None
                          ) -> tuple[np.ndarray, np.ndarray, float]:
     """Log forward and backward values of the match state on the ``(Lq + 1) x (Lk + 1)``
     lattice (``[i, j]``: residues up to i and j emitted, the last pair (i-1, j-1) by M) and
     ``log Z``, the log-likelihood ratio of the two sequences against the background;
-    ``local``: the segment model (module docstring)."""
+    ``local``: the segment model (module docstring); ``log_emissions``: ``[Lq, Lk]`` match
+    log-odds in place of the substitution table's."""
     t = hmm.log_transitions()
-    emit = _emissions(hmm, seq_a, seq_b)
+    emit = _emissions(hmm, seq_a, seq_b) if log_emissions is None else checked_emissions(
+        log_emissions, len(seq_a), len(seq_b))
     lq, lk = emit.shape
     g = hmm.n_gap_types
     neg = -np.inf
@@ -296,17 +314,29 @@ def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = 
     return fwd_m, bwd_m, log_z
 
 
-def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False) -> np.ndarray:
+def checked_emissions(log_emissions, lq: int, lk: int) -> np.ndarray:
+    emit = np.asarray(log_emissions, np.float64)
+    if emit.shape != (lq, lk):
+        raise ValueError(f"log_emissions has shape {emit.shape}, the sequences need {(lq, lk)}")
+    if not np.isfinite(emit).all():
+        raise ValueError("log_emissions must be finite")
+    return emit
+
+
+def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False,
+                     log_emissions: np.ndarray | None = None) -> np.ndarray:
     """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j
     (for a mixture: the components' posteriors weighted by ``PairHMMMixture.weights``);
-    ``local``: under the segment model (the module docstring)."""
+    ``local``: under the segment model (the module docstring); ``log_emissions``: ``[Lq,
+    Lk]`` match log-odds in place of the substitution table's (e.g. ``plan_log_odds``)."""
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
+    kw = {"local": local, "log_emissions": log_emissions}
     if isinstance(hmm, PairHMMMixture):
-        solved = [log_forward_backward(c, seq_a, seq_b, local=local) for c in hmm.components]
+        solved = [log_forward_backward(c, seq_a, seq_b, **kw) for c in hmm.components]
         weights = hmm.weights([log_z for _, _, log_z in solved])
         return sum(w * _posterior(*fb) for w, fb in zip(weights, solved))
-    return _posterior(*log_forward_backward(hmm, seq_a, seq_b, local=local))
+    return _posterior(*log_forward_backward(hmm, seq_a, seq_b, **kw))
 
 
 def _posterior(fwd_m: np.ndarray, bwd_m: np.ndarray, log_z: float) -> np.ndarray:

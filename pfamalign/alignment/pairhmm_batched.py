@@ -7,7 +7,7 @@ Differences from the reference, none of which changes the result beyond rounding
   previous row, so each row is divided by its largest value and the log of the factors is
   summed aside (the classic scaled forward-backward). The log-space version spends about 70
   exp / log per lattice cell; this one has none (emissions are a lookup in the exponentiated
-  log-odds table), only multiply-adds.
+  log-odds table, or the given table's ratios), only multiply-adds.
 * The within-row gap recurrence ``y_j = c_j + e y_{j-1}`` runs as small matrix products on
   blocks of columns (``_scan_right``).
 * **Padding**: a batch of pairs runs on one ``[B, Pq, Pk]`` lattice. The forward pass on cells
@@ -27,7 +27,8 @@ import functools
 
 import numpy as np
 
-from pfamalign.alignment.pairhmm import AnyPairHMM, PairHMM, PairHMMMixture, residue_indices
+from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, checked_emissions,
+                                         residue_indices)
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
 X64 = True
@@ -35,8 +36,8 @@ X64 = True
 
 def _linear_params(hmm: PairHMM) -> dict[str, np.ndarray]:
     t = hmm.log_transitions()
-    return {"emit": np.exp(hmm.log_odds()), "mm": np.exp(t["mm"]), "open": np.exp(t["open"]),
-            "extend": np.exp(t["extend"]), "close": np.exp(t["close"]), "switch": np.exp(t["switch"])}
+    return {"mm": np.exp(t["mm"]), "open": np.exp(t["open"]), "extend": np.exp(t["extend"]),
+            "close": np.exp(t["close"]), "switch": np.exp(t["switch"])}
 
 
 _BLOCK = 64  # the gap scan runs as small matrix products on blocks of this many columns
@@ -75,16 +76,14 @@ def _scan_right(c, ops):
     return y.reshape(b, g, nb * _BLOCK)[..., :n]
 
 
-def _posteriors(p, qi, ki, lq, lk, local=False):
-    """``[B, Pq, Pk]`` match posteriors of padded index arrays ``qi [B, Pq]``, ``ki [B, Pk]``
-    (``local``: the segment model, ``pairhmm.log_forward_backward``)."""
+def _posteriors(p, emit, lq, lk, local=False):
+    """``[B, Pq, Pk]`` match posteriors of padded emission ratios ``emit [B, Pq, Pk]`` (1
+    past each pair's ends; ``local``: the segment model, ``pairhmm.log_forward_backward``)."""
     import jax
     import jax.numpy as jnp
 
-    b, pq = qi.shape
-    pk = ki.shape[1]
+    b, pq, pk = emit.shape
     g = p["open"].shape[0]
-    emit = p["emit"][qi[:, :, None], ki[:, None, :]]  # [B, Pq, Pk] emission ratios
     dec = p["extend"][:, None]  # [G, 1]
     ops = _scan_operators(jnp.log(p["extend"]), pk + 1)
     sw = p["switch"]  # [G, G]: X_g -> Y_h and Y_g -> X_h
@@ -173,15 +172,18 @@ def _compiled():
 
 
 def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int,
-                             *, local: bool = False) -> list[np.ndarray]:
+                             *, local: bool = False, log_emissions: list | None = None) -> list[np.ndarray]:
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)``, computed in one jitted call on
     a ``[len(pairs), pad_q, pad_k]`` lattice per component (one compilation per batch shape);
     a mixture's components are weighted per pair (``PairHMMMixture.weights``); ``local``: the
-    segment model."""
+    segment model; ``log_emissions``: per pair, ``[Lq, Lk]`` match log-odds in place of the
+    substitution table's (``pairhmm.plan_log_odds``)."""
     import jax
 
     if any(not a or not b for a, b in pairs):
         raise ValueError("both sequences must be non-empty")
+    if log_emissions is not None and len(log_emissions) != len(pairs):
+        raise ValueError(f"{len(log_emissions)} emission tables for {len(pairs)} pairs")
     qi = np.full((len(pairs), pad_q), _UNKNOWN, np.int32)
     ki = np.full((len(pairs), pad_k), _UNKNOWN, np.int32)
     for n, (a, b) in enumerate(pairs):
@@ -190,12 +192,18 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
         qi[n, : len(a)], ki[n, : len(b)] = residue_indices(a), residue_indices(b)
     lq = np.array([len(a) for a, _ in pairs], np.int32)
     lk = np.array([len(b) for _, b in pairs], np.int32)
+    given = None
+    if log_emissions is not None:  # the same table for every component; 1 in the padding
+        given = np.ones((len(pairs), pad_q, pad_k))
+        for n, table in enumerate(log_emissions):
+            given[n, : lq[n], : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
     components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
     solved = []
     with jax.enable_x64(X64):
         for component in components:
             params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
-            post, log_z = _compiled()(params, qi, ki, lq, lk, local=local)
+            emit = given if given is not None else np.exp(component.log_odds())[qi[:, :, None], ki[:, None, :]]
+            post, log_z = _compiled()(params, emit, lq, lk, local=local)
             solved.append((np.asarray(post), np.asarray(log_z)))
     if isinstance(hmm, PairHMMMixture):
         weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])

@@ -79,7 +79,7 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
 
 
 DECODER_FIELDS = ("decoder", "mode", "gap_open", "gap_extend", "threshold", "gap_cost", "min_mass",
-                  "plan_weight", "alpha", "objective")
+                  "plan_weight", "alpha", "objective", "plan_power")
 
 
 def decoder_options(f):
@@ -107,6 +107,10 @@ def decoder_options(f):
         click.option("--alpha", type=float, default=None,
                      help="posterior: the plan's share of the mixed posterior (0 = pair-HMM only, "
                           "1 = plan only)."),
+        click.option("--plan-power", type=float, default=None,
+                     help="posterior: > 0 puts the plan through the plan pair-HMM (the pair-HMM's gap "
+                          "model with the plan's odds to this power as match scores, no substitution "
+                          "matrix) before mixing; 0 mixes the plan as it is."),
         click.option("--min-mass", type=float, default=None, help="Never align a pair with less plan mass."),
         click.option("--objective", type=click.Choice(["accuracy", "f1"]), default=None,
                      help="mea / posterior: maximize the expected number of right pairs (accuracy) "
