@@ -32,7 +32,7 @@ THRESHOLDS = (0.0, 0.02, 0.05, 0.1)
 GAPS = ((0.5, 0.05), (1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (3.0, 0.1), (5.0, 0.5))
 PLAN_WEIGHTS = (0.0, 2.0, 5.0, 10.0, 20.0)  # hybrid, BLOSUM62 units (0 = Needleman-Wunsch)
 ALPHAS = (0.25, 0.5, 0.75)  # posterior: the plan's share (0, the pair-HMM alone, ignores the model)
-PLAN_POWERS = (0.035, 0.05, 0.07, 0.1, 0.15, 0.2)  # posterior through the plan pair-HMM (``plan_power``)
+PLAN_POWERS = (0.035, 0.05, 0.07, 0.1)  # posterior through the plan pair-HMM (``plan_power``)
 MIN_FAMILIES_TO_RESAMPLE = 5
 LOW_IDENTITY = 30.0  # percent: the hard pairs, reported beside the overall F1
 HMM_CHUNK = 64  # pairs whose pair-HMM posteriors are computed (and held) together

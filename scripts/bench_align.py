@@ -209,14 +209,18 @@ def target_records(*, n_pairs: int, repeats: int, seed: int, checkpoint=None) ->
         pad = padded_length(max(len(x.seq_a), len(x.seq_b)))
         pp = predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True)[0]
         post = batched_match_posteriors(predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad)[0]
+        seqs = [(x.seq_a, x.seq_b)]
+        plan_post = predictor.plan_posteriors(seqs, [pp], predictor.decoding)[0]  # None without plan_power
         stages = {
             "featurize_ms": 1e3 * _median_s(lambda: predictor.featurize([x.seq_a, x.seq_b]), repeats),
             "plan_both_directions_ms": 1e3 * _median_s(
                 lambda: predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True), repeats),
             "pairhmm_ms": 1e3 * _median_s(lambda: batched_match_posteriors(
                 predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad), repeats),
+            "plan_pairhmm_ms": (1e3 * _median_s(lambda: predictor.plan_posteriors(seqs, [pp], predictor.decoding),
+                                                repeats) if plan_post is not None else 0.0),
             "decode_ms": 1e3 * _median_s(lambda: predictor.decoding.decode(
-                pp, (x.seq_a, x.seq_b), hmm_posteriors=post), repeats),
+                pp, (x.seq_a, x.seq_b), hmm_posteriors=post, plan_posteriors=plan_post), repeats),
             "reference_ms": 1e3 * _median_s(lambda: predictor.align(x.seq_a, x.seq_b), repeats)}
         rec = {"target": f"latency_{length}", "lq": len(x.seq_a), "lk": len(x.seq_b), "ms": ms,
                "nw_ms": nw, "ratio_to_nw": ms / nw, **stages}

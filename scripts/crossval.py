@@ -294,7 +294,9 @@ def decoder_note(fold: dict) -> str:
     d = fold.get("decoding")
     if d is None:
         return "—"
-    name = d["decoder"] + (f", plan weight {d['plan_weight']:g}" if d["decoder"] == "hybrid" else "")
+    name = d["decoder"] + (f", plan weight {d['plan_weight']:g}" if d["decoder"] == "hybrid" else
+                           f", alpha {d['alpha']:g}" + (f", plan power {d['plan_power']:g}" if d.get("plan_power") else "")
+                           if d["decoder"] == "posterior" else "")
     where = fold["decoder_chosen_on"]
     return f"{name} ({where.split()[0] if where.endswith('of the fold') else 'fixed'})"
 
