@@ -50,9 +50,15 @@ def main():
     so only a command's first run compiles; PFAMALIGN_CACHE_DIR=DIR moves the cache,
     PFAMALIGN_CACHE_DIR= (empty) turns it off.
     """
+    import sys
+
     from pfamalign import compile_cache
 
     compile_cache.enable()  # jax-free: configures jax before a command imports it
+    # flax.nnx imports IPython (about 0.2 s of every model-loading command) only to ask whether
+    # it runs inside an IPython shell, which a command never does: None in sys.modules makes
+    # that import fail at once (flax catches the ImportError). Inside IPython it is loaded.
+    sys.modules.setdefault("IPython", None)
 
 
 if __name__ == "__main__":
