@@ -93,12 +93,17 @@ def _posteriors(p, emit, lq, lk, local=False):
         top = jnp.where(top > 0, top, 1.0)
         return [r / top.reshape((b,) + (1,) * (r.ndim - 1)) for r in rows], jnp.log(top)
 
+    def switch(x, back=False):  # [B, G, n] through sw: sum_h sw[h, g] x_h (back: sw[g, h])
+        # broadcast and sum, not einsum: a dot over G = 1-3 gap types is XLA's slow path on CPU
+        w = sw.T if back else sw
+        return (w.T[None, :, :, None] * x[:, None, :, :]).sum(2)
+
     def shift_right(x):  # x[..., j - 1] at j, 0 at j = 0
         return jnp.pad(x[..., :-1], [(0, 0)] * (x.ndim - 1) + [(1, 0)])
 
     def fwd_y(m_row, x_row):  # Y_g along row i from M and X_h at (i, j - 1)
         enter = p["open"][None, :, None] * shift_right(m_row)[:, None, :] + \
-            jnp.einsum("hg,bhj->bgj", sw, shift_right(x_row))
+            switch(shift_right(x_row))
         return _scan_right(enter, ops)
 
     cols = jnp.arange(pk + 1)
@@ -113,11 +118,11 @@ def _posteriors(p, emit, lq, lk, local=False):
 
     def fwd_step(carry, e_row):  # e_row [B, Pk]: emissions of query residue i - 1
         m, x, y, c = carry
-        into = p["mm"] * m + jnp.einsum("g,bgj->bj", p["close"], x + y)  # before the pair
+        into = p["mm"] * m + (p["close"][None, :, None] * (x + y)).sum(1)  # before the pair
         if local:  # or a fresh segment starts with this pair
             into = into + jnp.exp(log_start - c)[:, None]
         m_new = jnp.pad(into[:, :-1] * e_row, ((0, 0), (1, 0)))
-        x_new = p["open"][None, :, None] * m[:, None, :] + dec * x + jnp.einsum("hg,bhj->bgj", sw, y)
+        x_new = p["open"][None, :, None] * m[:, None, :] + dec * x + switch(y)
         (m_new, x_new, y_new), s = rescale(m_new, x_new, fwd_y(m_new, x_new))
         ends = (m_new * in_cols).sum(-1) if local else None  # segments ending on this row
         return (m_new, x_new, y_new, c + s), (m_new, c + s, m_new + x_new.sum(1) + y_new.sum(1), ends)
@@ -146,12 +151,12 @@ def _posteriors(p, emit, lq, lk, local=False):
             end_m = end
         diag = jnp.pad(e_row * bm_next[:, 1:], ((0, 0), (0, 1)))  # pair (i, j) then M at (i+1, j+1)
         leave = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + \
-            jnp.einsum("gh,bhj->bgj", sw, bx_next)
+            switch(bx_next, back=True)
         by = _scan_right(leave[..., ::-1], ops)[..., ::-1]
         y_right = jnp.pad(by[..., 1:], ((0, 0), (0, 0), (0, 1)))
-        bm = p["mm"] * diag + end_m + jnp.einsum("h,bhj->bj", p["open"], bx_next + y_right)
+        bm = p["mm"] * diag + end_m + (p["open"][None, :, None] * (bx_next + y_right)).sum(1)
         bx = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + dec * bx_next + \
-            jnp.einsum("gh,bhj->bgj", sw, y_right)
+            switch(y_right, back=True)
         (bm, bx), s = rescale(bm, bx)
         return (bm, bx, c + s), (bm, c + s)
 
