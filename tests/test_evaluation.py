@@ -144,6 +144,10 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
     kept = tune([pair("PF00001", 0), pair("PF00002", 1)])
     assert [r["f1"] for r in kept.rows][1] > [r["f1"] for r in kept.rows][0]
     assert kept.best == incumbent and kept.margin["value"] > 0 and not kept.margin["low"] > 0
+    # right on every pair of 4 families: the pairs' interval is above zero, but 4 families are
+    # too few to resample: no evidence about the next family, the incumbent stays
+    few = tune([pair(f"PF{i:05d}", 0) for i in range(4) for _ in range(3)])
+    assert few.best == incumbent and few.margin["low"] > 0 and few.margin["resampled"].startswith("pairs")
 
 
 # ---- reliability of the model's pair confidences (issue 18, calibration) ----------------------
