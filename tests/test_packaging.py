@@ -21,3 +21,13 @@ def test_every_package_directory_is_listed_in_pyproject():
             if not any(sub.startswith(other + ".") or sub == other for other in mapping if other != name and len(other) > len(name)):
                 found.add(sub)
     assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_the_compile_cache_lock_is_a_declared_dependency():
+    """compile_cache sets a size limit, which makes jax lock every cache entry through the
+    filelock package; a plain `pip install .` must bring it, or every cache read fails."""
+    from pfamalign import compile_cache
+
+    assert compile_cache._settings(ROOT)["jax_compilation_cache_max_size"] > 0
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "filelock" for d in deps)
