@@ -46,7 +46,7 @@ import tune_decoder  # scripts/ is on sys.path (the scripts run as python script
 
 from pfamalign import evaluation, jsonio
 from pfamalign.alignment import pairhmm
-from pfamalign.alignment.metrics import IDENTITY_BINS
+from pfamalign.alignment.metrics import IDENTITY_BINS, paired_f1_difference
 from pfamalign.inference import DecoderSettings, Predictor
 from pfamalign.pipelines import reader
 from pfamalign.pipelines.records import write_text
@@ -336,8 +336,6 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
 
 def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) -> dict:
     """This run's model minus another run's (its result.json per fold) on the same pairs."""
-    from pfamalign.alignment.metrics import paired_f1_difference
-
     theirs = []
     for k in folds:
         path = other / f"fold{k}" / "result.json"
@@ -357,8 +355,6 @@ def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) ->
 def plan_only_versus(ev: evaluation.Evaluation, args) -> dict:
     """The plan alone (through the plan pair-HMM) minus each baseline on the same pairs, with
     the family-resampling CI: whether the plan carries the alignment as well as they do."""
-    from pfamalign.alignment.metrics import paired_f1_difference
-
     if "model_plan" not in ev.methods:
         return {}
     counts = lambda m: np.asarray(ev.counts[m], np.int64).reshape(-1, 3)

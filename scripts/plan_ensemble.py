@@ -31,7 +31,6 @@ from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference, 
 from pfamalign.inference import Predictor
 
 BASELINES = ("probcons", "muscle", "nw")
-HMM_BATCH = 32  # pairs per batched plan pair-HMM call
 
 
 def member_posteriors(fold_dir: pathlib.Path, records: list[dict]) -> list[np.ndarray]:
@@ -39,11 +38,7 @@ def member_posteriors(fold_dir: pathlib.Path, records: list[dict]) -> list[np.nd
     predictor = Predictor(fold_dir / "run" / "model")
     settings = crossval.plan_only_settings(fold_dir)
     plans = list(evaluation.model_plans(predictor, records))
-    seqs = [(r["q_seq"], r["k_seq"]) for r in records]
-    out: list[np.ndarray] = []
-    for i in range(0, len(records), HMM_BATCH):
-        out += predictor.plan_posteriors(seqs[i: i + HMM_BATCH], plans[i: i + HMM_BATCH], settings)
-    return out
+    return predictor.plan_posteriors([(r["q_seq"], r["k_seq"]) for r in records], plans, settings)
 
 
 def ensemble_counts(posteriors: list[list[np.ndarray]], records: list[dict]) -> np.ndarray:
