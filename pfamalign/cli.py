@@ -17,6 +17,7 @@ _COMMANDS = {
     "barycenter": ("barycenter", "barycenter"),
     "certify": ("certify", "certify"),
     "compile": ("compile", "compile_model"),
+    "ensemble": ("ensemble", "ensemble"),
     "verify": ("verify", "verify"),
 }
 

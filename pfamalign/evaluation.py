@@ -305,7 +305,7 @@ def training_overlap(model_dir, families: Iterable[str]) -> dict | None:
     from pfamalign.pipelines.stockholm import accession_base
 
     record = read_training_record(model_dir)
-    if record is None:
+    if record is None or "trained_on" not in record:  # (an ensemble of models without records)
         return None
     evaluated = {accession_base(f) for f in families}
     return {"trained_on": sorted(evaluated & set(record["trained_on"]["families"])),

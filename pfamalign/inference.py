@@ -65,9 +65,19 @@ def pad_batch(pairs, *, pad: int | None = None, size: int | None = None):
     return xq, xk, lq, lk
 
 
+# the models shipped inside the package, by the name ``--checkpoint`` accepts
+SHIPPED_MODELS = {"default": DEFAULT_MODEL, "ensemble": "ensemble_model"}
+
+
+def shipped_model_dir(name: str = "default") -> pathlib.Path:
+    """A model shipped inside the package (trained on the bundled Pfam data, builtin
+    features): ``default``, or ``ensemble`` (the default model and a CETA model, their
+    posteriors averaged: more accurate, about four times slower; TRAINING.md)."""
+    return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / SHIPPED_MODELS[name]))
+
+
 def default_model_dir() -> pathlib.Path:
-    """The model shipped inside the package (trained on the bundled Pfam data, builtin features)."""
-    return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / DEFAULT_MODEL))
+    return shipped_model_dir("default")
 
 
 DECODERS = ("affine", "mea", "hybrid", "posterior")
@@ -335,6 +345,15 @@ class Predictor:
         model directory).
     """
 
+    def __new__(cls, checkpoint: str | pathlib.Path | None = None, **kwargs):
+        # an ensemble directory (``pfamalign.ensemble``) loads wherever a model directory does
+        path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
+        if cls is Predictor and (path / "ensemble.json").is_file():
+            from pfamalign.ensemble import EnsemblePredictor
+
+            return super().__new__(EnsemblePredictor)
+        return super().__new__(cls)
+
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
                  max_length: int = 4096, max_memory: int | None = None, engine: str = "sinkhorn",
                  steps: int | None = None):
@@ -349,6 +368,7 @@ class Predictor:
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
         self.model, self.config = ckpt.load_model(path)
+        self.name = self.config.name
         self.engine = None  # the model's own plan
         if engine != "sinkhorn" or steps is not None:
             from pfamalign.asap import Engine
@@ -375,7 +395,7 @@ class Predictor:
         shipped = " (shipped)" if self.path == default_model_dir() else ""
         settings = dataclasses.asdict(decoding or self.decoding)
         return {"version": f"pfamalign {__version__}",
-                "model": f"{self.config.name}{shipped} {self.model_hash}",
+                "model": f"{self.name}{shipped} {self.model_hash}",
                 "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True},
                 **({"engine": self.engine.describe()} if self.engine is not None else {})}
 

@@ -6,6 +6,7 @@
     python scripts/crossval.py --workdir runs/cv5_baselines --baselines-only
     python scripts/crossval.py --workdir runs/cv_attn --config align_attn --steps 300 \
         --fixed-decoders --no-baselines --data-from runs/cv5
+    python scripts/crossval.py --workdir runs/cv5_ens --ensemble-of runs/cv5 runs/cv5_ceta
 
 Per fold K of N: ``pfamalign prepare shards --fold K/N`` (test = the fold's families, val = about
 10 % of the others), ``pfamalign train`` with the given recipe (default: the shipped model's,
@@ -13,8 +14,8 @@ pfamalign/assets/default_model/TRAINING.md), the decoder chosen on the fold's va
 (``scripts/tune_decoder.py --write``; on the training families when the fold has no val
 family, and said so), then ``pfamalign.evaluation`` on up to ``--max-pairs-per-fold`` test pairs
 taken round-robin across the fold's families: the model with its tuned decoder and with the
-plan-only decoders (MEA on the plan; the plan pair-HMM, alpha 1, its power the best of the
-tuning rows), NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on the same
+plan-only decoders (MEA on the plan; the best plan-only row of the tuning, ``plan_only_settings``:
+no substitution table), NW, SW, diagonal, ProbCons and MUSCLE (the last two when installed) on the same
 pairs. The folds are then pooled: micro F1 per identity bin with bootstrap CIs, and
 the model minus each method with the family-resampling (cluster) bootstrap CI.
 
@@ -22,6 +23,9 @@ the model minus each method with the family-resampling (cluster) bootstrap CI.
 with the plan-only MEA decoder and with the posterior decoder at its defaults (alpha 0.5), the
 latter written as the fold model's decoding.json. ``--no-baselines`` scores the model alone.
 ``--data-from DIR`` links DIR/foldK/data as the fold's dataset instead of preparing it again.
+``--ensemble-of W1 W2 ...`` trains nothing: each fold's model is the ensemble (``pfamalign.ensemble``)
+of the fold models of earlier workdirs (their folds and datasets: ``--data-from`` defaults to
+W1), each member's power and then the ensemble's decoder chosen on the fold's val families.
 ``--compare-to WORKDIR`` adds a JSON line: this run's model minus that run's model (tuned or fixed
 decoder, and plan-only MEA) on the same test pairs, with the family bootstrap CI.
 
@@ -44,7 +48,7 @@ import sys
 import numpy as np
 import tune_decoder  # scripts/ is on sys.path (the scripts run as python scripts/NAME.py)
 
-from pfamalign import evaluation, jsonio
+from pfamalign import ensemble, evaluation, jsonio
 from pfamalign.alignment import pairhmm
 from pfamalign.alignment.metrics import IDENTITY_BINS, paired_f1_difference
 from pfamalign.inference import DecoderSettings, Predictor
@@ -68,7 +72,7 @@ FIXED = DecoderSettings.for_decoder("posterior")  # --fixed-decoders: alpha 0.5,
 # this one where nothing was tuned
 PLAN_HMM = DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=0.05)
 LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)",
-          "model_plan": "pfamalign, plan only (plan pair-HMM)"}
+          "model_plan": "pfamalign, plan only (best plan-only decoder on val)"}
 BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
 
@@ -126,11 +130,30 @@ def train_fold(args, data: pathlib.Path, fold_dir: pathlib.Path) -> pathlib.Path
     return model
 
 
+def build_ensemble(args, fold: int, data: pathlib.Path, model: pathlib.Path) -> None:
+    """The fold's model: the ensemble of the ``--ensemble-of`` workdirs' fold models, each
+    member's power chosen on the fold's val pairs (the decoder is chosen after, by ``tune_fold``)."""
+    members = [w / f"fold{fold}" / "run" / "model" for w in args.ensemble_of]
+    missing = [str(m) for m in members if not (m / "config.json").is_file()]
+    if missing:
+        raise CrossvalError(f"fold {fold}: no trained model at {', '.join(missing)} (run those workdirs first)")
+    try:
+        ensemble.build(model, members, data, split=tuning_split(data), max_pairs=args.tune_pairs,
+                       seed=args.seed, tune_decoder=False)
+    except ValueError as err:
+        raise CrossvalError(f"fold {fold}: ensemble failed: {err}") from err
+
+
+def tuning_split(data: pathlib.Path) -> str:
+    """The fold's val split, or its train split when it has no val pairs (said in the table)."""
+    ds = reader.PairDataset(data)
+    return "val" if "val" in ds.splits and ds.num_pairs("val") else "train"
+
+
 def tune_fold(args, model: pathlib.Path, data: pathlib.Path, fold_dir: pathlib.Path) -> str:
     """Writes the decoder chosen on the val families (the training families when the fold has
     none) into ``model``; returns the split it was chosen on."""
-    ds = reader.PairDataset(data)
-    split = "val" if "val" in ds.splits and ds.num_pairs("val") else "train"
+    split = tuning_split(data)
     with (fold_dir / "tune_decoder.jsonl").open("w") as log, contextlib.redirect_stdout(log):
         tune_decoder.main(["--data", str(data), "--checkpoint", str(model), "--split", split,
                            "--max-pairs", str(args.tune_pairs), "--write"])
@@ -156,12 +179,14 @@ def sample_test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dic
 
 
 def plan_only_settings(fold_dir: pathlib.Path) -> DecoderSettings:
-    """The plan-only decoder through the plan pair-HMM (alpha 1) that scored best where the
-    fold's decoder was chosen (its ``tune_decoder.jsonl`` rows); ``PLAN_HMM`` without them."""
+    """The plan-only decoder (MEA on the plan, or the plan through the plan pair-HMM at alpha
+    1: no substitution table) that scored best where the fold's decoder was chosen (its
+    ``tune_decoder.jsonl`` rows); ``PLAN_HMM`` without them. For a single model the plan
+    pair-HMM rows win by far; an ensemble's plan is already a posterior, and MEA may win."""
     log = fold_dir / "tune_decoder.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
-    rows = [r for r in rows if r.get("decoder") == "posterior" and r.get("alpha") == 1.0
-            and r.get("plan_power", 0) > 0]
+    rows = [r for r in rows if r.get("bench") == "tune_decoder" and (r.get("decoder") == "mea" or (
+        r.get("decoder") == "posterior" and r.get("alpha") == 1.0 and r.get("plan_power", 0) > 0))]
     if not rows:
         return PLAN_HMM
     best = max(rows, key=lambda r: r["f1"])
@@ -171,7 +196,7 @@ def plan_only_settings(fold_dir: pathlib.Path) -> DecoderSettings:
 def evaluate_fold(records: list[dict], predictor, baselines,
                   plan_only: DecoderSettings = PLAN_HMM) -> evaluation.Evaluation:
     """The model with its own (tuned) decoder and with the two plan-only decoders (MEA on the
-    plan, and ``plan_only`` through the plan pair-HMM), and the baselines, on the same pairs;
+    plan, and ``plan_only``), and the baselines, on the same pairs;
     families grouped by accession (seed and hmmalign versions of one family are one cluster)."""
     records = [{**r, "family": accession_base(r["family"])} for r in records]
     ev = evaluation.evaluate(records, predictor=predictor, baselines=baselines)
@@ -243,7 +268,14 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
     info = {"fold": fold, "n_folds": args.folds, "settings": settings, "data": str(data),
             "split_families": {s: ds.manifest["splits"][s]["families"] for s in ds.splits}}
     predictor, model = None, None
-    if args.no_train:
+    if args.ensemble_of:
+        model = fold_dir / "run" / "model"
+        if not model.is_dir():
+            print(f"fold {fold}: ensemble of {len(args.ensemble_of)} models", file=sys.stderr, flush=True)
+            build_ensemble(args, fold, data, model)
+        print(f"fold {fold}: choose the decoder", file=sys.stderr, flush=True)
+        info["decoder_chosen_on"] = tune_fold(args, model, data, fold_dir) + " families of the fold"
+    elif args.no_train:
         model = args.checkpoint
         info["decoder_chosen_on"] = "the checkpoint's own decoding.json"
     elif not args.baselines_only:
@@ -406,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true", help="score the model alone")
     parser.add_argument("--data-from", type=pathlib.Path, default=None,
                         help="an earlier workdir whose foldK/data datasets to link and reuse")
+    parser.add_argument("--ensemble-of", type=pathlib.Path, nargs="+", default=None, metavar="WORKDIR",
+                        help="no training: each fold's model is the ensemble of these workdirs' fold models")
     parser.add_argument("--compare-to", type=pathlib.Path, default=None,
                         help="another trained run's workdir: report this model minus that one")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
@@ -416,8 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--no-train needs --checkpoint MODEL")
     if args.checkpoint is not None and not args.no_train:
         parser.error("--checkpoint goes with --no-train")
-    if args.no_train and args.baselines_only:
-        parser.error("give at most one of --no-train and --baselines-only")
+    if sum(map(bool, (args.no_train, args.baselines_only, args.ensemble_of))) > 1:
+        parser.error("give at most one of --no-train, --baselines-only and --ensemble-of")
+    if args.ensemble_of:
+        if len(args.ensemble_of) < 2:
+            parser.error("--ensemble-of needs at least two workdirs")
+        args.data_from = args.data_from or args.ensemble_of[0]
     args.pfam = args.pfam or DEFAULT_PFAM
     for p in args.pfam:
         if not p.exists():
@@ -427,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     if not folds or not all(0 <= k < args.folds for k in folds):
         parser.error(f"--only must name folds in 0..{args.folds - 1}")
 
-    mode = "baselines" if args.baselines_only else "fixed" if args.no_train else "trained"
+    mode = ("baselines" if args.baselines_only else "fixed" if args.no_train
+            else "ensemble" if args.ensemble_of else "trained")
     settings = {"mode": mode, "seed": args.seed, "pairs_per_family": args.pairs_per_family,
                 "max_pairs_per_fold": args.max_pairs_per_fold, "bootstrap": args.bootstrap,
                 "pfam": [str(p.resolve()) for p in args.pfam]}
@@ -438,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     settings["baselines"] = not args.no_baselines
     if mode == "fixed":
         settings["checkpoint"] = str(args.checkpoint.resolve())
+    if mode == "ensemble":
+        settings["ensemble_of"] = [str(w.resolve()) for w in args.ensemble_of]
+        settings["tune_pairs"] = args.tune_pairs
     try:
         results, reuse = [], []
         for k in folds:
@@ -459,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     note = {"trained": f"One model trained per fold ({args.config}, {args.steps} steps).",
             "fixed": f"One fixed model ({args.checkpoint}) in every fold: it may have trained on "
                      "some folds' test families (see fixed_model_saw).",
+            "ensemble": "One ensemble per fold of the fold models of "
+                        + ", ".join(str(w) for w in args.ensemble_of or ()) + ".",
             "baselines": "Baselines only."}[mode]
     table = markdown(results, pooled, note)
     if args.markdown:

@@ -49,3 +49,24 @@ def test_default_model_beats_the_diagonal_on_an_unseen_family(tmp_path):
     methods = json.loads(out.read_text())["methods"]
     f1 = {m: methods[m]["prf"]["all"]["micro"]["f1"]["value"] for m in ("model", "diagonal")}
     assert f1["model"] > f1["diagonal"] + 0.2, f1
+
+
+def test_shipped_ensemble_loads_by_name_and_holds_the_default_model():
+    """`--checkpoint ensemble` is the shipped ensemble; its convolution member is the default
+    model byte for byte (retraining one without the other is caught here)."""
+    from pfamalign.ensemble import EnsemblePredictor, read_members
+    from pfamalign.inference import shipped_model_dir
+
+    path = shipped_model_dir("ensemble")
+    members = read_members(path)
+    assert [m.path for m in members] == ["align_ce", "align_ceta"]
+    for name in ("checksums.json", "config.json", "decoding.json"):
+        assert (path / "align_ce" / name).read_bytes() == (default_model_dir() / name).read_bytes()
+    predictor = Predictor(path)
+    assert isinstance(predictor, EnsemblePredictor)
+    assert predictor.config.embedder_id.startswith("builtin/")  # runs with no downloads
+    res = CliRunner().invoke(main, ["align", "MKVLAAGIVGLLLAQSPEDRW", "MKVLSAGIVGLAQSPDRW", "-f", "json",
+                                    "--checkpoint", "ensemble"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert len(out["pairs"]) > 10 and "ensemble of align_ce + align_ceta" in json.dumps(out)

@@ -232,52 +232,24 @@ def test_crossval_trains_tunes_and_compares_the_model(tmp_path, capsys):
     assert diff["n_groups"] == len(fold["test_families"]) and diff["low"] <= diff["value"] <= diff["high"]
 
 
-# ---- scripts/plan_ensemble.py -------------------------------------------------------------------
-
-
-def test_plan_ensemble_decodes_the_members_average():
-    """Each member alone is unsure of one pair of the reference diagonal, each of a different
-    one, and leaves it out (the F1 objective drops pairs below half the F1 reached); their
-    average is sure enough of both. One member alone is its own MEA alignment."""
-    from pfamalign.alignment.decode import mea_decode
-    from pfamalign.alignment.metrics import alignment_counts
-
-    ensemble = importlib.import_module("plan_ensemble")
-    n = 6
-    record = {"target": np.arange(n)}
-
-    def member(unsure):  # diagonal posteriors 0.9, 0.2 on row `unsure`
-        post = np.eye(n) * 0.9
-        post[unsure, unsure] = 0.2
-        return post
-
-    a, b = member(1), member(4)
-    alone = ensemble.ensemble_counts([[a]], [record])
-    assert alone.tolist() == [list(alignment_counts(mea_decode(a, objective="f1").pairs, record["target"]))]
-    assert alone.tolist() == [[n - 1, n - 1, n]]  # one member alone leaves its unsure pair out
-    both = ensemble.ensemble_counts([[a], [b]], [record])
-    assert both.tolist() == [[n, n, n]]  # the average aligns the whole diagonal
-
-
 @pytest.mark.slow
-def test_plan_ensemble_scores_two_crossval_runs_on_the_same_pairs(tmp_path, capsys):
+def test_crossval_ensemble_of_two_runs_is_tuned_and_scored_on_their_pairs(tmp_path, capsys):
     tiny = ["encoder_layers=1", "encoder_width=16", "head_dim=8", "value_dim=8",
             "transport.base_steps=3"]
-    base = CROSSVAL + ["--only", "1", "--steps", "2", "--batch-size", "8", "--tune-pairs", "8"]
-    base += [x for s in tiny for x in ("--set", s)]
-    _crossval(base + ["--workdir", str(tmp_path / "a")], capsys)
-    _crossval(base + ["--workdir", str(tmp_path / "b"), "--data-from", str(tmp_path / "a"),
-                      "--lr", "1e-3"], capsys)
-    ensemble = importlib.import_module("plan_ensemble")
-    assert ensemble.main(["--workdirs", str(tmp_path / "a"), str(tmp_path / "b"),
-                          "--max-pairs-per-fold", "10", "--bootstrap", "20"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    base = CROSSVAL + ["--only", "1", "--tune-pairs", "8"]
+    train = base + ["--steps", "2", "--batch-size", "8"] + [x for s in tiny for x in ("--set", s)]
+    _crossval(train + ["--workdir", str(tmp_path / "a")], capsys)
+    _crossval(train + ["--workdir", str(tmp_path / "b"), "--data-from", str(tmp_path / "a"),
+                       "--lr", "1e-3"], capsys)
+    rows, _ = _crossval(base + ["--workdir", str(tmp_path / "ens"), "--ensemble-of",
+                                str(tmp_path / "a"), str(tmp_path / "b")], capsys)
     fold, pooled = rows
-    assert fold["fold"] == 1 and pooled["members"] == ["a", "b"]
-    assert {"ensemble", "a", "b", "nw"} <= set(pooled["f1"])
-    # a member alone reproduces crossval's plan-only (plan pair-HMM) row on the same pairs
-    done = json.loads((tmp_path / "a" / "fold1" / "result.json").read_text())
-    want = done["summary"]["methods"]["model_plan"]["prf"]["all"]["micro"]["f1"]["value"]
-    assert pooled["f1"]["a"] == pytest.approx(want, abs=1e-4)
-    diff = pooled["ensemble_minus"]["nw"]["all"]
-    assert diff["low"] <= diff["value"] <= diff["high"]
+    model = tmp_path / "ens" / "fold1" / "run" / "model"
+    members = json.loads((model / "ensemble.json").read_text())["members"]
+    assert len(members) == 2 and (model / "decoding.json").is_file()
+    assert fold["decoder_chosen_on"] in ("val families of the fold", "train families of the fold")
+    assert {"model", "model_mea", "model_plan", "nw"} <= set(pooled["f1"])
+    # the members' test pairs, so that the rows compare
+    done = [json.loads((tmp_path / w / "fold1" / "result.json").read_text()) for w in ("a", "ens")]
+    assert done[0]["evaluation"]["pid"] == done[1]["evaluation"]["pid"]
+    assert done[0]["evaluation"]["counts"]["nw"] == done[1]["evaluation"]["counts"]["nw"]

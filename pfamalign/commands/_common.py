@@ -29,6 +29,30 @@ def check_outputs(*outputs, inputs=()) -> None:
         fail(str(err))
 
 
+class ModelDirectory(click.Path):
+    """A model directory, or the name of a model shipped with pfamalign
+    (``inference.SHIPPED_MODELS``) where no such path exists."""
+
+    name = "model"
+
+    def __init__(self):
+        super().__init__(exists=True, file_okay=False, path_type=pathlib.Path)
+
+    def convert(self, value, param, ctx):
+        from pfamalign.inference import SHIPPED_MODELS, shipped_model_dir
+
+        if isinstance(value, str) and value in SHIPPED_MODELS and not pathlib.Path(value).exists():
+            return shipped_model_dir(value)
+        return super().convert(value, param, ctx)
+
+
+def checkpoint_option(help: str = "Model directory"):
+    """``--checkpoint``: a model or ensemble directory, or a shipped model's name."""
+    return click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
+                        help=f"{help}, or `ensemble`: the shipped ensemble (more accurate, about 4x "
+                             "slower; TRAINING.md). Default: the model shipped with pfamalign.")
+
+
 def sequence_paths(*args: str | None) -> list[pathlib.Path]:
     """The FASTA files among sequence arguments (``inputs.argument_path``): inputs that no
     output may overwrite."""
@@ -50,8 +74,7 @@ def pair_input_options(f):
                      help="Dataset directory: take pair --index of --split."),
         click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"])),
         click.option("--index", type=int, default=0, show_default=True, help="Pair index within the split."),
-        click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-                     help="Model directory (default: the model shipped with pfamalign)."),
+        checkpoint_option(),
         click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights."),
     ]
     for option in reversed(options):

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
                                        fail, sequence_paths)
 
@@ -24,9 +24,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @click.option("--all-pairs", is_flag=True,
               help="With one multi-FASTA SEQ_A: align every pair of records, not only the first "
                    "record against each of the others.")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-              help="Model directory from `pfamalign train` (RUN/model). Default: the model shipped "
-                   "with pfamalign (builtin features, no downloads).")
+@checkpoint_option("Model directory from `pfamalign train` (RUN/model) or `pfamalign ensemble`")
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,

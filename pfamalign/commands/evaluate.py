@@ -6,8 +6,8 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import (check_outputs, decoder_options, decoder_settings, engine_options,
-                                       fail, strict_option)
+from pfamalign.commands._common import (check_outputs, checkpoint_option, decoder_options, decoder_settings,
+                                       engine_options, fail, strict_option)
 
 
 @click.command("eval")
@@ -19,8 +19,7 @@ from pfamalign.commands._common import (check_outputs, decoder_options, decoder_
               help="Score pairs sampled from these Stockholm files (or directories) instead. Repeatable.")
 @click.option("--pairs-per-family", type=int, default=50, show_default=True,
               help="Pairs sampled per family with --stockholm.")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-              help="Model directory (default: the model shipped with pfamalign).")
+@checkpoint_option()
 @click.option("--no-model", is_flag=True, help="Score the baselines only.")
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for ESM-2 checkpoints.")

@@ -7,7 +7,7 @@ import pathlib
 import click
 
 from pfamalign import inputs
-from pfamalign.commands._common import (batch_options, batch_progress, check_outputs,
+from pfamalign.commands._common import (batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
                                        fail)
 
@@ -29,8 +29,7 @@ from pfamalign.commands._common import (batch_options, batch_progress, check_out
                    "and the full alignment.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the hits here instead of standard output.")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-              help="Model directory (default: the model shipped with pfamalign).")
+@checkpoint_option()
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
 @decoder_options
 @engine_options

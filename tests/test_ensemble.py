@@ -1,0 +1,178 @@
+"""Ensembles (``pfamalign.ensemble``, ``pfamalign ensemble``): the plan is the mean of the
+members' plan pair-HMM posteriors, checked against the numpy reference pair-HMM; building one
+chooses the powers and the decoder and is atomic; bad ensemble files and the commands that
+need one transport model fail with a message."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pfamalign import ensemble
+from pfamalign.alignment.decode import mea_decode
+from pfamalign.alignment.metrics import alignment_counts
+from pfamalign.alignment.pairhmm import match_posteriors, plan_log_odds
+from pfamalign.cli import main
+from pfamalign.inference import Predictor
+
+SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
+PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
+
+
+def run(args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _model(out: pathlib.Path, seed: int, config: str = "align_ce") -> pathlib.Path:
+    from pfamalign import checkpoint
+    from pfamalign.configs import get_config
+    from pfamalign.model import build_model
+    from pfamalign.pipelines.embed import get_embedder
+
+    emb = get_embedder("builtin/onehot+blosum62")
+    cfg = get_config(config, embedder_id=emb.embedder_id, feature_dim=emb.dim).model
+    checkpoint.save_model(out, build_model(cfg, seed=seed), cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("members")
+    return _model(root / "a", seed=1), _model(root / "b", seed=2)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path_factory.mktemp("ens_data") / "ds"
+    run_prepare(PrepareConfig(inputs=(str(SEED),), out=str(out), embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=6, max_len=160),
+                              split_fractions=(0.4, 0.2, 0.4), seed=1), quiet=True)
+    return out
+
+
+def _write(directory: pathlib.Path, members: list[tuple[pathlib.Path, float]]) -> pathlib.Path:
+    """An ensemble directory written by hand (the file format, not the builder)."""
+    directory.mkdir()
+    entries = []
+    for n, (model, power) in enumerate(members):
+        shutil.copytree(model, directory / f"m{n}")
+        entries.append({"path": f"m{n}", "plan_power": power})
+    (directory / ensemble.ENSEMBLE_FILE).write_text(json.dumps({"members": entries}))
+    return directory
+
+
+def test_the_ensemble_plan_is_the_mean_of_the_members_plan_pairhmm_posteriors(models, tmp_path):
+    ens = Predictor(_write(tmp_path / "ens", [(models[0], 0.1), (models[1], 0.3)]))
+    assert isinstance(ens, ensemble.EnsemblePredictor)
+    _, got = ens.align(PDZ_A, PDZ_B)
+    # the reference: each member's own symmetrized plan, the numpy pair-HMM at its power
+    want = np.zeros((len(PDZ_A), len(PDZ_B)))
+    for model, power in zip(models, (0.1, 0.3)):
+        member = Predictor(model)
+        assert not isinstance(member, ensemble.EnsemblePredictor)
+        _, pp = member.align(PDZ_A, PDZ_B)
+        want += match_posteriors(member.pairhmm, PDZ_A, PDZ_B,
+                                 log_emissions=plan_log_odds(pp.real, power)) / 2
+    np.testing.assert_allclose(got.real, want, atol=1e-6)
+    np.testing.assert_allclose(got.row_dustbin, 1 - want.sum(axis=1), atol=1e-6)
+    np.testing.assert_allclose(got.col_dustbin, 1 - want.sum(axis=0), atol=1e-6)
+    got.check()  # a plan: rows and columns at most one
+    # the batched path (align_records, several lengths) gives the same plans as one pair at a time
+    pairs = [{"q_seq": PDZ_A, "k_seq": PDZ_B, "q_id": "a", "k_id": "b"},
+             {"q_seq": PDZ_A[:30], "k_seq": PDZ_B[5:50], "q_id": "c", "k_id": "d"}]
+    for pair, (rec, pp) in zip(pairs, ens.align_records(pairs)):
+        aln, alone = ens.align(pair["q_seq"], pair["k_seq"])
+        np.testing.assert_allclose(pp.plan, alone.plan, atol=1e-6)
+        assert rec.pairs.tolist() == aln.pairs.tolist()
+
+
+def test_averaged_posteriors_align_what_no_member_is_sure_of():
+    """Each member is unsure of a different pair of the diagonal and leaves it out (the F1
+    objective drops pairs below half the F1 reached); the mean is sure enough of both."""
+    n, target = 6, np.arange(6)
+
+    def member(unsure):
+        post = np.eye(n) * 0.9
+        post[unsure, unsure] = 0.2
+        return post
+
+    decode = lambda post: list(alignment_counts(
+        mea_decode(ensemble.posterior_plan(post).real, objective="f1").pairs, target))
+    assert decode(member(1)) == [n - 1, n - 1, n]
+    assert decode((member(1) + member(4)) / 2) == [n, n, n]
+
+
+def test_ensemble_command_chooses_powers_and_decoder_and_loads_everywhere(models, dataset, tmp_path):
+    out = tmp_path / "ens"
+    res = run(["ensemble", *models, "--data", dataset, "--split", "val", "--max-pairs", "6", "-o", out])
+    assert res.exit_code == 0, res.output
+    written = json.loads((out / ensemble.ENSEMBLE_FILE).read_text())
+    record = json.loads((out / "training.json").read_text())
+    assert [m["path"] for m in written["members"]] == ["align_ce", "align_ce2"]
+    for member, rows in zip(written["members"], record["members"]):
+        assert member["plan_power"] in ensemble.MEMBER_POWERS
+        # the chosen power is the best of its rows (ties: the first)
+        best = max(rows["power_rows"], key=lambda r: r["f1"])
+        assert member["plan_power"] == best["plan_power"]
+        assert (out / member["path"] / "config.json").is_file()
+    assert record["decoder"]["source"] == "tuned" and (out / "decoding.json").is_file()
+    assert not (out.parent / "ens.partial").exists()
+
+    res = run(["align", PDZ_A, PDZ_B, "--checkpoint", out, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert "ensemble of align_ce + align_ce" in res.output
+
+    # the commands that need one transport model say so and name a member
+    for args in (["certify", PDZ_A, PDZ_B], ["align", PDZ_A, PDZ_B, "--engine", "steps", "--steps", "3"]):
+        res = run([*args, "--checkpoint", out])
+        assert res.exit_code != 0 and "ensemble" in res.output and "Traceback" not in res.output, (args, res.output)
+
+    # an existing --out is refused and left as it was
+    before = (out / ensemble.ENSEMBLE_FILE).read_bytes()
+    res = run(["ensemble", *models, "--data", dataset, "-o", out])
+    assert res.exit_code == 2 and "already exists" in res.output
+    assert (out / ensemble.ENSEMBLE_FILE).read_bytes() == before
+
+
+@pytest.mark.parametrize("case, message", [
+    ("twice", "given twice"),
+    ("one", "at least two"),
+    ("nested", "is an ensemble"),
+    ("inside", "inside the model"),
+])
+def test_ensemble_command_refuses_bad_members(models, dataset, tmp_path, case, message):
+    nested = _write(tmp_path / "nested", [(models[0], 0.1), (models[1], 0.1)])
+    args = {"twice": [models[0], models[0]], "one": [models[0]], "nested": [nested, models[0]],
+            "inside": [models[0], models[1]]}[case]
+    out = models[0] / "sub" if case == "inside" else tmp_path / "out"
+    res = run(["ensemble", *args, "--data", dataset, "-o", out])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not a readable ensemble file"),
+    ('{"members": []}', "at least one member"),
+    ('{"members": [{"path": "../a", "plan_power": 0.1}]}', "inside the ensemble directory"),
+    ('{"members": [{"path": "m0", "plan_power": 0}]}', "plan_power must be > 0"),
+    ('{"members": [{"path": "m0"}]}', "needs both path and plan_power"),
+    ('{"members": [{"path": "m0", "plan_power": 0.1, "weight": 2}]}', "unknown field"),
+    ('{"members": [{"path": "m0", "plan_power": "0.1"}]}', "plan_power"),
+])
+def test_bad_ensemble_files_are_errors_that_say_what_is_wrong(models, tmp_path, content, message):
+    ens = _write(tmp_path / "ens", [(models[0], 0.1)])
+    (ens / ensemble.ENSEMBLE_FILE).write_text(content)
+    with pytest.raises(ValueError, match=message):
+        Predictor(ens)
+    res = run(["align", PDZ_A, PDZ_B, "--checkpoint", ens])
+    assert res.exit_code == 2 and message.split()[0] in res.output and "Traceback" not in res.output
