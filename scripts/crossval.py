@@ -72,7 +72,7 @@ FIXED = DecoderSettings.for_decoder("posterior")  # --fixed-decoders: alpha 0.5,
 # this one where nothing was tuned
 PLAN_HMM = DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=0.05)
 LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)",
-          "model_plan": "pfamalign, plan only (best plan-only decoder on val)"}
+          "model_plan": "pfamalign, plan only (best on val)"}
 BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
 
@@ -349,7 +349,7 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
         lines.append(f"| pfamalign − {methods[m]['label']} (CI resampling families) | "
                      + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
     for m, diff in pooled.get("plan_only_minus_by_family", {}).items():
-        lines.append(f"| plan only (plan pair-HMM) − {methods[m]['label']} (CI resampling families) | "
+        lines.append(f"| plan only (best on val) − {methods[m]['label']} (CI resampling families) | "
                      + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
     for m, why in pooled.get("skipped_baselines", {}).items():
         lines.append(f"\n{m} not scored: {why}")
@@ -385,7 +385,7 @@ def compare(results: list[dict], other: pathlib.Path, folds: list[int], args) ->
 
 
 def plan_only_versus(ev: evaluation.Evaluation, args) -> dict:
-    """The plan alone (through the plan pair-HMM) minus each baseline on the same pairs, with
+    """The plan alone (``plan_only_settings``) minus each baseline on the same pairs, with
     the family-resampling CI: whether the plan carries the alignment as well as they do."""
     if "model_plan" not in ev.methods:
         return {}
