@@ -133,7 +133,8 @@ def test_ensemble_command_chooses_powers_and_decoder_and_loads_everywhere(models
     assert "ensemble of align_ce + align_ce" in res.output
 
     # the commands that need one transport model say so and name a member
-    for args in (["certify", PDZ_A, PDZ_B], ["align", PDZ_A, PDZ_B, "--engine", "steps", "--steps", "3"]):
+    for args in (["certify", PDZ_A, PDZ_B], ["align", PDZ_A, PDZ_B, "--engine", "steps", "--steps", "3"],
+                 ["compile", "--data", dataset, "-o", tmp_path / "compiled"]):
         res = run([*args, "--checkpoint", out])
         assert res.exit_code != 0 and "ensemble" in res.output and "Traceback" not in res.output, (args, res.output)
 

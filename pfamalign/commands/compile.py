@@ -86,6 +86,12 @@ def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int =
     from pfamalign.evaluation import pair_records
     from pfamalign.inference import Predictor
 
+    from pfamalign.ensemble import is_ensemble, read_members
+
+    if is_ensemble(source):
+        raise ValueError(f"{source} is an ensemble, whose plans come from its members' own solves; "
+                         f"compile one member's directory (e.g. {pathlib.Path(source) / read_members(source)[0].path}) "
+                         "and use it on its own")
     config_path, params_path = ckpt.resolve_model_path(pathlib.Path(source))
     if params_path.parent != config_path.parent:
         raise ValueError(f"{source} is not a model directory (config.json + params/); compile RUN/model")
