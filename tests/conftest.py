@@ -35,3 +35,24 @@ def shared_pfam():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared Pfam data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def make_seed_dataset(out: pathlib.Path, *, pairs_per_family: int, max_len: int,
+                      split_fractions: tuple[float, float, float], seed: int) -> pathlib.Path:
+    """A small dataset of the repository's Pfam seed fixtures on builtin features."""
+    from pfamalign.pipelines.config import PrepareConfig
+    from pfamalign.pipelines.pairs import SamplingConfig
+    from pfamalign.pipelines.prepare import run_prepare
+
+    fixtures = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
+    run_prepare(PrepareConfig(inputs=(str(fixtures),), out=str(out), embedder="builtin/onehot+blosum62",
+                              sampling=SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len),
+                              split_fractions=split_fractions, seed=seed), quiet=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def seed_dataset(tmp_path_factory):
+    """Every split non-empty; shared read-only by the command tests."""
+    return make_seed_dataset(tmp_path_factory.mktemp("seed_data") / "ds", pairs_per_family=6,
+                             max_len=160, split_fractions=(0.4, 0.2, 0.4), seed=1)

@@ -41,16 +41,8 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from pfamalign.pipelines.config import PrepareConfig
-    from pfamalign.pipelines.pairs import SamplingConfig
-    from pfamalign.pipelines.prepare import run_prepare
-
-    out = tmp_path_factory.mktemp("cmd_data") / "ds"
-    run_prepare(PrepareConfig(inputs=(str(SEED),), out=str(out), embedder="builtin/onehot+blosum62",
-                              sampling=SamplingConfig(pairs_per_family=6, max_len=160),
-                              split_fractions=(0.4, 0.2, 0.4), seed=1), quiet=True)
-    return out
+def dataset(seed_dataset):
+    return seed_dataset
 
 
 # ---- align ---------------------------------------------------------------------------------

@@ -409,17 +409,10 @@ def test_eight_devices_take_the_same_step_as_one():
 
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
-    from pfamalign.pipelines.config import PrepareConfig
-    from pfamalign.pipelines.pairs import SamplingConfig
-    from pfamalign.pipelines.prepare import run_prepare
-    import pathlib
+    from conftest import make_seed_dataset
 
-    out = tmp_path_factory.mktemp("enc_data") / "ds"
-    seed = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
-    run_prepare(PrepareConfig(inputs=(str(seed),), out=str(out), embedder="builtin/onehot+blosum62",
-                              sampling=SamplingConfig(pairs_per_family=8, max_len=96),
-                              split_fractions=(0.7, 0.2, 0.1), seed=3), quiet=True)
-    return out
+    return make_seed_dataset(tmp_path_factory.mktemp("enc_data") / "ds", pairs_per_family=8,
+                             max_len=96, split_fractions=(0.7, 0.2, 0.1), seed=3)
 
 
 @pytest.mark.parametrize("name", [

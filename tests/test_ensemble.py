@@ -20,7 +20,6 @@ from pfamalign.alignment.pairhmm import match_posteriors, plan_log_odds
 from pfamalign.cli import main
 from pfamalign.inference import Predictor
 
-SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
 PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
 PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
 
@@ -48,16 +47,8 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from pfamalign.pipelines.config import PrepareConfig
-    from pfamalign.pipelines.pairs import SamplingConfig
-    from pfamalign.pipelines.prepare import run_prepare
-
-    out = tmp_path_factory.mktemp("ens_data") / "ds"
-    run_prepare(PrepareConfig(inputs=(str(SEED),), out=str(out), embedder="builtin/onehot+blosum62",
-                              sampling=SamplingConfig(pairs_per_family=6, max_len=160),
-                              split_fractions=(0.4, 0.2, 0.4), seed=1), quiet=True)
-    return out
+def dataset(seed_dataset):
+    return seed_dataset
 
 
 def _write(directory: pathlib.Path, members: list[tuple[pathlib.Path, float]]) -> pathlib.Path:
