@@ -202,9 +202,10 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
           max_pairs: int = 500, seed: int = 0, tune_decoder: bool = True, say=lambda msg: None) -> dict:
     """Writes the ensemble of ``models`` (model directories) to ``out``: copies of the models,
     each member's power chosen on ``max_pairs`` pairs of the dataset's ``split`` (drawn across
-    its families), the first member's pair-HMM and, with ``tune_decoder``, the ensemble's
-    decoder chosen on the same pairs (``tuning.choose_decoder``). ``out`` appears whole or not
-    at all (built beside it, then renamed). Returns the record written to training.json."""
+    its families), the first member's pair-HMM and the ensemble's decoder: chosen on the same
+    pairs (``tuning.choose_decoder``), or without ``tune_decoder`` the shipped model's.
+    ``out`` appears whole or not at all (built beside it, then renamed). Returns the record
+    written to training.json."""
     from pfamalign import evaluation, tuning
     from pfamalign.alignment.pairhmm import MODEL_FILE
     from pfamalign.checkpoint import read_training_record, write_json, write_training_record
@@ -252,8 +253,9 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
         if (models[0] / MODEL_FILE).is_file():
             shutil.copy2(models[0] / MODEL_FILE, work / MODEL_FILE)
         write_json(work / ENSEMBLE_FILE, {"members": [dataclasses.asdict(m) for m in members]})
-        record["decoder"] = (tuning.choose_decoder(work, data, split=split, max_pairs=max_pairs, seed=seed)
-                             if tune_decoder else {"source": "not tuned"})
+        # without tuning, the shipped model's decoder (never the affine defaults of no decoding.json)
+        record["decoder"] = tuning.choose_decoder(work, data, split=split, seed=seed,
+                                                  max_pairs=max_pairs if tune_decoder else None)
         write_training_record(work, {"ensemble": True, "split": split, "n_pairs": len(records), **record})
         work.rename(out)
     except BaseException:

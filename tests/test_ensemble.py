@@ -168,3 +168,15 @@ def test_bad_ensemble_files_are_errors_that_say_what_is_wrong(models, tmp_path, 
         Predictor(ens)
     res = run(["align", PDZ_A, PDZ_B, "--checkpoint", ens])
     assert res.exit_code == 2 and message.split()[0] in res.output and "Traceback" not in res.output
+
+
+def test_ensemble_without_tuning_decodes_with_the_shipped_decoder(models, dataset, tmp_path):
+    """--no-tune writes the shipped model's decoder: an ensemble is never left on the affine
+    defaults that a directory without decoding.json would fall back to."""
+    from pfamalign.inference import DecoderSettings, default_model_dir
+
+    out = tmp_path / "ens"
+    res = run(["ensemble", *models, "--data", dataset, "--max-pairs", "4", "--no-tune", "-o", out])
+    assert res.exit_code == 0, res.output
+    assert DecoderSettings.load(out) == DecoderSettings.load(default_model_dir())
+    assert json.loads((out / "training.json").read_text())["decoder"]["source"] == "default_model"
