@@ -29,6 +29,7 @@ project through the ensemble's plan as through a model's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -98,9 +99,10 @@ def posterior_plan(real: np.ndarray) -> PairPlan:
     return PairPlan(plan)
 
 
-def member_decoding(member: Member) -> DecoderSettings:
-    """The plan-only decoder whose plan pair-HMM posteriors a member contributes."""
-    return DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=member.plan_power)
+def plan_only_decoding(power: float) -> DecoderSettings:
+    """The plan-only decoder (plan pair-HMM at ``power``, alpha 1) whose match posteriors a
+    member contributes, and whose F1 chooses the member's power."""
+    return DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=power)
 
 
 class EnsemblePredictor(Predictor):
@@ -145,7 +147,7 @@ class EnsemblePredictor(Predictor):
                          "use one member's directory (--checkpoint "
                          f"{self.path / self.spec[0].path}) for certificates and compile")
 
-    @property
+    @functools.cached_property
     def model_hash(self) -> str:
         """``sha256:`` + 16 hex digits over ``ensemble.json``, each member's content hash and
         the ensemble's pair-HMM."""
@@ -164,7 +166,7 @@ class EnsemblePredictor(Predictor):
         total = [0.0] * len(batch)
         for member, spec in zip(self.members, self.spec):
             plans = member._plan_batch(batch, pad=pad, symmetric=symmetric)
-            posts = member.plan_posteriors(lengths, plans, member_decoding(spec))
+            posts = member.plan_posteriors(lengths, plans, plan_only_decoding(spec.plan_power))
             total = [t + p for t, p in zip(total, posts)]
         return [posterior_plan(t / len(self.members)) for t in total]
 
@@ -178,7 +180,7 @@ def choose_power(predictor: Predictor, records, features: str) -> tuple[float, l
     from pfamalign import tuning
 
     result = tuning.tune(predictor, records, features=features,
-                         candidates=[member_decoding(Member("", b)) for b in MEMBER_POWERS])
+                         candidates=[plan_only_decoding(b) for b in MEMBER_POWERS])
     return result.best.plan_power, [{"plan_power": r["plan_power"], "f1": r["f1"],
                                      "f1_below30": r["f1_below30"]} for r in result.rows]
 
@@ -190,7 +192,7 @@ def member_names(models: list[pathlib.Path]) -> list[str]:
     names = []
     for path in models:
         base = json.loads(resolve_model_path(path)[0].read_text())["model"].get("name") or "member"
-        base = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
+        base = "".join(c if c.isalnum() or c in "-_" else "_" for c in base)
         name, n = base, 2
         while name in names:
             name, n = f"{base}{n}", n + 1
