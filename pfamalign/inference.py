@@ -392,7 +392,7 @@ class Predictor:
         version, model name and content hash, decoder and its settings."""
         from pfamalign import __version__
 
-        shipped = " (shipped)" if self.path == default_model_dir() else ""
+        shipped = " (shipped)" if self.path in {shipped_model_dir(n) for n in SHIPPED_MODELS} else ""
         settings = dataclasses.asdict(decoding or self.decoding)
         return {"version": f"pfamalign {__version__}",
                 "model": f"{self.name}{shipped} {self.model_hash}",

@@ -69,4 +69,4 @@ def test_shipped_ensemble_loads_by_name_and_holds_the_default_model():
                                     "--checkpoint", "ensemble"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert len(out["pairs"]) > 10 and "ensemble of align_ce + align_ceta" in json.dumps(out)
+    assert len(out["pairs"]) > 10 and "ensemble of align_ce + align_ceta (shipped)" in json.dumps(out)
