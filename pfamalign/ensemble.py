@@ -39,10 +39,9 @@ import shutil
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.inference import DecoderSettings, PairPlan, Predictor, model_content_hash
+from pfamalign.inference import ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash
 from pfamalign.tuning import PLAN_POWERS
 
-ENSEMBLE_FILE = "ensemble.json"
 # each member's power is chosen on validation pairs from these (the decoder grid's, and the
 # larger ones sharper plans want)
 MEMBER_POWERS = PLAN_POWERS + (0.15, 0.2, 0.3)

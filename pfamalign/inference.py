@@ -65,6 +65,7 @@ def pad_batch(pairs, *, pad: int | None = None, size: int | None = None):
     return xq, xk, lq, lk
 
 
+ENSEMBLE_FILE = "ensemble.json"  # marks an ensemble directory (``pfamalign.ensemble``)
 # the models shipped inside the package, by the name ``--checkpoint`` accepts
 SHIPPED_MODELS = {"default": DEFAULT_MODEL, "ensemble": "ensemble_model"}
 
@@ -72,7 +73,7 @@ SHIPPED_MODELS = {"default": DEFAULT_MODEL, "ensemble": "ensemble_model"}
 def shipped_model_dir(name: str = "default") -> pathlib.Path:
     """A model shipped inside the package (trained on the bundled Pfam data, builtin
     features): ``default``, or ``ensemble`` (the default model and a CETA model, their
-    posteriors averaged: more accurate, about four times slower; TRAINING.md)."""
+    posteriors averaged: more accurate, about three times slower; TRAINING.md)."""
     return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets" / SHIPPED_MODELS[name]))
 
 
@@ -348,7 +349,7 @@ class Predictor:
     def __new__(cls, checkpoint: str | pathlib.Path | None = None, **kwargs):
         # an ensemble directory (``pfamalign.ensemble``) loads wherever a model directory does
         path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
-        if cls is Predictor and (path / "ensemble.json").is_file():
+        if cls is Predictor and (path / ENSEMBLE_FILE).is_file():
             from pfamalign.ensemble import EnsemblePredictor
 
             return super().__new__(EnsemblePredictor)

@@ -49,7 +49,7 @@ class ModelDirectory(click.Path):
 def checkpoint_option(help: str = "Model directory"):
     """``--checkpoint``: a model or ensemble directory, or a shipped model's name."""
     return click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
-                        help=f"{help}, or `ensemble`: the shipped ensemble (more accurate, about 4x "
+                        help=f"{help}, or `ensemble`: the shipped ensemble (more accurate, about 3x "
                              "slower; TRAINING.md). Default: the model shipped with pfamalign.")
 
 

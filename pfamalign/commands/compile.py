@@ -83,10 +83,9 @@ def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int =
     import numpy as np
 
     from pfamalign import asap, checkpoint as ckpt
+    from pfamalign.ensemble import is_ensemble, read_members
     from pfamalign.evaluation import pair_records
     from pfamalign.inference import Predictor
-
-    from pfamalign.ensemble import is_ensemble, read_members
 
     if is_ensemble(source):
         raise ValueError(f"{source} is an ensemble, whose plans come from its members' own solves; "
