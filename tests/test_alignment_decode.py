@@ -96,6 +96,17 @@ def test_matches_cellwise_dp_medium(seed):
     assert aln.score == pytest.approx(_cellwise_dp(plan, gap_cost), abs=1e-9)
 
 
+@pytest.mark.parametrize("lq, lk", [(64, 70), (65, 40), (129, 90)])
+def test_matches_cellwise_dp_across_row_blocks(lq, lk):
+    # the DP keeps its rows a block of 64 at a time: block edges and a short last block
+    rng = np.random.default_rng(lq * lk)
+    plan = rng.random((lq, lk)) ** 6 * (rng.random((lq, lk)) < 0.5)
+    for gap_cost in (0.0, 0.05):
+        aln = mea_decode(plan, gap_cost=gap_cost)
+        _check_proper(aln, lq, lk)
+        assert aln.score == pytest.approx(_cellwise_dp(plan, gap_cost), abs=1e-9)
+
+
 def test_recovers_planted_path():
     rng = np.random.default_rng(7)
     lq, lk = 80, 95

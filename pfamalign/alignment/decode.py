@@ -184,27 +184,32 @@ def _expected_f1_alignment(plan: np.ndarray, decode) -> tuple[PairAlignment, flo
 def _mea_pairs(plan: np.ndarray, ok: np.ndarray, bonus: float) -> np.ndarray:
     """Runs the row-vectorized DP on ``w = P + bonus`` (allowed pairs only); returns pairs.
 
-    Only two DP rows are kept; the traceback needs, per cell, whether ``M[i, j]`` equals its
-    left neighbour and whether it equals the cell above (two boolean ``[Lq, Lk]`` tables, an
-    eighth of the memory of the float table).
+    Three vector operations per row (the fewest: on a 300-residue pair the per-call overhead
+    of numpy is most of the cost). The DP rows of a block of ``_MEA_BLOCK`` rows are kept and
+    the traceback's two boolean ``[Lq, Lk]`` tables -- whether ``M[i, j]`` equals its left
+    neighbour, whether it equals the cell above -- are filled a block at a time, so memory
+    stays an eighth of a float table's.
     """
     lq, lk = plan.shape
     left = np.empty((lq, lk), dtype=bool)  # M[i+1, j+1] == M[i+1, j]
     up = np.empty((lq, lk), dtype=bool)  # M[i+1, j+1] == M[i, j+1]
-    prev = np.zeros(lk + 1)  # M[i, :]
-    cur = np.zeros(lk + 1)  # M[i + 1, :]; cur[0] stays 0
-    w_row = np.empty(lk)
+    block = np.zeros((_MEA_BLOCK + 1, lk + 1))  # block[r] = M[start + r, :]; column 0 stays 0
     diag = np.empty(lk)
-    for i in range(lq):
-        w_row.fill(-np.inf)
-        np.add(plan[i], bonus, out=w_row, where=ok[i])  # w[i, :], -inf where not allowed
-        np.add(prev[:-1], w_row, out=diag)  # M[i, j-1] + w[i, j]
-        np.maximum(diag, prev[1:], out=diag)  # D_j = max(diagonal, up)
-        np.maximum.accumulate(diag, out=cur[1:])  # M[i+1, j] = max_{k<=j} D_k
-        np.equal(cur[1:], cur[:-1], out=left[i])
-        np.equal(cur[1:], prev[1:], out=up[i])
-        prev, cur = cur, prev
+    for start in range(0, lq, _MEA_BLOCK):
+        rows = min(_MEA_BLOCK, lq - start)
+        w = np.where(ok[start: start + rows], plan[start: start + rows] + bonus, -np.inf)
+        for r in range(rows):
+            np.add(block[r, :-1], w[r], out=diag)  # M[i, j-1] + w[i, j]
+            np.maximum(diag, block[r, 1:], out=diag)  # D_j = max(diagonal, up)
+            np.maximum.accumulate(diag, out=block[r + 1, 1:])  # M[i+1, j] = max_{k<=j} D_k
+        m = block[: rows + 1]
+        np.equal(m[1:, 1:], m[1:, :-1], out=left[start: start + rows])
+        np.equal(m[1:, 1:], m[:-1, 1:], out=up[start: start + rows])
+        block[0] = block[rows]
     return _traceback(left, up)
+
+
+_MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs``
 
 
 def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
