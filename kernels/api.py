@@ -10,7 +10,8 @@ import numpy as np
 
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
-from pfamalign.kernels.reference import SolveStats, reference_solve, reference_transport
+from pfamalign.kernels.reference import SolveStats, dense_problem, reference_solve, reference_transport
+from pfamalign.kernels.scaling import scaling_applies, scaling_solve
 from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
 
 
@@ -183,18 +184,29 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
 
 
 def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
-                   config: TransportConfig | None = None, **settings):
+                   config: TransportConfig | None = None, solver: str = "reference", **settings):
     """The dense plan ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin; zero without
     one) for inference and diagnostics: decoding, barycenters, certificates.
 
     It is the plan whose products ``transport`` computes (same support, same steps), formed
-    densely by the reference solver; no gradient. Memory Lq x Lk per pair and head.
+    densely; no gradient. Memory Lq x Lk per pair and head. ``solver``: ``"reference"`` (the
+    log-domain reference solver) or ``"scaling"`` (``scaling.py``: the same steps on the
+    exponentiated scores, several times faster; the reference runs instead where the
+    configuration or float32's range rules it out).
     """
     if config is None:
         config = TransportConfig(**settings)
+    if solver not in ("reference", "scaling"):
+        raise ValueError(f"solver must be 'reference' or 'scaling', got {solver!r}")
     v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
     if tokens is not None:
         tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
     check_inputs(q, k, v, q_len, k_len, tokens, config)
-    plan = reference_solve(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config)[0]
-    return jax.lax.stop_gradient(plan)
+    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    reference = lambda: reference_solve(q, k, v, q_len, k_len, tokens, config)[0]  # noqa: E731
+    if solver == "reference" or not scaling_applies(config):
+        return jax.lax.stop_gradient(reference())
+    problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
+    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, problem_tokens, config)
+    plan, safe = scaling_solve(dots, mask, log_a, log_b, config)
+    return jax.lax.stop_gradient(jax.lax.cond(safe, lambda: plan, reference))

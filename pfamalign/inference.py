@@ -460,14 +460,17 @@ class Predictor:
                                                   hmm=self.pairhmm)
 
     def decode_batch(self, plans: Sequence[PairPlan], seq_pairs: Sequence[tuple[str, str]],
-                     decoding: DecoderSettings | None = None) -> list[PairAlignment]:
+                     decoding: DecoderSettings | None = None, *,
+                     hmm_posteriors: Sequence[np.ndarray] | None = None) -> list[PairAlignment]:
         """The alignments of a batch of plans of ``seq_pairs`` (the fast path of ``decode``):
-        every plan checked first, then the pair-HMM posteriors the decoder needs, batched."""
+        every plan checked first, then the pair-HMM posteriors the decoder needs, batched
+        (``hmm_posteriors``: those of ``seq_pairs``, if already computed)."""
         decoding = decoding or self.decoding
         for pp in plans:
             pp.check(marginals=self.checks_marginals())  # a failed solve is an error
-        posts = (self.hmm_posteriors(seq_pairs, mode=decoding.mode) if decoding.uses_pairhmm()
-                 else [None] * len(plans))
+        posts = [None] * len(plans)
+        if decoding.uses_pairhmm():
+            posts = hmm_posteriors or self.hmm_posteriors(seq_pairs, mode=decoding.mode)
         plan_posts = self.plan_posteriors(seq_pairs, plans, decoding)
         return [decoding.decode(pp, pair, hmm_posteriors=post, hmm=self.pairhmm, plan_posteriors=plan_post)
                 for pp, pair, post, plan_post in zip(plans, seq_pairs, posts, plan_posts)]
@@ -568,15 +571,50 @@ class Predictor:
         for n, pair in enumerate(pairs):
             longest = max(len(pair["q_seq"]), len(pair["k_seq"]))
             buckets.setdefault(padded_length(longest), []).append(n)
-        for pad, members in buckets.items():
-            for start in range(0, len(members), BATCH_SIZES[-1]):
-                chunk = members[start: start + BATCH_SIZES[-1]]
-                seqs = [(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk]
-                feats = [tuple(self.featurize(pair)) for pair in seqs]
-                plans = self._plan_batch(feats, pad=pad, symmetric=True)
-                for n, pp, seq_pair, aln in zip(chunk, plans, seqs, self.decode_batch(plans, seqs, decoding)):
-                    rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
-                                                         id_b=pairs[n]["k_id"])
-                    done[n] = rec, pp
+        batches = [(pad, members[start: start + BATCH_SIZES[-1]]) for pad, members in buckets.items()
+                   for start in range(0, len(members), BATCH_SIZES[-1])]
+        sequences = [[(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk] for _, chunk in batches]
+        # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
+        # threads while this thread computes its plans (jax releases the GIL; on two cores
+        # both stay busy), at most one batch ahead (memory).
+        posteriors = _Lookahead(lambda seqs: self.hmm_posteriors(seqs, mode=decoding.mode),
+                                sequences if decoding.uses_pairhmm() else [])
+        for b, ((pad, chunk), seqs) in enumerate(zip(batches, sequences)):
+            feats = [tuple(self.featurize(pair)) for pair in seqs]
+            plans = self._plan_batch(feats, pad=pad, symmetric=True)
+            alignments = self.decode_batch(plans, seqs, decoding, hmm_posteriors=posteriors.get(b))
+            for n, pp, seq_pair, aln in zip(chunk, plans, seqs, alignments):
+                rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
+                                                     id_b=pairs[n]["k_id"])
+                done[n] = rec, pp
         for n in range(len(pairs)):
             yield done.pop(n)
+
+
+class _Lookahead:
+    """``fn(items[n])`` computed on a worker thread, at most ``ahead`` items before the one
+    asked for (``get(n)``, n in order; None past the items)."""
+
+    def __init__(self, fn, items: Sequence, ahead: int = 1):
+        self._fn, self._items, self._ahead = fn, items, ahead
+        self._futures: dict[int, object] = {}
+        self._next = 0
+        self._submit_through(ahead)  # the first items start now
+
+    def _submit_through(self, last: int) -> None:
+        while self._next < min(len(self._items), last + 1):
+            self._futures[self._next] = _overlap_pool().submit(self._fn, self._items[self._next])
+            self._next += 1
+
+    def get(self, n: int):
+        if n >= len(self._items):
+            return None
+        self._submit_through(n + self._ahead)
+        return self._futures.pop(n).result()
+
+
+@functools.lru_cache(maxsize=None)
+def _overlap_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pfamalign-overlap")

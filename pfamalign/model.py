@@ -320,7 +320,7 @@ class Aligner(nnx.Module):
         and the unit-norm values ``[B, H, Lk, dv]`` and dustbin value ``[H, dv]`` (zeros
         without a dustbin)."""
         q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
-        plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport)
+        plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport, solver="scaling")
         tv = tokens.v if tokens is not None else jnp.zeros(v.shape[1:2] + v.shape[-1:], v.dtype)
         return plan, v, tv
 

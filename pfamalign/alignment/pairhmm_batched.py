@@ -24,6 +24,7 @@ Runs in float64 (``jax.enable_x64`` around the call: the rest of the package sta
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -176,6 +177,13 @@ def _compiled():
     return jax.jit(_posteriors, static_argnames="local")
 
 
+@functools.lru_cache(maxsize=None)
+def _component_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="pairhmm")
+
+
 def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int,
                              *, local: bool = False, log_emissions: list | None = None) -> list[np.ndarray]:
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)``, computed in one jitted call on
@@ -203,13 +211,18 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
         for n, table in enumerate(log_emissions):
             given[n, : lq[n], : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
     components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
-    solved = []
-    with jax.enable_x64(X64):
-        for component in components:
+
+    def solve(component):
+        with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
             params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
             emit = given if given is not None else np.exp(component.log_odds())[qi[:, :, None], ki[:, None, :]]
             post, log_z = _compiled()(params, emit, lq, lk, local=local)
-            solved.append((np.asarray(post), np.asarray(log_z)))
+            return np.asarray(post), np.asarray(log_z)
+
+    # a mixture's components are independent lattices: each on its own thread (a row scan
+    # keeps one core busy; jax releases the GIL while it runs)
+    solved = (list(_component_pool().map(solve, components)) if len(components) > 1
+              else [solve(components[0])])
     if isinstance(hmm, PairHMMMixture):
         weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])
         out = sum(weights[:, k, None, None] * post for k, (post, _) in enumerate(solved))
