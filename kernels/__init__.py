@@ -4,7 +4,7 @@
 ``sinkhorn.py`` for the maths and ``band.py`` for the tiled layout.
 """
 
-from pfamalign.kernels.api import Potentials, TransportResult, transport, transport_plan
+from pfamalign.kernels.api import Potentials, TransportResult, scaling_transport_plan, transport, transport_plan
 from pfamalign.kernels.reference import SolveStats
 from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig, resolve_impl
 
@@ -12,4 +12,5 @@ __all__ = [
     "BlockSizes", "DustbinTokens", "Potentials", "SolveStats", "TransportConfig", "TransportResult", "resolve_impl",
     "transport",
     "transport_plan",
+    "scaling_transport_plan",
 ]

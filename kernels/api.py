@@ -184,29 +184,42 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
 
 
 def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
-                   config: TransportConfig | None = None, solver: str = "reference", **settings):
+                   config: TransportConfig | None = None, **settings):
     """The dense plan ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin; zero without
     one) for inference and diagnostics: decoding, barycenters, certificates.
 
     It is the plan whose products ``transport`` computes (same support, same steps), formed
-    densely; no gradient. Memory Lq x Lk per pair and head. ``solver``: ``"reference"`` (the
-    log-domain reference solver) or ``"scaling"`` (``scaling.py``: the same steps on the
-    exponentiated scores, several times faster; the reference runs instead where the
-    configuration or float32's range rules it out).
+    densely by the reference solver; no gradient. Memory Lq x Lk per pair and head.
+    ``scaling_transport_plan`` computes it several times faster where float32 allows.
     """
     if config is None:
         config = TransportConfig(**settings)
-    if solver not in ("reference", "scaling"):
-        raise ValueError(f"solver must be 'reference' or 'scaling', got {solver!r}")
+    q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
+    return jax.lax.stop_gradient(reference_solve(q, k, v, q_len, k_len, tokens, config)[0])
+
+
+def scaling_transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
+                           config: TransportConfig):
+    """``(plan, safe)``: ``transport_plan``'s plan by the same steps in the scaling domain
+    (``scaling.py``: one exp per entry, then matrix-vector products), and whether every
+    problem stayed in float32's safe range -- where ``safe`` is False the caller recomputes
+    with ``transport_plan`` (rare: the shipped models never leave the range). A program
+    holding both solvers behind a ``lax.cond`` would trace and load twice the code on every
+    call, half a second of each ``pfamalign align``. Configurations the scaling domain does
+    not cover (``scaling_applies``) get the reference plan, safe."""
+    q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
+    if not scaling_applies(config):
+        return jax.lax.stop_gradient(reference_solve(q, k, v, q_len, k_len, tokens, config)[0]), jnp.array(True)
+    problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
+    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, problem_tokens, config)
+    plan, safe = scaling_solve(dots, mask, log_a, log_b, config)
+    return jax.lax.stop_gradient(plan), safe
+
+
+def _plan_inputs(q, k, q_len, k_len, tokens, config):
+    """Checked inputs of a plan solve: lengths as arrays, zero values (a plan needs none)."""
     v = jnp.zeros(k.shape[:-1] + (1,), k.dtype)
     if tokens is not None:
         tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
     check_inputs(q, k, v, q_len, k_len, tokens, config)
-    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    reference = lambda: reference_solve(q, k, v, q_len, k_len, tokens, config)[0]  # noqa: E731
-    if solver == "reference" or not scaling_applies(config):
-        return jax.lax.stop_gradient(reference())
-    problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
-    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, problem_tokens, config)
-    plan, safe = scaling_solve(dots, mask, log_a, log_b, config)
-    return jax.lax.stop_gradient(jax.lax.cond(safe, lambda: plan, reference))
+    return jnp.asarray(q_len), jnp.asarray(k_len), v, tokens

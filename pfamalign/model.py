@@ -34,13 +34,14 @@ auxiliary loss (``encoder_aux``: the gsa indexer's weighted KL, ``pfamalign.enco
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pfamalign.kernels import DustbinTokens, TransportConfig, transport, transport_plan
+from pfamalign.kernels import DustbinTokens, TransportConfig, scaling_transport_plan, transport, transport_plan
 from pfamalign import encoder as encoders, jsonio
 from pfamalign.encoder import length_mask as _length_mask
 from pfamalign.pipelines.embed import feature_layout
@@ -311,16 +312,16 @@ class Aligner(nnx.Module):
         """Head-mean dense plan ``[B, Lq + 1, Lk + 1]``: real queries then the dustbin row,
         real keys then the dustbin column (zero without a dustbin). Rows beyond ``q_len`` and
         keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
-        gradient; memory Lq x Lk per pair and head)."""
-        return _plan_jit(self, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
-                         jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
+        gradient; memory Lq x Lk per pair and head). Solved in the scaling domain, by the
+        reference where that leaves float32's range (``scaling_transport_plan``)."""
+        return _fast_or_reference(_plan_jit, self, q_feat, k_feat, q_len, k_len)
 
     def head_plans(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
         """Per-head dense plans ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin)
         and the unit-norm values ``[B, H, Lk, dv]`` and dustbin value ``[H, dv]`` (zeros
         without a dustbin)."""
         q, k, v, tokens = self.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
-        plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport, solver="scaling")
+        plan = transport_plan(q, k, q_len, k_len, tokens, config=self.cfg.transport)
         tv = tokens.v if tokens is not None else jnp.zeros(v.shape[1:2] + v.shape[-1:], v.dtype)
         return plan, v, tv
 
@@ -328,25 +329,40 @@ class Aligner(nnx.Module):
     def plans_both_ways(self, a_feat, b_feat, a_len, b_len):
         """``plan`` of A against B and of B against A (``[B, La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``),
         each sequence encoded once: what a symmetrized alignment needs."""
-        return _plans_both_ways_jit(self, jnp.asarray(a_feat, jnp.float32), jnp.asarray(b_feat, jnp.float32),
-                                    jnp.asarray(a_len, jnp.int32), jnp.asarray(b_len, jnp.int32))
+        return _fast_or_reference(_plans_both_ways_jit, self, a_feat, b_feat, a_len, b_len)
 
 
-def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None):
-    plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len, encoded=encoded)
-    return plan.mean(axis=1)  # [B, Lq + 1, Lk + 1]: real rows, then the dustbin row
+def _fast_or_reference(program, model: Aligner, q_feat, k_feat, q_len, k_len):
+    """``program``'s plans by the scaling solve, or by the reference where it was not safe
+    (two separate programs: one holding both would trace and load twice the code per call)."""
+    args = (jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
+            jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
+    plans, safe = program(model, *args, solver="scaling")
+    return plans if bool(safe) else program(model, *args, solver="reference")[0]
 
 
-@nnx.jit
-def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len):
-    return _mean_plan(model, q_feat, k_feat, q_len, k_len)
+def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None, *, solver: str):
+    """(head-mean plan ``[B, Lq + 1, Lk + 1]``, safe): ``solver`` ``"reference"``
+    (``transport_plan``, always safe) or ``"scaling"`` (``scaling_transport_plan``)."""
+    if solver == "reference":
+        plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len, encoded=encoded)
+        return plan.mean(axis=1), jnp.array(True)
+    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
+    plan, safe = scaling_transport_plan(q, k, q_len, k_len, tokens, config=model.cfg.transport)
+    return plan.mean(axis=1), safe
 
 
-@nnx.jit
-def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len):
+@functools.partial(nnx.jit, static_argnames="solver")
+def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len, *, solver: str):
+    return _mean_plan(model, q_feat, k_feat, q_len, k_len, solver=solver)
+
+
+@functools.partial(nnx.jit, static_argnames="solver")
+def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver: str):
     ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
-    return (_mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb)),
-            _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha)))
+    ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb), solver=solver)
+    ba, safe_ba = _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha), solver=solver)
+    return (ab, ba), safe_ab & safe_ba
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:

@@ -1,6 +1,7 @@
 """The scaling-domain inference plan (``kernels/scaling.py``) against the log-domain reference:
-the same plan to float32 rounding on every dustbin mode, band and padding; the reference
-where float32's range or the configuration rules the scaling domain out."""
+the same plan to float32 rounding on every dustbin mode, band and padding; reported unsafe
+where float32's range rules it out (and the model then answers with the reference); the
+reference for configurations it does not cover."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pfamalign.kernels import DustbinTokens, TransportConfig, transport_plan
+from pfamalign.kernels import DustbinTokens, TransportConfig, scaling_transport_plan, transport_plan
 from pfamalign.kernels.reference import dense_problem, reference_solve
 from pfamalign.kernels.scaling import scaling_applies, scaling_solve
 
@@ -39,8 +40,9 @@ def test_scaling_plan_is_the_reference_plan(dustbin, half_band):
     cfg = TransportConfig(half_band=half_band, eps=0.7, base_steps=9, tail_steps=2, dustbin=dustbin)
     q, k, tokens = _inputs(3, 2, 21, 17, 8, seed=half_band + len(dustbin), scale=1.5)
     ql, kl = jnp.array([21, 9, 1]), jnp.array([17, 17, 12])  # padding rows and columns, a 1-residue query
-    fast = np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg, solver="scaling"))
-    ref = np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg))
+    fast, safe = scaling_transport_plan(q, k, ql, kl, tokens, config=cfg)
+    fast, ref = np.asarray(fast), np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg))
+    assert bool(safe)
     truth = _float64_plan(q, k, ql, kl, tokens, cfg)
     np.testing.assert_array_equal(fast == 0, ref == 0)  # the same support
     np.testing.assert_allclose(fast, ref, atol=5e-6, rtol=0)
@@ -72,14 +74,26 @@ def test_scaling_solve_reports_a_range_float32_cannot_hold():
 
 
 def test_out_of_range_scores_fall_back_to_the_reference():
+    """The model's plan: scaling solve unsafe here, so it answers with the reference plan."""
+    from pfamalign import model as model_lib
+
     q, k, ql, kl, tokens, cfg = _unreachable_column(120.0)
-    raw, _ = _scaling_of(q, k, ql, kl, tokens, cfg)
-    plan = np.asarray(jax.jit(lambda q: transport_plan(q, k, ql, kl, tokens, config=cfg, solver="scaling"))(q))
+    raw, safe = _scaling_of(q, k, ql, kl, tokens, cfg)
     ref = np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg))
-    assert not (np.isfinite(raw).all() and np.allclose(raw, ref, atol=1e-3))  # the scaling domain fails here
-    assert np.isfinite(plan).all()
-    np.testing.assert_allclose(plan, ref, atol=1e-6, rtol=0)  # ... and the reference answers
+    assert not safe and not (np.isfinite(raw).all() and np.allclose(raw, ref, atol=1e-3))
     assert ref[:, 0, :12, 5].sum() > 0.5  # a column the transport still reaches (its unit mass)
+
+    calls = []
+
+    def program(model, *args, solver):  # stands in for the model's jitted plan program
+        calls.append(solver)
+        if solver == "scaling":
+            return scaling_transport_plan(q, k, ql, kl, tokens, config=cfg)
+        return transport_plan(q, k, ql, kl, tokens, config=cfg), jnp.array(True)
+
+    plan = np.asarray(model_lib._fast_or_reference(program, None, q, k, ql, kl))
+    assert calls == ["scaling", "reference"]
+    np.testing.assert_array_equal(plan, ref)
 
 
 @pytest.mark.parametrize("change", [dict(marginals="rows", relax=None), dict(marginals="cols", relax=2.0),
@@ -90,11 +104,24 @@ def test_other_configurations_run_the_reference(change):
     assert not scaling_applies(cfg)
     q, k, tokens = _inputs(1, 1, 10, 11, 8, seed=5)
     ql, kl = jnp.array([10]), jnp.array([11])
-    np.testing.assert_array_equal(np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg, solver="scaling")),
-                                  np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg)))
+    plan, safe = scaling_transport_plan(q, k, ql, kl, tokens, config=cfg)
+    assert bool(safe)
+    np.testing.assert_array_equal(np.asarray(plan), np.asarray(transport_plan(q, k, ql, kl, tokens, config=cfg)))
 
 
-def test_unknown_solver_is_an_error():
-    q, k, tokens = _inputs(1, 1, 4, 4, 8, seed=0)
-    with pytest.raises(ValueError, match="solver must be"):
-        transport_plan(q, k, jnp.array([4]), jnp.array([4]), tokens, half_band=4, solver="fast")
+def test_the_models_plans_are_the_reference_plans():
+    """The shipped model's ``plan`` / ``plans_both_ways`` (scaling solve) against its
+    ``head_plans`` (the reference solver), both directions, padded pairs."""
+    from pfamalign.inference import Predictor, pad_batch
+
+    predictor = Predictor()
+    model = predictor.model
+    seqs = [("MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"),
+            ("GSHMKTAYIAKQRQISFVKSHFSRQ", "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEK")]
+    xq, xk, ql, kl = pad_batch([tuple(predictor.featurize(pair)) for pair in seqs])
+    ref_ab = np.asarray(model.head_plans(xq, xk, ql, kl)[0]).mean(1)
+    ref_ba = np.asarray(model.head_plans(xk, xq, kl, ql)[0]).mean(1)
+    np.testing.assert_allclose(np.asarray(model.plan(xq, xk, ql, kl)), ref_ab, atol=5e-6, rtol=0)
+    ab, ba = model.plans_both_ways(xq, xk, ql, kl)
+    np.testing.assert_allclose(np.asarray(ab), ref_ab, atol=5e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(ba), ref_ba, atol=5e-6, rtol=0)

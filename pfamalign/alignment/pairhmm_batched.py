@@ -10,7 +10,8 @@ Differences from the reference, none of which changes the result beyond rounding
   log-odds table, or the given table's ratios), only multiply-adds.
 * The within-row gap recurrence ``y_j = c_j + e y_{j-1}`` runs as small matrix products on
   blocks of columns (``_scan_right``).
-* **Padding**: a batch of pairs runs on one ``[B, Pq, Pk]`` lattice. The forward pass on cells
+* **Padding**: a batch of pairs runs on one ``[Pq, B, Pk]`` lattice (query rows outermost: the
+  scans' own layout, so no transposes). The forward pass on cells
   ``(i, j) <= (Lq, Lk)`` does not read beyond them; the backward pass starts its paths only at
   each pair's own end cell ``(Lq, Lk)`` (locally: at its own cells), so padded cells carry
   zero backward mass. Results are exact for every pair whatever the padding.
@@ -78,12 +79,13 @@ def _scan_right(c, ops):
 
 
 def _posteriors(p, emit, lq, lk, local=False):
-    """``[B, Pq, Pk]`` match posteriors of padded emission ratios ``emit [B, Pq, Pk]`` (1
-    past each pair's ends; ``local``: the segment model, ``pairhmm.log_forward_backward``)."""
+    """``[Pq, B, Pk]`` match posteriors (row-major: the scans' own layout) of padded emission
+    ratios ``emit [Pq, B, Pk]`` (1 past each pair's ends; ``local``: the segment model,
+    ``pairhmm.log_forward_backward``)."""
     import jax
     import jax.numpy as jnp
 
-    b, pq, pk = emit.shape
+    pq, b, pk = emit.shape
     g = p["open"].shape[0]
     dec = p["extend"][:, None]  # [G, 1]
     ops = _scan_operators(jnp.log(p["extend"]), pk + 1)
@@ -95,9 +97,9 @@ def _posteriors(p, emit, lq, lk, local=False):
         return [r / top.reshape((b,) + (1,) * (r.ndim - 1)) for r in rows], jnp.log(top)
 
     def switch(x, back=False):  # [B, G, n] through sw: sum_h sw[h, g] x_h (back: sw[g, h])
-        # broadcast and sum, not einsum: a dot over G = 1-3 gap types is XLA's slow path on CPU
+        # a sum of G = 1-3 products, not einsum or a reduction: elementwise, it fuses
         w = sw.T if back else sw
-        return (w.T[None, :, :, None] * x[:, None, :, :]).sum(2)
+        return sum(w[h][None, :, None] * x[:, h: h + 1, :] for h in range(x.shape[1]))
 
     def shift_right(x):  # x[..., j - 1] at j, 0 at j = 0
         return jnp.pad(x[..., :-1], [(0, 0)] * (x.ndim - 1) + [(1, 0)])
@@ -117,8 +119,11 @@ def _posteriors(p, emit, lq, lk, local=False):
     x0 = jnp.zeros((b, g, pk + 1))
     (m0, x0, y0), c0 = rescale(m0, x0, fwd_y(m0, x0))
 
-    def fwd_step(carry, e_row):  # e_row [B, Pk]: emissions of query residue i - 1
-        m, x, y, c = carry
+    rows = jnp.arange(b)
+
+    def fwd_step(carry, inputs):
+        m, x, y, c, z = carry
+        i, e_row = inputs  # row i >= 1; e_row [B, Pk]: emissions of query residue i - 1
         into = p["mm"] * m + (p["close"][None, :, None] * (x + y)).sum(1)  # before the pair
         if local:  # or a fresh segment starts with this pair
             into = into + jnp.exp(log_start - c)[:, None]
@@ -126,16 +131,19 @@ def _posteriors(p, emit, lq, lk, local=False):
         x_new = p["open"][None, :, None] * m[:, None, :] + dec * x + switch(y)
         (m_new, x_new, y_new), s = rescale(m_new, x_new, fwd_y(m_new, x_new))
         ends = (m_new * in_cols).sum(-1) if local else None  # segments ending on this row
-        return (m_new, x_new, y_new, c + s), (m_new, c + s, m_new + x_new.sum(1) + y_new.sum(1), ends)
+        if not local:  # globally Z is every state's mass at the pair's end cell (Lq, Lk)
+            at_end = m_new[rows, lk] + x_new[rows, :, lk].sum(-1) + y_new[rows, :, lk].sum(-1)
+            z = jnp.where(i == lq, jnp.log(at_end) + c + s, z)
+        return (m_new, x_new, y_new, c + s, z), (m_new, c + s, ends)
 
-    _, (fm, fc, total, ends) = jax.lax.scan(fwd_step, (m0, x0, y0, c0), jnp.swapaxes(emit, 0, 1))
-    rows = jnp.arange(b)
+    (*_, z_end), (fm, fc, ends) = jax.lax.scan(fwd_step, (m0, x0, y0, c0, jnp.zeros(b)),
+                                               (jnp.arange(1, pq + 1), emit))
     if local:  # sum over the rows 1..Lq of each pair
         keep = (jnp.arange(1, pq + 1)[:, None] <= lq[None, :]) & (ends > 0)  # [Pq, B]
         log_rows = jnp.where(keep, jnp.log(jnp.where(keep, ends, 1.0)) + fc, -jnp.inf)
         log_z = jax.nn.logsumexp(log_rows, axis=0) + log_start
     else:
-        log_z = jnp.log(total[lq - 1, rows, lk]) + fc[lq - 1, rows]  # lq >= 1: rows 1..Pq scanned
+        log_z = z_end  # lq >= 1: rows 1..Pq scanned
 
     # backward, rows Pq .. 0; globally paths end at each pair's (Lq, Lk) in any state, locally
     # after any pair of the pair's own cells
@@ -161,13 +169,13 @@ def _posteriors(p, emit, lq, lk, local=False):
         (bm, bx), s = rescale(bm, bx)
         return (bm, bx, c + s), (bm, c + s)
 
-    e_rows = jnp.concatenate([jnp.swapaxes(emit, 0, 1), jnp.zeros((1, b, pk))], 0)[::-1]
+    # rows Pq .. 1 (row 0 carries no match); row i reads the emissions of residue i
+    e_rows = jnp.concatenate([emit[1:], jnp.zeros((1, b, pk), emit.dtype)], 0)
     init = (jnp.zeros((b, pk + 1)), jnp.zeros((b, g, pk + 1)), jnp.zeros(b))
-    _, (bm, bc) = jax.lax.scan(bwd_step, init, (jnp.arange(pq, -1, -1), e_rows))
-    bm, bc = bm[::-1][1:], bc[::-1][1:]  # rows 1..Pq, to pair with the forward rows
+    _, (bm, bc) = jax.lax.scan(bwd_step, init, (jnp.arange(1, pq + 1), e_rows), reverse=True)
     log_scale = fc + bc - log_z[None, :]  # [Pq, B]
     post = fm[:, :, 1:] * bm[:, :, 1:] * jnp.exp(log_scale)[:, :, None]
-    return jnp.minimum(jnp.swapaxes(post, 0, 1), 1.0), log_z
+    return jnp.minimum(post, 1.0), log_z
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,17 +213,17 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
         qi[n, : len(a)], ki[n, : len(b)] = residue_indices(a), residue_indices(b)
     lq = np.array([len(a) for a, _ in pairs], np.int32)
     lk = np.array([len(b) for _, b in pairs], np.int32)
-    given = None
+    given = None  # emissions are laid out [pad_q, pairs, pad_k]: query rows outermost, as scanned
     if log_emissions is not None:  # the same table for every component; 1 in the padding
-        given = np.ones((len(pairs), pad_q, pad_k))
+        given = np.ones((pad_q, len(pairs), pad_k))
         for n, table in enumerate(log_emissions):
-            given[n, : lq[n], : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
+            given[: lq[n], n, : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
     components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
 
     def solve(component):
         with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
             params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
-            emit = given if given is not None else np.exp(component.log_odds())[qi[:, :, None], ki[:, None, :]]
+            emit = given if given is not None else np.exp(component.log_odds())[qi.T[:, :, None], ki[None]]
             post, log_z = _compiled()(params, emit, lq, lk, local=local)
             return np.asarray(post), np.asarray(log_z)
 
@@ -225,7 +233,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
               else [solve(components[0])])
     if isinstance(hmm, PairHMMMixture):
         weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])
-        out = sum(weights[:, k, None, None] * post for k, (post, _) in enumerate(solved))
+        out = sum(weights[None, :, k, None] * post for k, (post, _) in enumerate(solved))
     else:
         out = solved[0][0]
-    return [out[n, : lq[n], : lk[n]] for n in range(len(pairs))]
+    return [np.ascontiguousarray(out[: lq[n], n, : lk[n]]) for n in range(len(pairs))]
