@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode
+from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode_many
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
                                          plan_log_odds)
@@ -196,33 +196,50 @@ class DecoderSettings:
         posteriors, if already computed, under the model of this ``mode``: local posteriors
         for local mode), ``plan_posteriors`` (with ``plan_power``: the plan pair-HMM's, if
         already computed) or ``hmm`` (the parameters; default: the shipped)."""
+        return self.decode_many([pp], [sequences], hmm_posteriors=[hmm_posteriors], hmm=hmm,
+                                plan_posteriors=[plan_posteriors])[0]
+
+    def decode_many(self, plans: Sequence["PairPlan"], sequences: Sequence[tuple[str, str] | None], *,
+                    hmm_posteriors: Sequence[np.ndarray | None] | None = None, hmm: AnyPairHMM | None = None,
+                    plan_posteriors: Sequence[np.ndarray | None] | None = None) -> list[PairAlignment]:
+        """``decode`` of each plan (the lists in step): the MEA decoders (``posterior``,
+        ``mea``) decode them all at once (``mea_decode_many``), the others one by one."""
+        count = len(plans)
+        hmm_posteriors = hmm_posteriors or [None] * count
+        plan_posteriors = plan_posteriors or [None] * count
+        settings = dict(min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode, objective=self.objective)
         if self.decoder == "posterior":
-            if sequences is None:
-                raise ValueError("the posterior decoder needs the two sequences")
             hmm = hmm or default_pairhmm()
-            if self.uses_plan_hmm() and plan_posteriors is None:
-                plan_posteriors = self.plan_posteriors(pp, sequences, hmm)
-            mixed = self.alpha * (plan_posteriors if self.uses_plan_hmm() else pp.real)
-            if self.uses_pairhmm():
-                if hmm_posteriors is None:
-                    hmm_posteriors = match_posteriors(hmm, *sequences, local=self.mode == "local")
-                mixed = mixed + (1 - self.alpha) * hmm_posteriors
-            return mea_decode(mixed, min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
-                              objective=self.objective)
+            return mea_decode_many([self._posterior_mix(pp, pair, hmm, post, plan_post) for pp, pair, post, plan_post
+                                    in zip(plans, sequences, hmm_posteriors, plan_posteriors)], **settings)
         if self.decoder == "mea":
-            return mea_decode(pp.real, row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin,
-                              min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode,
-                              objective=self.objective)
+            return mea_decode_many([pp.real for pp in plans], row_dustbins=[pp.row_dustbin for pp in plans],
+                                   col_dustbins=[pp.col_dustbin for pp in plans], **settings)
         if self.decoder == "hybrid":
-            if sequences is None:
+            if any(pair is None for pair in sequences):
                 raise ValueError("the hybrid decoder needs the two sequences")
-            return hybrid_decode(pp.real, *sequences, plan_weight=self.plan_weight,
-                                 gap_open=self.gap_open, gap_extend=self.gap_extend,
-                                 min_mass=self.min_mass, mode=self.mode)
-        return affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
-                             threshold=self.threshold, row_dustbin=pp.row_dustbin,
-                             col_dustbin=pp.col_dustbin,
-                             min_mass=self.min_mass, mode=self.mode)
+            return [hybrid_decode(pp.real, *pair, plan_weight=self.plan_weight, gap_open=self.gap_open,
+                                  gap_extend=self.gap_extend, min_mass=self.min_mass, mode=self.mode)
+                    for pp, pair in zip(plans, sequences)]
+        return [affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
+                              threshold=self.threshold, row_dustbin=pp.row_dustbin,
+                              col_dustbin=pp.col_dustbin, min_mass=self.min_mass, mode=self.mode)
+                for pp in plans]
+
+    def _posterior_mix(self, pp: "PairPlan", sequences: tuple[str, str] | None, hmm: AnyPairHMM,
+                       hmm_posteriors: np.ndarray | None, plan_posteriors: np.ndarray | None) -> np.ndarray:
+        """What the ``posterior`` decoder decodes: ``alpha`` x the plan (or the plan
+        pair-HMM's posteriors) + ``1 - alpha`` x the pair-HMM's, each computed here unless given."""
+        if sequences is None:
+            raise ValueError("the posterior decoder needs the two sequences")
+        if self.uses_plan_hmm() and plan_posteriors is None:
+            plan_posteriors = self.plan_posteriors(pp, sequences, hmm)
+        mixed = self.alpha * (plan_posteriors if self.uses_plan_hmm() else pp.real)
+        if self.uses_pairhmm():
+            if hmm_posteriors is None:
+                hmm_posteriors = match_posteriors(hmm, *sequences, local=self.mode == "local")
+            mixed = mixed + (1 - self.alpha) * hmm_posteriors
+        return mixed
 
 
 # How far a plan's masses may stray from their bounds (``PairPlan.check``): the trained
@@ -472,8 +489,8 @@ class Predictor:
         if decoding.uses_pairhmm():
             posts = hmm_posteriors or self.hmm_posteriors(seq_pairs, mode=decoding.mode)
         plan_posts = self.plan_posteriors(seq_pairs, plans, decoding)
-        return [decoding.decode(pp, pair, hmm_posteriors=post, hmm=self.pairhmm, plan_posteriors=plan_post)
-                for pp, pair, post, plan_post in zip(plans, seq_pairs, posts, plan_posts)]
+        return decoding.decode_many(plans, seq_pairs, hmm_posteriors=posts, hmm=self.pairhmm,
+                                    plan_posteriors=plan_posts)
 
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
               symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:

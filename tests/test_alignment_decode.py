@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pfamalign.alignment.decode import allowed_pairs, expected_f1, mea_decode
+from pfamalign.alignment.decode import allowed_pairs, expected_f1, mea_decode, mea_decode_many
 
 
 def _allowed_reference(plan, row_db, col_db, min_mass):
@@ -105,6 +105,22 @@ def test_matches_cellwise_dp_across_row_blocks(lq, lk):
         aln = mea_decode(plan, gap_cost=gap_cost)
         _check_proper(aln, lq, lk)
         assert aln.score == pytest.approx(_cellwise_dp(plan, gap_cost), abs=1e-9)
+
+
+@pytest.mark.parametrize("objective", ["accuracy", "f1"])
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_many_plans_at_once_are_each_plan_alone(objective, mode):
+    # sizes on both sides of the row blocks, wider and taller than each other, one 1 x 1
+    rng = np.random.default_rng(11)
+    sizes = [(70, 40), (30, 90), (1, 1), (129, 128), (64, 64)]
+    plans = [rng.random(size) ** 4 * (rng.random(size) < 0.6) for size in sizes]
+    row_dbs = [rng.random(lq) * 0.5 for lq, _ in sizes]
+    for kwargs in (dict(gap_cost=0.0), dict(gap_cost=0.05, min_mass=0.01, pair_cost=0.1)):
+        many = mea_decode_many(plans, row_dustbins=row_dbs, mode=mode, objective=objective, **kwargs)
+        for plan, row_db, got in zip(plans, row_dbs, many):
+            alone = mea_decode(plan, row_dustbin=row_db, mode=mode, objective=objective, **kwargs)
+            np.testing.assert_array_equal(got.pairs, alone.pairs)
+            assert got.score == alone.score and (got.query_length, got.key_length) == plan.shape
 
 
 def test_recovers_planted_path():

@@ -16,8 +16,9 @@ DP over ``M [Lq + 1, Lk + 1]`` (``M[0, :] = M[:, 0] = 0``):
 
 Row i is computed at once: ``D_j = max(M[i-1, j-1] + w_ij, M[i-1, j])`` is elementwise and
 ``M[i, j] = max_{k <= j} D_k`` is a cumulative max (every D_k >= 0 = M[i, 0]), so the cost is
-``Lq`` vector operations of length ``Lk``. Only two rows of M are kept, plus two boolean
-tables (does ``M[i, j]`` equal its left / upper neighbour); the traceback walks back from
+``Lq`` vector operations of length ``Lk`` (for many plans at once: ``mea_decode_many``).
+A block of rows of M is kept, plus two boolean tables (does ``M[i, j]`` equal its left /
+upper neighbour); the traceback walks back from
 ``(Lq, Lk)`` in at most ``Lq + Lk`` steps, preferring gaps on ties (a pair is only taken when
 it strictly adds mass). Memory: ``2 Lq Lk`` bytes (8 MB at 2000 x 2000) besides the plan.
 
@@ -117,32 +118,53 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
       ``PairAlignment`` with ``confidence = P_ij`` of each pair and ``score`` the objective
       above (summed pair mass minus gap costs).
     """
-    plan = _check_plan(plan)
+    return mea_decode_many([plan], row_dustbins=[row_dustbin], col_dustbins=[col_dustbin],
+                           min_mass=min_mass, gap_cost=gap_cost, pair_cost=pair_cost, mode=mode,
+                           objective=objective)[0]
+
+
+def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: float = 0.0,
+                    gap_cost: float = 0.0, pair_cost: float = 0.0, mode: str = "global",
+                    objective: str = "accuracy") -> list[PairAlignment]:
+    """``mea_decode`` of each of ``plans`` (its dustbins in ``row_dustbins`` /
+    ``col_dustbins``, lists or None): the same alignments, faster for many. In global mode
+    the plans' DP rows advance together, one set of vector operations per row for all of
+    them (on 300-residue pairs numpy's per-call overhead is most of a DP's cost); the
+    expected-F1 rounds run in step, each plan leaving when its own value stops rising."""
+    plans = [_check_plan(plan) for plan in plans]
     for name, value in (("gap_cost", gap_cost), ("pair_cost", pair_cost)):
         if not np.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be finite and >= 0, got {value}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)  # [Lq, Lk]
-    decode = lambda cost: _mea_alignment(plan, ok, gap_cost, cost, mode)
+    local = _is_local(mode)
+    count = len(plans)
+    oks = [_allowed(plan, row_db, col_db, min_mass) for plan, row_db, col_db in
+           zip(plans, row_dustbins or [None] * count, col_dustbins or [None] * count)]
+
+    def decode(which: list[int], costs: list[float]) -> list[PairAlignment]:
+        """The best alignments of ``sum (P_ij - cost) - gap_cost * unaligned`` (allowed pairs)."""
+        if local:
+            return [_gotoh_alignment(plans[n], np.where(oks[n], plans[n] - cost, -np.inf),
+                                     gap_cost, gap_cost, mode) for n, cost in zip(which, costs)]
+        found = _mea_pairs_many([plans[n] for n in which], [oks[n] for n in which],
+                                [2.0 * gap_cost - cost for cost in costs])
+        return [_scored(plans[n], pairs, gap_cost, cost) for n, pairs, cost in zip(which, found, costs)]
+
     if objective == "f1":
-        best, cost = _expected_f1_alignment(plan, decode)
         # scored without the pair cost (it differs from pair to pair), so that scores compare
         # across pairs: search ranks hits by them
-        return dataclasses.replace(best, score=best.score + cost * len(best.pairs))
-    return decode(pair_cost)
+        return [dataclasses.replace(best, score=best.score + cost * len(best.pairs))
+                for best, cost in _expected_f1_alignments(plans, decode)]
+    return decode(list(range(count)), [pair_cost] * count)
 
 
 OBJECTIVES = ("accuracy", "f1")
 
 
-def _mea_alignment(plan: np.ndarray, ok: np.ndarray, gap_cost: float, pair_cost: float,
-                   mode: str) -> PairAlignment:
-    """The best alignment of ``sum (P_ij - pair_cost) - gap_cost * unaligned`` (allowed pairs)."""
-    if _is_local(mode):
-        return _gotoh_alignment(plan, np.where(ok, plan - pair_cost, -np.inf), gap_cost, gap_cost, mode)
+def _scored(plan: np.ndarray, pairs: np.ndarray, gap_cost: float, pair_cost: float) -> PairAlignment:
+    """The alignment of ``pairs`` scored ``sum (P_ij - pair_cost) - gap_cost * unaligned``."""
     lq, lk = plan.shape
-    pairs = _mea_pairs(plan, ok, 2.0 * gap_cost - pair_cost)
     conf = plan[pairs[:, 0], pairs[:, 1]] if len(pairs) else np.zeros(0)
     score = float(conf.sum()) - pair_cost * len(pairs) - gap_cost * (lq + lk - 2 * len(pairs))
     return PairAlignment(pairs=pairs, confidence=conf, score=score, query_length=lq,
@@ -162,54 +184,71 @@ def expected_f1(plan, pairs) -> float:
 MAX_F1_ROUNDS = 50
 
 
-def _expected_f1_alignment(plan: np.ndarray, decode) -> tuple[PairAlignment, float]:
-    """Maximizes ``expected_f1`` over the alignments ``decode`` can return, by Dinkelbach's
-    method for ratios: with ``lam`` the current value, the alignment maximizing
-    ``sum_A (2 P_ij - lam) - lam sum P`` is ``decode(pair_cost = lam / 2)``; its ratio is at
-    least ``lam``, and equal only at the optimum. Each round raises ``lam`` and there are
+def _expected_f1_alignments(plans: list[np.ndarray], decode) -> list[tuple[PairAlignment, float]]:
+    """Maximizes each plan's ``expected_f1`` over the alignments ``decode`` can return, by
+    Dinkelbach's method for ratios: with ``lam`` the current value, the alignment maximizing
+    ``sum_A (2 P_ij - lam) - lam sum P`` is the decode at pair cost ``lam / 2``; its ratio is
+    at least ``lam``, and equal only at the optimum. Each round raises ``lam`` and there are
     finitely many alignments, so it stops (in 2-5 rounds on real pairs). The pair cost it
     settles on is F/2: a pair is worth taking when it is right with probability above half
-    the F1 reached, not above 0 as plain MEA assumes. Returns the alignment and the pair
-    cost it was decoded with."""
-    best, cost = decode(0.0), 0.0
+    the F1 reached, not above 0 as plain MEA assumes. ``decode(which, costs)`` decodes the
+    plans ``which`` at those pair costs; returns each plan's alignment and pair cost."""
+    best = decode(list(range(len(plans))), [0.0] * len(plans))
+    cost = [0.0] * len(plans)
+    rising = list(range(len(plans)))
     for _ in range(MAX_F1_ROUNDS):
-        value = expected_f1(plan, best.pairs)
-        nxt = decode(value / 2)
-        if expected_f1(plan, nxt.pairs) <= value + 1e-12:
+        if not rising:
             break
-        best, cost = nxt, value / 2
-    return best, cost
+        value = {n: expected_f1(plans[n], best[n].pairs) for n in rising}
+        candidates = decode(rising, [value[n] / 2 for n in rising])
+        rising = [n for n, nxt in zip(rising, candidates) if expected_f1(plans[n], nxt.pairs) > value[n] + 1e-12]
+        for n, nxt in zip(list(value), candidates):
+            if n in rising:
+                best[n], cost[n] = nxt, value[n] / 2
+    return list(zip(best, cost))
 
 
-def _mea_pairs(plan: np.ndarray, ok: np.ndarray, bonus: float) -> np.ndarray:
-    """Runs the row-vectorized DP on ``w = P + bonus`` (allowed pairs only); returns pairs.
+def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: list[float]) -> list[np.ndarray]:
+    """Runs the row-vectorized DP on ``w = P + bonus`` (allowed pairs only) of every plan at
+    once; returns each plan's pairs.
 
-    Three vector operations per row (the fewest: on a 300-residue pair the per-call overhead
-    of numpy is most of the cost). The DP rows of a block of ``_MEA_BLOCK`` rows are kept and
-    the traceback's two boolean ``[Lq, Lk]`` tables -- whether ``M[i, j]`` equals its left
-    neighbour, whether it equals the cell above -- are filled a block at a time, so memory
-    stays an eighth of a float table's.
+    The plans share one ``[N, Lq, Lk]`` lattice at the largest sizes, ``w = -inf`` beyond each
+    plan's own rows and columns: a padded row repeats the row above it and a padded column
+    only ever reads columns to its left, so each plan's cells hold exactly its own DP. Three
+    vector operations per row. The DP rows of a block of ``_MEA_BLOCK`` rows are kept and the
+    traceback's two boolean tables -- whether ``M[i, j]`` equals its left neighbour, whether it
+    equals the cell above -- are filled a block at a time, so memory stays an eighth of a
+    float table's.
     """
-    lq, lk = plan.shape
-    left = np.empty((lq, lk), dtype=bool)  # M[i+1, j+1] == M[i+1, j]
-    up = np.empty((lq, lk), dtype=bool)  # M[i+1, j+1] == M[i, j+1]
-    block = np.zeros((_MEA_BLOCK + 1, lk + 1))  # block[r] = M[start + r, :]; column 0 stays 0
-    diag = np.empty(lk)
+    count = len(plans)
+    lq = max(plan.shape[0] for plan in plans)
+    lk = max(plan.shape[1] for plan in plans)
+    left = np.empty((count, lq, lk), dtype=bool)  # M[i+1, j+1] == M[i+1, j]
+    up = np.empty((count, lq, lk), dtype=bool)  # M[i+1, j+1] == M[i, j+1]
+    block = np.zeros((count, _MEA_BLOCK + 1, lk + 1))  # block[:, r] = M[start + r, :]; column 0 stays 0
+    diag = np.empty((count, lk))
+    w = np.empty((count, _MEA_BLOCK, lk))
     for start in range(0, lq, _MEA_BLOCK):
         rows = min(_MEA_BLOCK, lq - start)
-        w = np.where(ok[start: start + rows], plan[start: start + rows] + bonus, -np.inf)
+        w.fill(-np.inf)
+        for n, (plan, ok, bonus) in enumerate(zip(plans, oks, bonuses)):
+            part = slice(start, min(start + rows, plan.shape[0]))
+            mine = part.stop - part.start
+            if mine > 0:
+                w[n, :mine, : plan.shape[1]] = np.where(ok[part], plan[part] + bonus, -np.inf)
         for r in range(rows):
-            np.add(block[r, :-1], w[r], out=diag)  # M[i, j-1] + w[i, j]
-            np.maximum(diag, block[r, 1:], out=diag)  # D_j = max(diagonal, up)
-            np.maximum.accumulate(diag, out=block[r + 1, 1:])  # M[i+1, j] = max_{k<=j} D_k
-        m = block[: rows + 1]
-        np.equal(m[1:, 1:], m[1:, :-1], out=left[start: start + rows])
-        np.equal(m[1:, 1:], m[:-1, 1:], out=up[start: start + rows])
-        block[0] = block[rows]
-    return _traceback(left, up)
+            np.add(block[:, r, :-1], w[:, r], out=diag)  # M[i, j-1] + w[i, j]
+            np.maximum(diag, block[:, r, 1:], out=diag)  # D_j = max(diagonal, up)
+            np.maximum.accumulate(diag, axis=1, out=block[:, r + 1, 1:])  # M[i+1, j] = max_{k<=j} D_k
+        m = block[:, : rows + 1]
+        np.equal(m[:, 1:, 1:], m[:, 1:, :-1], out=left[:, start: start + rows])
+        np.equal(m[:, 1:, 1:], m[:, :-1, 1:], out=up[:, start: start + rows])
+        block[:, 0] = block[:, rows]
+    return [_traceback(left[n, : plan.shape[0], : plan.shape[1]], up[n, : plan.shape[0], : plan.shape[1]])
+            for n, plan in enumerate(plans)]
 
 
-_MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs``
+_MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs_many``
 
 
 def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
