@@ -57,13 +57,19 @@ def scaling_solve(dots, mask, log_a, log_b, cfg: TransportConfig):
     def in_range(x, has):
         return jnp.all(jnp.where(has, (x >= lo) & (x <= hi), True))
 
-    scale_v = jnp.where(col_has, 1.0, 0.0).astype(kernel.dtype)  # v = 0 on every column
-    for _ in range(cfg.base_steps + cfg.tail_steps):
+    def step(_, carry):
+        scale_v, _, safe = carry
         scale_v = scale_v / jnp.maximum(jnp.max(scale_v, -1, keepdims=True), lo)  # the gauge
         row_sums = einsum("bhij,bhj->bhi", kernel, scale_v)
         scale_u = jnp.where(row_has, a / jnp.where(row_has, row_sums, 1.0), 0.0)
         col_sums = einsum("bhij,bhi->bhj", kernel, scale_u)
         scale_v = jnp.where(col_has, b / jnp.where(col_has, col_sums, 1.0), 0.0)
-        safe = safe & in_range(scale_u, row_has) & in_range(scale_v, col_has)
+        return scale_v, scale_u, safe & in_range(scale_u, row_has) & in_range(scale_v, col_has)
+
+    # a loop, not unrolled steps: a small program traces, compiles and loads from the
+    # persistent cache faster (every ``pfamalign align`` pays that, not the steps)
+    start_v = jnp.broadcast_to(jnp.where(col_has, 1.0, 0.0), kernel.shape[:-2] + kernel.shape[-1:])  # v = 0
+    carry = (start_v.astype(kernel.dtype), jnp.zeros(kernel.shape[:-1], kernel.dtype), safe)
+    scale_v, scale_u, safe = jax.lax.fori_loop(0, cfg.base_steps + cfg.tail_steps, step, carry)
     plan = scale_u[..., :, None] * kernel * scale_v[..., None, :]
     return plan, safe & jnp.all(jnp.isfinite(plan))
