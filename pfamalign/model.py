@@ -359,10 +359,19 @@ def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len, *, solver: str):
 
 @functools.partial(nnx.jit, static_argnames="solver")
 def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver: str):
-    ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
-    ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb), solver=solver)
-    ba, safe_ba = _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha), solver=solver)
-    return (ab, ba), safe_ab & safe_ba
+    if a_feat.shape != b_feat.shape:  # two directions of their own shapes
+        ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
+        ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb), solver=solver)
+        ba, safe_ba = _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha), solver=solver)
+        return (ab, ba), safe_ab & safe_ba
+    # one batch of both directions (A against B, then B against A): the encoder and the
+    # solve are traced once, a smaller program to trace and load on every call
+    n = a_feat.shape[0]
+    swap = lambda x: jnp.concatenate([x[n:], x[:n]])  # noqa: E731
+    feat, lens = jnp.concatenate([a_feat, b_feat]), jnp.concatenate([a_len, b_len])
+    h, aux = model.encode(feat, lens)
+    plans, safe = _mean_plan(model, feat, swap(feat), lens, swap(lens), ((h, aux), (swap(h), aux)), solver=solver)
+    return (plans[:n], plans[n:]), safe
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:
