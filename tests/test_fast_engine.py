@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -127,6 +128,35 @@ def test_align_records_equal_the_reference_path(predictor, decoding):
     for (a, b), (rec, pp) in zip(pairs, out):
         aln, ref_pp = predictor.align(a, b, decoding)
         _assert_same(rec, aln, pp, ref_pp)
+
+
+def test_align_records_over_several_batches_and_buckets(predictor):
+    """Three length buckets, one of them two batches: the pair-HMM of each batch runs on a
+    worker thread ahead of its plans; every pair equals the reference path, in input order."""
+    rng = np.random.default_rng(4)
+    pairs = []
+    for n in range(14):
+        length = [30, 100, 150][n % 3] if n < 6 else 40  # buckets 64, 128, 192; eight more of 64
+        a = _random_seq(rng, length)
+        pairs.append((a, a[2:] + _random_seq(rng, 3)))
+    out = list(predictor.align_records(_records(pairs)))
+    assert [r.id_a for r, _ in out] == [f"a{n}" for n in range(len(pairs))]
+    for (a, b), (rec, pp) in zip(pairs, out):
+        aln, ref_pp = predictor.align(a, b)
+        _assert_same(rec, aln, pp, ref_pp)
+
+
+def test_a_pair_hmm_failure_on_the_worker_reaches_the_caller(predictor, monkeypatch):
+    calls = []
+
+    def failing(seq_pairs, mode="global"):
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("pair-HMM failed")
+
+    monkeypatch.setattr(predictor, "hmm_posteriors", failing)
+    with pytest.raises(RuntimeError, match="pair-HMM failed"):
+        list(predictor.align_records(_records([("MKVLA", "MKVA"), ("GSHMK", "GSMK")])))
+    assert calls and all(name.startswith("pfamalign-overlap") for name in calls)  # on the worker
 
 
 @pytest.mark.slow
