@@ -28,12 +28,15 @@ newest checkpoint) or one checkpoint step directory (``RUN/checkpoints/N``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
+import zipfile
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from pfamalign import jsonio
@@ -227,7 +230,6 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     Pallas kernels on TPU / GPU, the XLA path on CPU; the plan is the same); ``None`` keeps
     the saved implementation; any other value forces it.
     """
-    ocp = _ocp()
     config_path, params_path = resolve_model_path(path)
     config = _read_model_config(config_path)
     if impl is not None and impl != config.transport.impl:
@@ -239,11 +241,83 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
         raise CheckpointError(f"{params_path} fails its checksums: " + "; ".join(problems[:5]))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, abstract = abstract_params(config, sharding=device)
-    try:
-        params = _local_checkpointer(ocp).restore(params_path, abstract)
-    except Exception as err:  # orbax raises several types on foreign / truncated data
-        raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
+    cached = _params_cache_file(params_path)
+    params = _read_cached_params(cached, abstract) if cached is not None else None
+    if params is None:
+        try:
+            params = _local_checkpointer(_ocp()).restore(params_path, abstract)
+        except Exception as err:  # orbax raises several types on foreign / truncated data
+            raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
+        if cached is not None:
+            _write_cached_params(cached, params)
     return nnx.merge(graphdef, params), config
+
+
+# ---------------------------------------------------------------------------------------------
+# The parameter cache: a model's parameters as one .npz in the user's cache directory
+# ---------------------------------------------------------------------------------------------
+# Importing orbax and restoring through it is about 0.15 s of every ``pfamalign align``; a
+# verified model's parameters are copied, once, into ``CACHE/params/<sha256>.npz`` (numpy,
+# never pickled), named by the hash of its checksums file -- the parameters' content, checked
+# file by file above -- so an edited model never meets another's copy. A copy that does not
+# read back exactly as the model's tree (names, shapes, dtypes) is ignored and rewritten.
+
+def _params_cache_file(params_path: pathlib.Path) -> pathlib.Path | None:
+    """Where the cached copy of these (checksummed) parameters lives, or None: no cache
+    directory, or a model without a checksums file to name them by."""
+    from pfamalign.compile_cache import cache_dir
+
+    directory, sums = cache_dir(), params_path.parent / CHECKSUMS
+    if directory is None or not sums.is_file():
+        return None
+    digest = hashlib.sha256(params_path.name.encode() + b"\0" + sums.read_bytes()).hexdigest()
+    return directory / "params" / f"{digest}.npz"
+
+
+def _flat_names(tree) -> list[tuple[str, Any]]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), leaf) for path, leaf in leaves]
+
+
+def _read_cached_params(path: pathlib.Path, abstract: dict) -> dict | None:
+    """The parameters from the cached copy, placed as ``abstract`` says; None unless every
+    name, shape and dtype matches."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = {name: saved[name] for name in saved.files}
+        os.utime(path)  # recently used: the last to be evicted
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return None
+    names = _flat_names(abstract)
+    if sorted(arrays) != sorted(name for name, _ in names):
+        return None
+    leaves = []
+    for name, struct in names:
+        arr = arrays[name]
+        if arr.shape != tuple(struct.shape) or arr.dtype != struct.dtype:
+            return None
+        leaves.append(jax.device_put(arr, struct.sharding))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(abstract), leaves)
+
+
+def _write_cached_params(path: pathlib.Path, params: dict) -> None:
+    """Writes the copy atomically (a temporary file, then a rename) and keeps the newest
+    ``PARAMS_CACHE_FILES`` copies (reads refresh a copy's age); a cache that cannot be
+    written (read-only, full) is simply not used."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **{name: np.asarray(leaf) for name, leaf in _flat_names(params)})
+        os.replace(tmp, path)
+        copies = sorted(path.parent.glob("*.npz"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for old in copies[PARAMS_CACHE_FILES:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+PARAMS_CACHE_FILES = 16  # cached parameter copies kept (the most recently used)
 
 
 def _local_checkpointer(ocp):

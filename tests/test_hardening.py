@@ -3,6 +3,7 @@ as a careful (and a careless) user would; the closing list in docs/design.md map
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pathlib
@@ -414,6 +415,62 @@ def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, t
         checkpoint.load_model(model)
     assert_clear_error(run(["verify", model]), "checksum mismatch")
     assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
+
+
+def params_digest(model):
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    from pfamalign import checkpoint
+
+    leaves = jax.tree_util.tree_leaves(checkpoint.model_params(model))
+    return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()
+
+
+def test_the_parameter_cache_gives_the_same_model_without_orbax(saved_model, tmp_path, monkeypatch):
+    from pfamalign import checkpoint
+
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    restored, _ = checkpoint.load_model(saved_model)  # through orbax, then copied
+    copies = list((tmp_path / "cache" / "params").glob("*.npz"))
+    assert len(copies) == 1
+    code = (inspect.getsource(params_digest) + "import sys\nfrom pfamalign import checkpoint\n"
+            "model, _ = checkpoint.load_model(sys.argv[1])\n"
+            "print(params_digest(model), 'orbax.checkpoint' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(saved_model)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [params_digest(restored), "False"]  # the same parameters, orbax never imported
+    # a damaged copy, or a readable one of other names and shapes, is ignored (orbax answers)
+    # and rewritten
+    for damage in ("not a zip file", "other shapes"):
+        if damage == "other shapes":
+            np.savez(copies[0], dustbin_q=np.zeros(3))
+        else:
+            copies[0].write_text(damage)
+        again, _ = checkpoint.load_model(saved_model)
+        assert params_digest(again) == params_digest(restored)
+        assert checkpoint._read_cached_params(copies[0], checkpoint.abstract_params(again.cfg)[1]) is not None
+
+
+def test_the_parameter_cache_is_named_by_the_parameters_and_can_be_off(saved_model, tmp_path, monkeypatch):
+    import shutil
+
+    from pfamalign import checkpoint
+
+    other = tmp_path / "other"
+    shutil.copytree(saved_model, other)
+    model, _ = checkpoint.load_model(saved_model)
+    model.log_temp[...] = model.log_temp[...] + 1.0  # other parameters
+    checkpoint.save_model(other, model)
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = (checkpoint._params_cache_file(d / "params") for d in (saved_model, other))
+    assert first != second
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", "")
+    assert checkpoint._params_cache_file(saved_model / "params") is None
+    checkpoint.load_model(saved_model)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_save_model_records_checksums(tmp_path):
