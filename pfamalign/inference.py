@@ -320,9 +320,14 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
     """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
     names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
     changes it; the decoder settings are recorded beside it (``Predictor.provenance``)."""
-    from pfamalign.checkpoint import resolve_model_path
+    model_dir = pathlib.Path(model_dir)
+    if (model_dir / "config.json").is_file() and (model_dir / "params").is_dir():
+        # a model directory, as ``resolve_model_path`` reads it first (without importing flax)
+        config_path, params_path = model_dir / "config.json", model_dir / "params"
+    else:
+        from pfamalign.checkpoint import resolve_model_path
 
-    config_path, params_path = resolve_model_path(model_dir)
+        config_path, params_path = resolve_model_path(model_dir)
     named = [("config.json", config_path)] + sorted(
         (f"params/{f.relative_to(params_path).as_posix()}", f)
         for f in pathlib.Path(params_path).rglob("*") if f.is_file())
@@ -375,7 +380,6 @@ class Predictor:
     def __init__(self, checkpoint: str | pathlib.Path | None = None, *, weights=None,
                  max_length: int = 4096, max_memory: int | None = None, engine: str = "sinkhorn",
                  steps: int | None = None):
-        from pfamalign import checkpoint as ckpt
         from pfamalign.pipelines.embed import get_embedder
 
         path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
@@ -385,20 +389,43 @@ class Predictor:
                          "or pass --checkpoint")
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
-        self.model, self.config = ckpt.load_model(path)
-        self.name = self.config.name
+        self.decoding = DecoderSettings.load(path)
+        self.pairhmm = model_pairhmm(path)
         self.engine = None  # the model's own plan
+        self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
         if engine != "sinkhorn" or steps is not None:
             from pfamalign.asap import Engine
 
             self.engine = Engine.load(engine, path, self.model, steps=steps)
-        self.decoding = DecoderSettings.load(path)
-        self.pairhmm = model_pairhmm(path)
-        self.embedder = get_embedder(self.config.embedder_id, weights)
+        else:
+            self.programs = PlanPrograms.of(self)
+        if self.programs is None or not self.programs.any():
+            _ = self.model  # restore now: a broken model is an error here, not mid-run
+        model_fields = _model_fields(path)
+        self.name = model_fields["name"]
+        self._transport_fields = model_fields.get("transport", {})
+        self.embedder = get_embedder(model_fields["embedder_id"], weights)
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
         self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
         self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
+
+    # ---- the model, restored when first needed ------------------------------------------
+    @functools.cached_property
+    def _restored(self):
+        from pfamalign import checkpoint as ckpt
+
+        return ckpt.load_model(self.path)
+
+    @functools.cached_property
+    def model(self):
+        """The ``Aligner``. Restored in the constructor, except when exported plan programs of
+        this model are cached (``PlanPrograms``): then only if a plan needs it."""
+        return self._restored[0]
+
+    @functools.cached_property
+    def config(self):
+        return self._restored[1]
 
     # ---- provenance ---------------------------------------------------------------------
     @functools.cached_property
@@ -446,6 +473,11 @@ class Predictor:
         xq, xk, lq_all, lk_all = pad_batch(batch, pad=pad, size=padded_batch(len(batch)))
         self.shapes.add(xq.shape[:2])
         lq, lk = lq_all[: len(batch)], lk_all[: len(batch)]
+        if symmetric and self.programs is not None:
+            both = self.programs.plans_both_ways(xq, xk, lq_all, lk_all)
+            if both is not None:
+                ab, ba = (np.asarray(x) for x in both)
+                return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
         if self.engine is None:  # jit-compiled per shape
             plan, both_ways = self.model.plan, self.model.plans_both_ways
         else:
@@ -465,9 +497,12 @@ class Predictor:
         carries it into the other direction's rows; a ``capacity`` dustbin's targets (the
         sequence lengths) leave the rows of a fixed-step solve off by more (1.26 seen on
         held-out pairs) without anything being broken."""
-        transport = self.model.cfg.transport
-        return (self.engine is None and transport.marginals == "balanced"
-                and transport.dustbin != "capacity")
+        if "model" in vars(self):  # restored: its configuration (a caller may have changed it)
+            transport = dataclasses.asdict(self.model.cfg.transport)
+        else:  # as saved (missing fields take ``TransportConfig``'s defaults): no restore for this
+            transport = self._transport_fields
+        return (self.engine is None and transport.get("marginals", "balanced") == "balanced"
+                and transport.get("dustbin", "none") != "capacity")
 
     def decode(self, pp: PairPlan, decoding: DecoderSettings | None = None,
                sequences: tuple[str, str] | None = None, *,
@@ -606,6 +641,107 @@ class Predictor:
                 done[n] = rec, pp
         for n in range(len(pairs)):
             yield done.pop(n)
+
+
+def _model_fields(path: pathlib.Path) -> dict:
+    """The ``model`` section of a model directory's config.json, as saved (name, embedder,
+    transport settings): what a ``Predictor`` needs before (or without) restoring the model."""
+    try:
+        return json.loads((path / "config.json").read_text(encoding="utf-8"))["model"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        from pfamalign import checkpoint as ckpt
+
+        return ckpt.load_model(path)[1].to_dict()  # its own error, or the fields
+
+
+class PlanPrograms:
+    """The symmetric plan programs of one model (``model.export_plans_both_ways``: the
+    parameters baked in), one per padded batch shape, in the user's cache directory
+    (``CACHE/programs/<model content hash>/``). With them a warm ``pfamalign align`` imports
+    no flax and restores no checkpoint: about 0.3 s of every call. The first call at a shape
+    exports the program from the restored model and runs the exported program (so only it is
+    compiled); a file that does not deserialize is ignored and rewritten. The name holds the
+    model's content hash (config, parameters, pair-HMM) and jax's version: an edited model or
+    another jax never meets an old program. Plans the scaling solve reports unsafe are
+    recomputed by the model (``Aligner.plans_both_ways``)."""
+
+    def __init__(self, predictor: "Predictor", directory: pathlib.Path):
+        self._predictor, self.directory = predictor, directory
+        self._loaded: dict[tuple[int, int], object] = {}
+
+    @classmethod
+    def of(cls, predictor: "Predictor") -> "PlanPrograms | None":
+        """The programs of ``predictor``'s model, or None when there is no cache directory."""
+        from pfamalign.compile_cache import cache_dir
+
+        directory = cache_dir()
+        if directory is None:
+            return None
+        try:
+            return cls(predictor, directory / "programs" / predictor.model_hash.removeprefix("sha256:"))
+        except (OSError, ValueError):  # a broken model directory: the restore says what is wrong
+            return None
+
+    def _path(self, size: int, pad: int) -> pathlib.Path:
+        return self.directory / f"plans_both_ways-{size}x{pad}-jax{_jax_version()}.jaxexport"
+
+    def any(self) -> bool:
+        """Whether any program of this model (and jax) is cached."""
+        return self.directory.is_dir() and any(self.directory.glob(f"*-jax{_jax_version()}.jaxexport"))
+
+    def plans_both_ways(self, xq, xk, lq, lk):
+        """``(ab, ba)`` plans of the padded batch (as ``Aligner.plans_both_ways``), or None
+        when the program cannot be had (the caller computes them through the model)."""
+        program = self._program(*xq.shape[:2])
+        if program is None:
+            return None
+        both, safe = program.call(xq, xk, lq, lk)
+        return both if bool(safe) else self._predictor.model.plans_both_ways(xq, xk, lq, lk)
+
+    def _program(self, size: int, pad: int):
+        import jax
+
+        if (size, pad) in self._loaded:
+            return self._loaded[size, pad]
+        path = self._path(size, pad)
+        program = None
+        try:
+            program = jax.export.deserialize(bytearray(path.read_bytes()))
+        except FileNotFoundError:
+            pass
+        except Exception:  # noqa: BLE001 -- a damaged or foreign file: export it again
+            program = None
+        if program is None:
+            from pfamalign.model import export_plans_both_ways
+
+            try:
+                blob = export_plans_both_ways(self._predictor.model, size, pad)
+                program = jax.export.deserialize(bytearray(blob))
+            except ImportError:  # jax.export's serialization needs flatbuffers
+                return None
+            _write_atomically(path, blob)
+        self._loaded[size, pad] = program
+        return program
+
+
+def _write_atomically(path: pathlib.Path, data: bytes) -> None:
+    """A temporary file, then a rename; a cache that cannot be written is not used."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_version() -> str:
+    from importlib.metadata import version
+
+    return version("jax")
 
 
 class _Lookahead:

@@ -357,8 +357,7 @@ def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len, *, solver: str):
     return _mean_plan(model, q_feat, k_feat, q_len, k_len, solver=solver)
 
 
-@functools.partial(nnx.jit, static_argnames="solver")
-def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver: str):
+def _plans_both_ways(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver: str):
     if a_feat.shape != b_feat.shape:  # two directions of their own shapes
         ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
         ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb), solver=solver)
@@ -372,6 +371,20 @@ def _plans_both_ways_jit(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver
     h, aux = model.encode(feat, lens)
     plans, safe = _mean_plan(model, feat, swap(feat), lens, swap(lens), ((h, aux), (swap(h), aux)), solver=solver)
     return (plans[:n], plans[n:]), safe
+
+
+_plans_both_ways_jit = nnx.jit(_plans_both_ways, static_argnames="solver")
+
+
+def export_plans_both_ways(model: Aligner, size: int, pad: int) -> bytes:
+    """The serialized program (``jax.export``) of ``plans_both_ways`` by the scaling solve for
+    ``size`` pairs padded to ``pad`` residues, the model's parameters baked in:
+    ``(a_feat, b_feat, a_len, b_len) -> ((ab, ba), safe)``. A process that loads it needs
+    neither flax nor the checkpoint (``inference.PlanPrograms``)."""
+    feat = jax.ShapeDtypeStruct((size, pad, model.cfg.feature_dim), jnp.float32)
+    lens = jax.ShapeDtypeStruct((size,), jnp.int32)
+    program = jax.jit(lambda a, b, la, lb: _plans_both_ways(model, a, b, la, lb, solver="scaling"))
+    return bytes(jax.export.export(program)(feat, feat, lens, lens).serialize())
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:

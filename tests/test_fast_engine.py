@@ -289,6 +289,65 @@ def test_a_second_align_command_compiles_nothing(tmp_path):
     assert "programs compiled: 0, loaded from the compile cache: " in runs[1].stderr
 
 
+# ---- exported plan programs -----------------------------------------------------------------
+
+_WARM_ALIGN = """
+import sys
+from pfamalign.cli import main
+main(["align", "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"], standalone_mode=False)
+print("imported:", " ".join(m for m in ("flax", "orbax.checkpoint") if m in sys.modules))
+"""
+
+
+def test_a_warm_align_needs_neither_flax_nor_the_checkpoint(tmp_path):
+    runs = [subprocess.run([sys.executable, "-c", _WARM_ALIGN], env=_env(tmp_path / "cache"),
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    first, second = (r.stdout.rsplit("imported:", 1) for r in runs)
+    assert first[1].split() == ["flax", "orbax.checkpoint"]  # the first run restores and exports
+    assert second[1].split() == []  # the second runs the exported program
+    assert first[0] == second[0]  # the same alignment, byte for byte
+    assert len(list((tmp_path / "cache" / "programs").rglob("*.jaxexport"))) == 1
+
+
+def test_exported_plans_are_the_models(tmp_path, monkeypatch):
+    from pfamalign.inference import Predictor, pad_batch
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    predictor = Predictor()
+    rng = np.random.default_rng(5)
+    pairs = [(_random_seq(rng, 40), _random_seq(rng, 55)), (_random_seq(rng, 60), _random_seq(rng, 12))]
+    xq, xk, lq, lk = pad_batch([tuple(predictor.featurize(pair)) for pair in pairs])
+    exported = predictor.programs.plans_both_ways(xq, xk, lq, lk)
+    model = predictor.model.plans_both_ways(xq, xk, lq, lk)
+    for got, want in zip(exported, model):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)
+    # a damaged file is exported again; a plan the scaling solve calls unsafe comes from the model
+    (path,) = (tmp_path / "cache" / "programs").rglob("*.jaxexport")
+    path.write_bytes(b"damaged")
+    again = Predictor()
+    assert again.programs.any()
+    np.testing.assert_allclose(np.asarray(again.programs.plans_both_ways(xq, xk, lq, lk)[0]),
+                               np.asarray(model[0]), atol=1e-6, rtol=0)
+    assert path.read_bytes() != b"damaged"
+
+    class Unsafe:  # an exported program whose solve left float32's range
+        def call(self, *args):
+            return (np.full_like(np.asarray(model[0]), np.nan), np.asarray(model[1])), np.array(False)
+
+    again.programs._loaded[xq.shape[:2]] = Unsafe()
+    np.testing.assert_array_equal(np.asarray(again.programs.plans_both_ways(xq, xk, lq, lk)[0]),
+                                  np.asarray(model[0]))
+
+
+def test_without_a_cache_directory_the_model_is_restored_at_once(monkeypatch):
+    from pfamalign.inference import Predictor
+
+    monkeypatch.setenv(compile_cache.ENV, "")
+    predictor = Predictor()
+    assert predictor.programs is None and "model" in vars(predictor)
+
+
 # ---- plots ---------------------------------------------------------------------------------
 
 def test_plot_format_follows_the_extension(tmp_path):

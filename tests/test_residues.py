@@ -54,3 +54,15 @@ def test_feature_layout_by_embedder_id():
     assert esm.onehot is None and not esm.has_substitution
     with pytest.raises(embed.EmbedderError, match="unknown builtin features"):
         embed.feature_layout("builtin/nope")
+
+
+def test_the_written_out_blosum62_is_biopythons():
+    from Bio.Align import substitution_matrices
+
+    from pfamalign.residues import BLOSUM62_ALPHABET, blosum62_table
+
+    matrix, table = substitution_matrices.load("BLOSUM62"), blosum62_table()
+    for a in BLOSUM62_ALPHABET:
+        for b in BLOSUM62_ALPHABET:
+            assert table[ord(a), ord(b)] == int(matrix[a, b]), (a, b)
+    assert table[ord("*")].sum() == 0 and table[ord("J")].sum() == 0  # off the alphabet: 0
