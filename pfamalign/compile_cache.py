@@ -16,6 +16,7 @@ variables when jax is not loaded yet (``pfamalign --help`` must stay jax-free).
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import sys
@@ -40,9 +41,7 @@ def cache_dir() -> pathlib.Path | None:
 
 
 def _settings(directory: pathlib.Path) -> dict[str, object]:
-    from importlib.metadata import version
-
-    return {"jax_compilation_cache_dir": str(directory / f"xla-jax{version('jax')}"),
+    return {"jax_compilation_cache_dir": str(directory / f"xla-jax{_jax_version()}"),
             "jax_persistent_cache_min_compile_time_secs": 0,  # every shape: each costs seconds here
             "jax_persistent_cache_min_entry_size_bytes": -1,
             "jax_compilation_cache_max_size": MAX_BYTES}
@@ -91,3 +90,57 @@ class CompileCounter:
 
         monitoring.unregister_event_duration_listener(self._on_duration)
         monitoring.unregister_event_listener(self._on_event)
+
+
+# ---- exported programs ----------------------------------------------------------------------
+# A persistent cache entry saves the compilation, not the tracing and lowering before it (a
+# few hundred ms of a short command). ``jax.export`` saves those too: a program exported once
+# is deserialized and called. Each is named by what determines it (the caller's key) and jax's
+# version, under ``CACHE/programs/``.
+
+def program_path(*parts: str) -> pathlib.Path | None:
+    """Where the exported program named ``parts`` (directories, then the file stem) lives for
+    this jax and backend (an exported program runs on the platform it was exported for), or
+    None when the cache is off."""
+    import jax
+
+    directory = cache_dir()
+    if directory is None:
+        return None
+    *dirs, stem = parts
+    return directory.joinpath("programs", *dirs,
+                              f"{stem}-{jax.default_backend()}-jax{_jax_version()}.jaxexport")
+
+
+def exported_program(path: pathlib.Path, export):
+    """The program at ``path`` (``jax.export.Exported``), or ``export()``'s serialized program,
+    written there atomically first; a file that does not deserialize is exported again. None
+    when jax.export cannot serialize here (it needs flatbuffers): the caller traces instead."""
+    import jax
+
+    try:
+        return jax.export.deserialize(bytearray(path.read_bytes()))
+    except FileNotFoundError:
+        pass
+    except Exception:  # noqa: BLE001 -- a damaged or foreign file: export it again
+        pass
+    try:
+        blob = export()
+        program = jax.export.deserialize(bytearray(blob))
+    except ImportError:
+        return None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # an unwritable cache is not used
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return program
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_version() -> str:
+    from importlib.metadata import version
+
+    return version("jax")

@@ -655,15 +655,15 @@ def _model_fields(path: pathlib.Path) -> dict:
 
 
 class PlanPrograms:
-    """The symmetric plan programs of one model (``model.export_plans_both_ways``: the
-    parameters baked in), one per padded batch shape, in the user's cache directory
-    (``CACHE/programs/<model content hash>/``). With them a warm ``pfamalign align`` imports
-    no flax and restores no checkpoint: about 0.3 s of every call. The first call at a shape
-    exports the program from the restored model and runs the exported program (so only it is
-    compiled); a file that does not deserialize is ignored and rewritten. The name holds the
-    model's content hash (config, parameters, pair-HMM) and jax's version: an edited model or
-    another jax never meets an old program. Plans the scaling solve reports unsafe are
-    recomputed by the model (``Aligner.plans_both_ways``)."""
+    """The symmetric plan programs of one model for single pairs, one per padded length
+    (``model.export_plans_both_ways``: the parameters baked in), exported to the user's cache
+    directory (``compile_cache.exported_program``, under ``programs/<model content hash>/``).
+    With them a warm ``pfamalign align A B`` imports no flax and restores no checkpoint. The
+    first call at a length exports the program from the restored model and runs the exported
+    program (so only it is compiled). The model content hash (config, parameters, pair-HMM),
+    the backend and jax's version name the file: an edited model or another jax never meets
+    an old program. Plans the scaling solve reports unsafe are recomputed by the model
+    (``Aligner.plans_both_ways``). Batches go through the model: they amortize its tracing."""
 
     def __init__(self, predictor: "Predictor", directory: pathlib.Path):
         self._predictor, self.directory = predictor, directory
@@ -672,76 +672,44 @@ class PlanPrograms:
     @classmethod
     def of(cls, predictor: "Predictor") -> "PlanPrograms | None":
         """The programs of ``predictor``'s model, or None when there is no cache directory."""
-        from pfamalign.compile_cache import cache_dir
+        from pfamalign.compile_cache import program_path
 
-        directory = cache_dir()
-        if directory is None:
-            return None
         try:
-            return cls(predictor, directory / "programs" / predictor.model_hash.removeprefix("sha256:"))
+            path = program_path(predictor.model_hash.removeprefix("sha256:"), "any")
         except (OSError, ValueError):  # a broken model directory: the restore says what is wrong
             return None
+        return None if path is None else cls(predictor, path.parent)
 
     def _path(self, size: int, pad: int) -> pathlib.Path:
-        return self.directory / f"plans_both_ways-{size}x{pad}-jax{_jax_version()}.jaxexport"
+        from pfamalign.compile_cache import program_path
+
+        return program_path(self.directory.name, f"plans_both_ways-{size}x{pad}")
 
     def any(self) -> bool:
-        """Whether any program of this model (and jax) is cached."""
-        return self.directory.is_dir() and any(self.directory.glob(f"*-jax{_jax_version()}.jaxexport"))
+        """Whether any program of this model (for this backend and jax) is cached."""
+        suffix = self._path(1, 1).name.removeprefix("plans_both_ways-1x1")
+        return self.directory.is_dir() and any(self.directory.glob(f"*{suffix}"))
 
     def plans_both_ways(self, xq, xk, lq, lk):
         """``(ab, ba)`` plans of the padded batch (as ``Aligner.plans_both_ways``), or None
         when the program cannot be had (the caller computes them through the model)."""
-        program = self._program(*xq.shape[:2])
+        from pfamalign.compile_cache import exported_program
+
+        def export() -> bytes:  # the model (and flax) only on a miss
+            from pfamalign.model import export_plans_both_ways
+
+            return export_plans_both_ways(self._predictor.model, *shape)
+
+        shape = xq.shape[:2]
+        if shape[0] != 1:  # single pairs only: each program holds the parameters (2 MB)
+            return None
+        if shape not in self._loaded:
+            self._loaded[shape] = exported_program(self._path(*shape), export)
+        program = self._loaded[shape]
         if program is None:
             return None
         both, safe = program.call(xq, xk, lq, lk)
         return both if bool(safe) else self._predictor.model.plans_both_ways(xq, xk, lq, lk)
-
-    def _program(self, size: int, pad: int):
-        import jax
-
-        if (size, pad) in self._loaded:
-            return self._loaded[size, pad]
-        path = self._path(size, pad)
-        program = None
-        try:
-            program = jax.export.deserialize(bytearray(path.read_bytes()))
-        except FileNotFoundError:
-            pass
-        except Exception:  # noqa: BLE001 -- a damaged or foreign file: export it again
-            program = None
-        if program is None:
-            from pfamalign.model import export_plans_both_ways
-
-            try:
-                blob = export_plans_both_ways(self._predictor.model, size, pad)
-                program = jax.export.deserialize(bytearray(blob))
-            except ImportError:  # jax.export's serialization needs flatbuffers
-                return None
-            _write_atomically(path, blob)
-        self._loaded[size, pad] = program
-        return program
-
-
-def _write_atomically(path: pathlib.Path, data: bytes) -> None:
-    """A temporary file, then a rename; a cache that cannot be written is not used."""
-    import os
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-@functools.lru_cache(maxsize=None)
-def _jax_version() -> str:
-    from importlib.metadata import version
-
-    return version("jax")
 
 
 class _Lookahead:

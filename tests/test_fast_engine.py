@@ -307,7 +307,8 @@ def test_a_warm_align_needs_neither_flax_nor_the_checkpoint(tmp_path):
     assert first[1].split() == ["flax", "orbax.checkpoint"]  # the first run restores and exports
     assert second[1].split() == []  # the second runs the exported program
     assert first[0] == second[0]  # the same alignment, byte for byte
-    assert len(list((tmp_path / "cache" / "programs").rglob("*.jaxexport"))) == 1
+    programs = sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "programs").rglob("*.jaxexport"))
+    assert programs == ["plans_both_ways", "posteriors"]  # one shape each: exported once, then read
 
 
 def test_exported_plans_are_the_models(tmp_path, monkeypatch):
@@ -317,7 +318,9 @@ def test_exported_plans_are_the_models(tmp_path, monkeypatch):
     predictor = Predictor()
     rng = np.random.default_rng(5)
     pairs = [(_random_seq(rng, 40), _random_seq(rng, 55)), (_random_seq(rng, 60), _random_seq(rng, 12))]
-    xq, xk, lq, lk = pad_batch([tuple(predictor.featurize(pair)) for pair in pairs])
+    batch = pad_batch([tuple(predictor.featurize(pair)) for pair in pairs])
+    assert predictor.programs.plans_both_ways(*batch) is None  # batches: through the model
+    xq, xk, lq, lk = pad_batch([tuple(predictor.featurize(pairs[0]))])  # one pair
     exported = predictor.programs.plans_both_ways(xq, xk, lq, lk)
     model = predictor.model.plans_both_ways(xq, xk, lq, lk)
     for got, want in zip(exported, model):
@@ -338,6 +341,28 @@ def test_exported_plans_are_the_models(tmp_path, monkeypatch):
     again.programs._loaded[xq.shape[:2]] = Unsafe()
     np.testing.assert_array_equal(np.asarray(again.programs.plans_both_ways(xq, xk, lq, lk)[0]),
                                   np.asarray(model[0]))
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+def test_the_exported_pair_hmm_program_gives_the_reference_posteriors(tmp_path, monkeypatch, local):
+    from pfamalign.alignment import pairhmm_batched
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    pairhmm_batched._exported.cache_clear()
+    rng = np.random.default_rng(6)
+    pairs = [(_random_seq(rng, 40), _random_seq(rng, 33)), (_random_seq(rng, 5), _random_seq(rng, 60))]
+    hmm = default_pairhmm()
+    for attempt in ("exports", "loads"):
+        out = batched_match_posteriors(hmm, pairs, 64, 64, local=local)
+        for (a, b), post in zip(pairs, out):
+            np.testing.assert_allclose(post, match_posteriors(hmm, a, b, local=local), rtol=1e-9, atol=1e-12)
+        (path,) = (tmp_path / "cache" / "programs" / "pairhmm").glob("*.jaxexport")
+        if attempt == "exports":
+            written = path.stat().st_mtime_ns
+            pairhmm_batched._exported.cache_clear()  # as a new process: read it back
+        else:
+            assert path.stat().st_mtime_ns == written  # read, not exported again
+    pairhmm_batched._exported.cache_clear()
 
 
 def test_without_a_cache_directory_the_model_is_restored_at_once(monkeypatch):

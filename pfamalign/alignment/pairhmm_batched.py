@@ -185,6 +185,38 @@ def _compiled():
     return jax.jit(_posteriors, static_argnames="local")
 
 
+def _posteriors_program(params: dict, emit: np.ndarray, local: bool):
+    """``(params, emit, lq, lk) -> (posteriors, log Z)`` at these shapes: the program exported
+    to the cache directory (``compile_cache.exported_program``: a warm run neither traces nor
+    lowers it), or the jitted function when the cache is off."""
+    from pfamalign.compile_cache import program_path
+
+    gaps = len(params["open"])
+    path = program_path("pairhmm", f"posteriors-{'local' if local else 'global'}-g{gaps}-"
+                                   + "x".join(map(str, emit.shape)))
+    if path is None:
+        return functools.partial(_compiled(), local=local)
+    program = _exported(path, gaps, emit.shape, local)
+    return functools.partial(_compiled(), local=local) if program is None else program.call
+
+
+@functools.lru_cache(maxsize=None)
+def _exported(path, gaps: int, shape: tuple[int, int, int], local: bool):
+    import jax
+
+    from pfamalign.compile_cache import exported_program
+
+    def export() -> bytes:
+        f64 = lambda *dims: jax.ShapeDtypeStruct(dims, np.float64)  # noqa: E731
+        params = {"mm": f64(), "open": f64(gaps), "extend": f64(gaps), "close": f64(gaps),
+                  "switch": f64(gaps, gaps)}
+        lens = jax.ShapeDtypeStruct((shape[1],), np.int32)
+        program = jax.jit(functools.partial(_posteriors, local=local))
+        return bytes(jax.export.export(program)(params, f64(*shape), lens, lens).serialize())
+
+    return exported_program(path, export)
+
+
 @functools.lru_cache(maxsize=None)
 def _component_pool():
     from concurrent.futures import ThreadPoolExecutor
@@ -224,7 +256,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
         with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
             params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
             emit = given if given is not None else np.exp(component.log_odds())[qi.T[:, :, None], ki[None]]
-            post, log_z = _compiled()(params, emit, lq, lk, local=local)
+            post, log_z = _posteriors_program(params, emit, local)(params, emit, lq, lk)
             return np.asarray(post), np.asarray(log_z)
 
     # a mixture's components are independent lattices: each on its own thread (a row scan
