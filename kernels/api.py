@@ -207,9 +207,9 @@ def scaling_transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = No
     holding both solvers behind a ``lax.cond`` would trace and load twice the code on every
     call, half a second of each ``pfamalign align``. Configurations the scaling domain does
     not cover (``scaling_applies``) get the reference plan, safe."""
-    q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
     if not scaling_applies(config):
-        return jax.lax.stop_gradient(reference_solve(q, k, v, q_len, k_len, tokens, config)[0]), jnp.array(True)
+        return transport_plan(q, k, q_len, k_len, tokens, config=config), jnp.array(True)
+    q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
     problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, problem_tokens, config)
     plan, safe = scaling_solve(dots, mask, log_a, log_b, config)

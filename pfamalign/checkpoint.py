@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -304,17 +305,19 @@ def _write_cached_params(path: pathlib.Path, params: dict) -> None:
     """Writes the copy atomically (a temporary file, then a rename) and keeps the newest
     ``PARAMS_CACHE_FILES`` copies (reads refresh a copy's age); a cache that cannot be
     written (read-only, full) is simply not used."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    from pfamalign.outputs import is_temporary
+
+    data = io.BytesIO()
+    np.savez(data, **{name: np.asarray(leaf) for name, leaf in _flat_names(params)})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, **{name: np.asarray(leaf) for name, leaf in _flat_names(params)})
-        os.replace(tmp, path)
-        copies = sorted(path.parent.glob("*.npz"), key=lambda f: f.stat().st_mtime, reverse=True)
+        records.write_bytes(path, data.getvalue())
+        copies = sorted((f for f in path.parent.glob("*.npz") if not is_temporary(f.name)),
+                        key=lambda f: f.stat().st_mtime, reverse=True)
         for old in copies[PARAMS_CACHE_FILES:]:
             old.unlink(missing_ok=True)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 PARAMS_CACHE_FILES = 16  # cached parameter copies kept (the most recently used)

@@ -120,22 +120,20 @@ def exported_program(path: pathlib.Path, export):
 
     try:
         return jax.export.deserialize(bytearray(path.read_bytes()))
-    except FileNotFoundError:
-        pass
-    except Exception:  # noqa: BLE001 -- a damaged or foreign file: export it again
+    except Exception:  # noqa: BLE001 -- none yet, or a damaged or foreign file: export it
         pass
     try:
         blob = export()
         program = jax.export.deserialize(bytearray(blob))
     except ImportError:
         return None
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    from pfamalign.pipelines import records
+
     try:  # an unwritable cache is not used
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)
+        records.write_bytes(path, blob)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
     return program
 
 

@@ -401,7 +401,8 @@ class Predictor:
             self.programs = PlanPrograms.of(self)
         if self.programs is None or not self.programs.any():
             _ = self.model  # restore now: a broken model is an error here, not mid-run
-        model_fields = _model_fields(path)
+        model_fields = (self.config.to_dict() if "_restored" in vars(self)
+                        else json.loads((path / "config.json").read_text(encoding="utf-8"))["model"])
         self.name = model_fields["name"]
         self._transport_fields = model_fields.get("transport", {})
         self.embedder = get_embedder(model_fields["embedder_id"], weights)
@@ -643,17 +644,6 @@ class Predictor:
             yield done.pop(n)
 
 
-def _model_fields(path: pathlib.Path) -> dict:
-    """The ``model`` section of a model directory's config.json, as saved (name, embedder,
-    transport settings): what a ``Predictor`` needs before (or without) restoring the model."""
-    try:
-        return json.loads((path / "config.json").read_text(encoding="utf-8"))["model"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        from pfamalign import checkpoint as ckpt
-
-        return ckpt.load_model(path)[1].to_dict()  # its own error, or the fields
-
-
 class PlanPrograms:
     """The symmetric plan programs of one model for single pairs, one per padded length
     (``model.export_plans_both_ways``: the parameters baked in), exported to the user's cache
@@ -665,46 +655,48 @@ class PlanPrograms:
     an old program. Plans the scaling solve reports unsafe are recomputed by the model
     (``Aligner.plans_both_ways``). Batches go through the model: they amortize its tracing."""
 
-    def __init__(self, predictor: "Predictor", directory: pathlib.Path):
-        self._predictor, self.directory = predictor, directory
+    def __init__(self, predictor: "Predictor", name: str):
+        self._predictor, self.name = predictor, name  # name: the model content hash
         self._loaded: dict[tuple[int, int], object] = {}
 
     @classmethod
     def of(cls, predictor: "Predictor") -> "PlanPrograms | None":
         """The programs of ``predictor``'s model, or None when there is no cache directory."""
-        from pfamalign.compile_cache import program_path
+        from pfamalign.compile_cache import cache_dir
 
+        if cache_dir() is None:
+            return None
         try:
-            path = program_path(predictor.model_hash.removeprefix("sha256:"), "any")
+            return cls(predictor, predictor.model_hash.removeprefix("sha256:"))
         except (OSError, ValueError):  # a broken model directory: the restore says what is wrong
             return None
-        return None if path is None else cls(predictor, path.parent)
 
-    def _path(self, size: int, pad: int) -> pathlib.Path:
+    def _path(self, stem: str) -> pathlib.Path:
         from pfamalign.compile_cache import program_path
 
-        return program_path(self.directory.name, f"plans_both_ways-{size}x{pad}")
+        return program_path(self.name, f"plans_both_ways-{stem}")
 
     def any(self) -> bool:
         """Whether any program of this model (for this backend and jax) is cached."""
-        suffix = self._path(1, 1).name.removeprefix("plans_both_ways-1x1")
-        return self.directory.is_dir() and any(self.directory.glob(f"*{suffix}"))
+        pattern = self._path("*")
+        return any(pattern.parent.glob(pattern.name))
 
     def plans_both_ways(self, xq, xk, lq, lk):
         """``(ab, ba)`` plans of the padded batch (as ``Aligner.plans_both_ways``), or None
         when the program cannot be had (the caller computes them through the model)."""
         from pfamalign.compile_cache import exported_program
 
+        shape = xq.shape[:2]
+        if shape[0] != 1:  # single pairs only: each program holds the parameters (2 MB)
+            return None
+
         def export() -> bytes:  # the model (and flax) only on a miss
             from pfamalign.model import export_plans_both_ways
 
             return export_plans_both_ways(self._predictor.model, *shape)
 
-        shape = xq.shape[:2]
-        if shape[0] != 1:  # single pairs only: each program holds the parameters (2 MB)
-            return None
         if shape not in self._loaded:
-            self._loaded[shape] = exported_program(self._path(*shape), export)
+            self._loaded[shape] = exported_program(self._path("x".join(map(str, shape))), export)
         program = self._loaded[shape]
         if program is None:
             return None

@@ -146,12 +146,20 @@ def count_array_record(path: os.PathLike) -> int:
         reader.close()
 
 
-def write_text(path: os.PathLike, text: str) -> None:
-    """Atomically writes a text file."""
+def write_bytes(path: os.PathLike, data: bytes) -> None:
+    """Atomically writes a file (a failed write leaves no temporary file behind)."""
     path = pathlib.Path(path)
     tmp = temporary_path(path)
-    tmp.write_text(text, encoding="utf-8")
-    commit(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        commit(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: os.PathLike, text: str) -> None:
+    """Atomically writes a text file."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: os.PathLike, obj: object) -> None:

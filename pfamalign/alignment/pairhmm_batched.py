@@ -194,25 +194,23 @@ def _posteriors_program(params: dict, emit: np.ndarray, local: bool):
     gaps = len(params["open"])
     path = program_path("pairhmm", f"posteriors-{'local' if local else 'global'}-g{gaps}-"
                                    + "x".join(map(str, emit.shape)))
-    if path is None:
-        return functools.partial(_compiled(), local=local)
-    program = _exported(path, gaps, emit.shape, local)
-    return functools.partial(_compiled(), local=local) if program is None else program.call
+    shapes = tuple((name, np.shape(value)) for name, value in params.items())
+    program = _exported(path, shapes, emit.shape, local) if path is not None else None
+    return program.call if program is not None else functools.partial(_compiled(), local=local)
 
 
 @functools.lru_cache(maxsize=None)
-def _exported(path, gaps: int, shape: tuple[int, int, int], local: bool):
+def _exported(path, param_shapes: tuple, shape: tuple[int, int, int], local: bool):
     import jax
 
     from pfamalign.compile_cache import exported_program
 
     def export() -> bytes:
-        f64 = lambda *dims: jax.ShapeDtypeStruct(dims, np.float64)  # noqa: E731
-        params = {"mm": f64(), "open": f64(gaps), "extend": f64(gaps), "close": f64(gaps),
-                  "switch": f64(gaps, gaps)}
+        params = {name: jax.ShapeDtypeStruct(dims, np.float64) for name, dims in param_shapes}
         lens = jax.ShapeDtypeStruct((shape[1],), np.int32)
         program = jax.jit(functools.partial(_posteriors, local=local))
-        return bytes(jax.export.export(program)(params, f64(*shape), lens, lens).serialize())
+        return bytes(jax.export.export(program)(params, jax.ShapeDtypeStruct(shape, np.float64),
+                                                lens, lens).serialize())
 
     return exported_program(path, export)
 
