@@ -100,16 +100,42 @@ class CompileCounter:
 
 def program_path(*parts: str) -> pathlib.Path | None:
     """Where the exported program named ``parts`` (directories, then the file stem) lives for
-    this jax and backend (an exported program runs on the platform it was exported for), or
-    None when the cache is off."""
-    import jax
-
+    this backend, jax and package source (``_build_tag``), or None when the cache is off."""
     directory = cache_dir()
     if directory is None:
         return None
     *dirs, stem = parts
-    return directory.joinpath("programs", *dirs,
-                              f"{stem}-{jax.default_backend()}-jax{_jax_version()}.jaxexport")
+    return directory.joinpath("programs", *dirs, f"{stem}.{_build_tag()}.jaxexport")
+
+
+@functools.lru_cache(maxsize=None)
+def _build_tag() -> str:
+    """What an exported program depends on besides its name: the backend it was lowered for,
+    jax's version, and this package's source (a hash of every module: an edited or upgraded
+    pfamalign never runs a program that older code exported)."""
+    import jax
+
+    return f"{jax.default_backend()}-jax{_jax_version()}-src{source_digest(pathlib.Path(__file__).parent)}"
+
+
+def source_digest(root: pathlib.Path) -> str:
+    """A short hash of the names and bytes of every Python module under ``root``."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for module in sorted(root.rglob("*.py")):
+        digest.update(module.relative_to(root).as_posix().encode() + b"\0" + module.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _evict_other_builds(path: pathlib.Path) -> None:
+    """Removes the files of the program at ``path`` that another jax or source exported for
+    this backend (they would never be read again)."""
+    stem, tag = path.name.split(".", 1)
+    backend = tag.split("-", 1)[0]
+    for old in path.parent.glob(f"{stem}.{backend}-*.jaxexport"):
+        if old != path:
+            old.unlink(missing_ok=True)
 
 
 def exported_program(path: pathlib.Path, export):
@@ -132,6 +158,7 @@ def exported_program(path: pathlib.Path, export):
     try:  # an unwritable cache is not used
         path.parent.mkdir(parents=True, exist_ok=True)
         records.write_bytes(path, blob)
+        _evict_other_builds(path)
     except OSError:
         pass
     return program

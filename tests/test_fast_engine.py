@@ -365,6 +365,41 @@ def test_the_exported_pair_hmm_program_gives_the_reference_posteriors(tmp_path, 
     pairhmm_batched._exported.cache_clear()
 
 
+def test_the_source_digest_follows_every_module(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
+    first = compile_cache.source_digest(tmp_path / "pkg")
+    assert compile_cache.source_digest(tmp_path / "pkg") == first
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")  # an edit deep in the package
+    edited = compile_cache.source_digest(tmp_path / "pkg")
+    (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "b.py")  # a move, same bytes
+    assert len({first, edited, compile_cache.source_digest(tmp_path / "pkg")}) == 3
+
+
+def test_a_program_exported_by_other_code_is_neither_read_nor_kept(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    path = compile_cache.program_path("demo", "double-4")
+    assert compile_cache.source_digest(pathlib.Path(compile_cache.__file__).parent) in path.name
+    path.parent.mkdir(parents=True)
+    backend = jax.default_backend()
+    old_source = path.parent / f"double-4.{backend}-jax0.0.1-src000000000000.jaxexport"
+    other_backend = path.parent / "double-4.tpu-jax0.0.1-src000000000000.jaxexport"
+    other_program = path.parent / f"double-8.{backend}-jax0.0.1-src000000000000.jaxexport"
+
+    def export(fn):
+        return bytes(jax.export.export(jax.jit(fn))(jax.ShapeDtypeStruct((4,), np.float32)).serialize())
+
+    for stale in (old_source, other_backend, other_program):
+        stale.write_bytes(export(lambda x: x * 3.0))
+    program = compile_cache.exported_program(path, lambda: export(lambda x: x * 2.0))
+    np.testing.assert_array_equal(np.asarray(program.call(np.ones(4, np.float32))), 2.0)
+    assert path.exists() and not old_source.exists()
+    assert other_backend.exists() and other_program.exists()  # not this program's builds here
+
+
 def test_without_a_cache_directory_the_model_is_restored_at_once(monkeypatch):
     from pfamalign.inference import Predictor
 

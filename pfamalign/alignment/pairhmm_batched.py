@@ -8,8 +8,8 @@ Differences from the reference, none of which changes the result beyond rounding
   summed aside (the classic scaled forward-backward). The log-space version spends about 70
   exp / log per lattice cell; this one has none (emissions are a lookup in the exponentiated
   log-odds table, or the given table's ratios), only multiply-adds.
-* The within-row gap recurrence ``y_j = c_j + e y_{j-1}`` runs as small matrix products on
-  blocks of columns (``_scan_right``).
+* The within-row gap recurrence ``y_j = c_j + e y_{j-1}`` (backward: ``y_{j+1}``) runs as
+  small matrix products on blocks of columns (``_scan``), the gap type the leading axis.
 * **Padding**: a batch of pairs runs on one ``[Pq, B, Pk]`` lattice (query rows outermost: the
   scans' own layout, so no transposes). The forward pass on cells
   ``(i, j) <= (Lq, Lk)`` does not read beyond them; the backward pass starts its paths only at
@@ -42,97 +42,113 @@ def _linear_params(hmm: PairHMM) -> dict[str, np.ndarray]:
             "close": np.exp(t["close"]), "switch": np.exp(t["switch"])}
 
 
-_BLOCK = 64  # the gap scan runs as small matrix products on blocks of this many columns
+_BLOCK = 16  # the gap scans run as small matrix products on blocks of this many columns
 
 
-def _scan_operators(log_decay, n: int):
-    """Matrices of the scan ``y_j = c_j + e y_{j-1}`` over ``n`` columns in blocks of
-    ``_BLOCK``, per gap type (``log_decay [G]`` = log e): within a block ``T[j, k] = e^(j-k)``
-    (k <= j); between blocks ``U[n, m] = e^(K (n-m))`` (m <= n) carries each block's last
-    value on; ``lead[j] = e^(j+1)`` adds it to the next block. Every entry is <= 1: no
-    overflow whatever e (the closed form ``e^j cumsum(c e^-j)`` would overflow)."""
+def _width(columns: int) -> int:
+    """The lattice width: ``columns`` rounded up to whole scan blocks."""
+    return -(-columns // _BLOCK) * _BLOCK
+
+
+def _scan_operators(log_decay, width: int):
+    """The matrices of the gap scans over ``width`` columns (a multiple of ``_BLOCK``), per gap
+    type (``log_decay [G]`` = log e): rightwards ``y_j = c_j + e y_{j-1}`` and leftwards
+    ``y_j = c_j + e y_{j+1}``, each ``(within [G, K, K], between [G, nb, nb], lead [G, K])``:
+    ``within[j, k] = e^|j-k|`` on the scan's side of the diagonal sums a block,
+    ``between[n, m] = e^(K |n-m|)`` carries each block's far-end value across the blocks
+    after it, and ``lead[j] = e^(steps from the block before)`` adds that carry in. Every
+    entry is <= 1: no overflow whatever e (the closed form ``e^j cumsum(c e^-j)`` would
+    overflow)."""
     import jax.numpy as jnp
 
-    nb = -(-n // _BLOCK)
-
-    def toeplitz(size, step):
+    def toeplitz(size, step):  # [G, out, in]: e^(step (out - in)) for in <= out
         d = jnp.arange(size)[:, None] - jnp.arange(size)[None, :]
         return jnp.where(d >= 0, jnp.exp(log_decay[:, None, None] * step * jnp.maximum(d, 0)), 0.0)
 
-    lead = jnp.exp(log_decay[:, None] * (jnp.arange(_BLOCK) + 1))
-    return toeplitz(_BLOCK, 1), toeplitz(nb, _BLOCK), lead
+    within, between = toeplitz(_BLOCK, 1), toeplitz(width // _BLOCK, _BLOCK)
+    steps = jnp.arange(_BLOCK) + 1  # from the last column of the block before
+    right = within, between, jnp.exp(log_decay[:, None] * steps)
+    left = (within.transpose(0, 2, 1), between.transpose(0, 2, 1),
+            jnp.exp(log_decay[:, None] * steps[::-1]))  # from the first column of the block after
+    return right, left
 
 
-def _scan_right(c, ops):
-    """``y[..., j] = c[..., j] + e_g y[..., j - 1]`` along the last axis of ``c [B, G, n]``."""
+def _scan(c, ops, *, leftwards: bool = False):
+    """The gap scan of ``c [G, B, W]`` along its last axis (``_scan_operators``): per gap
+    type, one batched product within the blocks and one across them (the gap type is the
+    leading, batch, axis, so neither needs a transpose)."""
+    import jax
     import jax.numpy as jnp
 
     within, between, lead = ops
-    b, g, n = c.shape
-    nb = between.shape[-1]
-    blocks = jnp.pad(c, ((0, 0), (0, 0), (0, nb * _BLOCK - n))).reshape(b, g, nb, _BLOCK)
-    local = jnp.einsum("bgnk,gjk->bgnj", blocks, within)
-    ends = jnp.einsum("bgm,gnm->bgn", local[..., -1], between)  # y at each block's last column
-    carry = jnp.pad(ends[..., :-1], ((0, 0), (0, 0), (1, 0)))  # ... of the block before
-    y = local + carry[..., None] * lead[None, :, None, :]
-    return y.reshape(b, g, nb * _BLOCK)[..., :n]
+    g, b, w = c.shape
+    nb = w // _BLOCK
+    batched = (((2,), (2,)), ((0,), (0,)))  # contract the last axes, batch over G
+    local = jax.lax.dot_general(c.reshape(g, b * nb, _BLOCK), within, batched).reshape(g, b, nb, _BLOCK)
+    ends = jax.lax.dot_general(local[..., 0 if leftwards else -1], between, batched)  # [G, B, nb]
+    # each block takes the total at the near end of its neighbour on the scan's upstream side
+    carry = (jnp.pad(ends[..., 1:], ((0, 0), (0, 0), (0, 1))) if leftwards
+             else jnp.pad(ends[..., :-1], ((0, 0), (0, 0), (1, 0))))
+    return (local + carry[..., None] * lead[:, None, None, :]).reshape(g, b, w)
 
 
 def _posteriors(p, emit, lq, lk, local=False):
     """``[Pq, B, Pk]`` match posteriors (row-major: the scans' own layout) of padded emission
     ratios ``emit [Pq, B, Pk]`` (1 past each pair's ends; ``local``: the segment model,
-    ``pairhmm.log_forward_backward``)."""
+    ``pairhmm.log_forward_backward``). Inside, M rows are ``[B, W]`` and the gap states'
+    ``[G, B, W]`` (W: the columns 0..Pk rounded up to whole scan blocks)."""
     import jax
     import jax.numpy as jnp
 
     pq, b, pk = emit.shape
     g = p["open"].shape[0]
-    dec = p["extend"][:, None]  # [G, 1]
-    ops = _scan_operators(jnp.log(p["extend"]), pk + 1)
+    w = _width(pk + 1)
+    emit = jnp.pad(emit, ((0, 0), (0, 0), (0, w - 1 - pk)), constant_values=1.0)  # [Pq, B, W - 1]
+    mm = p["mm"]
+    opn, dec, close = (p[k][:, None, None] for k in ("open", "extend", "close"))  # [G, 1, 1]
+    right, left = _scan_operators(jnp.log(p["extend"]), w)
     sw = p["switch"]  # [G, G]: X_g -> Y_h and Y_g -> X_h
 
-    def rescale(*rows):
-        top = jnp.max(jnp.stack([r.reshape(b, -1).max(-1) for r in rows]), 0)  # [B]
-        top = jnp.where(top > 0, top, 1.0)
-        return [r / top.reshape((b,) + (1,) * (r.ndim - 1)) for r in rows], jnp.log(top)
-
-    def switch(x, back=False):  # [B, G, n] through sw: sum_h sw[h, g] x_h (back: sw[g, h])
+    def switch(x, back=False):  # [G, B, W] through sw: sum_h sw[h, g] x_h (back: sw[g, h])
         # a sum of G = 1-3 products, not einsum or a reduction: elementwise, it fuses
-        w = sw.T if back else sw
-        return sum(w[h][None, :, None] * x[:, h: h + 1, :] for h in range(x.shape[1]))
+        s = sw.T if back else sw
+        return sum(s[h][:, None, None] * x[h][None] for h in range(g))
+
+    def rescale(m, *gaps):  # divide each pair's rows by their largest value
+        top = functools.reduce(jnp.maximum, [x.max(-1).max(0) for x in gaps], m.max(-1))  # [B]
+        top = jnp.where(top > 0, top, 1.0)
+        return (m / top[:, None], *(x / top[:, None] for x in gaps)), jnp.log(top)
 
     def shift_right(x):  # x[..., j - 1] at j, 0 at j = 0
         return jnp.pad(x[..., :-1], [(0, 0)] * (x.ndim - 1) + [(1, 0)])
 
     def fwd_y(m_row, x_row):  # Y_g along row i from M and X_h at (i, j - 1)
-        enter = p["open"][None, :, None] * shift_right(m_row)[:, None, :] + \
-            switch(shift_right(x_row))
-        return _scan_right(enter, ops)
+        return _scan(opn * shift_right(m_row)[None] + switch(shift_right(x_row)), right)
 
-    cols = jnp.arange(pk + 1)
+    cols = jnp.arange(w)
     log_start = -(jnp.log(lq.astype(emit.dtype)) + jnp.log(lk.astype(emit.dtype)))  # [B], local
-    in_cols = ((cols[None, :] >= 1) & (cols[None, :] <= lk[:, None])).astype(emit.dtype)  # [B, Pk + 1]
+    in_cols = ((cols[None, :] >= 1) & (cols[None, :] <= lk[:, None])).astype(emit.dtype)  # [B, W]
 
     # row 0: globally the path starts at the origin as if from M, leading key gaps along the
     # row; locally nothing is on row 0 (a segment starts with a pair)
-    m0 = jnp.zeros((b, pk + 1)) if local else jnp.zeros((b, pk + 1)).at[:, 0].set(1.0)
-    x0 = jnp.zeros((b, g, pk + 1))
+    m0 = jnp.zeros((b, w)) if local else jnp.zeros((b, w)).at[:, 0].set(1.0)
+    x0 = jnp.zeros((g, b, w))
     (m0, x0, y0), c0 = rescale(m0, x0, fwd_y(m0, x0))
 
     rows = jnp.arange(b)
 
     def fwd_step(carry, inputs):
         m, x, y, c, z = carry
-        i, e_row = inputs  # row i >= 1; e_row [B, Pk]: emissions of query residue i - 1
-        into = p["mm"] * m + (p["close"][None, :, None] * (x + y)).sum(1)  # before the pair
+        i, e_row = inputs  # row i >= 1; e_row [B, W - 1]: emissions of query residue i - 1
+        into = mm * m + (close * (x + y)).sum(0)  # before the pair
         if local:  # or a fresh segment starts with this pair
             into = into + jnp.exp(log_start - c)[:, None]
         m_new = jnp.pad(into[:, :-1] * e_row, ((0, 0), (1, 0)))
-        x_new = p["open"][None, :, None] * m[:, None, :] + dec * x + switch(y)
+        x_new = opn * m[None] + dec * x + switch(y)
         (m_new, x_new, y_new), s = rescale(m_new, x_new, fwd_y(m_new, x_new))
         ends = (m_new * in_cols).sum(-1) if local else None  # segments ending on this row
         if not local:  # globally Z is every state's mass at the pair's end cell (Lq, Lk)
-            at_end = m_new[rows, lk] + x_new[rows, :, lk].sum(-1) + y_new[rows, :, lk].sum(-1)
+            at_end = m_new[rows, lk] + x_new[:, rows, lk].sum(0) + y_new[:, rows, lk].sum(0)
             z = jnp.where(i == lq, jnp.log(at_end) + c + s, z)
         return (m_new, x_new, y_new, c + s, z), (m_new, c + s, ends)
 
@@ -152,29 +168,26 @@ def _posteriors(p, emit, lq, lk, local=False):
         bm_next, bx_next, c = carry  # row i + 1
         i, e_row = inputs  # e_row: emissions of query residue i (zeros past the end)
         if local:
-            end = jnp.zeros((b, pk + 1), bm_next.dtype)
+            end = jnp.zeros((b, w), bm_next.dtype)
             row_in = ((i >= 1) & (i <= lq)).astype(bm_next.dtype)  # [B]
             end_m = in_cols * (row_in * jnp.exp(log_start - c))[:, None]
         else:
             end = ((i == lq)[:, None] & (cols[None, :] == lk[:, None])).astype(bm_next.dtype)
             end_m = end
         diag = jnp.pad(e_row * bm_next[:, 1:], ((0, 0), (0, 1)))  # pair (i, j) then M at (i+1, j+1)
-        leave = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + \
-            switch(bx_next, back=True)
-        by = _scan_right(leave[..., ::-1], ops)[..., ::-1]
+        by = _scan(close * diag[None] + end[None] + switch(bx_next, back=True), left, leftwards=True)
         y_right = jnp.pad(by[..., 1:], ((0, 0), (0, 0), (0, 1)))
-        bm = p["mm"] * diag + end_m + (p["open"][None, :, None] * (bx_next + y_right)).sum(1)
-        bx = p["close"][None, :, None] * diag[:, None, :] + end[:, None, :] + dec * bx_next + \
-            switch(y_right, back=True)
+        bm = mm * diag + end_m + (opn * (bx_next + y_right)).sum(0)
+        bx = close * diag[None] + end[None] + dec * bx_next + switch(y_right, back=True)
         (bm, bx), s = rescale(bm, bx)
         return (bm, bx, c + s), (bm, c + s)
 
     # rows Pq .. 1 (row 0 carries no match); row i reads the emissions of residue i
-    e_rows = jnp.concatenate([emit[1:], jnp.zeros((1, b, pk), emit.dtype)], 0)
-    init = (jnp.zeros((b, pk + 1)), jnp.zeros((b, g, pk + 1)), jnp.zeros(b))
+    e_rows = jnp.concatenate([emit[1:], jnp.zeros((1, b, w - 1), emit.dtype)], 0)
+    init = (jnp.zeros((b, w)), jnp.zeros((g, b, w)), jnp.zeros(b))
     _, (bm, bc) = jax.lax.scan(bwd_step, init, (jnp.arange(1, pq + 1), e_rows), reverse=True)
     log_scale = fc + bc - log_z[None, :]  # [Pq, B]
-    post = fm[:, :, 1:] * bm[:, :, 1:] * jnp.exp(log_scale)[:, :, None]
+    post = fm[:, :, 1: pk + 1] * bm[:, :, 1: pk + 1] * jnp.exp(log_scale)[:, :, None]
     return jnp.minimum(post, 1.0), log_z
 
 
