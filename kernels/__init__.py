@@ -4,7 +4,8 @@
 ``sinkhorn.py`` for the maths and ``band.py`` for the tiled layout.
 """
 
-from pfamalign.kernels.api import Potentials, TransportResult, scaling_transport_plan, transport, transport_plan
+from pfamalign.kernels.api import (Potentials, TransportResult, scaling_plan_of_scores, scaling_transport_plan,
+                                   transport, transport_plan)
 from pfamalign.kernels.reference import SolveStats
 from pfamalign.kernels.config import BlockSizes, DustbinTokens, TransportConfig, resolve_impl
 
@@ -13,4 +14,5 @@ __all__ = [
     "transport",
     "transport_plan",
     "scaling_transport_plan",
+    "scaling_plan_of_scores",
 ]

@@ -10,7 +10,8 @@ import numpy as np
 
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
-from pfamalign.kernels.reference import SolveStats, dense_problem, reference_solve, reference_transport
+from pfamalign.kernels.reference import (SolveStats, dense_constraints, dense_problem, reference_solve,
+                                         reference_transport)
 from pfamalign.kernels.scaling import scaling_applies, scaling_solve
 from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
 
@@ -211,8 +212,21 @@ def scaling_transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = No
         return transport_plan(q, k, q_len, k_len, tokens, config=config), jnp.array(True)
     q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
     problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
-    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, problem_tokens, config)
-    plan, safe = scaling_solve(dots, mask, log_a, log_b, config)
+    dots = dense_problem(q, k, q_len, k_len, problem_tokens, config)[0]
+    return scaling_plan_of_scores(dots, q_len, k_len, config=config)
+
+
+def scaling_plan_of_scores(dots, q_len, k_len, *, config: TransportConfig):
+    """``scaling_transport_plan`` from the extended scores ``[B, H, Lq + 1, Lk + 1]`` at eps
+    = 1 (``dense_problem``'s: ``<q, k> / sqrt(d)``, the dustbin tokens in the last row and
+    column), for a caller that has a cheaper way to them than the dot products of ``q`` and
+    ``k`` (``model.Aligner.dense_scores``). Only where ``scaling_applies``."""
+    if not scaling_applies(config):
+        raise ValueError("the scaling solve does not cover this transport configuration "
+                         "(scaling_applies); use transport_plan")
+    lq, lk = dots.shape[-2] - 1, dots.shape[-1] - 1
+    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
+    plan, safe = scaling_solve(dots, *dense_constraints(q_len, k_len, lq, lk, config, dots.dtype), config)
     return jax.lax.stop_gradient(plan), safe
 
 

@@ -79,7 +79,7 @@ def dense_marginal_errors(plan, mask, u, v, log_a, log_b, kappa):
             marginal_error(jnp.sum(plan, -2), v, log_b, jnp.any(mask, -2), kappa[1]))
 
 
-def _extend(x, token):
+def extend_with_token(x, token):
     """Append a per-head token [H, d] as the last position of x [B, H, L, d]."""
     if token is None:
         token = jnp.zeros(x.shape[1:2] + x.shape[-1:], x.dtype)
@@ -89,17 +89,21 @@ def _extend(x, token):
 
 def dense_problem(q, k, q_len, k_len, tokens: DustbinTokens, cfg: TransportConfig):
     """The extended problem densely: scores ``<q, k> / sqrt(d)`` at eps = 1
-    ``[B, H, Lq + 1, Lk + 1]`` (the dustbin tokens in the last row / column), the support
-    ``[B, 1, Lq + 1, Lk + 1]`` and the log row / column targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]``
-    (unit, except a capacity dustbin takes as much as the other side's length)."""
+    ``[B, H, Lq + 1, Lk + 1]`` (the dustbin tokens in the last row / column), then
+    ``dense_constraints``."""
     d = q.shape[-1]
-    lq, lk = q.shape[2], k.shape[2]
-    q_ext, k_ext = _extend(q, tokens.q), _extend(k, tokens.k)
-    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
-    mask = mask[:, None]  # broadcast over heads
-    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=q.dtype)
+    q_ext, k_ext = extend_with_token(q, tokens.q), extend_with_token(k, tokens.k)
     dots = einsum("bhid,bhjd->bhij", q_ext, k_ext) / jnp.sqrt(jnp.asarray(d, q.dtype))
-    return dots, mask, log_a, log_b
+    return (dots, *dense_constraints(q_len, k_len, q.shape[2], k.shape[2], cfg, q.dtype))
+
+
+def dense_constraints(q_len, k_len, lq: int, lk: int, cfg: TransportConfig, dtype=jnp.float32):
+    """The support ``[B, 1, Lq + 1, Lk + 1]`` (broadcast over heads) and the log row / column
+    targets ``[B, 1, Lq + 1]``, ``[B, 1, Lk + 1]`` of the extended problem (unit, except a
+    capacity dustbin takes as much as the other side's length)."""
+    mask = dense_support(q_len, k_len, lq, lk, half_band=cfg.half_band, dustbin=cfg.dustbin)
+    log_a, log_b = dense_log_targets(q_len, k_len, lq, lk, dustbin=cfg.dustbin, dtype=dtype)
+    return mask[:, None], log_a, log_b
 
 
 class SolveStats(NamedTuple):
@@ -143,7 +147,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     """
     lq, lk = q.shape[2], k.shape[2]
     tokens = dustbin if cfg.dustbin != "none" else DustbinTokens(None, None, None)
-    v_ext = _extend(v, tokens.v)
+    v_ext = extend_with_token(v, tokens.v)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
     kappa, centered = cfg.damping(), cfg.centered()
     step = lambda s, v: _full_step(s, mask, v, log_a, log_b, kappa, centered)

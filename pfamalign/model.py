@@ -41,7 +41,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pfamalign.kernels import DustbinTokens, TransportConfig, scaling_transport_plan, transport, transport_plan
+from pfamalign.kernels import (DustbinTokens, TransportConfig, scaling_plan_of_scores, transport,
+                               transport_plan)
+from pfamalign.kernels.config import einsum
+from pfamalign.kernels.reference import extend_with_token
+from pfamalign.kernels.scaling import scaling_applies
 from pfamalign import encoder as encoders, jsonio
 from pfamalign.encoder import length_mask as _length_mask
 from pfamalign.pipelines.embed import feature_layout
@@ -241,16 +245,21 @@ class Aligner(nnx.Module):
         BLOSUM62 rows (``side="k"``), as the embedder's feature layout places and scales them,
         so that ``<q_i, k_j> = sum_o w_o BLOSUM62(a_{i+o}, b_{j+o})``."""
         r = self.cfg.substitution_window
-        layout = feature_layout(self.cfg.embedder_id)
-        feat = jnp.asarray(feat, jnp.float32) * _length_mask(feat.shape[1], lens)
-        part = (feat[..., layout.onehot] if side == "q"
-                else layout.substitution_scale * feat[..., layout.substitution_rows])
+        part = self._substitution_part(feat, lens, side)
         scale = jnp.exp(0.5 * self.substitution_logw[...])  # sqrt(w_o) on each side
         length = feat.shape[1]
         padded = jnp.pad(part, ((0, 0), (r, r), (0, 0)))  # zero outside the sequence
         shifted = [padded[:, r + o : r + o + length] * scale[o + r] for o in range(-r, r + 1)]
         out = jnp.concatenate(shifted, -1)  # position i holds residues i - r .. i + r
         return jnp.broadcast_to(out[:, None], (out.shape[0], self.cfg.heads) + out.shape[1:])
+
+    def _substitution_part(self, feat, lens, side: str):
+        """``[B, L, A]``: each residue's one-hot (``side="q"``) or scaled BLOSUM62 row
+        (``side="k"``), zero beyond each length."""
+        layout = feature_layout(self.cfg.embedder_id)
+        feat = jnp.asarray(feat, jnp.float32) * _length_mask(feat.shape[1], lens)
+        return (feat[..., layout.onehot] if side == "q"
+                else layout.substitution_scale * feat[..., layout.substitution_rows])
 
     def _heads(self, x, m):  # [B, L, H * m] -> [B, H, L, m]
         b, l, _ = x.shape
@@ -280,6 +289,40 @@ class Aligner(nnx.Module):
             tokens = DustbinTokens(self.dustbin_q[...] * jnp.exp(self.log_temp[...]),
                                    self.dustbin_k[...], normalize(self.dustbin_v[...]))
         return q, k, v, tokens, 0.5 * (aux_q + aux_k)
+
+    def dense_scores(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
+        """The extended scores ``[B, H, Lq + 1, Lk + 1]`` at eps = 1 of ``project``'s queries,
+        keys and dustbin tokens (``dense_problem``'s: ``<q, k> / sqrt(d')``, the tokens in
+        the last row and column), equal to forming them but cheaper: the windowed
+        substitution channel -- ``(2r + 1) A`` of the ``d'`` dimensions, 425 of 489 in the
+        shipped model -- enters as ``2r + 1`` shifted adds along the diagonals of the
+        ``[Lq, Lk]`` substitution matrix, not as a dot product of that width."""
+        cfg, d = self.cfg, self.cfg.head_dim
+        (hq, _), (hk, _) = encoded if encoded is not None else (
+            self.encode(q_feat, q_len), self.encode(k_feat, k_len))
+        temp = jnp.exp(self.log_temp[...])
+        q = self._heads(self.q_proj(hq), d) * temp
+        k = self._heads(self.k_proj(hk), d)
+        width = d + self.substitution_dim
+        if cfg.dustbin:
+            tq, tk = self.dustbin_q[...] * temp, self.dustbin_k[...]
+        else:  # the reference's empty dustbin slot: zero tokens (the support excludes it)
+            tq = tk = jnp.zeros((cfg.heads, width), jnp.float32)
+        dots = einsum("bhid,bhjd->bhij", extend_with_token(q, tq[:, :d]), extend_with_token(k, tk[:, :d]))
+        r = cfg.substitution_window
+        if r >= 0:  # what the channel adds (``substitution``): temp on the query side
+            f, g = self._substitution_part(q_feat, q_len, "q"), self._substitution_part(k_feat, k_len, "k")
+            b, h, offsets = f.shape[0], cfg.heads, 2 * r + 1
+            root = jnp.exp(0.5 * self.substitution_logw[...])  # sqrt(w_o), [2r + 1]
+            tq_sub, tk_sub = (t[:, d:].reshape(h, offsets, f.shape[-1]) for t in (tq, tk))
+            pairs = temp * _diagonal_sum(einsum("bia,bja->bij", f, g), root * root, r)  # [B, Lq, Lk]
+            to_bin = temp * _offset_sum(einsum("bia,hoa->bhio", f, tk_sub) * root, r)  # [B, H, Lq]
+            from_bin = _offset_sum(einsum("bja,hoa->bhjo", g, tq_sub) * root, r)  # [B, H, Lk]
+            corner = jnp.broadcast_to((tq_sub * tk_sub).sum((-2, -1))[None, :, None], (b, h, 1))
+            rows = jnp.concatenate([jnp.broadcast_to(pairs[:, None], (b, h) + pairs.shape[1:]),
+                                    to_bin[..., None]], -1)
+            dots = dots + jnp.concatenate([rows, jnp.concatenate([from_bin, corner], -1)[:, :, None]], -2)
+        return dots / jnp.sqrt(jnp.asarray(width, dots.dtype))
 
     # -- forward -----------------------------------------------------------------------------
 
@@ -313,7 +356,7 @@ class Aligner(nnx.Module):
         real keys then the dustbin column (zero without a dustbin). Rows beyond ``q_len`` and
         keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
         gradient; memory Lq x Lk per pair and head). Solved in the scaling domain, by the
-        reference where that leaves float32's range (``scaling_transport_plan``)."""
+        reference where that leaves float32's range (``dense_scores``, ``scaling_plan_of_scores``)."""
         return _fast_or_reference(_plan_jit, self, q_feat, k_feat, q_len, k_len)
 
     def head_plans(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
@@ -343,12 +386,15 @@ def _fast_or_reference(program, model: Aligner, q_feat, k_feat, q_len, k_len):
 
 def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None, *, solver: str):
     """(head-mean plan ``[B, Lq + 1, Lk + 1]``, safe): ``solver`` ``"reference"``
-    (``transport_plan``, always safe) or ``"scaling"`` (``scaling_transport_plan``)."""
+    (``transport_plan``, always safe) or ``"scaling"`` (``dense_scores``, then
+    ``scaling_plan_of_scores``; the reference where the scaling solve does not apply)."""
     if solver == "reference":
         plan, _, _ = model.head_plans(q_feat, k_feat, q_len, k_len, encoded=encoded)
         return plan.mean(axis=1), jnp.array(True)
-    q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
-    plan, safe = scaling_transport_plan(q, k, q_len, k_len, tokens, config=model.cfg.transport)
+    if not scaling_applies(model.cfg.transport):  # the reference plan, safe
+        return _mean_plan(model, q_feat, k_feat, q_len, k_len, encoded, solver="reference")
+    dots = model.dense_scores(q_feat, k_feat, q_len, k_len, encoded=encoded)
+    plan, safe = scaling_plan_of_scores(dots, q_len, k_len, config=model.cfg.transport)
     return plan.mean(axis=1), safe
 
 
@@ -385,6 +431,22 @@ def export_plans_both_ways(model: Aligner, size: int, pad: int) -> bytes:
     lens = jax.ShapeDtypeStruct((size,), jnp.int32)
     program = jax.jit(lambda a, b, la, lb: _plans_both_ways(model, a, b, la, lb, solver="scaling"))
     return bytes(jax.export.export(program)(feat, feat, lens, lens).serialize())
+
+
+def _diagonal_sum(x, weights, r: int):
+    """``sum_o weights[o + r] x[..., i + o, j + o]`` over o = -r..r, zero beyond the ends:
+    the windowed sum along the diagonals of ``x [.., Lq, Lk]``."""
+    lq, lk = x.shape[-2:]
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(r, r), (r, r)])
+    return sum(weights[o + r] * padded[..., r + o: r + o + lq, r + o: r + o + lk] for o in range(-r, r + 1))
+
+
+def _offset_sum(terms, r: int):
+    """``sum_o terms[..., i + o, o + r]`` over o = -r..r, zero beyond the ends: ``[.., L, 2r + 1]``
+    (a value per position and window offset) to ``[.., L]``."""
+    length = terms.shape[-2]
+    padded = jnp.pad(terms, [(0, 0)] * (terms.ndim - 2) + [(r, r), (0, 0)])
+    return sum(padded[..., r + o: r + o + length, o + r] for o in range(-r, r + 1))
 
 
 def position_features(length: int, lens, n: int) -> jax.Array:

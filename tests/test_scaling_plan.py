@@ -125,3 +125,43 @@ def test_the_models_plans_are_the_reference_plans():
     ab, ba = model.plans_both_ways(xq, xk, ql, kl)
     np.testing.assert_allclose(np.asarray(ab), ref_ab, atol=5e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(ba), ref_ba, atol=5e-6, rtol=0)
+
+
+@pytest.mark.parametrize("window", [-1, 0, 3])
+@pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
+def test_dense_scores_are_the_projected_dot_products(window, dustbin):
+    """``Aligner.dense_scores`` (the substitution channel as diagonal sums) against the dot
+    products of ``project``'s queries, keys and tokens (``dense_problem``): two heads, random
+    parameters and window weights, padded rows and columns; and the model's plan from them
+    is the reference plan."""
+    from pfamalign.model import AlignerConfig, build_model
+
+    cfg = AlignerConfig(name="scores_test", feature_dim=50, embedder_id="builtin/onehot+blosum62",
+                        encoder="conv", encoder_layers=1, encoder_width=16, kernel_size=3, heads=2,
+                        head_dim=8, value_dim=4, substitution_window=window, ce_weight=1.0,
+                        transport=TransportConfig(half_band=6, eps=0.8, base_steps=6, tail_steps=2,
+                                                  dustbin=dustbin))
+    model = build_model(cfg, seed=3)
+    rng = np.random.default_rng(window + 10)
+    if window >= 0:
+        model.substitution_logw[...] = jnp.asarray(rng.normal(size=2 * window + 1), jnp.float32)
+    if cfg.dustbin:  # tokens of the trained scale, not the init's 0.02
+        model.dustbin_q[...] = jnp.asarray(rng.normal(size=model.dustbin_q.shape), jnp.float32)
+        model.dustbin_k[...] = jnp.asarray(rng.normal(size=model.dustbin_k.shape), jnp.float32)
+    from pfamalign.pipelines.embed import get_embedder
+
+    emb = get_embedder("builtin/onehot+blosum62")
+    seqs = [("MKVLAAGIVGLLLAQS", "MKVLSAGIVG"), ("GSHMKTAYIAKQ", "MKTAYIAKQRQISFVKS")]
+    pad = 20
+    xq = jnp.asarray(np.stack([np.pad(np.asarray(emb.embed([a])[0]), ((0, pad - len(a)), (0, 0))) for a, _ in seqs]))
+    xk = jnp.asarray(np.stack([np.pad(np.asarray(emb.embed([b])[0]), ((0, pad - len(b)), (0, 0))) for _, b in seqs]))
+    ql, kl = jnp.array([len(a) for a, _ in seqs]), jnp.array([len(b) for _, b in seqs])
+    q, k, _, tokens = model.project(xq, xk, ql, kl)
+    tokens = tokens if tokens is not None else DustbinTokens(None, None, None)
+    want, mask, _, _ = dense_problem(q, k, ql, kl, tokens, cfg.transport)
+    got = model.dense_scores(xq, xk, ql, kl)
+    assert got.shape == want.shape == (2, 2, pad + 1, pad + 1)
+    support = np.broadcast_to(np.asarray(mask), want.shape)
+    np.testing.assert_allclose(np.asarray(got)[support], np.asarray(want)[support], rtol=1e-5, atol=1e-5)
+    reference = np.asarray(model.head_plans(xq, xk, ql, kl)[0]).mean(1)
+    np.testing.assert_allclose(np.asarray(model.plan(xq, xk, ql, kl)), reference, atol=5e-6, rtol=0)
