@@ -428,6 +428,50 @@ def test_expected_f1_objective_is_optimal_against_brute_force(mode, seed):
     assert expected_f1(plan, aln.pairs) == pytest.approx(best, abs=1e-12)
 
 
+def test_expected_f1_started_from_the_sure_pairs_is_the_optimum_in_fewer_decodes(monkeypatch):
+    # posterior-like plans (faint noise, a few pairs above 1/2 in order): the search started
+    # from the sure pairs reaches the brute-force optimum and the cold start's alignment,
+    # with fewer DP decodes in all
+    from pfamalign.alignment import decode
+
+    decoded = []
+    dp = decode._mea_pairs_many
+    monkeypatch.setattr(decode, "_mea_pairs_many", lambda plans, *a: decoded.append(len(plans)) or dp(plans, *a))
+    warm_calls = cold_calls = 0
+    for seed in range(25):
+        rng = np.random.default_rng(4000 + seed)
+        lq, lk = (int(n) for n in rng.integers(2, 6, size=2))
+        plan = rng.random((lq, lk)) ** 3 * 0.3
+        sure = int(rng.integers(1, min(lq, lk) + 1))
+        rows, cols = np.sort(rng.choice(lq, sure, replace=False)), np.sort(rng.choice(lk, sure, replace=False))
+        plan[rows, cols] = rng.uniform(0.55, 0.95, size=sure)
+        assert [tuple(p) for p in decode._sure_pairs(plan, plan > 0)] == list(zip(rows, cols))
+        decoded.clear()
+        warm = mea_decode(plan, objective="f1")
+        warm_calls += sum(decoded)
+        best = max(expected_f1(plan, p) for p in _proper_alignments(lq, lk))
+        assert expected_f1(plan, warm.pairs) == pytest.approx(best, abs=1e-12)
+        with monkeypatch.context() as m:
+            m.setattr(decode, "_sure_pairs", lambda plan, ok: None)
+            decoded.clear()
+            cold = mea_decode(plan, objective="f1")
+            cold_calls += sum(decoded)
+        np.testing.assert_array_equal(warm.pairs, cold.pairs)
+        assert warm.score == pytest.approx(cold.score, abs=1e-12)
+    assert warm_calls < cold_calls
+
+
+def test_crossing_or_absent_sure_pairs_are_no_start():
+    from pfamalign.alignment.decode import _sure_pairs
+
+    crossing = np.array([[0.1, 0.6], [0.7, 0.1]])
+    twice_in_a_row = np.array([[0.6, 0.6], [0.1, 0.1]])
+    assert _sure_pairs(crossing, crossing > 0) is None
+    assert _sure_pairs(twice_in_a_row, twice_in_a_row > 0) is None
+    assert _sure_pairs(np.full((3, 3), 0.3), np.ones((3, 3), bool)) is None
+    assert _sure_pairs(np.eye(3) * 0.9, np.eye(3) * 0.9 > 0.95) is None  # not allowed: none left
+
+
 def test_expected_f1_drops_pairs_plain_mea_takes_and_gains_in_f1():
     # one sure pair and four pairs of probability 0.1 beside it: MEA takes all five (each adds
     # mass), the expected F1 is best with the sure pair alone
