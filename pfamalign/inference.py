@@ -410,6 +410,7 @@ class Predictor:
         self.max_length = min(max_length, limit) if limit else max_length
         self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
         self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
+        self.encodings = EncodingCache()  # the encoder's outputs of the sequences met so far
 
     # ---- the model, restored when first needed ------------------------------------------
     @functools.cached_property
@@ -479,6 +480,10 @@ class Predictor:
             if both is not None:
                 ab, ba = (np.asarray(x) for x in both)
                 return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
+        if symmetric and self.engine is None:  # each sequence encoded once in a process
+            encoded = self._encoded(batch, pad=xq.shape[1], size=xq.shape[0])
+            ab, ba = (np.asarray(x) for x in self.model.plans_both_ways(xq, xk, lq_all, lk_all, encoded=encoded))
+            return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
         if self.engine is None:  # jit-compiled per shape
             plan, both_ways = self.model.plan, self.model.plans_both_ways
         else:
@@ -488,6 +493,27 @@ class Predictor:
             return _unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
         ab, ba = (np.asarray(x) for x in both_ways(xq, xk, lq_all, lk_all))
         return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
+
+    def _encoded(self, batch, *, pad: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The model's encodings ``([size, pad, W], [size, pad, W])`` of the two sides of
+        ``batch`` (feature pairs; slots past them repeat the first pair, as ``pad_batch``):
+        from ``self.encodings`` where a sequence was met before (a search's query, every
+        sequence of ``--all-pairs``), the others encoded together in ``padded_batch`` sizes."""
+        slots = [batch[n] if n < len(batch) else batch[0] for n in range(size)]
+        feats = {EncodingCache.key(f, pad): f for pair in slots for f in pair}
+        found = {key: self.encodings.get(key) for key in feats}
+        missing = [key for key, h in found.items() if h is None]
+        for start in range(0, len(missing), BATCH_SIZES[-1]):
+            chunk = missing[start: start + BATCH_SIZES[-1]]
+            x = np.zeros((padded_batch(len(chunk)), pad, feats[chunk[0]].shape[1]), np.float32)
+            lens = np.ones(len(x), np.int32)
+            for n, key in enumerate(chunk):
+                x[n, : len(feats[key])], lens[n] = feats[key], len(feats[key])
+            for key, h in zip(chunk, np.asarray(self.model.encodings(x, lens))):
+                found[key] = h.copy()  # not a view of the batch: the cache keeps it alone
+                self.encodings.put(key, found[key])
+        keys = [[EncodingCache.key(f, pad) for f in pair] for pair in slots]
+        return tuple(np.stack([found[pair[side]] for pair in keys]) for side in (0, 1))
 
     # ---- alignment ----------------------------------------------------------------------
     def checks_marginals(self) -> bool:
@@ -702,6 +728,44 @@ class PlanPrograms:
             return None
         both, safe = program.call(xq, xk, lq, lk)
         return both if bool(safe) else self._predictor.model.plans_both_ways(xq, xk, lq, lk)
+
+
+class EncodingCache:
+    """The model's encoder outputs of sequences met before, by their features' bytes and
+    padded length, least recently used out beyond ``max_bytes``: a sequence that comes back
+    in a later batch is encoded once (a search encoded its query for every subject: the
+    encoder is a quarter of a pair's work)."""
+
+    def __init__(self, max_bytes: int = 256 << 20):
+        from collections import OrderedDict
+
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._entries: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(feat: np.ndarray, pad: int) -> tuple:
+        return hashlib.blake2b(np.ascontiguousarray(feat).tobytes(), digest_size=16).digest(), feat.shape, pad
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        value = self._entries.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: tuple, value: np.ndarray) -> None:
+        if key in self._entries or value.nbytes > self.max_bytes:
+            return
+        self._entries[key] = value
+        self.bytes += value.nbytes
+        while self.bytes > self.max_bytes:
+            self.bytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class _Lookahead:

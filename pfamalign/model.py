@@ -369,17 +369,27 @@ class Aligner(nnx.Module):
         return plan, v, tv
 
 
-    def plans_both_ways(self, a_feat, b_feat, a_len, b_len):
+    def plans_both_ways(self, a_feat, b_feat, a_len, b_len, *, encoded=None):
         """``plan`` of A against B and of B against A (``[B, La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``),
-        each sequence encoded once: what a symmetrized alignment needs."""
-        return _fast_or_reference(_plans_both_ways_jit, self, a_feat, b_feat, a_len, b_len)
+        each sequence encoded once: what a symmetrized alignment needs. ``encoded``: the two
+        sides' ``encodings``, if known (``inference.Predictor`` keeps them across batches)."""
+        if encoded is None:
+            return _fast_or_reference(_plans_both_ways_jit, self, a_feat, b_feat, a_len, b_len)
+        return _fast_or_reference(_plans_both_ways_encoded_jit, self, a_feat, b_feat, a_len, b_len,
+                                  *(jnp.asarray(h, jnp.float32) for h in encoded))
+
+    def encodings(self, feat, lens):
+        """``encode``'s output alone (``[B, L, width + P]``), jitted: what ``plans_both_ways``
+        takes as ``encoded``."""
+        return _encodings_jit(self, jnp.asarray(feat, jnp.float32), jnp.asarray(lens, jnp.int32))
 
 
-def _fast_or_reference(program, model: Aligner, q_feat, k_feat, q_len, k_len):
+def _fast_or_reference(program, model: Aligner, q_feat, k_feat, q_len, k_len, *more):
     """``program``'s plans by the scaling solve, or by the reference where it was not safe
-    (two separate programs: one holding both would trace and load twice the code per call)."""
+    (two separate programs: one holding both would trace and load twice the code per call).
+    ``more``: the program's further arguments."""
     args = (jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
-            jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32))
+            jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32), *more)
     plans, safe = program(model, *args, solver="scaling")
     return plans if bool(safe) else program(model, *args, solver="reference")[0]
 
@@ -404,22 +414,33 @@ def _plan_jit(model: Aligner, q_feat, k_feat, q_len, k_len, *, solver: str):
 
 
 def _plans_both_ways(model: Aligner, a_feat, b_feat, a_len, b_len, *, solver: str):
+    if a_feat.shape != b_feat.shape:  # two sides of their own shapes
+        ha, hb = model.encode(a_feat, a_len)[0], model.encode(b_feat, b_len)[0]
+    else:  # one encoder call for both sides: traced once
+        n = a_feat.shape[0]
+        h = model.encode(jnp.concatenate([a_feat, b_feat]), jnp.concatenate([a_len, b_len]))[0]
+        ha, hb = h[:n], h[n:]
+    return _plans_both_ways_encoded(model, a_feat, b_feat, a_len, b_len, ha, hb, solver=solver)
+
+
+def _plans_both_ways_encoded(model: Aligner, a_feat, b_feat, a_len, b_len, ha, hb, *, solver: str):
+    none = jnp.zeros((), jnp.float32)  # the encoder's auxiliary loss: no part of a plan
     if a_feat.shape != b_feat.shape:  # two directions of their own shapes
-        ha, hb = model.encode(a_feat, a_len), model.encode(b_feat, b_len)
-        ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, (ha, hb), solver=solver)
-        ba, safe_ba = _mean_plan(model, b_feat, a_feat, b_len, a_len, (hb, ha), solver=solver)
+        ab, safe_ab = _mean_plan(model, a_feat, b_feat, a_len, b_len, ((ha, none), (hb, none)), solver=solver)
+        ba, safe_ba = _mean_plan(model, b_feat, a_feat, b_len, a_len, ((hb, none), (ha, none)), solver=solver)
         return (ab, ba), safe_ab & safe_ba
-    # one batch of both directions (A against B, then B against A): the encoder and the
+    # one batch of both directions (A against B, then B against A): the scores and the
     # solve are traced once, a smaller program to trace and load on every call
     n = a_feat.shape[0]
     swap = lambda x: jnp.concatenate([x[n:], x[:n]])  # noqa: E731
-    feat, lens = jnp.concatenate([a_feat, b_feat]), jnp.concatenate([a_len, b_len])
-    h, aux = model.encode(feat, lens)
-    plans, safe = _mean_plan(model, feat, swap(feat), lens, swap(lens), ((h, aux), (swap(h), aux)), solver=solver)
+    feat, lens, h = jnp.concatenate([a_feat, b_feat]), jnp.concatenate([a_len, b_len]), jnp.concatenate([ha, hb])
+    plans, safe = _mean_plan(model, feat, swap(feat), lens, swap(lens), ((h, none), (swap(h), none)), solver=solver)
     return (plans[:n], plans[n:]), safe
 
 
 _plans_both_ways_jit = nnx.jit(_plans_both_ways, static_argnames="solver")
+_plans_both_ways_encoded_jit = nnx.jit(_plans_both_ways_encoded, static_argnames="solver")
+_encodings_jit = nnx.jit(lambda model, feat, lens: model.encode(feat, lens)[0])
 
 
 def export_plans_both_ways(model: Aligner, size: int, pad: int) -> bytes:

@@ -146,6 +146,50 @@ def test_align_records_over_several_batches_and_buckets(predictor):
         _assert_same(rec, aln, pp, ref_pp)
 
 
+def test_a_query_met_in_every_batch_is_encoded_once(monkeypatch):
+    """A search's shape (one query, subjects over three batches of one bucket, the query
+    also a subject): the query is encoded in the first batch only, every sequence once, and
+    every pair equals the reference path."""
+    from pfamalign.inference import Predictor
+
+    predictor = Predictor()
+    encoded = []
+    encodings = predictor.model.encodings
+    monkeypatch.setattr(predictor.model, "encodings",
+                        lambda feat, lens: encoded.extend(np.asarray(lens)) or encodings(feat, lens))
+    rng = np.random.default_rng(9)
+    query = _random_seq(rng, 45)
+    subjects = [query[n:] + _random_seq(rng, n) for n in range(1, 18)] + [query]
+    out = list(predictor.align_records([{"q_id": "q", "k_id": f"s{n}", "q_seq": query, "k_seq": s}
+                                        for n, s in enumerate(subjects)]))
+    assert len(out) == 18 and predictor.shapes == {(8, 64), (2, 64)}  # three batches
+    real = [n for n in encoded if n > 1]  # padding slots of a chunk have length 1
+    assert sorted(real) == sorted(len(s) for s in subjects[:-1]) + [45]  # the query once, as itself
+    # looked up once per batch: the query found in the second and third batches
+    assert (predictor.encodings.hits, predictor.encodings.misses, len(predictor.encodings)) == (2, 18, 18)
+    for s, (rec, pp) in zip(subjects, out):
+        aln, ref_pp = predictor.align(query, s)
+        _assert_same(rec, aln, pp, ref_pp)
+
+
+def test_the_encoding_cache_keeps_the_most_recent_within_its_bytes():
+    from pfamalign.inference import EncodingCache
+
+    cache = EncodingCache(max_bytes=3 * 400)
+    feats = [np.full((5, 2), n, np.float32) for n in range(4)]
+    keys = [EncodingCache.key(f, 8) for f in feats]
+    assert EncodingCache.key(feats[0], 16) != keys[0]  # another padded length, another entry
+    assert EncodingCache.key(feats[0].copy(), 8) == keys[0]  # by content
+    for key in keys[:3]:
+        cache.put(key, np.zeros(100, np.float32))  # 400 bytes each
+    assert cache.get(keys[0]) is not None  # now the most recent
+    cache.put(keys[3], np.zeros(100, np.float32))  # evicts the least recent: keys[1]
+    assert cache.get(keys[1]) is None and cache.get(keys[2]) is not None and cache.get(keys[3]) is not None
+    assert len(cache) == 3 and cache.bytes == 1200
+    cache.put(keys[1], np.zeros(1000, np.float32))  # larger than the whole cache: not kept
+    assert cache.get(keys[1]) is None and cache.bytes == 1200
+
+
 def test_a_pair_hmm_failure_on_the_worker_reaches_the_caller(predictor, monkeypatch):
     calls = []
 

@@ -125,6 +125,10 @@ def test_the_models_plans_are_the_reference_plans():
     ab, ba = model.plans_both_ways(xq, xk, ql, kl)
     np.testing.assert_allclose(np.asarray(ab), ref_ab, atol=5e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(ba), ref_ba, atol=5e-6, rtol=0)
+    # from encodings computed apart (what Predictor keeps across batches): the same plans
+    encoded = (model.encodings(xq, ql), model.encodings(xk, kl))
+    for got, want in zip(model.plans_both_ways(xq, xk, ql, kl, encoded=encoded), (ab, ba)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("window", [-1, 0, 3])
