@@ -471,27 +471,22 @@ class Predictor:
     def _plan_batch(self, batch, *, pad: int | None = None, symmetric: bool = False) -> list[PairPlan]:
         """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
         (default: the bucket of the longest sequence) and a ``padded_batch`` size;
-        ``symmetric``: both directions in the same call (each sequence encoded once)."""
+        ``symmetric``: both directions in the same call, from the sequences' encodings (each
+        sequence encoded once in a process, ``EncodingCache``; a single pair's exported
+        program encodes inside)."""
         xq, xk, lq_all, lk_all = pad_batch(batch, pad=pad, size=padded_batch(len(batch)))
         self.shapes.add(xq.shape[:2])
         lq, lk = lq_all[: len(batch)], lk_all[: len(batch)]
-        if symmetric and self.programs is not None:
-            both = self.programs.plans_both_ways(xq, xk, lq_all, lk_all)
-            if both is not None:
-                ab, ba = (np.asarray(x) for x in both)
-                return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
-        if symmetric and self.engine is None:  # each sequence encoded once in a process
-            encoded = self._encoded(batch, pad=xq.shape[1], size=xq.shape[0])
-            ab, ba = (np.asarray(x) for x in self.model.plans_both_ways(xq, xk, lq_all, lk_all, encoded=encoded))
-            return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
-        if self.engine is None:  # jit-compiled per shape
-            plan, both_ways = self.model.plan, self.model.plans_both_ways
-        else:
-            plan = functools.partial(self.engine.plan, self.model)
-            both_ways = functools.partial(self.engine.plans_both_ways, self.model)
-        if not symmetric:
+        if not symmetric:  # jit-compiled per shape
+            plan = self.model.plan if self.engine is None else functools.partial(self.engine.plan, self.model)
             return _unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
-        ab, ba = (np.asarray(x) for x in both_ways(xq, xk, lq_all, lk_all))
+        both = self.programs.plans_both_ways(xq, xk, lq_all, lk_all) if self.programs is not None else None
+        if both is None and self.engine is None:  # each sequence encoded once in a process
+            encoded = self._encoded(batch, pad=xq.shape[1], size=xq.shape[0])
+            both = self.model.plans_both_ways(xq, xk, lq_all, lk_all, encoded=encoded)
+        elif both is None:
+            both = self.engine.plans_both_ways(self.model, xq, xk, lq_all, lk_all)
+        ab, ba = (np.asarray(x) for x in both)
         return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
     def _encoded(self, batch, *, pad: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -500,7 +495,8 @@ class Predictor:
         from ``self.encodings`` where a sequence was met before (a search's query, every
         sequence of ``--all-pairs``), the others encoded together in ``padded_batch`` sizes."""
         slots = [batch[n] if n < len(batch) else batch[0] for n in range(size)]
-        feats = {EncodingCache.key(f, pad): f for pair in slots for f in pair}
+        keys = [[EncodingCache.key(f, pad) for f in pair] for pair in slots]
+        feats = {key: f for pair, pair_keys in zip(slots, keys) for key, f in zip(pair_keys, pair)}
         found = {key: self.encodings.get(key) for key in feats}
         missing = [key for key, h in found.items() if h is None]
         for start in range(0, len(missing), BATCH_SIZES[-1]):
@@ -512,7 +508,6 @@ class Predictor:
             for key, h in zip(chunk, np.asarray(self.model.encodings(x, lens))):
                 found[key] = h.copy()  # not a view of the batch: the cache keeps it alone
                 self.encodings.put(key, found[key])
-        keys = [[EncodingCache.key(f, pad) for f in pair] for pair in slots]
         return tuple(np.stack([found[pair[side]] for pair in keys]) for side in (0, 1))
 
     # ---- alignment ----------------------------------------------------------------------
