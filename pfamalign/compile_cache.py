@@ -113,18 +113,26 @@ def _build_tag() -> str:
     """What an exported program depends on besides its name: the backend it was lowered for,
     jax's version, and this package's source (a hash of every module: an edited or upgraded
     pfamalign never runs a program that older code exported)."""
+    import importlib.util
+
     import jax
 
-    return f"{jax.default_backend()}-jax{_jax_version()}-src{source_digest(pathlib.Path(__file__).parent)}"
+    # the three packages' own directories: in an editable install kernels/ and pipelines/
+    # are not inside pfamalign/
+    roots = [pathlib.Path(location) for package in ("pfamalign", "pfamalign.kernels", "pfamalign.pipelines")
+             for location in importlib.util.find_spec(package).submodule_search_locations]
+    return f"{jax.default_backend()}-jax{_jax_version()}-src{source_digest(*roots)}"
 
 
-def source_digest(root: pathlib.Path) -> str:
-    """A short hash of the names and bytes of every Python module under ``root``."""
+def source_digest(*roots: pathlib.Path) -> str:
+    """A short hash of the names and bytes of every Python module under each of ``roots``."""
     import hashlib
 
     digest = hashlib.sha256()
-    for module in sorted(root.rglob("*.py")):
-        digest.update(module.relative_to(root).as_posix().encode() + b"\0" + module.read_bytes())
+    for root in roots:
+        for module in sorted(root.rglob("*.py")):
+            name = f"{root.name}/{module.relative_to(root).as_posix()}"
+            digest.update(name.encode() + b"\0" + module.read_bytes())
     return digest.hexdigest()[:12]
 
 

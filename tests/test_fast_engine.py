@@ -418,7 +418,23 @@ def test_the_source_digest_follows_every_module(tmp_path):
     (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")  # an edit deep in the package
     edited = compile_cache.source_digest(tmp_path / "pkg")
     (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "b.py")  # a move, same bytes
-    assert len({first, edited, compile_cache.source_digest(tmp_path / "pkg")}) == 3
+    moved = compile_cache.source_digest(tmp_path / "pkg")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "c.py").write_text("z = 4\n")
+    both = compile_cache.source_digest(tmp_path / "pkg", tmp_path / "kernels")  # another root counts
+    assert len({first, edited, moved, both}) == 4
+
+
+def test_the_build_tag_hashes_kernels_and_pipelines_too():
+    # an editable install keeps kernels/ and pipelines/ outside pfamalign/: their source
+    # is part of the programs (the plan program runs the scaling solve)
+    import importlib.util
+
+    tag = compile_cache._build_tag()
+    roots = [pathlib.Path(loc) for name in ("pfamalign", "pfamalign.kernels", "pfamalign.pipelines")
+             for loc in importlib.util.find_spec(name).submodule_search_locations]
+    assert any(r.name == "kernels" for r in roots) and any(r.name == "pipelines" for r in roots)
+    assert tag.endswith("-src" + compile_cache.source_digest(*roots))
 
 
 def test_a_program_exported_by_other_code_is_neither_read_nor_kept(tmp_path, monkeypatch):
@@ -426,7 +442,7 @@ def test_a_program_exported_by_other_code_is_neither_read_nor_kept(tmp_path, mon
 
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
     path = compile_cache.program_path("demo", "double-4")
-    assert compile_cache.source_digest(pathlib.Path(compile_cache.__file__).parent) in path.name
+    assert path.name.endswith(f".{compile_cache._build_tag()}.jaxexport")
     path.parent.mkdir(parents=True)
     backend = jax.default_backend()
     old_source = path.parent / f"double-4.{backend}-jax0.0.1-src000000000000.jaxexport"
