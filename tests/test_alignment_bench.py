@@ -33,8 +33,9 @@ def test_bench_align_targets_print_every_target_with_its_goal(capsys, monkeypatc
     spec.loader.exec_module(bench)
     assert bench.main(["--targets", "--pairs", "2", "--repeats", "1"]) == 0
     records = {r["target"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert set(records) == {"throughput_300", "latency_300", "latency_500", "help",
-                            "cold_align_300", "warm_align_300"}
+    assert set(records) == {"throughput_300", "throughput_300_one_query", "latency_300", "latency_500",
+                            "help", "cold_align_300", "warm_align_300"}
     assert records["throughput_300"]["pairs_per_s"] > 0 and records["throughput_300"]["nw_pairs_per_s"] > 0
+    assert records["throughput_300"]["cpu_ms_per_pair"] > 0 and records["throughput_300_one_query"]["pairs_per_s"] > 0
     assert records["latency_500"]["goal_ms"] == 50.0 and records["latency_500"]["ratio_to_nw"] > 0
     assert records["warm_align_300"]["goal_s"] == 1.0 and records["help"]["goal_s"] == 0.3
