@@ -131,8 +131,11 @@ def split_fwd_bwd(transport_fn: Callable):
 def run_child(argv: Sequence[str], *, timeout: float) -> dict:
     """Run ``argv`` in a fresh process; return its stdout, exit status, wall time and peak RSS.
 
-    The RSS is the child's own ``ru_maxrss`` (``os.wait4``), so every configuration is measured
-    in a process of its own, from interpreter start to exit. On timeout the child is killed.
+    The RSS is the child's ``ru_maxrss`` (``os.wait4``), so every configuration is measured
+    in a process of its own, from interpreter start to exit. Linux carries the spawning
+    process's peak across exec into it, so the figure is at least this (driver) process's
+    peak: drivers stay small (no jax arrays) and their own peak is far below any child's.
+    On timeout the child is killed.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
