@@ -95,8 +95,8 @@ class CompileCounter:
 # ---- exported programs ----------------------------------------------------------------------
 # A persistent cache entry saves the compilation, not the tracing and lowering before it (a
 # few hundred ms of a short command). ``jax.export`` saves those too: a program exported once
-# is deserialized and called. Each is named by what determines it (the caller's key) and jax's
-# version, under ``CACHE/programs/``.
+# is deserialized and called. Each is named by what determines it (the caller's key) and
+# ``_build_tag`` (backend, jax's version, the package source), under ``CACHE/programs/``.
 
 def program_path(*parts: str) -> pathlib.Path | None:
     """Where the exported program named ``parts`` (directories, then the file stem) lives for

@@ -671,9 +671,9 @@ class PlanPrograms:
     directory (``compile_cache.exported_program``, under ``programs/<model content hash>/``).
     With them a warm ``pfamalign align A B`` imports no flax and restores no checkpoint. The
     first call at a length exports the program from the restored model and runs the exported
-    program (so only it is compiled). The model content hash (config, parameters, pair-HMM),
-    the backend and jax's version name the file: an edited model or another jax never meets
-    an old program. Plans the scaling solve reports unsafe are recomputed by the model
+    program (so only it is compiled). The model content hash (config, parameters, pair-HMM)
+    and ``compile_cache.program_path``'s build tag (backend, jax, package source) name the
+    file: an edited model, another jax or other code never meets an old program. Plans the scaling solve reports unsafe are recomputed by the model
     (``Aligner.plans_both_ways``). Batches go through the model: they amortize its tracing."""
 
     def __init__(self, predictor: "Predictor", name: str):
@@ -698,7 +698,7 @@ class PlanPrograms:
         return program_path(self.name, f"plans_both_ways-{stem}")
 
     def any(self) -> bool:
-        """Whether any program of this model (for this backend and jax) is cached."""
+        """Whether any program of this model (for this backend, jax and source) is cached."""
         pattern = self._path("*")
         return any(pattern.parent.glob(pattern.name))
 

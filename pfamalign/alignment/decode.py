@@ -219,16 +219,19 @@ def _expected_f1_alignments(plans: list[np.ndarray], decode,
     for n, found in zip(cold, decode(cold, [0.0] * len(cold)) if cold else []):
         best[n] = found
     cost = [0.0] * len(plans)
+    value = [expected_f1(plan, found.pairs) for plan, found in zip(plans, best)]
     rising = list(range(len(plans)))
     for _ in range(MAX_F1_ROUNDS):
         if not rising:
             break
-        value = {n: expected_f1(plans[n], best[n].pairs) for n in rising}
         candidates = decode(rising, [value[n] / 2 for n in rising])
-        rising = [n for n, nxt in zip(rising, candidates) if expected_f1(plans[n], nxt.pairs) > value[n] + 1e-12]
-        for n, nxt in zip(list(value), candidates):
-            if n in rising:
-                best[n], cost[n] = nxt, value[n] / 2
+        still = []
+        for n, nxt in zip(rising, candidates):
+            reached = expected_f1(plans[n], nxt.pairs)
+            if reached > value[n] + 1e-12:  # each value computed once, kept for the next round
+                best[n], cost[n], value[n] = nxt, value[n] / 2, reached
+                still.append(n)
+        rising = still
     return list(zip(best, cost))
 
 
