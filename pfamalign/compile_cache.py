@@ -1,4 +1,5 @@
-"""The persistent XLA compilation cache of the command line, and a count of compilations.
+"""The persistent compilation caches of the command line (XLA's, and numba's beside it), and a
+count of compilations.
 
 Every ``pfamalign`` process would otherwise recompile the model's plan and the pair-HMM for
 each padded shape (about two seconds per shape on a laptop CPU). With the cache, the second
@@ -49,10 +50,17 @@ def _settings(directory: pathlib.Path) -> dict[str, object]:
 
 def enable() -> pathlib.Path | None:
     """Turns the persistent cache on for this process (and its children); returns its
-    directory, or None when turned off. Call before the first compilation."""
+    directory, or None when turned off. Call before the first compilation. numba's kernels
+    (``alignment.pairhmm_numba``) are cached under the same directory unless
+    ``$NUMBA_CACHE_DIR`` says otherwise (numba writes each entry to a temporary file and
+    renames it: safe for concurrent processes; it keys entries by the kernel's source)."""
     directory = cache_dir()
     if directory is None:
         return None
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        os.environ["NUMBA_CACHE_DIR"] = str(directory / "numba")  # read when numba is imported
+        if "numba" in sys.modules:
+            sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
     settings = _settings(directory)
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)  # read by jax when it is imported

@@ -23,6 +23,7 @@ from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
                                          plan_log_odds)
+from pfamalign.alignment import numba_jit
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.resources import check_align_memory
 
@@ -483,11 +484,21 @@ class Predictor:
         both = self.programs.plans_both_ways(xq, xk, lq_all, lk_all) if self.programs is not None else None
         if both is None and self.engine is None:  # each sequence encoded once in a process
             encoded = self._encoded(batch, pad=xq.shape[1], size=xq.shape[0])
-            both = self.model.plans_both_ways(xq, xk, lq_all, lk_all, encoded=encoded)
+            both = self._frozen().plans_both_ways(xq, xk, lq_all, lk_all, encoded=encoded)
         elif both is None:
             both = self.engine.plans_both_ways(self.model, xq, xk, lq_all, lk_all)
         ab, ba = (np.asarray(x) for x in both)
         return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
+
+    def _frozen(self):
+        """The model's inference programs on its parameters split once (``FrozenAligner``),
+        split again when a caller has replaced ``model.cfg``."""
+        from pfamalign.model import FrozenAligner
+
+        frozen = self.__dict__.get("_frozen_aligner")
+        if frozen is None or not frozen.matches(self.model):
+            frozen = self.__dict__["_frozen_aligner"] = FrozenAligner(self.model)
+        return frozen
 
     def _encoded(self, batch, *, pad: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         """The model's encodings ``([size, pad, W], [size, pad, W])`` of the two sides of
@@ -505,7 +516,7 @@ class Predictor:
             lens = np.ones(len(x), np.int32)
             for n, key in enumerate(chunk):
                 x[n, : len(feats[key])], lens[n] = feats[key], len(feats[key])
-            for key, h in zip(chunk, np.asarray(self.model.encodings(x, lens))):
+            for key, h in zip(chunk, np.asarray(self._frozen().encodings(x, lens))):
                 found[key] = h.copy()  # not a view of the batch: the cache keeps it alone
                 self.encodings.put(key, found[key])
         return tuple(np.stack([found[pair[side]] for pair in keys]) for side in (0, 1))
@@ -567,8 +578,9 @@ class Predictor:
 
         Batched: up to ``window`` pairs are read ahead, grouped by length bucket
         (``padded_length``) and computed in batches of ``padded_batch`` sizes -- one jitted
-        plan call and one jitted pair-HMM call (``pairhmm_batched``) per batch, so a run
-        compiles at most one program per (batch size, bucket) that it meets.
+        plan call per batch, so a run compiles at most one program per (batch size, bucket)
+        that it meets. A window of ``numba_jit.BULK_PAIRS`` or more pairs starts numba's
+        kernels (pair-HMM, MEA DP) for the rest of the process (``numba_jit``).
         """
         decoding = decoding or self.decoding
         pending: list[dict] = []
@@ -607,12 +619,22 @@ class Predictor:
         return None
 
     def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]], *, mode: str = "global",
-                       log_emissions: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-        """The model's pair-HMM match posteriors of each ``(seq_a, seq_b)``, in order, by the
-        batched engine: pairs bucketed by padded length, one jitted call per batch (tested
+                       log_emissions: Sequence[np.ndarray] | None = None,
+                       bulk: bool | None = None) -> list[np.ndarray]:
+        """The model's pair-HMM match posteriors of each ``(seq_a, seq_b)``, in order (tested
         equal to ``pairhmm.match_posteriors``). ``mode``: the decoder's (``local``: the
         segment model, flanks free); ``log_emissions``: per pair, match log-odds in place of
-        the substitution table's (``plan_posteriors``)."""
+        the substitution table's (``plan_posteriors``). ``bulk``: the numba engine
+        (``pairhmm_numba``) rather than the XLA one (``pairhmm_batched``: pairs bucketed by
+        padded length, one exported program per batch); by default once this process uses
+        numba, or for ``numba_jit.BULK_PAIRS`` pairs or more (``numba_jit``)."""
+        if bulk is None:
+            bulk = numba_jit.started() or len(seq_pairs) >= numba_jit.BULK_PAIRS
+        if bulk:
+            from pfamalign.alignment.pairhmm_numba import match_posteriors_many
+
+            return match_posteriors_many(self.pairhmm, list(seq_pairs), local=mode == "local",
+                                         log_emissions=log_emissions)
         from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
         out: list = [None] * len(seq_pairs)
@@ -651,6 +673,8 @@ class Predictor:
         # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
         # threads while this thread computes its plans (jax releases the GIL; on two cores
         # both stay busy), at most one batch ahead (memory).
+        if len(pairs) >= numba_jit.BULK_PAIRS:  # a window of many pairs: numba's kernels from now on
+            numba_jit.start()
         posteriors = _Lookahead(lambda seqs: self.hmm_posteriors(seqs, mode=decoding.mode),
                                 sequences if decoding.uses_pairhmm() else [])
         for b, ((pad, chunk), seqs) in enumerate(zip(batches, sequences)):

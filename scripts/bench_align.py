@@ -7,8 +7,10 @@
 ``--targets`` prints one line per target of the engine, each with Biopython Needleman-Wunsch
 measured in the same run and the target beside it: batched throughput at 300 x 300 (pairs/s
 through ``Predictor.align_records``; distinct pairs, and one query against as many subjects, a
-search's shape, whose query is encoded once; every pass starts with an empty encoding cache), the latency of one 500 x 500 pair with the model loaded,
-the per-stage cost of one pair (featurize, plan, pair-HMM, decode), and the wall time of
+search's shape, whose query is encoded once; every pass starts with an empty encoding cache),
+the latency of one 500 x 500 pair with the model loaded (in this process, after the throughput
+passes: numba's kernels, ``alignment.numba_jit``), the per-stage cost of one pair (featurize,
+plan, pair-HMM on either engine, decode), and the wall time of
 ``pfamalign --help`` and of a cold (empty compile cache) and a warm ``pfamalign align A B``
 of two 300-residue sequences (fresh processes).
 
@@ -191,6 +193,7 @@ def _nw_ms(inputs: Inputs, repeats: int) -> float:
 
 def target_records(*, n_pairs: int, repeats: int, seed: int, checkpoint=None) -> Iterator[dict]:
     """One record per target (see the module docstring), ratios against NW in this run."""
+    from pfamalign.alignment import numba_jit
     from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
     from pfamalign.inference import EncodingCache, padded_length
 
@@ -229,23 +232,27 @@ def target_records(*, n_pairs: int, repeats: int, seed: int, checkpoint=None) ->
         feats = predictor.featurize([x.seq_a, x.seq_b])
         pad = padded_length(max(len(x.seq_a), len(x.seq_b)))
         pp = predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True)[0]
-        post = batched_match_posteriors(predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad)[0]
         seqs = [(x.seq_a, x.seq_b)]
+        post = predictor.hmm_posteriors(seqs)[0]
         plan_post = predictor.plan_posteriors(seqs, [pp], predictor.decoding)[0]  # None without plan_power
         stages = {
             "featurize_ms": 1e3 * _median_s(lambda: predictor.featurize([x.seq_a, x.seq_b]), repeats),
             "plan_both_directions_ms": 1e3 * _median_s(lambda: (
                 setattr(predictor, "encodings", EncodingCache()),
                 predictor._plan_batch([tuple(feats)], pad=pad, symmetric=True)), repeats),
-            "pairhmm_ms": 1e3 * _median_s(lambda: batched_match_posteriors(
-                predictor.pairhmm, [(x.seq_a, x.seq_b)], pad, pad), repeats),
+            # the engine this process uses (numba: started by the throughput passes), and the
+            # XLA engine of a process that aligns one pair (``numba_jit``)
+            "pairhmm_ms": 1e3 * _median_s(lambda: predictor.hmm_posteriors(seqs), repeats),
+            "pairhmm_xla_ms": 1e3 * _median_s(lambda: batched_match_posteriors(
+                predictor.pairhmm, seqs, pad, pad), repeats),
             "plan_pairhmm_ms": (1e3 * _median_s(lambda: predictor.plan_posteriors(seqs, [pp], predictor.decoding),
                                                 repeats) if plan_post is not None else 0.0),
             "decode_ms": 1e3 * _median_s(lambda: predictor.decoding.decode(
                 pp, (x.seq_a, x.seq_b), hmm_posteriors=post, plan_posteriors=plan_post), repeats),
             "reference_ms": 1e3 * _median_s(lambda: predictor.align(x.seq_a, x.seq_b), repeats)}
         rec = {"target": f"latency_{length}", "lq": len(x.seq_a), "lk": len(x.seq_b), "ms": ms,
-               "nw_ms": nw, "ratio_to_nw": ms / nw, **stages}
+               "nw_ms": nw, "ratio_to_nw": ms / nw, "pairhmm_engine": "numba" if numba_jit.started() else "xla",
+               **stages}
         if length == 500:
             rec.update(goal_ms=TARGETS["latency_500_ms"], met=ms <= TARGETS["latency_500_ms"])
         yield rec

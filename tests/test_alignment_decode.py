@@ -107,6 +107,27 @@ def test_matches_cellwise_dp_across_row_blocks(lq, lk):
         assert aln.score == pytest.approx(_cellwise_dp(plan, gap_cost), abs=1e-9)
 
 
+def test_the_numba_dp_finds_the_numpy_dps_pairs_ties_included(monkeypatch):
+    """Once a process uses numba (``numba_jit``), ``_mea_pairs_many`` runs its compiled twin:
+    the same pairs, ties broken alike (masses on a grid of quarters tie everywhere), with
+    disallowed cells, gap bonuses and pair costs, one shape at a time."""
+    from pfamalign.alignment import decode, numba_jit
+
+    rng = np.random.default_rng(12)
+    sizes = [(1, 1), (70, 40), (30, 90), (129, 128), (64, 64), (5, 1)]
+    plans = [np.round(rng.random(size) ** 3 * 4) / 4 for size in sizes]
+    oks = [rng.random(size) < 0.8 for size in sizes]
+    for bonuses in ([0.0] * 6, [0.1, -0.3, 0.25, -0.1, 0.0, -1.0]):
+        monkeypatch.setattr(numba_jit, "_started", False)
+        ref = decode._mea_pairs_many(plans, oks, bonuses)
+        monkeypatch.setattr(numba_jit, "_started", True)
+        got = decode._mea_pairs_many(plans, oks, bonuses)
+        for r, g in zip(ref, got):
+            assert g.dtype == r.dtype and g.shape == r.shape
+            np.testing.assert_array_equal(g, r)
+        assert sum(len(r) for r in ref) > 50  # not all empty
+
+
 @pytest.mark.parametrize("objective", ["accuracy", "f1"])
 @pytest.mark.parametrize("mode", ["global", "local"])
 def test_many_plans_at_once_are_each_plan_alone(objective, mode):

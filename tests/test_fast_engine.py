@@ -1,6 +1,7 @@
 """The batched alignment engine against its simple reference path.
 
-* ``pairhmm_batched`` (scaled linear-space forward-backward, jitted, padded batches) against
+* The two fast pair-HMM engines, ``pairhmm_batched`` (scaled linear-space forward-backward,
+  jitted, padded batches) and ``pairhmm_numba`` (the same, compiled per pair), against
   ``pairhmm.match_posteriors`` (log space, numpy, one pair): equal to float64 rounding.
 * ``Predictor.align_records`` (length buckets, padded batch sizes) against
   ``Predictor.align`` (one pair, its own plan call, the numpy pair-HMM): the same alignments.
@@ -22,6 +23,7 @@ import pytest
 from pfamalign import compile_cache
 from pfamalign.alignment import pairhmm
 from pfamalign.alignment.pairhmm import PairHMM, PairHMMMixture, default_pairhmm, match_posteriors
+from pfamalign.alignment import pairhmm_numba
 from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
@@ -47,40 +49,63 @@ def _mixture() -> PairHMMMixture:
     return PairHMMMixture(components=[_single_hmm(), _one_gap_type_hmm()], prior=[0.7, 0.3])
 
 
+# each engine on a list of pairs: the XLA one on a rectangular padding longer than needed
+ENGINES = {"xla": lambda hmm, pairs, **kw: batched_match_posteriors(hmm, pairs, 64, 96, **kw),
+           "numba": pairhmm_numba.match_posteriors_many}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 @pytest.mark.parametrize("hmm", [default_pairhmm(), _single_hmm(), _one_gap_type_hmm(), _mixture()],
                          ids=["shipped", "single", "one_gap_type", "mixture"])
-def test_batched_posteriors_equal_the_reference(hmm, local):
+def test_fast_posteriors_equal_the_reference(hmm, local, engine):
     rng = np.random.default_rng(0)
     pairs = [(_random_seq(rng, la, odd=True), _random_seq(rng, lb)) for la, lb in
              [(1, 1), (1, 50), (63, 2), (40, 40), (64, 64), (17, 55)]]
-    out = batched_match_posteriors(hmm, pairs, 64, 96, local=local)  # rectangular padding, longer than needed
+    out = ENGINES[engine](hmm, pairs, local=local)
     for (a, b), post in zip(pairs, out):
         ref = match_posteriors(hmm, a, b, local=local)
         assert post.shape == ref.shape == (len(a), len(b))
         np.testing.assert_allclose(post, ref, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 @pytest.mark.parametrize("hmm", [_single_hmm(), _mixture()], ids=["single", "mixture"])
-def test_batched_posteriors_of_given_emission_tables_equal_the_reference(hmm, local):
-    """The plan pair-HMM's batched path: one table per pair, its padding neutral."""
+def test_fast_posteriors_of_given_emission_tables_equal_the_reference(hmm, local, engine):
+    """The plan pair-HMM's path: one table per pair (the XLA engine's padding neutral)."""
     rng = np.random.default_rng(1)
     pairs = [(_random_seq(rng, la), _random_seq(rng, lb)) for la, lb in [(1, 1), (63, 2), (40, 40), (17, 55)]]
     tables = [pairhmm.plan_log_odds(rng.dirichlet(np.ones(len(b)), len(a)), 0.3) for a, b in pairs]
-    out = batched_match_posteriors(hmm, pairs, 64, 96, local=local, log_emissions=tables)
+    out = ENGINES[engine](hmm, pairs, local=local, log_emissions=tables)
     for (a, b), table, post in zip(pairs, tables, out):
         np.testing.assert_allclose(post, match_posteriors(hmm, a, b, local=local, log_emissions=table),
                                    rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="emission tables"):
-        batched_match_posteriors(hmm, pairs, 64, 96, log_emissions=tables[:2])
+        ENGINES[engine](hmm, pairs, log_emissions=tables[:2])
+    with pytest.raises(ValueError, match="shape"):  # a table that is not the pair's
+        ENGINES[engine](hmm, pairs[:1], log_emissions=[np.zeros((2, 1))])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fast_posteriors_reject_empty_sequences(engine):
+    with pytest.raises(ValueError, match="non-empty"):
+        ENGINES[engine](default_pairhmm(), [("MKV", "MK"), ("", "A")])
 
 
 def test_batched_posteriors_reject_what_does_not_fit():
-    with pytest.raises(ValueError, match="non-empty"):
-        batched_match_posteriors(default_pairhmm(), [("", "A")], 64, 64)
     with pytest.raises(ValueError, match="does not fit"):
         batched_match_posteriors(default_pairhmm(), [("A" * 70, "A")], 64, 64)
+
+
+def test_numba_posteriors_of_long_pairs_stay_finite():
+    """Rows scaled through the transitions: 1,500 rows of strong or weak emissions would leave
+    float64's range unscaled (e^(+-5) per row); the posteriors of the reference come back."""
+    rng = np.random.default_rng(7)
+    a = _random_seq(rng, 1500)
+    for b in (a, _random_seq(rng, 40)):  # identical (emissions up to e^5 a row), unrelated
+        (post,) = pairhmm_numba.match_posteriors_many(_single_hmm(), [(a, b)])
+        np.testing.assert_allclose(post, match_posteriors(_single_hmm(), a, b), rtol=1e-8, atol=1e-12)
 
 
 def test_padded_shapes_are_few_and_fit():
@@ -151,12 +176,13 @@ def test_a_query_met_in_every_batch_is_encoded_once(monkeypatch):
     also a subject): the query is encoded in the first batch only, every sequence once, and
     every pair equals the reference path."""
     from pfamalign.inference import Predictor
+    from pfamalign.model import FrozenAligner
 
     predictor = Predictor()
     encoded = []
-    encodings = predictor.model.encodings
-    monkeypatch.setattr(predictor.model, "encodings",
-                        lambda feat, lens: encoded.extend(np.asarray(lens)) or encodings(feat, lens))
+    encodings = FrozenAligner.encodings
+    monkeypatch.setattr(FrozenAligner, "encodings",
+                        lambda self, feat, lens: encoded.extend(np.asarray(lens)) or encodings(self, feat, lens))
     rng = np.random.default_rng(9)
     query = _random_seq(rng, 45)
     subjects = [query[n:] + _random_seq(rng, n) for n in range(1, 18)] + [query]
@@ -201,6 +227,65 @@ def test_a_pair_hmm_failure_on_the_worker_reaches_the_caller(predictor, monkeypa
     with pytest.raises(RuntimeError, match="pair-HMM failed"):
         list(predictor.align_records(_records([("MKVLA", "MKVA"), ("GSHMK", "GSMK")])))
     assert calls and all(name.startswith("pfamalign-overlap") for name in calls)  # on the worker
+
+
+def test_a_window_of_many_pairs_takes_the_numba_engine(predictor, monkeypatch):
+    """``BULK_PAIRS`` pairs in one window: their pair-HMM runs on the numba engine (fewer: on
+    the XLA one until numba has started), and the alignments equal the reference path's."""
+    from pfamalign.alignment import numba_jit
+
+    calls = {"numba": 0, "xla": 0}
+    real_numba, real_xla = pairhmm_numba.match_posteriors_many, batched_match_posteriors
+
+    def numba_spy(hmm, pairs, **kw):
+        calls["numba"] += len(pairs)
+        return real_numba(hmm, pairs, **kw)
+
+    def xla_spy(hmm, pairs, *args, **kw):
+        calls["xla"] += 1
+        return real_xla(hmm, pairs, *args, **kw)
+
+    monkeypatch.setattr(pairhmm_numba, "match_posteriors_many", numba_spy)
+    monkeypatch.setattr("pfamalign.alignment.pairhmm_batched.batched_match_posteriors", xla_spy)
+    rng = np.random.default_rng(8)
+    pairs = [(_random_seq(rng, 20 + n), _random_seq(rng, 30)) for n in range(numba_jit.BULK_PAIRS)]
+    out = list(predictor.align_records(_records(pairs)))
+    assert calls == {"numba": len(pairs), "xla": 0}
+    for (a, b), (rec, pp) in list(zip(pairs, out))[:3]:
+        aln, ref_pp = predictor.align(a, b)
+        _assert_same(rec, aln, pp, ref_pp)
+    monkeypatch.setattr(numba_jit, "_started", False)  # a fresh process, two pairs
+    list(predictor.align_records(_records(pairs[:2])))
+    assert calls == {"numba": len(pairs), "xla": 1}
+
+
+_NUMBA_CACHED = """
+from pfamalign.alignment import pairhmm_numba
+from pfamalign.alignment.pairhmm import default_pairhmm
+pairhmm_numba.match_posteriors_many(default_pairhmm(), [("MKVLA", "MKIV")])
+stats = pairhmm_numba._kernel(2).stats
+print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+"""
+
+
+def test_a_second_process_loads_the_numba_kernel_from_the_cache(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [subprocess.run([sys.executable, "-c", _NUMBA_CACHED], env=env, capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert [tuple(map(int, r.stdout.split())) for r in runs] == [(0, 1), (1, 0)], [r.stderr[-500:] for r in runs]
+
+
+def test_the_cli_keeps_numba_kernels_in_its_cache_directory(tmp_path):
+    show = "from pfamalign import compile_cache; import os; compile_cache.enable(); print(os.environ['NUMBA_CACHE_DIR'])"
+
+    def numba_dir(**env):
+        base = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+        return subprocess.run([sys.executable, "-c", show], env={**base, **env}, capture_output=True,
+                              text=True, timeout=60, check=True).stdout.strip()
+
+    assert numba_dir(**{compile_cache.ENV: str(tmp_path / "c")}) == str(tmp_path / "c" / "numba")
+    mine = str(tmp_path / "mine")  # the user's own choice wins
+    assert numba_dir(**{compile_cache.ENV: str(tmp_path / "c"), "NUMBA_CACHE_DIR": mine}) == mine
 
 
 @pytest.mark.slow
@@ -387,6 +472,37 @@ def test_exported_plans_are_the_models(tmp_path, monkeypatch):
                                   np.asarray(model[0]))
 
 
+def test_the_frozen_programs_are_the_models(predictor):
+    """``FrozenAligner`` (the model split once, plain ``jax.jit``): the model's encodings and
+    plans of both directions, from features or from encodings; a replaced ``model.cfg``
+    makes the ``Predictor`` split again."""
+    import dataclasses
+
+    from pfamalign.inference import pad_batch
+    from pfamalign.model import FrozenAligner
+
+    model = predictor.model
+    frozen = FrozenAligner(model)
+    rng = np.random.default_rng(10)
+    pairs = [(_random_seq(rng, 40), _random_seq(rng, 55)), (_random_seq(rng, 60), _random_seq(rng, 12))]
+    xq, xk, lq, lk = pad_batch([tuple(predictor.featurize(pair)) for pair in pairs])
+    for side, lens in ((xq, lq), (xk, lk)):
+        np.testing.assert_allclose(np.asarray(frozen.encodings(side, lens)),
+                                   np.asarray(model.encodings(side, lens)), atol=1e-6, rtol=0)
+    encoded = (np.asarray(model.encodings(xq, lq)), np.asarray(model.encodings(xk, lk)))
+    for kw in ({}, {"encoded": encoded}):
+        for got, want in zip(frozen.plans_both_ways(xq, xk, lq, lk, **kw), model.plans_both_ways(xq, xk, lq, lk, **kw)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)
+    first = predictor._frozen()
+    assert predictor._frozen() is first and first.matches(model)
+    cfg = model.cfg
+    try:
+        model.cfg = dataclasses.replace(cfg)  # another transport setting, say: split again
+        assert predictor._frozen() is not first and predictor._frozen().matches(model)
+    finally:
+        model.cfg = cfg
+
+
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 def test_the_exported_pair_hmm_program_gives_the_reference_posteriors(tmp_path, monkeypatch, local):
     from pfamalign.alignment import pairhmm_batched
@@ -524,7 +640,7 @@ def test_align_cli_verbose_provenance_and_svg_plot(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["global", "local"])
-def test_predictor_hmm_posteriors_equal_the_reference_across_buckets(mode):
+def test_predictor_hmm_posteriors_equal_the_reference_either_engine(mode):
     # pairs of several padded lengths and an odd count per bucket: the bucketing and the filler
     # rows must give back every pair's own posteriors, in order; the last pair is a domain
     # inside long random flanks (the local model's scaled start / end weights)
@@ -536,7 +652,8 @@ def test_predictor_hmm_posteriors_equal_the_reference_across_buckets(mode):
              [(30, 41), (200, 150), (12, 9), (130, 70), (64, 65), (5, 300), (77, 77)]]
     domain = _random_seq(rng, 80)
     pairs.append((_random_seq(rng, 150) + domain + _random_seq(rng, 200), domain))
-    got = predictor.hmm_posteriors(pairs, mode=mode)
-    for (a, b), post in zip(pairs, got):
-        np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b, local=mode == "local"),
-                                   rtol=1e-8, atol=1e-12)
+    for bulk in (False, True):  # the XLA engine, the numba one
+        got = predictor.hmm_posteriors(pairs, mode=mode, bulk=bulk)
+        for (a, b), post in zip(pairs, got):
+            np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b, local=mode == "local"),
+                                       rtol=1e-8, atol=1e-12)

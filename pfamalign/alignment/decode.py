@@ -31,6 +31,7 @@ decoders share the Gotoh engine (``_gotoh_pairs``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -247,6 +248,11 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
     equals the cell above -- are filled a block at a time, so memory stays an eighth of a
     float table's.
     """
+    from pfamalign.alignment import numba_jit
+
+    if numba_jit.started():  # the same DP and traceback, compiled (a third of the time)
+        kernel = _mea_pairs_kernel()
+        return [kernel(plan, ok, float(bonus)) for plan, ok, bonus in zip(plans, oks, bonuses)]
     count = len(plans)
     lq = max(plan.shape[0] for plan in plans)
     lk = max(plan.shape[1] for plan in plans)
@@ -276,6 +282,44 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
 
 
 _MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs_many``
+
+
+@functools.lru_cache(maxsize=None)
+def _mea_pairs_kernel():
+    """``(plan, ok, bonus) -> pairs``: ``_mea_pairs_many``'s DP of one plan, compiled with
+    numba (``numba_jit``): the same sums and maxima in the same order, so the same M, ties and
+    pairs; the tie tables and the traceback as ``_traceback``'s."""
+    from pfamalign.alignment.numba_jit import njit
+
+    @njit()
+    def mea_pairs(plan, ok, bonus):
+        lq, lk = plan.shape
+        prev, cur = np.zeros(lk + 1), np.zeros(lk + 1)  # M[i, :], M[i + 1, :]
+        left = np.empty((lq, lk), dtype=np.bool_)  # M[i+1, j+1] == M[i+1, j]
+        up = np.empty((lq, lk), dtype=np.bool_)  # M[i+1, j+1] == M[i, j+1]
+        for i in range(lq):
+            for j in range(lk):
+                d = prev[j] + (plan[i, j] + bonus) if ok[i, j] else -np.inf
+                v = max(max(d, prev[j + 1]), cur[j]) if j > 0 else max(d, prev[j + 1])
+                cur[j + 1] = v
+                left[i, j] = v == cur[j] if j > 0 else v == 0.0
+                up[i, j] = v == prev[j + 1]
+            prev, cur = cur, prev
+        out = np.empty((min(lq, lk), 2), dtype=np.int64)
+        n, i, j = 0, lq, lk
+        while i > 0 and j > 0:
+            if left[i - 1, j - 1]:
+                j -= 1
+            elif up[i - 1, j - 1]:
+                i -= 1
+            else:  # neither gap move reaches M[i, j]: the diagonal move does
+                out[n, 0], out[n, 1] = i - 1, j - 1
+                n += 1
+                i -= 1
+                j -= 1
+        return out[:n][::-1].copy()
+
+    return mea_pairs
 
 
 def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -130,6 +130,10 @@ class PairHMM:
                 "extend": np.log(self.gap_extend), "close": leave + np.log1p(-self.gap_switch),
                 "switch": leave[:, None] + log_switch + np.log(weights)[None, :]}
 
+    def linear_transitions(self) -> dict[str, np.ndarray]:
+        """``log_transitions`` exponentiated (the fast engines run in linear space)."""
+        return {name: np.exp(value) for name, value in self.log_transitions().items()}
+
     # ---- persistence ---------------------------------------------------------------------
     def to_json(self, recipe: str = "") -> str:
         return jsonio.dumps({"format": "pfamalign-pairhmm", "residues": RESIDUES, "recipe": recipe,

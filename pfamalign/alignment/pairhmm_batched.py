@@ -1,5 +1,7 @@
-"""Batched, jitted forward-backward of the pair-HMM (``pairhmm``): the fast path of the
-``posterior`` decoder, tested against ``pairhmm.match_posteriors`` (the reference).
+"""Batched, jitted forward-backward of the pair-HMM (``pairhmm``): the ``posterior`` decoder's
+engine for one or a few pairs (its exported programs load in milliseconds; many pairs run on
+``pairhmm_numba``, see ``numba_jit``), tested against ``pairhmm.match_posteriors`` (the
+reference).
 
 Differences from the reference, none of which changes the result beyond rounding:
 
@@ -34,12 +36,6 @@ from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, ch
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
 X64 = True
-
-
-def _linear_params(hmm: PairHMM) -> dict[str, np.ndarray]:
-    t = hmm.log_transitions()
-    return {"mm": np.exp(t["mm"]), "open": np.exp(t["open"]), "extend": np.exp(t["extend"]),
-            "close": np.exp(t["close"]), "switch": np.exp(t["switch"])}
 
 
 _BLOCK = 16  # the gap scans run as small matrix products on blocks of this many columns
@@ -265,7 +261,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
 
     def solve(component):
         with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
-            params = {k: np.asarray(v, np.float64) for k, v in _linear_params(component).items()}
+            params = {k: np.asarray(v, np.float64) for k, v in component.linear_transitions().items()}
             emit = given if given is not None else np.exp(component.log_odds())[qi.T[:, :, None], ki[None]]
             post, log_z = _posteriors_program(params, emit, local)(params, emit, lq, lk)
             return np.asarray(post), np.asarray(log_z)
