@@ -671,15 +671,17 @@ class Predictor:
                    for start in range(0, len(members), BATCH_SIZES[-1])]
         sequences = [[(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk] for _, chunk in batches]
         # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
-        # threads while this thread computes its plans (jax releases the GIL; on two cores
-        # both stay busy), at most one batch ahead (memory).
+        # threads while another computes the plans and this thread decodes (jax and numba
+        # release the GIL; two cores stay busy), each at most one batch ahead (memory).
         if len(pairs) >= numba_jit.BULK_PAIRS:  # a window of many pairs: numba's kernels from now on
             numba_jit.start()
         posteriors = _Lookahead(lambda seqs: self.hmm_posteriors(seqs, mode=decoding.mode),
-                                sequences if decoding.uses_pairhmm() else [])
+                                sequences if decoding.uses_pairhmm() else [], worker="pairhmm")
+        plans_of = _Lookahead(lambda item: self._plan_batch([tuple(self.featurize(pair)) for pair in item[1]],
+                                                            pad=item[0], symmetric=True),
+                              [(pad, seqs) for (pad, _), seqs in zip(batches, sequences)], worker="plans")
         for b, ((pad, chunk), seqs) in enumerate(zip(batches, sequences)):
-            feats = [tuple(self.featurize(pair)) for pair in seqs]
-            plans = self._plan_batch(feats, pad=pad, symmetric=True)
+            plans = plans_of.get(b)
             alignments = self.decode_batch(plans, seqs, decoding, hmm_posteriors=posteriors.get(b))
             for n, pp, seq_pair, aln in zip(chunk, plans, seqs, alignments):
                 rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
@@ -788,18 +790,18 @@ class EncodingCache:
 
 
 class _Lookahead:
-    """``fn(items[n])`` computed on a worker thread, at most ``ahead`` items before the one
-    asked for (``get(n)``, n in order; None past the items)."""
+    """``fn(items[n])`` computed on the thread named ``worker`` (one per name), at most
+    ``ahead`` items before the one asked for (``get(n)``, n in order; None past the items)."""
 
-    def __init__(self, fn, items: Sequence, ahead: int = 1):
-        self._fn, self._items, self._ahead = fn, items, ahead
+    def __init__(self, fn, items: Sequence, ahead: int = 1, worker: str = "overlap"):
+        self._fn, self._items, self._ahead, self._worker = fn, items, ahead, worker
         self._futures: dict[int, object] = {}
         self._next = 0
         self._submit_through(ahead)  # the first items start now
 
     def _submit_through(self, last: int) -> None:
         while self._next < min(len(self._items), last + 1):
-            self._futures[self._next] = _overlap_pool().submit(self._fn, self._items[self._next])
+            self._futures[self._next] = _overlap_pool(self._worker).submit(self._fn, self._items[self._next])
             self._next += 1
 
     def get(self, n: int):
@@ -810,7 +812,7 @@ class _Lookahead:
 
 
 @functools.lru_cache(maxsize=None)
-def _overlap_pool():
+def _overlap_pool(worker: str):
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pfamalign-overlap")
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pfamalign-{worker}")

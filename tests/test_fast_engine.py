@@ -226,7 +226,21 @@ def test_a_pair_hmm_failure_on_the_worker_reaches_the_caller(predictor, monkeypa
     monkeypatch.setattr(predictor, "hmm_posteriors", failing)
     with pytest.raises(RuntimeError, match="pair-HMM failed"):
         list(predictor.align_records(_records([("MKVLA", "MKVA"), ("GSHMK", "GSMK")])))
-    assert calls and all(name.startswith("pfamalign-overlap") for name in calls)  # on the worker
+    assert calls and all(name.startswith("pfamalign-pairhmm") for name in calls)  # on its worker
+
+
+def test_a_plan_failure_on_the_worker_reaches_the_caller(predictor, monkeypatch):
+    """Plans are computed on a worker thread of their own, a batch ahead of the decoding."""
+    calls = []
+
+    def failing(batch, **kw):
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("plan failed")
+
+    monkeypatch.setattr(predictor, "_plan_batch", failing)
+    with pytest.raises(RuntimeError, match="plan failed"):
+        list(predictor.align_records(_records([("MKVLA", "MKVA"), ("GSHMK", "GSMK")])))
+    assert calls and all(name.startswith("pfamalign-plans") for name in calls)
 
 
 def test_a_window_of_many_pairs_takes_the_numba_engine(predictor, monkeypatch):
