@@ -239,7 +239,7 @@ class DecoderSettings:
         if self.uses_pairhmm():
             if hmm_posteriors is None:
                 hmm_posteriors = match_posteriors(hmm, *sequences, local=self.mode == "local")
-            mixed = mixed + (1 - self.alpha) * hmm_posteriors
+            mixed += (1 - self.alpha) * hmm_posteriors  # in place: the same sum, one array less
         return mixed
 
 
@@ -343,14 +343,30 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
 def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
     """The first ``len(lq)`` plans of a padded ``[B, pad + 1, pad + 1]`` batch (real lines,
     then the dustbin's) at their own sizes."""
+    return [PairPlan(_own_lines(out[n], lq[n], lk[n])) for n in range(len(lq))]
+
+
+def _unpad_symmetric(ab: np.ndarray, ba: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
+    """``symmetrize`` of each pair's ``_unpad``ed plans of both directions, bit for bit, in
+    place (half the time: no third array, one transposed read)."""
     plans = []
     for n in range(len(lq)):
-        full = np.zeros((lq[n] + 1, lk[n] + 1), np.float64)
-        rows = np.r_[np.arange(lq[n]), out.shape[1] - 1]
-        full[:, : lk[n]] = out[n, rows, : lk[n]]
-        full[:, lk[n]] = out[n, rows, -1]
+        full = _own_lines(ab[n], lq[n], lk[n])
+        full += _own_lines(ba[n], lk[n], lq[n]).T
+        full *= 0.5
         plans.append(PairPlan(full))
     return plans
+
+
+def _own_lines(padded: np.ndarray, lq: int, lk: int) -> np.ndarray:
+    """``[lq + 1, lk + 1]`` float64 of a padded ``[pad + 1, pad + 1]`` plan: the real lines
+    and the dustbin's (the last)."""
+    full = np.empty((lq + 1, lk + 1))
+    full[:lq, :lk] = padded[:lq, :lk]
+    full[:lq, lk] = padded[:lq, -1]
+    full[lq, :lk] = padded[-1, :lk]
+    full[lq, lk] = padded[-1, -1]
+    return full
 
 
 class Predictor:
@@ -488,7 +504,7 @@ class Predictor:
         elif both is None:
             both = self.engine.plans_both_ways(self.model, xq, xk, lq_all, lk_all)
         ab, ba = (np.asarray(x) for x in both)
-        return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
+        return _unpad_symmetric(ab, ba, lq, lk)
 
     def _frozen(self):
         """The model's inference programs on its parameters split once (``FrozenAligner``),

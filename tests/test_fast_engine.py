@@ -289,6 +289,24 @@ def test_a_second_process_loads_the_numba_kernel_from_the_cache(tmp_path):
     assert [tuple(map(int, r.stdout.split())) for r in runs] == [(0, 1), (1, 0)], [r.stderr[-500:] for r in runs]
 
 
+def test_without_a_writable_cache_numba_kernels_still_compile(monkeypatch):
+    import numba.core.caching
+
+    from pfamalign.alignment import numba_jit
+
+    def nowhere(self, py_func):
+        raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
+
+    monkeypatch.setattr(numba.core.caching.FunctionCache, "__init__", nowhere)
+    monkeypatch.setattr(numba_jit, "_started", numba_jit._started)  # restored afterwards
+
+    @numba_jit.njit()
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42 and numba_jit.started()
+
+
 def test_the_cli_keeps_numba_kernels_in_its_cache_directory(tmp_path):
     show = "from pfamalign import compile_cache; import os; compile_cache.enable(); print(os.environ['NUMBA_CACHE_DIR'])"
 
@@ -318,6 +336,20 @@ def test_align_records_equal_the_reference_on_pfam_pairs(predictor, shared_pfam)
     for (a, b), (rec, pp) in zip(pairs, predictor.align_records(_records(pairs), window=16)):
         aln, ref_pp = predictor.align(a, b)
         _assert_same(rec, aln, pp, ref_pp)
+
+
+def test_unpadding_both_directions_at_once_is_symmetrize_bit_for_bit():
+    from pfamalign.inference import _unpad, _unpad_symmetric, symmetrize
+
+    rng = np.random.default_rng(11)
+    ab, ba = (rng.random((4, 65, 65)).astype(np.float32) for _ in range(2))
+    lq, lk = np.array([64, 1, 30, 64]), np.array([64, 50, 1, 7])
+    fused = _unpad_symmetric(ab, ba, lq, lk)
+    for got, p, q in zip(fused, _unpad(ab, lq, lk), _unpad(ba, lk, lq)):
+        np.testing.assert_array_equal(got.plan, symmetrize(p, q).plan)
+        assert got.plan.shape == p.plan.shape and got.plan.dtype == np.float64
+    # the dustbin lines are the padded plan's last ones
+    np.testing.assert_array_equal(_unpad(ab, lq, lk)[2].plan[-1], np.r_[ab[2, -1, :1], ab[2, -1, -1]])
 
 
 def test_swapping_the_sequences_transposes_the_alignment(predictor):

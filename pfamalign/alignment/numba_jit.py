@@ -27,8 +27,17 @@ def started() -> bool:
 
 def njit(**flags):
     """``numba.njit`` with the GIL released and numba's disk cache (keyed by the kernel's
-    source; under the command line's cache directory, ``compile_cache.enable``); starts numba."""
+    source; under the command line's cache directory, ``compile_cache.enable``, else beside
+    the module or in the user's cache; where none is writable, no disk cache: each process
+    compiles); starts numba."""
     import numba
 
     start()
-    return numba.njit(nogil=True, cache=True, error_model="numpy", **flags)
+
+    def decorate(fn):
+        try:
+            return numba.njit(nogil=True, cache=True, error_model="numpy", **flags)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return numba.njit(nogil=True, cache=False, error_model="numpy", **flags)(fn)
+
+    return decorate
