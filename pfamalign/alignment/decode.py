@@ -251,8 +251,8 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
     from pfamalign.alignment import numba_jit
 
     if numba_jit.started():  # the same DP and traceback, compiled (a third of the time)
-        kernel = _mea_pairs_kernel()
-        return [kernel(plan, ok, float(bonus)) for plan, ok, bonus in zip(plans, oks, bonuses)]
+        tie_tables, traceback = _compiled_dp()
+        return [traceback(*tie_tables(plan, ok, float(bonus))) for plan, ok, bonus in zip(plans, oks, bonuses)]
     count = len(plans)
     lq = max(plan.shape[0] for plan in plans)
     lk = max(plan.shape[1] for plan in plans)
@@ -285,14 +285,14 @@ _MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs_many``
 
 
 @functools.lru_cache(maxsize=None)
-def _mea_pairs_kernel():
-    """``(plan, ok, bonus) -> pairs``: ``_mea_pairs_many``'s DP of one plan, compiled with
-    numba (``numba_jit``): the same sums and maxima in the same order, so the same M, ties and
-    pairs; the tie tables and the traceback as ``_traceback``'s."""
+def _compiled_dp():
+    """``_mea_pairs_many``'s DP of one plan compiled with numba (``numba_jit``):
+    ``tie_tables(plan, ok, bonus) -> (left, up)`` with the same sums and maxima in the same
+    order (so the same M and ties), and ``_traceback`` compiled."""
     from pfamalign.alignment.numba_jit import njit
 
     @njit()
-    def mea_pairs(plan, ok, bonus):
+    def tie_tables(plan, ok, bonus):
         lq, lk = plan.shape
         prev, cur = np.zeros(lk + 1), np.zeros(lk + 1)  # M[i, :], M[i + 1, :]
         left = np.empty((lq, lk), dtype=np.bool_)  # M[i+1, j+1] == M[i+1, j]
@@ -305,39 +305,28 @@ def _mea_pairs_kernel():
                 left[i, j] = v == cur[j] if j > 0 else v == 0.0
                 up[i, j] = v == prev[j + 1]
             prev, cur = cur, prev
-        out = np.empty((min(lq, lk), 2), dtype=np.int64)
-        n, i, j = 0, lq, lk
-        while i > 0 and j > 0:
-            if left[i - 1, j - 1]:
-                j -= 1
-            elif up[i - 1, j - 1]:
-                i -= 1
-            else:  # neither gap move reaches M[i, j]: the diagonal move does
-                out[n, 0], out[n, 1] = i - 1, j - 1
-                n += 1
-                i -= 1
-                j -= 1
-        return out[:n][::-1].copy()
+        return left, up
 
-    return mea_pairs
+    return tie_tables, njit()(_traceback)
 
 
 def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """Optimal pairs ``[n, 2]`` from the tie tables (gaps preferred on ties)."""
-    i, j = left.shape
-    out = []
+    """Optimal pairs ``[n, 2]`` from the tie tables (gaps preferred on ties); plain Python
+    that numba compiles too (``_compiled_dp``)."""
+    lq, lk = left.shape
+    out = np.empty((min(lq, lk), 2), dtype=np.int64)
+    n, i, j = 0, lq, lk
     while i > 0 and j > 0:
         if left[i - 1, j - 1]:
             j -= 1
         elif up[i - 1, j - 1]:
             i -= 1
         else:  # neither gap move reaches M[i, j]: the diagonal move does
-            out.append((i - 1, j - 1))
+            out[n, 0], out[n, 1] = i - 1, j - 1
+            n += 1
             i -= 1
             j -= 1
-    if not out:
-        return np.zeros((0, 2), dtype=np.int64)
-    return np.asarray(out[::-1], dtype=np.int64)
+    return out[:n][::-1].copy()
 
 
 def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float = 0.0,
