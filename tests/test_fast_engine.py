@@ -476,11 +476,12 @@ _WARM_ALIGN = """
 import sys
 from pfamalign.cli import main
 main(["align", "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"], standalone_mode=False)
-print("imported:", " ".join(m for m in ("flax", "orbax.checkpoint") if m in sys.modules))
+print("imported:", " ".join(m for m in ("flax", "orbax.checkpoint", "numba") if m in sys.modules))
 """
 
 
 def test_a_warm_align_needs_neither_flax_nor_the_checkpoint(tmp_path):
+    """Nor numba, whose start-up (0.4 s) is for jobs of many pairs (``numba_jit``)."""
     runs = [subprocess.run([sys.executable, "-c", _WARM_ALIGN], env=_env(tmp_path / "cache"),
                            capture_output=True, text=True, timeout=300) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
