@@ -19,11 +19,11 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign import jsonio
+from pfamalign.alignment import numba_jit
 from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode_many
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
                                          plan_log_odds)
-from pfamalign.alignment import numba_jit
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.resources import check_align_memory
 
@@ -771,35 +771,40 @@ class EncodingCache:
     """The model's encoder outputs of sequences met before, by their features' bytes and
     padded length, least recently used out beyond ``max_bytes``: a sequence that comes back
     in a later batch is encoded once (a search encoded its query for every subject: the
-    encoder is a quarter of a pair's work)."""
+    encoder is a quarter of a pair's work). Thread-safe: ``align_records`` plans on a worker
+    thread while its caller may plan a pair of its own (``align``)."""
 
     def __init__(self, max_bytes: int = 256 << 20):
+        import threading
         from collections import OrderedDict
 
         self.max_bytes, self.bytes = max_bytes, 0
         self._entries: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.hits = self.misses = 0
+        self._lock = threading.Lock()
 
     @staticmethod
     def key(feat: np.ndarray, pad: int) -> tuple:
         return hashlib.blake2b(np.ascontiguousarray(feat).tobytes(), digest_size=16).digest(), feat.shape, pad
 
     def get(self, key: tuple) -> np.ndarray | None:
-        value = self._entries.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end(key)
-        return value
+        with self._lock:
+            value = self._entries.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return value
 
     def put(self, key: tuple, value: np.ndarray) -> None:
-        if key in self._entries or value.nbytes > self.max_bytes:
-            return
-        self._entries[key] = value
-        self.bytes += value.nbytes
-        while self.bytes > self.max_bytes:
-            self.bytes -= self._entries.popitem(last=False)[1].nbytes
+        with self._lock:
+            if key in self._entries or value.nbytes > self.max_bytes:
+                return
+            self._entries[key] = value
+            self.bytes += value.nbytes
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._entries.popitem(last=False)[1].nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -809,7 +814,7 @@ class _Lookahead:
     """``fn(items[n])`` computed on the thread named ``worker`` (one per name), at most
     ``ahead`` items before the one asked for (``get(n)``, n in order; None past the items)."""
 
-    def __init__(self, fn, items: Sequence, ahead: int = 1, worker: str = "overlap"):
+    def __init__(self, fn, items: Sequence, *, worker: str, ahead: int = 1):
         self._fn, self._items, self._ahead, self._worker = fn, items, ahead, worker
         self._futures: dict[int, object] = {}
         self._next = 0

@@ -357,7 +357,7 @@ class Aligner(nnx.Module):
         keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
         gradient; memory Lq x Lk per pair and head). Solved in the scaling domain, by the
         reference where that leaves float32's range (``dense_scores``, ``scaling_plan_of_scores``)."""
-        return _fast_or_reference(_plan_jit, self, q_feat, k_feat, q_len, k_len)
+        return _fast_or_reference(_plan_jit, (self,), q_feat, k_feat, q_len, k_len)
 
     def head_plans(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
         """Per-head dense plans ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin)
@@ -374,8 +374,8 @@ class Aligner(nnx.Module):
         each sequence encoded once: what a symmetrized alignment needs. ``encoded``: the two
         sides' ``encodings``, if known (``inference.Predictor`` keeps them across batches)."""
         if encoded is None:
-            return _fast_or_reference(_plans_both_ways_jit, self, a_feat, b_feat, a_len, b_len)
-        return _fast_or_reference(_plans_both_ways_encoded_jit, self, a_feat, b_feat, a_len, b_len,
+            return _fast_or_reference(_plans_both_ways_jit, (self,), a_feat, b_feat, a_len, b_len)
+        return _fast_or_reference(_plans_both_ways_encoded_jit, (self,), a_feat, b_feat, a_len, b_len,
                                   *(jnp.asarray(h, jnp.float32) for h in encoded))
 
     def encodings(self, feat, lens):
@@ -384,12 +384,11 @@ class Aligner(nnx.Module):
         return _encodings_jit(self, jnp.asarray(feat, jnp.float32), jnp.asarray(lens, jnp.int32))
 
 
-def _fast_or_reference(program, model, q_feat, k_feat, q_len, k_len, *more):
+def _fast_or_reference(program, lead: tuple, q_feat, k_feat, q_len, k_len, *more):
     """``program``'s plans by the scaling solve, or by the reference where it was not safe
     (two separate programs: one holding both would trace and load twice the code per call).
-    ``model``: the program's leading argument(s), a tuple for several; ``more``: its further
-    arguments."""
-    lead = model if isinstance(model, tuple) else (model,)
+    ``lead``: the program's arguments before the features (the model, or its split halves);
+    ``more``: its arguments after them."""
     args = (*lead, jnp.asarray(q_feat, jnp.float32), jnp.asarray(k_feat, jnp.float32),
             jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32), *more)
     plans, safe = program(*args, solver="scaling")

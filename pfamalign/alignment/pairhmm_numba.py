@@ -6,7 +6,7 @@ Why a second fast engine beside ``pairhmm_batched`` (jitted XLA on padded batche
 lattice must run the within-row gap recurrence ``y_j = c_j + e y_{j-1}`` as small matrix
 products on blocks of columns, and pays for the padding of its batch shapes; here that
 recurrence is a plain loop, every pair runs at its own size, and a row's other states are
-one vectorized pass. Per 300 x 300 pair and mixture component: 1.1 ms against the XLA
+one vectorized pass. Per 300 x 300 pair and mixture component: 1.1-1.4 ms against the XLA
 engine's 3.1 (its padded shape). The price is numba's start-up in each process (0.4 s), so
 one or a few pairs (``pfamalign align A B``) keep the XLA engine, whose exported programs
 load in milliseconds (``numba_jit.BULK_PAIRS``).
