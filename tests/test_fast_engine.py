@@ -313,6 +313,27 @@ def test_without_a_writable_cache_numba_kernels_still_compile(monkeypatch):
     assert twice(21) == 42 and numba_jit.started()
 
 
+def test_threads_asking_at_once_share_one_kernel():
+    """The pair-HMM pool's first tasks all ask for the kernel: one is built (two dispatchers
+    once compiled the same kernel twice)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pfamalign.alignment import numba_jit
+
+    built = []
+
+    @numba_jit.kernel_factory
+    def make(n):
+        time.sleep(0.05)  # long enough for every thread to ask before the first is done
+        built.append(n)
+        return object()
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(make, [2, 2, 2, 2, 1]))
+    assert sorted(built) == [1, 2] and len({id(k) for k in got[:4]}) == 1 and got[4] is not got[0]
+
+
 def test_the_cli_keeps_numba_kernels_in_its_cache_directory(tmp_path):
     show = "from pfamalign import compile_cache; import os; compile_cache.enable(); print(os.environ['NUMBA_CACHE_DIR'])"
 
@@ -690,6 +711,22 @@ def test_align_cli_verbose_provenance_and_svg_plot(tmp_path):
     assert b"<svg" in plot.read_bytes()[:500]
     bad = CliRunner().invoke(main, ["align", "MKV", "MKV", "--plot", str(tmp_path / "p.docx")])
     assert bad.exit_code == 2 and "cannot write a figure as .docx" in bad.output
+
+
+def test_align_verbose_counts_numba_kernels_compiled_then_loaded(tmp_path):
+    """A multi-FASTA of 17 records (16 pairs: numba's engines): the first run compiles the
+    pair-HMM and DP kernels, the second reads all three from the cache directory."""
+    rng = np.random.default_rng(12)
+    fasta = tmp_path / "many.fasta"
+    fasta.write_text("".join(f">s{n}\n{_random_seq(rng, 40 + n)}\n" for n in range(17)))
+    env = {k: v for k, v in _env(tmp_path / "cache").items() if k != "NUMBA_CACHE_DIR"}
+    argv = [sys.executable, "-m", "pfamalign.cli", "align", str(fasta), "-v", "-o", str(tmp_path / "out.txt")]
+    runs = [subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert "16 pair(s)" in runs[0].stderr
+    assert "numba kernels compiled: 3, loaded from its cache: 0" in runs[0].stderr
+    assert "numba kernels compiled: 0, loaded from its cache: 3" in runs[1].stderr
+    assert list((tmp_path / "cache" / "numba").rglob("*.nbi"))  # in the command line's cache directory
 
 
 @pytest.mark.parametrize("mode", ["global", "local"])

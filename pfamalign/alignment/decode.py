@@ -31,10 +31,10 @@ decoders share the Gotoh engine (``_gotoh_pairs``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
+from pfamalign.alignment import numba_jit
 from pfamalign.alignment.pairs import PairAlignment
 
 
@@ -248,8 +248,6 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
     equals the cell above -- are filled a block at a time, so memory stays an eighth of a
     float table's.
     """
-    from pfamalign.alignment import numba_jit
-
     if numba_jit.started():  # the same DP and traceback, compiled (a third of the time)
         tie_tables, traceback = _compiled_dp()
         return [traceback(*tie_tables(plan, ok, float(bonus))) for plan, ok, bonus in zip(plans, oks, bonuses)]
@@ -284,14 +282,13 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
 _MEA_BLOCK = 64  # DP rows kept at once by ``_mea_pairs_many``
 
 
-@functools.lru_cache(maxsize=None)
+@numba_jit.kernel_factory
 def _compiled_dp():
     """``_mea_pairs_many``'s DP of one plan compiled with numba (``numba_jit``):
     ``tie_tables(plan, ok, bonus) -> (left, up)`` with the same sums and maxima in the same
     order (so the same M and ties), and ``_traceback`` compiled."""
-    from pfamalign.alignment.numba_jit import njit
 
-    @njit()
+    @numba_jit.njit()
     def tie_tables(plan, ok, bonus):
         lq, lk = plan.shape
         prev, cur = np.zeros(lk + 1), np.zeros(lk + 1)  # M[i, :], M[i + 1, :]
@@ -307,7 +304,7 @@ def _compiled_dp():
             prev, cur = cur, prev
         return left, up
 
-    return tie_tables, njit()(_traceback)
+    return tie_tables, numba_jit.njit()(_traceback)
 
 
 def _traceback(left: np.ndarray, up: np.ndarray) -> np.ndarray:

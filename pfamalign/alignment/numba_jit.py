@@ -10,9 +10,13 @@ B``) keep the paths that load in milliseconds. Both paths give the same results 
 
 from __future__ import annotations
 
+import functools
+import threading
+
 BULK_PAIRS = 16  # a job of this many pairs or more starts numba
 
 _started = False
+_kernels: list = []  # every dispatcher made by ``njit``, for ``counts``
 
 
 def start() -> None:
@@ -36,8 +40,32 @@ def njit(**flags):
 
     def decorate(fn):
         try:
-            return numba.njit(nogil=True, cache=True, error_model="numpy", **flags)(fn)
+            kernel = numba.njit(nogil=True, cache=True, error_model="numpy", **flags)(fn)
         except RuntimeError:  # "cannot cache function ...: no locator available"
-            return numba.njit(nogil=True, cache=False, error_model="numpy", **flags)(fn)
+            kernel = numba.njit(nogil=True, cache=False, error_model="numpy", **flags)(fn)
+        _kernels.append(kernel)
+        return kernel
 
     return decorate
+
+
+def counts() -> tuple[int, int]:
+    """``(compiled, loaded)``: the kernels this process compiled, and those it read from
+    numba's disk cache (``align --verbose``)."""
+    loaded = sum(sum(k.stats.cache_hits.values()) for k in _kernels)
+    return sum(len(k.signatures) for k in _kernels) - loaded, loaded
+
+
+def kernel_factory(make):
+    """``make(*args)`` (a function that builds kernels with ``njit``) cached per arguments,
+    under a lock: threads that ask at once for the same kernel (a pool's first tasks) share
+    one, instead of each compiling its own."""
+    cached = functools.lru_cache(maxsize=None)(make)
+    lock = threading.Lock()
+
+    @functools.wraps(make)
+    def get(*args):
+        with lock:
+            return cached(*args)
+
+    return get

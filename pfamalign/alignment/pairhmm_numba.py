@@ -29,12 +29,12 @@ import os
 
 import numpy as np
 
-from pfamalign.alignment.numba_jit import njit
+from pfamalign.alignment.numba_jit import kernel_factory, njit
 from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, checked_emissions,
                                          residue_indices)
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _kernel(gaps: int):
     """``(mm, open, extend, close, switch, emit [Lq, Lk], local) -> (posteriors [Lq, Lk], log
     Z)``: the linear-space transitions (``PairHMM.linear_transitions``) of a model with

@@ -146,9 +146,15 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                                   fmt=plot_fmt)
         if counter is not None:
             shapes = ", ".join(f"{b}x{n}" for b, n in sorted(predictor.shapes)) or "none"
+            from pfamalign.alignment import numba_jit
+
+            kernels = ""
+            if numba_jit.started():  # a job of many pairs: the pair-HMM and the DP on numba
+                compiled, loaded = numba_jit.counts()
+                kernels = f"; numba kernels compiled: {compiled}, loaded from its cache: {loaded}"
             click.echo(f"{n_pairs} pair(s) in {time.perf_counter() - start:.2f} s; plan batches "
                        f"(pairs x padded length): {shapes}; programs compiled: {counter.compiled}, "
-                       f"loaded from the compile cache: {counter.cached}", err=True)
+                       f"loaded from the compile cache: {counter.cached}{kernels}", err=True)
             counter.close()
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
