@@ -314,7 +314,9 @@ def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
     if ab.plan.shape != ba.plan.shape[::-1]:
         raise ValueError(f"plans of one pair in both directions must be transposes in shape, got "
                          f"{ab.plan.shape} and {ba.plan.shape}")
-    return PairPlan(0.5 * (ab.plan + ba.plan.T))
+    mean = ab.plan + ba.plan.T
+    mean *= 0.5  # in place: the same values, one array fewer
+    return PairPlan(mean)
 
 
 def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
@@ -347,15 +349,9 @@ def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
 
 
 def _unpad_symmetric(ab: np.ndarray, ba: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
-    """``symmetrize`` of each pair's ``_unpad``ed plans of both directions, bit for bit, in
-    place (half the time: no third array, one transposed read)."""
-    plans = []
-    for n in range(len(lq)):
-        full = _own_lines(ab[n], lq[n], lk[n])
-        full += _own_lines(ba[n], lk[n], lq[n]).T
-        full *= 0.5
-        plans.append(PairPlan(full))
-    return plans
+    """``symmetrize`` of each pair's ``_unpad``ed plans of both directions (padded batches
+    ``ab [B, pad + 1, pad + 1]`` and ``ba``, the second with the sides exchanged)."""
+    return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
 
 
 def _own_lines(padded: np.ndarray, lq: int, lk: int) -> np.ndarray:
@@ -642,10 +638,10 @@ class Predictor:
         segment model, flanks free); ``log_emissions``: per pair, match log-odds in place of
         the substitution table's (``plan_posteriors``). ``bulk``: the numba engine
         (``pairhmm_numba``) rather than the XLA one (``pairhmm_batched``: pairs bucketed by
-        padded length, one exported program per batch); by default once this process uses
-        numba, or for ``numba_jit.BULK_PAIRS`` pairs or more (``numba_jit``)."""
+        padded length, one exported program per batch); by default as
+        ``numba_jit.for_job``."""
         if bulk is None:
-            bulk = numba_jit.started() or len(seq_pairs) >= numba_jit.BULK_PAIRS
+            bulk = numba_jit.for_job(len(seq_pairs))
         if bulk:
             from pfamalign.alignment.pairhmm_numba import match_posteriors_many
 
@@ -689,8 +685,7 @@ class Predictor:
         # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
         # threads while another computes the plans and this thread decodes (jax and numba
         # release the GIL; two cores stay busy), each at most one batch ahead (memory).
-        if len(pairs) >= numba_jit.BULK_PAIRS:  # a window of many pairs: numba's kernels from now on
-            numba_jit.start()
+        numba_jit.for_job(len(pairs))  # a window of many pairs: numba's kernels (pair-HMM, DP) from now on
         posteriors = _Lookahead(lambda seqs: self.hmm_posteriors(seqs, mode=decoding.mode),
                                 sequences if decoding.uses_pairhmm() else [], worker="pairhmm")
         plans_of = _Lookahead(lambda item: self._plan_batch([tuple(self.featurize(pair)) for pair in item[1]],
@@ -715,8 +710,9 @@ class PlanPrograms:
     first call at a length exports the program from the restored model and runs the exported
     program (so only it is compiled). The model content hash (config, parameters, pair-HMM)
     and ``compile_cache.program_path``'s build tag (backend, jax, package source) name the
-    file: an edited model, another jax or other code never meets an old program. Plans the scaling solve reports unsafe are recomputed by the model
-    (``Aligner.plans_both_ways``). Batches go through the model: they amortize its tracing."""
+    file: an edited model, another jax or other code never meets an old program. Plans the
+    scaling solve reports unsafe are recomputed by the model (``Aligner.plans_both_ways``).
+    Batches go through the model: they amortize its tracing."""
 
     def __init__(self, predictor: "Predictor", name: str):
         self._predictor, self.name = predictor, name  # name: the model content hash

@@ -373,10 +373,8 @@ class Aligner(nnx.Module):
         """``plan`` of A against B and of B against A (``[B, La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``),
         each sequence encoded once: what a symmetrized alignment needs. ``encoded``: the two
         sides' ``encodings``, if known (``inference.Predictor`` keeps them across batches)."""
-        if encoded is None:
-            return _fast_or_reference(_plans_both_ways_jit, (self,), a_feat, b_feat, a_len, b_len)
-        return _fast_or_reference(_plans_both_ways_encoded_jit, (self,), a_feat, b_feat, a_len, b_len,
-                                  *(jnp.asarray(h, jnp.float32) for h in encoded))
+        return _both_ways((_plans_both_ways_jit, _plans_both_ways_encoded_jit), (self,),
+                          a_feat, b_feat, a_len, b_len, encoded)
 
     def encodings(self, feat, lens):
         """``encode``'s output alone (``[B, L, width + P]``), jitted: what ``plans_both_ways``
@@ -393,6 +391,16 @@ def _fast_or_reference(program, lead: tuple, q_feat, k_feat, q_len, k_len, *more
             jnp.asarray(q_len, jnp.int32), jnp.asarray(k_len, jnp.int32), *more)
     plans, safe = program(*args, solver="scaling")
     return plans if bool(safe) else program(*args, solver="reference")[0]
+
+
+def _both_ways(programs, lead: tuple, a_feat, b_feat, a_len, b_len, encoded):
+    """``plans_both_ways`` by one of ``programs`` (from the features, from the ``encoded``
+    sides), the model reached through ``lead`` (``_fast_or_reference``)."""
+    from_features, from_encodings = programs
+    if encoded is None:
+        return _fast_or_reference(from_features, lead, a_feat, b_feat, a_len, b_len)
+    return _fast_or_reference(from_encodings, lead, a_feat, b_feat, a_len, b_len,
+                              *(jnp.asarray(h, jnp.float32) for h in encoded))
 
 
 def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None, *, solver: str):
@@ -477,11 +485,8 @@ class FrozenAligner:
         return model.cfg is self.cfg
 
     def plans_both_ways(self, a_feat, b_feat, a_len, b_len, *, encoded=None):
-        lead = (self._graph, self._state)
-        if encoded is None:
-            return _fast_or_reference(_plans_both_ways_split, lead, a_feat, b_feat, a_len, b_len)
-        return _fast_or_reference(_plans_both_ways_encoded_split, lead, a_feat, b_feat, a_len, b_len,
-                                  *(jnp.asarray(h, jnp.float32) for h in encoded))
+        return _both_ways((_plans_both_ways_split, _plans_both_ways_encoded_split), (self._graph, self._state),
+                          a_feat, b_feat, a_len, b_len, encoded)
 
     def encodings(self, feat, lens):
         return _encodings_split(self._graph, self._state, jnp.asarray(feat, jnp.float32),

@@ -4,7 +4,7 @@ numba's compiled loops take a third of the CPU of the XLA and numpy paths per pa
 (``pairhmm_numba``, ``decode``'s MEA DP), but starting numba costs a process about 0.4 s
 (importing it, and its compiler's first use even when the kernels come from its disk cache).
 So a process starts using numba when it meets a job of ``BULK_PAIRS`` or more pairs
-(``start``), and from then on uses it for every job; one or a few pairs (``pfamalign align A
+(``for_job``), and from then on uses it for every job; one or a few pairs (``pfamalign align A
 B``) keep the paths that load in milliseconds. Both paths give the same results (tested).
 """
 
@@ -26,6 +26,14 @@ def start() -> None:
 
 
 def started() -> bool:
+    return _started
+
+
+def for_job(pairs: int) -> bool:
+    """Whether a job of ``pairs`` pairs runs on numba: from ``BULK_PAIRS`` on (starting it),
+    or whatever its size once this process has started it."""
+    if pairs >= BULK_PAIRS:
+        start()
     return _started
 
 

@@ -318,6 +318,15 @@ def log_forward_backward(hmm: PairHMM, seq_a: str, seq_b: str, *, local: bool = 
     return fwd_m, bwd_m, log_z
 
 
+def check_many(pairs, log_emissions) -> None:
+    """The fast engines' input checks: every sequence non-empty, one emission table per pair
+    when tables are given (each table's shape: ``checked_emissions``)."""
+    if any(not a or not b for a, b in pairs):
+        raise ValueError("both sequences must be non-empty")
+    if log_emissions is not None and len(log_emissions) != len(pairs):
+        raise ValueError(f"{len(log_emissions)} emission tables for {len(pairs)} pairs")
+
+
 def checked_emissions(log_emissions, lq: int, lk: int) -> np.ndarray:
     emit = np.asarray(log_emissions, np.float64)
     if emit.shape != (lq, lk):

@@ -31,8 +31,8 @@ import os
 
 import numpy as np
 
-from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, checked_emissions,
-                                         residue_indices)
+from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, check_many,
+                                         checked_emissions, residue_indices)
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
 X64 = True
@@ -240,10 +240,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
     substitution table's (``pairhmm.plan_log_odds``)."""
     import jax
 
-    if any(not a or not b for a, b in pairs):
-        raise ValueError("both sequences must be non-empty")
-    if log_emissions is not None and len(log_emissions) != len(pairs):
-        raise ValueError(f"{len(log_emissions)} emission tables for {len(pairs)} pairs")
+    check_many(pairs, log_emissions)
     qi = np.full((len(pairs), pad_q), _UNKNOWN, np.int32)
     ki = np.full((len(pairs), pad_k), _UNKNOWN, np.int32)
     for n, (a, b) in enumerate(pairs):

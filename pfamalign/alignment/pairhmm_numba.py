@@ -30,8 +30,8 @@ import os
 import numpy as np
 
 from pfamalign.alignment.numba_jit import kernel_factory, njit
-from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, checked_emissions,
-                                         residue_indices)
+from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, check_many,
+                                         checked_emissions, residue_indices)
 
 
 @kernel_factory
@@ -194,10 +194,7 @@ def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)`` (``pairhmm.match_posteriors``
     of each, to float64 rounding); ``local``: the segment model; ``log_emissions``: per pair,
     ``[Lq, Lk]`` match log-odds in place of the substitution table's."""
-    if any(not a or not b for a, b in pairs):
-        raise ValueError("both sequences must be non-empty")
-    if log_emissions is not None and len(log_emissions) != len(pairs):
-        raise ValueError(f"{len(log_emissions)} emission tables for {len(pairs)} pairs")
+    check_many(pairs, log_emissions)
     components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
     ratios = [np.exp(c.log_odds()) for c in components]
 
