@@ -160,26 +160,30 @@ class Evaluation:
 
 
 def model_plans(predictor, records: Sequence[dict], *, features: str = "records",
-                batch_size: int = 8) -> Iterator:
+                batch_size: int = 8, symmetric: bool = True) -> Iterator:
     """The model's ``PairPlan`` of each record, in order: from the records' stored
-    embeddings (``features="records"``) or embedding their residues (``"featurize"``)."""
+    embeddings (``features="records"``) or embedding their residues (``"featurize"``).
+    Symmetrized, as ``align`` decodes it (``symmetric=False``: the A -> B transport plan
+    the training loop validates): eval and tuning score what the user gets, and each
+    sequence is encoded once, so both directions cost less than one did through nnx.jit."""
     if features == "records":
         feats = [(r["q_feat"], r["k_feat"]) for r in records]
     else:
         flat = predictor.featurize([s for r in records for s in (r["q_seq"], r["k_seq"])])
         feats = list(zip(flat[0::2], flat[1::2]))
-    return predictor.plans(feats, batch_size=batch_size)
+    return predictor.plans(feats, batch_size=batch_size, symmetric=symmetric)
 
 
 def evaluate(records: Iterable[dict], *, predictor=None, features: str = "records",
              baselines: Sequence[str] = ("diagonal", "nw", "sw"), decoding=None,
-             batch_size: int = 8, advance=lambda n=1: None) -> Evaluation:
+             batch_size: int = 8, symmetric: bool = True, advance=lambda n=1: None) -> Evaluation:
     """Scores the model (when ``predictor`` is given) and the baselines on ``records``.
 
     Records are pair dicts with ``q_seq``, ``k_seq``, ``target`` and ``pid`` (the pipelines'
     pair record); with ``features="records"`` they also carry ``q_feat`` / ``k_feat`` (the
     dataset's stored embeddings), with ``features="featurize"`` the predictor embeds residues.
-    ``decoding``: DecoderSettings for the model (default: the model's own). An external
+    ``decoding``: DecoderSettings for the model (default: the model's own); ``symmetric``:
+    ``model_plans``' (the plan ``align`` decodes; False: the one-direction plan). An external
     baseline whose binary is not installed is left out and named in ``Evaluation.skipped``.
     """
     for b in baselines:
@@ -202,7 +206,8 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     def flush():
         if predictor is not None and pending:
             start = time.perf_counter()
-            plans = list(model_plans(predictor, pending, features=features, batch_size=batch_size))
+            plans = list(model_plans(predictor, pending, features=features, batch_size=batch_size,
+                                     symmetric=symmetric))
             seqs = [(r["q_seq"], r["k_seq"]) for r in pending]
             for r, pp, aln in zip(pending, plans, predictor.decode_batch(plans, seqs, decoding)):
                 ev.counts["model"].append(alignment_counts(aln.pairs, r["target"]))

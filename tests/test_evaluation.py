@@ -49,7 +49,8 @@ def test_validation_and_eval_give_the_same_plan_metrics(name, dataset, tmp_path)
     records = [r for i, r in enumerate(reader.iter_pairs(dataset, "val", features=True))
                if i in chosen]
     assert any((r["target"] < 0).any() for r in records)  # unaligned rows: the case in question
-    ev = evaluation.evaluate(records, predictor=predictor, baselines=())
+    # the one-direction plan: the one the training loop validates
+    ev = evaluation.evaluate(records, predictor=predictor, baselines=(), symmetric=False)
     pooled = PlanMetrics.pool(ev.plan["model"])
 
     assert val["val/n_pairs"] == len(records) == 8
@@ -65,6 +66,27 @@ def test_validation_and_eval_give_the_same_plan_metrics(name, dataset, tmp_path)
     sums = ev.reliability["model"].sum(axis=0)
     tp, n_pred, _ = np.asarray(ev.counts["model"]).sum(axis=0)
     assert (sums[0], sums[2]) == (n_pred, tp) and n_pred > 0
+
+
+def test_eval_scores_the_symmetrized_plan_that_align_prints(dataset):
+    """`pfamalign eval` scores what `pfamalign align` prints: per pair, the same aligned
+    pairs and the plan metrics of the same (symmetrized) plan, not the A -> B one."""
+    from pfamalign.alignment.metrics import alignment_counts
+
+    predictor = Predictor()  # the shipped model: its features are the dataset's
+    records = list(reader.iter_pairs(dataset, "val", features=True))[:6]
+    ev = evaluation.evaluate(records, predictor=predictor, baselines=())
+    one_way = evaluation.evaluate(records, predictor=predictor, baselines=(), symmetric=False)
+    moved = 0
+    for r, counts, metrics, one in zip(records, ev.counts["model"], ev.plan["model"],
+                                       one_way.plan["model"]):
+        aln, pp = predictor.align(r["q_seq"], r["k_seq"])
+        assert tuple(counts) == tuple(alignment_counts(aln.pairs, r["target"]))
+        printed = evaluation.model_plan_metrics(pp.real, pp.row_dustbin, r["target"], dustbin=True)
+        assert metrics.sparse_ce == pytest.approx(printed.sparse_ce, rel=1e-4)
+        assert metrics.barycenter_mae == pytest.approx(printed.barycenter_mae, rel=1e-4)
+        moved += abs(one.sparse_ce - printed.sparse_ce) > 1e-3 * abs(printed.sparse_ce)
+    assert moved > 0  # the two plans differ: the check above can tell them apart
 
 
 # ---- drawing pairs across families (`eval --max-pairs`, the decoder tuning) -------------------
@@ -126,7 +148,7 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
         def __init__(self, plans):
             self._plans = plans
 
-        def plans(self, feats, batch_size=8):
+        def plans(self, feats, batch_size=8, symmetric=False):
             return iter(self._plans)
 
     incumbent = DecoderSettings(decoder="mea", min_mass=0.5)  # aligns nothing here
@@ -163,7 +185,7 @@ class FixedPlanPredictor:
     def __init__(self, plans):
         self._plans = iter(plans)
 
-    def plans(self, feats, batch_size=8):
+    def plans(self, feats, batch_size=8, symmetric=False):
         return [next(self._plans) for _ in feats]
 
     def decode_batch(self, plans, seq_pairs, decoding):
