@@ -44,8 +44,23 @@ def marginal_error(sums, pot, log_target, has, kappa: float):
 
 # Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
 # ("reference"). UNMEASURED: None keeps the kernels at every size until a GPU run of
-# ``scripts/bench_transport.py --impls reference,xla,pallas`` sets it (no guessed number).
+# ``scripts/bench_transport.py --impls reference,xla,pallas`` sets it (no guessed number):
+# the benchmark prints ``dense_crossover`` of its own timings.
 GPU_DENSE_CROSSOVER: int | None = None
+
+
+def dense_crossover(timings: dict[int, tuple[float | None, float | None]]) -> int | None:
+    """``GPU_DENSE_CROSSOVER`` from measured times ``{L: (dense_ms, kernels_ms)}`` (None where
+    a side did not run): the shortest measured L at which, and at every longer measured L, the
+    kernels ran and were faster than dense autodiff (or dense could not run: over its memory).
+    None when they do not win at the longest L measured."""
+    won = None
+    for length in sorted(timings, reverse=True):
+        dense, kernels = timings[length]
+        if kernels is None or (dense is not None and dense <= kernels):
+            break
+        won = length
+    return won
 
 
 class DustbinTokens(NamedTuple):

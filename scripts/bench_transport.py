@@ -189,6 +189,16 @@ def _targets(rep, results):
         ratio = ref["fwd_bwd_ms"] / x["fwd_bwd_ms"]
         rep.note(f"target L=4096 W={_w(rep, 4096)}: xla {ratio:.1f}x faster than reference (>= 10x): "
                  f"{'PASS' if ratio >= 10 else 'MISS'}")
+    timed = lambda length, impl: (results[(length, impl)].get("fwd_bwd_ms")
+                                  if results.get((length, impl), {}).get("status") == "ok" else None)
+    kernel_lengths = sorted({length for length, impl in results if impl == "pallas"})
+    if kernel_lengths and any((n, "reference") in results for n in kernel_lengths):
+        from pfamalign.kernels.config import dense_crossover
+
+        at = dense_crossover({n: (timed(n, "reference"), timed(n, "pallas")) for n in kernel_lengths})
+        rep.note(f"dense crossover (pallas vs reference on this device, kernels.config.dense_crossover): "
+                 + (f"L = {at}: on a GPU set GPU_DENSE_CROSSOVER = {at} in kernels/config.py"
+                    if at is not None else "none: the kernels do not win at the longest L measured"))
     big = results.get((16384, "xla"), {})
     if big.get("status") == "ok":
         gib = big["peak_rss_MiB"] / 1024

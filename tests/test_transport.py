@@ -394,6 +394,22 @@ def test_gpu_dense_crossover_is_unset_until_measured(monkeypatch):
     assert TransportConfig(half_band=4).resolved("cuda", length=100).impl == "reference"
 
 
+def test_dense_crossover_is_where_the_kernels_win_from_then_on():
+    """The benchmark's rule for ``GPU_DENSE_CROSSOVER``: the shortest L from which the kernels
+    win at every longer measured L; a dense path over its memory counts as a kernel win, a
+    kernel that did not run as none; no number when the kernels lose at the longest L."""
+    from pfamalign.kernels.config import dense_crossover
+
+    # the issue's H100 figures for the banded XLA path (dense, banded ms)
+    assert dense_crossover({1024: (0.74, 2.55), 4096: (3.77, 5.97), 16384: (43.0, 8.44)}) == 16384
+    assert dense_crossover({1024: (1.0, 2.0), 2048: (3.0, 2.0), 4096: (9.0, 3.0)}) == 2048
+    assert dense_crossover({1024: (3.0, 2.0), 2048: (2.0, 2.5), 4096: (9.0, 3.0)}) == 4096  # not a win at 2048
+    assert dense_crossover({1024: (1.0, 2.0), 4096: (None, 3.0)}) == 4096  # dense over memory
+    assert dense_crossover({1024: (3.0, 2.0), 4096: (5.0, None)}) is None  # kernels failed
+    assert dense_crossover({1024: (1.0, 2.0)}) is None
+    assert dense_crossover({}) is None
+
+
 def test_kernel_wrapper_setting_is_validated_and_round_trips():
     cfg = TransportConfig(half_band=4, kernel="tpu")
     assert TransportConfig.from_dict(cfg.to_dict()) == cfg
