@@ -363,8 +363,12 @@ def test_certify_reports_consistent_certificates(model_dir, tmp_path):
     assert not cert["stable_matches"]["applies"]  # the plan is infeasible: nothing certified
     assert png.stat().st_size > 5000
     assert "sender error" in res.output and "not certified" in res.output
-    res = run(["certify", a, b, "--checkpoint", model_dir, "--score-noise", "-1"])
-    assert res.exit_code != 0 and "--score-noise must be >= 0" in res.output
+    for bad, why in (("-1", "not in the range x>=0"), ("nan", "not a finite number")):
+        res = run(["certify", a, b, "--checkpoint", model_dir, "--score-noise", bad])
+        assert res.exit_code == 2 and why in res.output
+    for bad, why in (("0", "not in the range x>0"), ("inf", "not a finite number")):
+        res = run(["certify", a, b, "--checkpoint", model_dir, "--perturbation", bad])
+        assert res.exit_code == 2 and why in res.output
 
 
 def test_certify_of_a_feasible_pair_applies_and_agrees_with_align(model_dir, tmp_path):
@@ -467,8 +471,21 @@ def test_align_score_noise_marks_certified_stable_pairs(model_dir, tmp_path):
 def test_align_score_noise_needs_json():
     res = run(["align", PDZ_A, PDZ_B, "--score-noise", "1e-3"])
     assert res.exit_code == 2 and "--score-noise marks pairs in JSON output only" in res.output
-    res = run(["align", PDZ_A, PDZ_B, "-f", "json", "--score-noise", "-1"])
-    assert res.exit_code == 2 and "--score-noise must be >= 0" in res.output
+    for bad, why in (("-1", "not in the range x>=0"), ("inf", "not a finite number"),
+                     ("nan", "not a finite number")):
+        res = run(["align", PDZ_A, PDZ_B, "-f", "json", "--score-noise", bad])
+        assert res.exit_code == 2 and why in res.output, bad
+
+
+def test_number_options_refuse_what_is_not_a_real_number(tmp_path):
+    """click's FloatRange lets nan (and inf past an open top) through; these options do not."""
+    q = tmp_path / "q.fa"
+    q.write_text(">q\nMKVLAAGIVGLLLA\n")
+    res = run(["search", str(q), str(q), "--evalue", "nan"])
+    assert res.exit_code == 2 and "'nan' is not a number" in res.output
+    res = run(["compile", "--ridge", "nan", "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "'nan' is not a finite number" in res.output
+    assert not (tmp_path / "c").exists()
 
 
 def test_top_level_help_lists_every_command():

@@ -4,6 +4,7 @@ and turning them into library inputs."""
 from __future__ import annotations
 
 import contextlib
+import math
 import pathlib
 import sys
 
@@ -27,6 +28,22 @@ def check_outputs(*outputs, inputs=()) -> None:
             check_output_path(path, [*inputs, *named[:i]])
     except OutputError as err:
         fail(str(err))
+
+
+class Number(click.FloatRange):
+    """A float option in a range that is also a real number: click's ``FloatRange`` lets
+    ``nan`` through (every comparison with it is false) and ``inf`` past an open top.
+    ``finite=False`` keeps ``inf`` where it means "no limit"."""
+
+    def __init__(self, min=None, max=None, *, min_open=False, finite=True):
+        super().__init__(min=min, max=max, min_open=min_open)
+        self.finite = finite
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if math.isnan(number) or (self.finite and math.isinf(number)):
+            self.fail(f"{value!r} is not a {'finite ' if self.finite else ''}number.", param, ctx)
+        return number
 
 
 class ModelDirectory(click.Path):

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from pfamalign.commands._common import (batch_options, batch_progress, check_outputs, checkpoint_option,
+from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
                                        fail, sequence_paths)
 
@@ -35,7 +35,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
               help="Figure of the plan with marginals and the decoded path (single pair), in the "
                    "format its extension names (.png, .svg, .pdf, ...). Sequences longer than "
                    "400 residues show the band around the path.")
-@click.option("--score-noise", type=float, default=None, metavar="R",
+@click.option("--score-noise", type=Number(min=0), default=None, metavar="R",
               help="With -f json: mark each aligned pair `stable` when it is certified to stay its "
                    "row's and column's winner under any score change of gauge-reduced size R "
                    "(as `certify --score-noise`), with a per-pair `stable_matches` summary.")
@@ -101,8 +101,6 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         raise click.UsageError("--plot draws a single pair; give SEQ_A and SEQ_B")
     if score_noise is not None and fmt != "json":
         raise click.UsageError(f"--score-noise marks pairs in JSON output only; add -f json (got -f {fmt})")
-    if score_noise is not None and not score_noise >= 0:
-        raise click.UsageError(f"--score-noise must be >= 0, got {score_noise}")
     errors = BatchErrors(strict or not many)
     sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
     check_outputs(out, plot, inputs=sources)

@@ -7,7 +7,7 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
+from pfamalign.commands._common import (Number, check_outputs, fail, pair_input_options, resolve_pair,
                                        sequence_paths)
 
 
@@ -17,9 +17,9 @@ from pfamalign.commands._common import (check_outputs, fail, pair_input_options,
               help="Tail depths R for the bias certificate (comma-separated).")
 @click.option("--tol", type=float, default=1e-5, show_default=True,
               help="Bias tolerance tau: the certified depth is the first R with ||c_R|| <= tau.")
-@click.option("--perturbation", type=float, default=1e-2, show_default=True,
+@click.option("--perturbation", type=Number(min=0, min_open=True), default=1e-2, show_default=True,
               help="Size (sup norm) of the random score perturbation for the stability bounds.")
-@click.option("--score-noise", type=float, default=None,
+@click.option("--score-noise", type=Number(min=0), default=None,
               help="Radius r (gauge-reduced oscillation of a score change): list the aligned pairs "
                    "certified to stay their row's and column's winner under any such change.")
 @click.option("--block-rows", type=int, default=128, show_default=True, help="Rows per contraction block.")
@@ -62,8 +62,6 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
-    if score_noise is not None and not score_noise >= 0:
-        fail(f"--score-noise must be >= 0, got {score_noise}")
     from pfamalign.outputs import atomic_path, open_output
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)

@@ -7,7 +7,7 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import fail
+from pfamalign.commands._common import Number, fail
 
 
 @click.command(name="compile")
@@ -32,7 +32,7 @@ from pfamalign.commands._common import fail
 @click.option("--passes", type=click.Choice(["1", "3"]), default="3", show_default=True,
               help="c-transforms rebuilding the plan (and each CETA layer's): 1 (ASAP-0: column "
                    "sums exact) or 3 (key, query, key).")
-@click.option("--ridge", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+@click.option("--ridge", type=Number(min=0), default=1e-4, show_default=True,
               help="Ridge penalty (relative to the mean diagonal of the normal matrix).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the slices and the sampling.")
 @click.option("-o", "--out", type=click.Path(path_type=pathlib.Path), required=True,

@@ -7,7 +7,7 @@ import pathlib
 import click
 
 from pfamalign import inputs
-from pfamalign.commands._common import (batch_options, batch_progress, check_outputs, checkpoint_option,
+from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
                                        fail)
 
@@ -19,7 +19,7 @@ from pfamalign.commands._common import (batch_options, batch_progress, check_out
               help="Search every sequence of QUERY against all the others (no DATABASE).")
 @click.option("--max-hits", type=click.IntRange(min=1), default=500, show_default=True,
               help="Report at most this many hits per query (the best).")
-@click.option("--evalue", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--evalue", type=Number(min=0, finite=False), default=10.0, show_default=True,
               help="Report hits with an E-value at most this.")
 @click.option("--decoys", type=click.IntRange(min=10), default=50, show_default=True,
               help="Shuffled decoys aligned per query for the E-value fit.")
