@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import signal
 
 import click
 
@@ -22,7 +23,30 @@ _COMMANDS = {
 }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM as an exception: a command unwinds as from Ctrl-C, so its atomic writes remove
+    their temporaries (the default action kills the process where it stands)."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    raise Terminated()
+
+
 class _LazyGroup(click.Group):
+    def invoke(self, ctx):
+        """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
+        (click would print "Aborted!" and exit 1). `train` installs its own handlers while it
+        trains (it saves a checkpoint first)."""
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+            click.echo(f"\nInterrupted ({signal.Signals(signum).name}).", err=True)
+            ctx.exit(128 + signum)
+
     def list_commands(self, ctx):
         return sorted(_COMMANDS)
 
