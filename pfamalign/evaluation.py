@@ -139,8 +139,8 @@ class Evaluation:
 
     def summary(self, *, n_boot: int = 1000, seed: int = 0) -> dict:
         pid = np.asarray(self.pid, np.float64)
-        out = {"n_pairs": len(self.pid), "n_families": len(set(self.families)), "methods": {},
-               "skipped_baselines": dict(self.skipped)}
+        out = {"n_pairs": len(self.pid), "n_families": len(set(self.families)), "n_boot": n_boot,
+               "methods": {}, "skipped_baselines": dict(self.skipped)}
         for m in self.methods:
             entry = {"label": LABELS.get(m, m), "seconds": self.seconds.get(m, 0.0),
                      "prf": prf_by_identity(np.asarray(self.counts[m], np.int64).reshape(-1, 3), pid,
@@ -377,7 +377,9 @@ def render(summary: dict, console=None) -> None:
         console.print(f"skipped (malformed): {error['error']}", markup=False, highlight=False)
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     first = next(iter(summary["methods"].values()))["prf"]
-    tab = Table(title=f"aligned-pair F1 (micro, 95% bootstrap CI) — {summary['n_pairs']} pairs, "
+    # n_boot 0 computes no intervals (summaries from before n_boot was recorded had them)
+    ci = "95% bootstrap CI" if summary.get("n_boot", 1) else "no CI: --bootstrap 0"
+    tab = Table(title=f"aligned-pair F1 (micro, {ci}) — {summary['n_pairs']} pairs, "
                       f"{summary['n_families']} families; NW/SW: BLOSUM62, gap open 11, extend 1")
     tab.add_column("method", no_wrap=True)
     for b in bins:
@@ -402,8 +404,8 @@ def render(summary: dict, console=None) -> None:
                           f"{num(rel['ece'])}, Brier {num(rel['brier'])} over {rel['n_pairs']} "
                           f"aligned pairs (per confidence bin: --json, --plot)")
     if summary.get("model_minus"):
-        tab = Table(title="pfamalign minus baseline, micro F1 (paired bootstrap 95% CI: "
-                          "resampling pairs / whole families)")
+        paired = "paired bootstrap 95% CI: resampling pairs / whole families" if summary.get("n_boot", 1) else ci
+        tab = Table(title=f"pfamalign minus baseline, micro F1 ({paired})")
         tab.add_column("baseline", no_wrap=True)
         for b in bins:
             tab.add_column(b, justify="right", no_wrap=True)

@@ -1,6 +1,7 @@
 """Reading the pairs to align into pair records: sequences given as residues or FASTA files
 (``-`` = standard input; one reader, ``read_fasta``, for every FASTA the package reads), pairs
-files (TSV), two rows of a Stockholm alignment, and dataset pairs.
+files (TSV), two rows of a Stockholm alignment, and dataset pairs. Files may be
+gzip-compressed (``open_text``) and may start with a UTF-8 byte-order mark.
 
 A pair record is a dict with the keys of a dataset pair (``pfamalign.pipelines.reader``):
 ``q_id``, ``k_id``, ``q_seq``, ``k_seq``, ``target`` (the reference column of each query
@@ -13,17 +14,24 @@ record they cannot use and go on, so a batch job can report it and continue; rai
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import gzip
+import io
+import itertools
 import os
 import pathlib
 import sys
-from typing import IO, Iterator
+import zlib
+from typing import IO, Iterable, Iterator
 
 FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
 MAX_LINE = 1 << 20  # characters per line: longer is not a sequence file (and must not fill memory)
 MAX_RECORD = 1 << 22  # residues per FASTA record (far above any protein; bounds memory)
 STDIN = "-"
+GZIP_MAGIC = b"\x1f\x8b"
+PAIRS_LINES = "lines of SEQ_A<TAB>SEQ_B or ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B ('#': a comment)"
 
 
 class BadRecord(ValueError):
@@ -42,16 +50,24 @@ class FastaRecord:
 
 
 def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
-    """(1-based number, text without the newline) of each line; a line over MAX_LINE raises."""
+    """(1-based number, text without the newline) of each line; a line over MAX_LINE raises.
+    A byte-order mark opening the text (Windows editors write one) is dropped."""
     lineno = 0
     while True:
         try:
             line = handle.readline(MAX_LINE + 1)
         except UnicodeDecodeError as err:
             raise ValueError(f"{source}:{lineno + 1}: not UTF-8 text ({err.reason})") from err
+        except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+            raise ValueError(f"{source}:{lineno + 1}: the compressed file is truncated or corrupt "
+                             f"({err})") from err
+        except OSError as err:  # a read error mid-file (EIO, a closed standard input)
+            raise ValueError(f"{source}:{lineno + 1}: read error ({err.strerror or err})") from err
         if not line:
             return
         lineno += 1
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")
         if len(line) > MAX_LINE:
             raise ValueError(f"{source}:{lineno}: line longer than {MAX_LINE} characters; "
                              "is this a FASTA file?")
@@ -102,23 +118,48 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
         yield finish()
 
 
-def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord | BadRecord]:
-    """Streams the records of a FASTA file, ``-`` for standard input (see ``fasta_records``);
-    a file without any record raises."""
-    name = str(path)
+@contextlib.contextmanager
+def open_text(name: str, what: str, *, newline: str | None = None
+              ) -> Iterator[tuple[IO[str], str]]:
+    """(UTF-8 text handle, name for messages) of ``-`` (standard input) or a file, gzip-compressed
+    or not. Compression is told by the magic bytes, peeked without seeking, so a pipe (process
+    substitution, ``/dev/fd/N``) works too. ``what`` names the kind of file in errors."""
     if name == STDIN:
-        handle, source = contextlib.nullcontext(sys.stdin), "<stdin>"
-    else:
-        try:
-            handle, source = open(name, encoding="utf-8"), name
-        except OSError as err:
-            raise ValueError(f"{name}: cannot read FASTA file ({err.strerror})") from err
-    with handle as lines:
-        count = 0
+        yield sys.stdin, "<stdin>"
+        return
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: is a directory; give a {what} file")
+    try:
+        raw = open(name, "rb")
+    except OSError as err:
+        raise ValueError(f"{name}: cannot read {what} file ({err.strerror})") from err
+    with raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
+        with io.TextIOWrapper(stream, encoding="utf-8", newline=newline) as text:
+            yield text, name
+
+
+def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord | BadRecord]:
+    """Streams the records of a FASTA file, ``-`` for standard input (see ``fasta_records``,
+    ``open_text``); a file without any record raises. Records sharing an id are kept, with one
+    warning on standard error at the end (outputs could not tell their rows apart)."""
+    with open_text(str(path), "FASTA") as (lines, source):
+        count, ids = 0, collections.Counter()
         for count, record in enumerate(fasta_records(lines, source), 1):
+            if isinstance(record, FastaRecord):
+                ids[record.id] += 1
             yield record
         if count == 0:
             raise ValueError(f"{source}: no FASTA records (a record starts with a '>' header line)")
+        _warn_duplicates(source, [i for i, n in ids.items() if n > 1])
+
+
+def _warn_duplicates(source: str, duplicates: list[str]) -> None:
+    if duplicates:
+        shown = ", ".join(map(repr, duplicates[:10])) + (
+            f" and {len(duplicates) - 10} more" if len(duplicates) > 10 else "")
+        print(f"Warning: {source}: records share the id(s) {shown}; their output rows cannot be "
+              "told apart (rename them to make every id unique)", file=sys.stderr)
 
 
 def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator[dict | BadRecord]:
@@ -140,43 +181,52 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator
 
 def argument_path(arg: str) -> pathlib.Path | None:
     """The rule for a sequence argument: a FASTA file when it starts with ``@`` (the rest is
-    the path), contains a path separator, or ends in a FASTA suffix (its path is returned);
-    residues otherwise (None). ``-`` (standard input) is decided before this rule."""
+    the path), contains a path separator, ends in a FASTA suffix, or contains a ``.`` and
+    names an existing path (residues hold neither ``/`` nor ``.``, so ``q.txt``, ``q.seq``
+    are files); its path is returned. Residues otherwise (None). ``-`` (standard input) is
+    decided before this rule."""
     if arg.startswith("@"):
         return pathlib.Path(arg[1:])
-    if "/" in arg or os.sep in arg or pathlib.Path(arg).suffix.lower() in FASTA_SUFFIXES:
-        return pathlib.Path(arg)
+    path = pathlib.Path(arg)
+    if "/" in arg or os.sep in arg or path.suffix.lower() in FASTA_SUFFIXES or (
+            "." in arg and path.exists()):
+        return path
     return None
 
 
 def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
     """(id, residues) of a sequence argument: ``-`` (standard input), a FASTA file path
-    (``argument_path``), or
-    the residues.
+    (``argument_path``; plain or gzip, a pipe such as ``<(...)`` too), or the residues.
 
     A FASTA file must hold exactly one record. Residues are validated (letters only, not
-    empty) and upper-cased. Residues that also name a file in the working directory are read
-    as residues, with a warning on standard error.
+    empty) and upper-cased. Residues that also name a file or directory in the working
+    directory are read as residues, with a warning on standard error.
     """
     from pfamalign.residues import normalize_sequence
 
     path = None if arg == STDIN else argument_path(arg)
     if arg == STDIN or path is not None:
-        if path is not None and not path.is_file():
+        if path is not None and not path.exists():  # exists, not is_file: /dev/fd/N is a pipe
             raise ValueError(f"{arg}: no such FASTA file")
-        records = list(read_fasta(arg if path is None else path))
+        records = list(read_fasta(arg.removeprefix("@")))  # the name as the user wrote it
         if len(records) != 1:
             raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} "
                              "(give one multi-FASTA file alone, or use --pairs, for many pairs)")
         if isinstance(records[0], BadRecord):
             raise records[0]
-        seq_id, residues = records[0].id, records[0].seq
-    else:
-        if len(arg) < 255 and pathlib.Path(arg).is_file():  # long residue strings are no names
-            print(f"Warning: {arg!r} is read as residues, though a file of that name exists; "
-                  f"write ./{arg} or @{arg} to read the file", file=sys.stderr)
-        seq_id, residues = default_id, arg
-    return seq_id, normalize_sequence(residues, name=f"{seq_id} ({arg[:20]}...)" if len(arg) > 20 else seq_id)
+        return records[0].id, records[0].seq
+    if 0 < len(arg) < 255 and pathlib.Path(arg).exists():  # long residue strings are no names
+        kind = "directory" if pathlib.Path(arg).is_dir() else "file"
+        print(f"Warning: {arg!r} is read as residues, though a {kind} of that name exists"
+              + (f"; write ./{arg} or @{arg} to read the file" if kind == "file" else ""),
+              file=sys.stderr)
+    name = f"{default_id} ({arg[:20]}...)" if len(arg) > 20 else default_id
+    try:
+        return default_id, normalize_sequence(arg, name=name)
+    except ValueError as err:
+        if "." in arg:  # a mistyped file name, more likely than residues with a dot
+            raise ValueError(f"{err}; nor is there a file named {arg}") from None
+        raise
 
 
 def pair_from_sequences(seq_a: str, seq_b: str) -> dict:
@@ -185,31 +235,56 @@ def pair_from_sequences(seq_a: str, seq_b: str) -> dict:
     return _bare_pair(id_a, sa, id_b, sb)
 
 
-def read_pairs_tsv(path: pathlib.Path) -> Iterator[dict | BadRecord]:
-    """Streams the pair records of a tab-separated pairs file.
+def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
+    """Streams the pair records of a tab-separated pairs file (``-``: standard input; gzip
+    or not, see ``open_text``).
 
     Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` (ids
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
     also carries ``where`` (``path:line``), for error messages about that pair; a malformed
     line comes as a ``BadRecord``. The file must be UTF-8 with lines of at most ``MAX_LINE``
-    characters.
+    characters. The file is read up to its first pair at the call, so that one without pairs,
+    or a FASTA or Stockholm file given by mistake, raises once before any work.
     """
+    stack = contextlib.ExitStack()
     try:
-        handle = open(path, encoding="utf-8", newline="")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read pairs file ({err.strerror})") from err
-    with handle:
-        for lineno, line in _bounded_lines(handle, str(path)):
+        handle, source = stack.enter_context(open_text(str(path), "pairs", newline=""))
+        lines = _bounded_lines(handle, source)
+        first = _first_pair_line(lines, source)
+    except BaseException:
+        stack.close()
+        raise
+    return _pair_records(stack, itertools.chain([first], lines), source)
+
+
+def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int, str]:
+    """The first pair line; a file without one, or one that starts as FASTA or Stockholm
+    (one error, not one per line), raises."""
+    for lineno, line in lines:
+        if line.startswith(("# STOCKHOLM", ">")):
+            kind, instead = (("FASTA", "give a multi-FASTA file as SEQ_A") if line.startswith(">")
+                             else ("Stockholm", "give --stockholm FILE --ids ID_A ID_B"))
+            raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
+                             f"--pairs expects {PAIRS_LINES}")
+        if line.strip() and not line.startswith("#"):
+            return lineno, line
+    raise ValueError(f"no pairs in {source}; --pairs expects {PAIRS_LINES}")
+
+
+def _pair_records(stack: contextlib.ExitStack, lines: Iterable[tuple[int, str]], source: str
+                  ) -> Iterator[dict | BadRecord]:
+    with stack:
+        for lineno, line in lines:
             if not line.strip() or line.startswith("#"):
                 continue
             cols = [c.strip() for c in line.split("\t")]
             if len(cols) == 2:
                 cols = [f"pair{lineno}_a", cols[0], f"pair{lineno}_b", cols[1]]
             elif len(cols) != 4:
-                yield BadRecord(f"{path}:{lineno}", "expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, "
+                yield BadRecord(f"{source}:{lineno}", "expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, "
                                 f"ID_B, SEQ_B) tab-separated columns, found {len(cols)}")
                 continue
-            yield {**_bare_pair(*cols), "where": f"{path}:{lineno}"}
+            yield {**_bare_pair(*cols), "where": f"{source}:{lineno}"}
 
 
 def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:

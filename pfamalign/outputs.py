@@ -5,7 +5,8 @@ goes to a temporary file in the target directory and is renamed into place only 
 block ends without an error, so an interrupted or failed run leaves the previous file (or
 none) and never a truncated one. An output path that names one of the command's inputs is
 refused before anything is opened (``align --pairs f.tsv -o f.tsv`` would otherwise truncate
-its own input), and a missing parent directory is a clear error, not a traceback.
+its own input), and a missing parent directory is a clear error, not a traceback. An output
+path that is a symbolic link is written through: the link's target is replaced, the link kept.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class OutputError(ValueError):
     """An output path that cannot be written as asked (the message says how to fix it)."""
 
 
-def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+    """Whether two paths name one file (after links; False when either cannot be resolved)."""
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
     except OSError:
@@ -34,7 +36,7 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
     directory exists, and it is not a directory itself."""
     path = pathlib.Path(path)
     for source in inputs:
-        if source is not None and str(source) != "-" and _same_file(path, pathlib.Path(source)):
+        if source is not None and str(source) != "-" and same_file(path, pathlib.Path(source)):
             raise OutputError(f"output {path} is also an input; write the output to another file")
     if path.is_dir():
         raise OutputError(f"output {path} is a directory; give a file name")
@@ -65,8 +67,12 @@ def is_temporary(name: str) -> bool:
 @contextlib.contextmanager
 def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> Iterator[pathlib.Path]:
     """Yields a temporary path to write (by any library: a plot, an archive); renames it onto
-    ``path`` when the block succeeds, removes it when it fails."""
+    ``path`` when the block succeeds, removes it when it fails. A symbolic link is resolved
+    first, so the rename replaces its target and the link stays."""
     path = check_output_path(path, inputs)
+    if path.is_symlink():
+        path = pathlib.Path(os.path.realpath(path))
+        check_output_path(path)  # a dangling link's target directory may be missing
     tmp = temporary_path(path)
     try:
         yield tmp

@@ -47,7 +47,8 @@ def first_invalid(seq: str, extra: str = "") -> int | None:
 def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
     """Returns ``seq`` upper-cased after checking it is a non-empty string of letters.
 
-    Raises ``ValueError`` naming the first offending character and its 0-based position.
+    Raises ``ValueError`` naming the first offending character and its 1-based position (as
+    every output numbers residues).
     """
     if not isinstance(seq, str):
         raise ValueError(f"{name} must be a str, got {type(seq).__name__}")
@@ -56,8 +57,8 @@ def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
     pos = first_invalid(seq)
     if pos is not None:
         raise ValueError(
-            f"{name} has a non-protein character {seq[pos]!r} at position {pos} "
-            "(expected letters only: no gaps, stops, digits or whitespace)")
+            f"{name} has a non-protein character {seq[pos]!r} at position {pos + 1} (1-based; "
+            "expected letters only: no gaps, stops, digits or whitespace)")
     return seq.upper()
 
 

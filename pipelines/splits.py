@@ -33,7 +33,7 @@ def split_fraction_of(key: str, seed: int, salt: str = "pfamalign-split") -> flo
 
 def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     fr = tuple(float(f) for f in fractions)
-    if len(fr) != 3 or any(f < 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:
+    if len(fr) != 3 or not all(f >= 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:  # f >= 0: False for nan
         raise ValueError(f"split fractions must be three non-negative numbers summing to 1 "
                          f"(train, val, test), got {fractions!r}")
     return fr  # type: ignore[return-value]

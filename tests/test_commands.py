@@ -111,7 +111,7 @@ def test_align_fasta_files_pairs_file_and_plot(model_dir, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["", PDZ_B], "empty"),
-    (["MKV1LL", PDZ_B], "non-protein character '1' at position 3"),
+    (["MKV1LL", PDZ_B], "non-protein character '1' at position 4"),
     ([PDZ_A, PDZ_B, "--max-length", "20"], "longer than this model accepts"),
     (["nothere.fasta", PDZ_B], "no such FASTA file"),
 ])
@@ -591,3 +591,143 @@ def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, data
     from pfamalign.inference import DecoderSettings
 
     assert dataclasses.asdict(DecoderSettings.load(model)) == best["best"]
+
+
+# ---- hardening: refused or reported input (certify, barycenter, eval, prepare, train, compile) ----
+
+
+def _fail_if_called(*args, **kwargs):
+    raise AssertionError("the command worked before refusing its input")
+
+
+@pytest.mark.parametrize("command", ["eval", "certify", "barycenter"])
+def test_data_that_is_not_a_dataset_is_a_usage_error(command, tmp_path):
+    res = run([command, "--data", tmp_path])  # run() lets a traceback fail the test
+    assert res.exit_code == 2 and "manifest.json not found: not a prepared dataset" in res.stderr
+
+
+@pytest.mark.parametrize("command, work", [("certify", "pfamalign.certify.certify_pair"),
+                                           ("barycenter", "pfamalign.barycenter.pair_barycenters")])
+def test_an_unknown_plot_extension_is_refused_before_any_work(command, work, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(work, _fail_if_called)
+    res = run([command, PDZ_A, PDZ_B, "--checkpoint", model_dir, "--plot", tmp_path / "x.xyz"])
+    assert res.exit_code == 2 and "cannot write a figure as .xyz" in res.stderr
+    assert not (tmp_path / "x.xyz").exists()
+
+
+def test_eval_refuses_an_unknown_plot_extension_before_scoring(dataset, tmp_path, monkeypatch):
+    monkeypatch.setattr("pfamalign.evaluation.run", _fail_if_called)
+    res = run(["eval", "--data", dataset, "--no-model", "--plot", tmp_path / "f1.xyz"])
+    assert res.exit_code == 2 and "cannot write a figure as .xyz" in res.stderr
+
+
+@pytest.mark.parametrize("command", ["certify", "barycenter"])
+def test_a_pair_named_two_ways_is_refused(command, dataset):
+    res = run([command, PDZ_A, PDZ_B, "--data", dataset])
+    assert res.exit_code == 2 and "the pair is named twice (SEQ_A SEQ_B and --data)" in res.stderr
+    res = run([command, PDZ_A, PDZ_B, "--ids", "a", "b"])
+    assert res.exit_code == 2 and "--ids names rows of --stockholm" in res.stderr
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--splits", "nan,0.5,0.5", "expected finite numbers"),
+    ("--splits", "0.5,inf,0.5", "expected finite numbers"),
+    ("--pid-bins", "30,150", "expected finite numbers from 0 to 100"),
+    ("--layer", "6", "--layer picks a layer of an ESM-2 embedder; builtin/onehot has none"),
+])
+def test_prepare_refuses_numbers_it_cannot_use(option, value, message, tmp_path):
+    out = tmp_path / "ds"
+    res = run(["prepare", "shards", "--pfam", SEED / "PF00076.sto", "--out", out, "-q", option, value])
+    assert res.exit_code == 2 and message in res.stderr
+    assert not out.exists()
+
+
+def test_split_fractions_refuse_nan():
+    from pfamalign.pipelines.splits import check_fractions
+
+    with pytest.raises(ValueError, match="non-negative"):
+        check_fractions((float("nan"), 0.5, 0.5))  # nan < 0 is False: the sum check missed it too
+
+
+def test_prepare_skip_bad_says_what_it_skipped_and_an_empty_dataset_fails(tmp_path):
+    ragged = tmp_path / "ragged.sto"
+    ragged.write_text("# STOCKHOLM 1.0\nA/1-3 MKV\nB/1-4 MKVL\n//\n")
+    res = run(["prepare", "shards", "--pfam", ragged, "--out", tmp_path / "o", "--skip-bad", "-q"])
+    assert res.exit_code == 1
+    assert "--skip-bad left out 1 malformed family" in res.stderr
+    assert "no pairs were produced from the 1 families read (1 malformed)" in res.stderr
+    good = tmp_path / "in"  # a usable family beside the bad one: a dataset, a warning, exit 0
+    good.mkdir()
+    (good / "a.sto").write_text((SEED / "PF00076.sto").read_text())
+    (good / "b.sto").write_text(ragged.read_text())
+    res = run(["prepare", "shards", "--pfam", good, "--out", tmp_path / "o2", "--skip-bad", "-q"])
+    assert res.exit_code == 0 and "--skip-bad left out 1 malformed family" in res.stderr
+
+
+def test_seed_options_refuse_negative_seeds(model_dir, dataset, tmp_path):
+    q = tmp_path / "q.fa"
+    q.write_text(">q\nMKVLAAGIVGLLLA\n")
+    for args in (["search", q, q], ["compile", "-o", tmp_path / "c"], ["eval", "--data", dataset, "--no-model"],
+                 ["train", "--data", dataset, "--out", tmp_path / "r", "--config", "align_ce"],
+                 ["ensemble", model_dir, model_dir, "--data", dataset, "-o", tmp_path / "e"]):
+        res = run([*args, "--seed", "-1"])
+        assert res.exit_code == 2 and "Invalid value for '--seed': -1 is not in the range x>=0" in res.stderr, args
+
+
+def test_train_refuses_an_out_that_is_the_dataset_or_holds_other_files(dataset, tmp_path):
+    before = sorted(p.name for p in dataset.iterdir())
+    for out in (dataset, dataset / "run"):
+        res = run(["train", "--data", dataset, "--config", "align_ce", "--out", out, "-q"])
+        assert res.exit_code == 2 and "is the dataset --data" in res.stderr and "inside it" in res.stderr
+    assert sorted(p.name for p in dataset.iterdir()) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    res = run(["train", "--data", dataset, "--config", "align_ce", "--out", other, "-q"])
+    assert res.exit_code == 2 and "holds other files and no `pfamalign train` run" in res.stderr
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_train_out_check_keeps_new_killed_and_resumable_runs(dataset, tmp_path):
+    from pfamalign.pipelines.locks import LOCK_NAME
+    from pfamalign.training.errors import OptionsError
+    from pfamalign.training.rundir import check_out_dir
+
+    killed, resumable, model = tmp_path / "killed", tmp_path / "run", tmp_path / "model"
+    for d in (killed, resumable, model):
+        d.mkdir()
+    (killed / LOCK_NAME).write_text("")  # killed before config.json
+    (resumable / "config.json").write_text(json.dumps({"model": {}, "train": {}, "data": {}}))
+    (model / "config.json").write_text(json.dumps({"format": "x", "model": {}}))  # a model directory
+    for ok in (tmp_path / "new", killed, resumable):
+        check_out_dir(dataset, ok)
+    with pytest.raises(OptionsError, match="no `pfamalign train` run"):
+        check_out_dir(dataset, model)
+
+
+def test_eval_refuses_split_with_stockholm_only_when_given(tmp_path):
+    args = ["eval", "--stockholm", SEED / "PF00041.sto", "--no-model", "--baselines", "nw",
+            "--pairs-per-family", 2, "--bootstrap", 0, "--quiet"]
+    res = run([*args, "--split", "val"])
+    assert res.exit_code == 2 and "--split picks a split of --data" in res.stderr
+    assert run(args).exit_code == 0
+
+
+def test_eval_bootstrap_zero_titles_its_tables_without_a_ci(dataset):
+    args = ["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--max-pairs", 3, "--quiet"]
+    res = run([*args, "--bootstrap", 0])
+    assert res.exit_code == 0, res.output
+    assert "no CI: --bootstrap 0" in res.stdout and "95%" not in res.stdout
+    assert "95% bootstrap CI" in run([*args, "--bootstrap", 10]).stdout
+    res = run([*args, "--bootstrap", -1])
+    assert res.exit_code == 2 and "--bootstrap" in res.stderr
+
+
+def test_compile_says_when_the_split_has_fewer_pairs_than_asked(model_dir, dataset, tmp_path):
+    res = run(["compile", "--checkpoint", model_dir, "--data", dataset, "--pairs", 100000,
+               "--held-out", 5, "-o", tmp_path / "c"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.stdout)
+    assert (f"fewer than the 100000 calibration + 5 held-out pairs asked for: fitting "
+            f"{stats['calibration_pairs']}, holding out {stats['held_out_pairs']}") in res.stderr
+    assert stats["calibration_pairs"] < 100000

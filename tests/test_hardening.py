@@ -305,15 +305,17 @@ def test_a_stray_manifest_temporary_is_cleaned_on_rerun(tmp_path):
 def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
     import gzip
 
-    data = gzip.compress((SEED / "PF00041.sto").read_bytes() * 4)
+    # every seed family, cut three quarters in: the families before the cut are complete
+    data = gzip.compress(b"".join(f.read_bytes() for f in sorted(SEED.glob("*.sto"))))
     gz = tmp_path / "Pfam-A.seed.gz"
-    gz.write_bytes(data[: len(data) // 2])
+    gz.write_bytes(data[: len(data) * 3 // 4])
     result = run(["prepare", "shards", "--pfam", gz, "--out", tmp_path / "ds", "-q"]
                  + (["--skip-bad"] if skip_bad else []))
     if skip_bad:  # the families before the cut are kept, the cut is reported
         assert result.exit_code == 0, result.output
-        errors = json.loads((tmp_path / "ds" / "manifest.json").read_text())["summary"]["errors"]
-        assert any("truncated or corrupt" in e for e in errors), errors
+        summary = json.loads((tmp_path / "ds" / "manifest.json").read_text())["summary"]
+        assert any("truncated or corrupt" in e for e in summary["errors"]), summary["errors"]
+        assert "left out 1 malformed family" in result.output
     else:
         assert_clear_error(result, "truncated or corrupt")
     assert "Aborted" not in result.output
@@ -633,3 +635,156 @@ def test_an_oversized_fasta_argument_is_refused_while_reading(tmp_path, monkeypa
     big.write_text(">big\n" + "ACDEFGHIKL\n" * 10)
     with pytest.raises(ValueError, match="record longer than 64 residues"):
         inputs.pair_from_sequences(str(big), "ACD")
+
+
+# ---- hardening probe: sequence and pairs inputs, batch outputs, option values ----------------
+
+def test_a_fasta_file_with_any_extension_is_read_as_a_file(tmp_path, monkeypatch, capsys):
+    """A residue string holds neither '.' nor '/': an existing name with either is a file."""
+    from pfamalign import inputs
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("q.txt", "q.seq", "q.pep", "q.aln"):
+        (tmp_path / name).write_text(">q\nKLMNP\n")
+        assert inputs.read_sequence(name, "seq_a") == ("q", "KLMNP"), name
+    (tmp_path / "noext").write_text(">n\nWWW\n")
+    assert inputs.read_sequence("./noext", "seq_a") == ("n", "WWW")
+    assert "read as residues" not in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"position 2 .*nor is there a file named t\.xyz"):
+        inputs.read_sequence("t.xyz", "seq_a")  # a mistyped name is not blamed on its residues
+
+
+def test_directories_and_pipes_as_sequence_arguments(tmp_path, monkeypatch, capsys):
+    from pfamalign import inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ADIR").mkdir()
+    assert inputs.read_sequence("ADIR", "seq_a") == ("seq_a", "ADIR")
+    assert "a directory of that name exists" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^\./ADIR: is a directory; give a FASTA file"):
+        inputs.read_sequence("./ADIR", "seq_a")
+    read, write = os.pipe()  # what <(printf ...) hands over: /dev/fd/N, a pipe, no regular file
+    os.write(write, b">x\nMKVLAAG\n")
+    os.close(write)
+    try:
+        assert inputs.read_sequence(f"/dev/fd/{read}", "seq_a") == ("x", "MKVLAAG")
+    finally:
+        os.close(read)
+
+
+def test_byte_order_mark_and_gzip_fasta_are_read(tmp_path):
+    import gzip
+
+    from pfamalign import inputs
+
+    bom = tmp_path / "bom.fa"
+    bom.write_bytes(b"\xef\xbb\xbf>a\nMKVL\n")
+    packed = tmp_path / "two.fa.gz"
+    packed.write_bytes(gzip.compress(b">a\nMKVL\n>b\nMKVA\n"))
+    assert inputs.read_sequence(str(bom), "seq_a") == ("a", "MKVL")
+    assert [(r.id, r.seq) for r in inputs.read_fasta(packed)] == [("a", "MKVL"), ("b", "MKVA")]
+    broken = tmp_path / "broken.fa.gz"
+    broken.write_bytes(gzip.compress(b">a\n" + b"MKVL\n" * 1000)[:-20])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        list(inputs.read_fasta(broken))
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
+def test_a_pairs_file_without_pairs_is_an_error(tmp_path, text):
+    empty = tmp_path / "e.tsv"
+    empty.write_text(text)
+    assert_clear_error(run(["align", "--pairs", empty]), f"no pairs in {empty}")
+
+
+@pytest.mark.parametrize("text, kind", [(">a\nMKVL\n>b\nMKVA\n", "FASTA"),
+                                        ("# STOCKHOLM 1.0\na MKVL\nb MKVA\n//\n", "Stockholm")])
+def test_a_fasta_or_stockholm_pairs_file_fails_once(tmp_path, text, kind):
+    path = tmp_path / "wrong.tsv"
+    path.write_text(text)
+    result = run(["align", "--pairs", path])
+    assert_clear_error(result, f"looks like {kind}, not a pairs file")
+    assert result.exit_code == 2 and result.output.count("Error:") == 1, result.output
+
+
+def test_pairs_from_standard_input():
+    result = run(["align", "--pairs", "-", "-f", "cigar"], input="MKVLAAG\tMKVLSAG\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "pair1_a\tpair1_b\t7M\n"
+
+
+MIXED_FASTA = ">a\nMKVLAAGIVGLLLA\n>bad\nMKV*LL\n>c\nMKVLSAGIVGLAQQ\n>d\nMKVLA\n"
+
+
+def test_many_pair_cigar_lines_name_their_pair(tmp_path):
+    import re
+
+    fasta = tmp_path / "mixed.fa"
+    fasta.write_text(MIXED_FASTA)
+    result = run(["align", fasta, "--all-pairs", "-f", "cigar"])
+    assert result.exit_code == 1, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert [row[:2] for row in rows] == [["a", "c"], ["a", "d"], ["c", "d"]]
+    assert all(re.fullmatch(r"(\d+[MDI])+", row[2]) for row in rows), rows
+    assert f"{fasta}:3" in result.stdout  # a '#' line is at home in a table
+
+
+@pytest.mark.parametrize("fmt, first_line", [("fasta", ">a"), ("stockholm", "# STOCKHOLM 1.0")])
+def test_formats_without_comments_stay_valid_when_records_are_skipped(tmp_path, fmt, first_line):
+    fasta = tmp_path / "mixed.fa"
+    fasta.write_text(MIXED_FASTA)
+    out = tmp_path / f"out.{fmt}"
+    result = run(["align", fasta, "--all-pairs", "-f", fmt, "-o", out])
+    assert result.exit_code == 1 and f"skipped {fasta}:3" in result.stderr, result.output
+    text = out.read_text()
+    assert text.startswith(first_line) and "# error" not in text, text
+
+
+@pytest.mark.parametrize("command", [["align", "MKVL", "MKVA"], ["search", "q.fa", "q.fa"]])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_max_length_below_one_is_refused_as_an_option_value(command, value):
+    result = run([*command, "--max-length", value])
+    assert result.exit_code == 2 and "Invalid value for '--max-length'" in result.output, result.output
+
+
+def test_output_and_plot_on_one_file_says_so(tmp_path):
+    png = tmp_path / "p.png"
+    result = run(["align", "MKVL", "MKVA", "-o", png, "--plot", png])
+    assert_clear_error(result, "the output (-o", "and the plot (--plot", "are the same file")
+    assert not png.exists()
+
+
+def test_residue_errors_number_positions_from_one():
+    from pfamalign.residues import normalize_sequence
+
+    with pytest.raises(ValueError, match=r"'\*' at position 4 \(1-based"):
+        normalize_sequence("MKV*")
+
+
+def test_align_help_gives_the_shipped_decoders_mix():
+    decoding = ROOT.parent / "pfamalign" / "assets" / "default_model" / "decoding.json"
+    alpha = json.loads(decoding.read_text())["alpha"]
+    result = run(["align", "--help"])
+    assert f"{alpha:.0%} plan, {1 - alpha:.0%} pair-HMM" in result.output, result.output
+    assert "half and half" not in result.output
+
+
+def test_duplicate_fasta_ids_warn_once_and_are_kept(tmp_path, capsys):
+    from pfamalign import inputs
+
+    dup = tmp_path / "dup.fa"
+    dup.write_text(">a\nMKVLAAG\n>a\nMKVLSAG\n>b\nMKV\n>b\nMKL\n>c\nMKK\n")
+    assert [r.id for r in inputs.read_fasta(dup)] == ["a", "a", "b", "b", "c"]
+    err = capsys.readouterr().err
+    assert err.count("Warning:") == 1 and "'a', 'b'" in err and "'c'" not in err, err
+
+
+def test_an_output_symlink_is_written_through(tmp_path):
+    from pfamalign.outputs import open_output
+
+    target = tmp_path / "target.txt"
+    target.write_text("old\n")
+    link = tmp_path / "L"
+    link.symlink_to(target.name)
+    with open_output(link) as sink:
+        sink.write("new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"

@@ -15,7 +15,7 @@ NOT_RESIDUES = ["-", ".", "*", "1", " ", "é", "ß"]  # gaps, stop, digit, space
 def test_every_validator_rejects_the_same_characters(tmp_path, bad):
     seq = "MK" + bad + "V"
     assert residues.first_invalid(seq) == 2
-    with pytest.raises(ValueError, match="non-protein character .* at position 2"):
+    with pytest.raises(ValueError, match="non-protein character .* at position 3 \\(1-based"):
         residues.normalize_sequence(seq)
     with pytest.raises(ValueError, match="invalid residue .* at position 3"):
         embed.get_embedder("builtin").embed([seq])

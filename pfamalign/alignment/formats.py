@@ -353,15 +353,21 @@ def from_json(text: str) -> AlignmentRecord:
 
 
 FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
-           "cigar": lambda rec: to_cigar(rec) + "\n", "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
+           "cigar": lambda rec: to_cigar(rec) + "\n",
+           "cigar_tsv": lambda rec: f"{rec.id_a}\t{rec.id_b}\t{to_cigar(rec)}\n",  # many pairs
+           "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
 WITH_PROVENANCE = ("pair", "stockholm", "json")  # fasta and cigar have no place for it
+# The formats a batch job's skipped record can be written into (a '#' line, a JSON object);
+# a FASTA or Stockholm file with such a line would no longer parse (stderr has them anyway)
+SKIPPED_IN_OUTPUT = ("pair", "cigar_tsv", "json")
 
 
 def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None,
                      extra: dict | None = None) -> str:
     """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
-    ``json``) with default options, ending with a newline; ``provenance`` in the formats
-    that carry it (``WITH_PROVENANCE``); ``extra`` fields only in ``json``."""
+    ``cigar_tsv``: ``id_a<TAB>id_b<TAB>cigar``, ``json``) with default options, ending with a
+    newline; ``provenance`` in the formats that carry it (``WITH_PROVENANCE``); ``extra``
+    fields only in ``json``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
     if extra and fmt != "json":

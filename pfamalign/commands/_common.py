@@ -87,7 +87,7 @@ def pair_input_options(f):
         click.option("--stockholm", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
                      help="Reference alignment holding both sequences (with --ids): gives the target columns."),
         click.option("--ids", nargs=2, metavar="ID_A ID_B", help="Row names of the pair in --stockholm."),
-        click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+        click.option("--data", type=DatasetDirectory(),
                      help="Dataset directory: take pair --index of --split."),
         click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"])),
         click.option("--index", type=int, default=0, show_default=True, help="Pair index within the split."),
@@ -104,6 +104,13 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
     None for bare sequences. Bad input exits with its message."""
     from pfamalign import inputs
 
+    given = [name for name, value in (("SEQ_A SEQ_B", seq_a or seq_b), ("--stockholm", stockholm),
+                                      ("--data", data)) if value]
+    if len(given) > 1:  # one would be used and the others silently dropped
+        raise click.UsageError(f"the pair is named twice ({' and '.join(given)}); give one of SEQ_A "
+                               "SEQ_B, --stockholm FILE with --ids ID_A ID_B, or --data DIR")
+    if ids and stockholm is None:
+        raise click.UsageError("--ids names rows of --stockholm FILE; add --stockholm")
     try:
         if stockholm is not None:
             if not ids:
@@ -210,3 +217,35 @@ def error_line(error, as_json: bool) -> str:
 
         return jsonio.dumps_line({"error": str(error), "where": error.where}) + "\n"
     return f"# error: {error}\n"
+
+
+class DatasetDirectory(click.Path):
+    """A dataset directory of `pfamalign prepare shards`, opened when parsed (manifest and
+    shards checked), so that any other folder is a usage error naming the option."""
+
+    name = "dataset"
+
+    def __init__(self):
+        super().__init__(exists=True, file_okay=False, path_type=pathlib.Path)
+
+    def convert(self, value, param, ctx):
+        from pfamalign.pipelines.reader import PairDataset
+
+        path = super().convert(value, param, ctx)
+        try:
+            PairDataset(path)
+        except (FileNotFoundError, ValueError) as err:
+            self.fail(str(err), param, ctx)
+        return path
+
+
+def check_figure(path) -> None:
+    """Refuses a figure file whose extension matplotlib cannot write, before any work (the
+    check ``align`` makes: ``plots.figure_format``)."""
+    if path is not None:
+        from pfamalign.alignment.plots import figure_format
+
+        try:
+            figure_format(path)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--plot") from None

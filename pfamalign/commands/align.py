@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
 
@@ -13,14 +14,27 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
+_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv"}  # many pairs: a CIGAR needs its pair's ids
+# The shipped decoder's settings, read for the help text (the help must not load the model)
+_SHIPPED_DECODING = pathlib.Path(__file__).parents[1] / "assets" / "default_model" / "decoding.json"
+
+
+def _shipped_mix() -> str:
+    """The shares of the shipped decoder's mixed posterior (its alpha), for the help text."""
+    try:
+        alpha = float(json.loads(_SHIPPED_DECODING.read_text())["alpha"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "in the shares its decoding.json sets"
+    return f"{alpha:.0%} plan, {1 - alpha:.0%} pair-HMM"
 
 
 @click.command()
 @click.argument("seq_a", required=False)
 @click.argument("seq_b", required=False)
-@click.option("--pairs", "pairs_file", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
-              help="Tab-separated file of pairs (SEQ_A SEQ_B, or ID_A SEQ_A ID_B SEQ_B per line); "
-                   "streamed, the model is loaded once.")
+@click.option("--pairs", "pairs_file",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
+              help="Tab-separated file of pairs (SEQ_A SEQ_B, or ID_A SEQ_A ID_B SEQ_B per line; "
+                   "- reads standard input); streamed, the model is loaded once.")
 @click.option("--all-pairs", is_flag=True,
               help="With one multi-FASTA SEQ_A: align every pair of records, not only the first "
                    "record against each of the others.")
@@ -28,7 +42,8 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="Output format. json writes one object per pair (JSON lines for many pairs).")
+              help="Output format. json writes one object per pair (JSON lines for many pairs); "
+                   "cigar for many pairs writes ID_A<TAB>ID_B<TAB>CIGAR lines.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the alignment(s) here instead of standard output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -44,7 +59,7 @@ _WRITER = {"text": "pair"}  # our name -> the formats module's name
                    "compiled (and loaded from the compile cache).")
 @decoder_options
 @engine_options
-@click.option("--max-length", type=int, default=4096, show_default=True,
+@click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
@@ -57,8 +72,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     \b
     The aligner computes a transport plan between the two sequences and decodes a monotone
     alignment from it with the model's decoder settings (the shipped model: maximum expected
-    accuracy on the plan mixed half and half with a pair-HMM's match posteriors); each aligned
-    pair carries its mixed posterior as confidence.
+    accuracy on the plan mixed with a pair-HMM's match posteriors, {shipped_mix}); each
+    aligned pair carries its mixed posterior as confidence.
 
     \b
     Symmetric: the model reads its two inputs differently, so the plan is the mean of both
@@ -70,7 +85,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     \b
     Many pairs: one multi-FASTA SEQ_A alone aligns its first record with each of the others
     (--all-pairs: every pair); --pairs reads a TSV. A bad record (file:line) is reported on
-    standard error and in the output, the rest are aligned, and the exit status is 1 at the
+    standard error and, as a '#' line or a JSON object, in text, cigar and json output (fasta
+    and stockholm files stay valid), the rest are aligned, and the exit status is 1 at the
     end; --strict stops at the first.
 
     \b
@@ -83,10 +99,10 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align query.fasta target.fasta -f json --score-noise 1e-3
     """
     from pfamalign import inputs, resources
-    from pfamalign.alignment.formats import format_alignment
+    from pfamalign.alignment.formats import SKIPPED_IN_OUTPUT, format_alignment
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import atomic_path, open_output
+    from pfamalign.outputs import atomic_path, open_output, same_file
 
     if pairs_file is None and seq_a is None:
         raise click.UsageError("give two sequences (SEQ_A SEQ_B), one multi-FASTA file, or --pairs FILE")
@@ -103,6 +119,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         raise click.UsageError(f"--score-noise marks pairs in JSON output only; add -f json (got -f {fmt})")
     errors = BatchErrors(strict or not many)
     sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
+    if out is not None and plot is not None and same_file(out, plot):
+        fail(f"the output (-o {out}) and the plot (--plot {plot}) are the same file; give them "
+             "different names")
     check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
         if plot is not None:
@@ -124,16 +143,18 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         settings = decoder_settings(predictor.decoding, decoding)
         provenance = predictor.provenance(settings)
         n_pairs = 0
+        writer = (_MANY_WRITER if many else _WRITER).get(fmt, fmt)
         with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
             for item in aligned(predictor, pairs, settings, errors):
-                if isinstance(item, inputs.BadRecord):
-                    sink.write(error_line(item, fmt == "json"))
+                if isinstance(item, inputs.BadRecord):  # ``errors`` printed it on stderr
+                    if writer in SKIPPED_IN_OUTPUT:
+                        sink.write(error_line(item, fmt == "json"))
                     continue
                 _, rec, pp = item
                 n_pairs += 1
                 extra = None if score_noise is None else _stability(predictor, rec, score_noise)
-                sink.write(format_alignment(rec, _WRITER.get(fmt, fmt), provenance=provenance, extra=extra))
+                sink.write(format_alignment(rec, writer, provenance=provenance, extra=extra))
                 advance()
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
@@ -160,6 +181,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         fail(errors.summary(), code=1)
 
 
+align.help = align.help.replace("{shipped_mix}", _shipped_mix())
+
+
 def _stability(predictor, rec, radius: float) -> dict:
     """The JSON fields of ``--score-noise``: ``stable`` per aligned pair and the summary."""
     from pfamalign.certify import stable_matches
@@ -174,3 +198,4 @@ def _compile_counter():
     from pfamalign.compile_cache import CompileCounter
 
     return CompileCounter()
+

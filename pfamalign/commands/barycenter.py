@@ -7,8 +7,8 @@ import pathlib
 import click
 import numpy as np
 
-from pfamalign.commands._common import (check_outputs, fail, pair_input_options, resolve_pair,
-                                       sequence_paths)
+from pfamalign.commands._common import (check_figure, check_outputs, fail, pair_input_options,
+                                       resolve_pair, sequence_paths)
 
 
 @click.command()
@@ -41,6 +41,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(tsv, plot, inputs=sources)
+    check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = pair_barycenters(Predictor(checkpoint, weights=weights), pair)

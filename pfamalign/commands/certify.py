@@ -7,8 +7,8 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import (Number, check_outputs, fail, pair_input_options, resolve_pair,
-                                       sequence_paths)
+from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, pair_input_options,
+                                       resolve_pair, sequence_paths)
 
 
 @click.command()
@@ -66,6 +66,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(json_out, plot, inputs=sources)
+    check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = certify_pair(Predictor(checkpoint, weights=weights), pair, tail_depths=depths,

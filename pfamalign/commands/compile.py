@@ -34,7 +34,8 @@ from pfamalign.commands._common import Number, fail
                    "sums exact) or 3 (key, query, key).")
 @click.option("--ridge", type=Number(min=0), default=1e-4, show_default=True,
               help="Ridge penalty (relative to the mean diagonal of the normal matrix).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the slices and the sampling.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the slices and the sampling.")
 @click.option("-o", "--out", type=click.Path(path_type=pathlib.Path), required=True,
               help="New model directory: the checkpoint plus its compiled operator.")
 def compile_model(checkpoint, data, split, n_pairs, held_out, slices, ceta_slices, passes, ridge, seed, out):
@@ -112,6 +113,10 @@ def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int =
     n_fit = min(n_pairs, len(pairs) - (1 if held_out else 0))
     fit = [pairs[i] for i in order[:n_fit]]
     rest = [pairs[i] for i in order[n_fit:]]
+    if n_fit < n_pairs or len(rest) < held_out:  # a small split: say what the statistics rest on
+        click.echo(f"Warning: {data} split {split!r} has {len(pairs)} pairs, fewer than the {n_pairs} "
+                   f"calibration + {held_out} held-out pairs asked for: fitting {n_fit}, holding out "
+                   f"{len(rest)}", err=True)
     op = asap.fit(predictor.model, fit, settings or asap.AsapSettings(), held_out=rest,
                   ceta_settings=ceta_settings)
     op.stats.update({"data": str(data), "split": split})

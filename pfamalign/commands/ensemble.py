@@ -21,7 +21,8 @@ from pfamalign.commands._common import fail
               help="Pairs to choose on, drawn across the split's families.")
 @click.option("--no-tune", is_flag=True,
               help="Keep the decoder of the shipped model instead of choosing one on --split.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pair sampling.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the pair sampling.")
 @click.option("-o", "--out", type=click.Path(path_type=pathlib.Path), required=True,
               help="New ensemble directory (must not exist).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pathlib
 
 import click
+from click.core import ParameterSource
 
-from pfamalign.commands._common import (check_outputs, checkpoint_option, decoder_options, decoder_settings,
-                                       engine_options, fail, strict_option)
+from pfamalign.commands._common import (DatasetDirectory, check_figure, check_outputs, checkpoint_option,
+                                       decoder_options, decoder_settings, engine_options, fail,
+                                       strict_option)
 
 
 @click.command("eval")
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-              help="Dataset directory from `pfamalign prepare shards`.")
+@click.option("--data", type=DatasetDirectory(), help="Dataset directory from `pfamalign prepare shards`.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Dataset split to score (with --data).")
 @click.option("--stockholm", "stockholm", multiple=True, type=click.Path(exists=True, path_type=pathlib.Path),
@@ -28,8 +29,10 @@ from pfamalign.commands._common import (check_outputs, checkpoint_option, decode
                    "run the installed Debian packages; empty for none).")
 @click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs, drawn across the families (seeded by --seed; "
                    "every family represented when N >= the number of families).")
-@click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the CIs.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and the sampling.")
+@click.option("--bootstrap", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Bootstrap resamples for the CIs (0: no CIs).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the bootstrap and the sampling.")
 @decoder_options
 @engine_options
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -38,7 +41,8 @@ from pfamalign.commands._common import (check_outputs, checkpoint_option, decode
               help="PNG of F1 by identity bin per method, beside the model's reliability curve.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @strict_option
-def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
+@click.pass_context
+def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,
              bootstrap, seed, engine, steps, json_out, plot, quiet, strict, **decoding):
     """Score the aligner against reference alignments, beside the baselines.
 
@@ -63,10 +67,14 @@ def evaluate(data, split, stockholm, pairs_per_family, checkpoint, no_model, wei
 
     if (data is None) == (not stockholm):  # before the heavy import: usage errors stay instant
         raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
+    if stockholm and ctx.get_parameter_source("split") not in (ParameterSource.DEFAULT,
+                                                               ParameterSource.DEFAULT_MAP):
+        raise click.UsageError("--split picks a split of --data; --stockholm files have none (drop --split)")
     from pfamalign import evaluation
     from pfamalign.batch import BatchErrors
 
     check_outputs(json_out, plot, inputs=(data, *stockholm, checkpoint, weights))
+    check_figure(plot)
     base = [b.strip() for b in baselines.split(",") if b.strip()]
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import click
 
 
-def _floats(text: str, name: str, n: int | None = None) -> tuple[float, ...]:
+def _floats(text: str, name: str, n: int | None = None, *,
+            bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, ...]:
+    """Comma-separated finite numbers within ``bounds`` (float() also reads nan and inf)."""
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -16,6 +19,10 @@ def _floats(text: str, name: str, n: int | None = None) -> tuple[float, ...]:
     if n is not None and len(values) != n:
         raise click.BadParameter(f"expected {n} comma-separated numbers, got {text!r}",
                                  param_hint=name)
+    low, high = bounds
+    if not all(math.isfinite(v) and low <= v <= high for v in values):
+        within = "" if bounds == (-math.inf, math.inf) else f" from {low:g} to {high:g}"
+        raise click.BadParameter(f"expected finite numbers{within}, got {text!r}", param_hint=name)
     return values
 
 
@@ -64,7 +71,7 @@ def prepare():
 @click.option("--stratify-pid/--no-stratify-pid", default=False, show_default=True,
               help="Sample pairs round-robin across percent-identity bins.")
 @click.option("--pid-bins", default="30,50", show_default=True,
-              help="Percent-identity bin edges for --stratify-pid.")
+              help="Percent-identity bin edges (0 to 100) for --stratify-pid.")
 @click.option("--inserts", type=click.Choice(["unaligned", "aligned"]), default="unaligned",
               show_default=True,
               help="Lower-case (insert-state) residues: never aligned (Pfam convention) or "
@@ -124,6 +131,10 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     from pfamalign.pipelines.stockholm import StockholmError
 
     if layer is not None:
+        if embedder.strip().startswith("builtin"):
+            raise click.BadParameter(f"--layer picks a layer of an ESM-2 embedder; {embedder} has "
+                                     "none (drop --layer, or give --embedder esm2_...)",
+                                     param_hint="--layer")
         if "/" in embedder:
             raise click.BadParameter("give the layer either in --embedder or with --layer",
                                      param_hint="--layer")
@@ -131,7 +142,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     try:
         sampling = SamplingConfig(pairs_per_family=pairs_per_family, min_len=min_len,
                                   max_len=max_len, stratify_pid=stratify_pid,
-                                  pid_bins=_floats(pid_bins, "--pid-bins"),
+                                  pid_bins=_floats(pid_bins, "--pid-bins", bounds=(0, 100)),
                                   inserts_aligned=inserts == "aligned")
         cfg = PrepareConfig(inputs=tuple(inputs), out=out, embedder=embedder, weights=weights,
                             long_policy=long_policy, toks_per_batch=toks_per_batch, dtype=dtype,
@@ -152,6 +163,11 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
         raise click.ClickException(str(err)) from err
     for warning in result.summary.get("warnings", []):  # even with --quiet: act on it now
         click.echo(f"Warning: {warning}", err=True)
+    malformed = len(result.summary.get("errors", []))
+    if malformed:  # even with --quiet: the dataset lacks these families
+        click.echo(f"Warning: --skip-bad left out {malformed} malformed "
+                   f"famil{'y' if malformed == 1 else 'ies'} (file:line in {out}/families.tsv)",
+                   err=True)
     if not quiet:
         from rich.console import Console
 
@@ -161,3 +177,8 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                           "nothing to do.")
         render_summary(result.summary, console)
         console.print(f"dataset: {os.path.abspath(out)} (manifest.json)")
+    if not result.summary["pairs"]["total"]:  # nothing to train or score on: not a success
+        raise click.ClickException(
+            f"no pairs were produced from the {result.summary['families']['read']} families read "
+            f"({malformed} malformed): {out} is an empty dataset; the summary's skipped table "
+            "(without -q) says why")

@@ -23,7 +23,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Report hits with an E-value at most this.")
 @click.option("--decoys", type=click.IntRange(min=10), default=50, show_default=True,
               help="Shuffled decoys aligned per query for the E-value fit.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the decoys.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "json"]), default="tsv", show_default=True,
               help="tsv: the hit table; json: one JSON object per hit (JSON lines) with its columns "
                    "and the full alignment.")
@@ -33,7 +33,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
 @decoder_options
 @engine_options
-@click.option("--max-length", type=int, default=4096, show_default=True,
+@click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Skip sequences longer than this (residues).")
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out, checkpoint, weights,

@@ -25,7 +25,8 @@ from pfamalign.config_table import CONFIG_NAMES
               help="Validation every N steps, 0 = never  [config: 200]")
 @click.option("--ckpt-every", type=int, default=None,
               help="Checkpoint every N steps, 0 = only at the end  [config: 200]")
-@click.option("--seed", type=int, default=None, help="Initialisation and data order  [config: 0]")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Initialisation and data order  [config: 0]")
 @click.option("--set", "set_items", multiple=True, metavar="KEY=VALUE",
               help="Override a config field (repeatable): a model field (heads=2), "
                    "transport.<field> (transport.eps=0.5) or train.<field> "

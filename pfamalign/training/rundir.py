@@ -22,6 +22,7 @@ from pfamalign import checkpoint as ckpt
 from pfamalign import jsonio
 from pfamalign.configs import CONFIG_NAMES, RESUMABLE_FIELDS, RunConfig, apply_overrides, get_config
 from pfamalign.pipelines import reader
+from pfamalign.pipelines.locks import LOCK_NAME
 from pfamalign.training.errors import OptionsError, TrainingError
 
 
@@ -36,6 +37,8 @@ def run_config(data_dir: str | os.PathLike, out_dir: str | os.PathLike, name: st
     """The config of a ``pfamalign train`` invocation: the named config (required for a new
     run) or the one saved in ``out_dir``, with overrides. Refuses (``OptionsError``) another
     named config than the one of a run that has checkpoints."""
+    reader.PairDataset(data_dir)  # a --data that is no dataset is the first thing to fix
+    check_out_dir(data_dir, out_dir)
     saved = read_saved(out_dir)
     if name is None and saved is None:
         raise OptionsError(f"--config is required for a new run (one of {', '.join(CONFIG_NAMES)})")
@@ -45,6 +48,22 @@ def run_config(data_dir: str | os.PathLike, out_dir: str | os.PathLike, name: st
                            f"--out for {name!r}")
     return resolve_config(data_dir, name, overrides=overrides,
                           saved=None if name is not None else saved)
+
+
+def check_out_dir(data_dir: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """Refuses (``OptionsError``) a run directory that would mix checkpoints with other
+    files: the dataset or a folder inside it, or a non-empty directory that is not a run
+    (its ``config.json`` has the run's ``train`` section; a model directory's has not). A
+    lone lock file is a run killed before it wrote its config: a new run may use it."""
+    out, data = pathlib.Path(out_dir).resolve(), pathlib.Path(data_dir).resolve()
+    if out == data or data in out.parents:
+        raise OptionsError(f"--out {out_dir} is the dataset --data {data_dir} or inside it; "
+                           "write the run to a directory of its own")
+    if not out.is_dir() or "train" in (read_saved(out) or {}):
+        return
+    if any(p.name != LOCK_NAME for p in out.iterdir()):
+        raise OptionsError(f"--out {out_dir} holds other files and no `pfamalign train` run "
+                           "(no run config.json); give a new or empty directory, or a run to resume")
 
 
 def resolve_config(data_dir: str | os.PathLike, name: str | None, *,
