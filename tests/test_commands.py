@@ -713,6 +713,11 @@ def test_eval_refuses_split_with_stockholm_only_when_given(tmp_path):
     assert run(args).exit_code == 0
 
 
+def test_eval_refuses_pairs_per_family_with_a_dataset(dataset):
+    res = run(["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--pairs-per-family", 2])
+    assert res.exit_code == 2 and "--pairs-per-family samples --stockholm families" in res.stderr
+
+
 def test_eval_bootstrap_zero_titles_its_tables_without_a_ci(dataset):
     args = ["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--max-pairs", 3, "--quiet"]
     res = run([*args, "--bootstrap", 0])

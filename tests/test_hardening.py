@@ -746,10 +746,12 @@ def test_max_length_below_one_is_refused_as_an_option_value(command, value):
     assert result.exit_code == 2 and "Invalid value for '--max-length'" in result.output, result.output
 
 
-def test_output_and_plot_on_one_file_says_so(tmp_path):
+@pytest.mark.parametrize("command", [["align", "MKVL", "MKVA", "-o"], ["certify", "MKVL", "MKVA", "--json"]])
+def test_two_outputs_on_one_file_say_so(command, tmp_path):
     png = tmp_path / "p.png"
-    result = run(["align", "MKVL", "MKVA", "-o", png, "--plot", png])
-    assert_clear_error(result, "the output (-o", "and the plot (--plot", "are the same file")
+    result = run([*command, png, "--plot", png])
+    assert_clear_error(result, "two outputs name one file", str(png))
+    assert "is also an input" not in result.output
     assert not png.exists()
 
 

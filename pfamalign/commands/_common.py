@@ -20,12 +20,15 @@ def fail(message: str, code: int = 2):
 def check_outputs(*outputs, inputs=()) -> None:
     """Checks every output file the user named before any work starts (``outputs``: not an
     input, not each other, in an existing directory); exits with the message otherwise."""
-    from pfamalign.outputs import OutputError, check_output_path
+    from pfamalign.outputs import OutputError, check_output_path, same_file
 
     named = [pathlib.Path(o) for o in outputs if o is not None and str(o) != "-"]
+    for i, path in enumerate(named):
+        if twin := next((o for o in named[:i] if same_file(o, path)), None):
+            fail(f"two outputs name one file ({twin} and {path}); give each its own name")
     try:
-        for i, path in enumerate(named):
-            check_output_path(path, [*inputs, *named[:i]])
+        for path in named:
+            check_output_path(path, inputs)
     except OutputError as err:
         fail(str(err))
 

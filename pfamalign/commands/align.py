@@ -102,7 +102,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     from pfamalign.alignment.formats import SKIPPED_IN_OUTPUT, format_alignment
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import atomic_path, open_output, same_file
+    from pfamalign.outputs import atomic_path, open_output
 
     if pairs_file is None and seq_a is None:
         raise click.UsageError("give two sequences (SEQ_A SEQ_B), one multi-FASTA file, or --pairs FILE")
@@ -119,9 +119,6 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         raise click.UsageError(f"--score-noise marks pairs in JSON output only; add -f json (got -f {fmt})")
     errors = BatchErrors(strict or not many)
     sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
-    if out is not None and plot is not None and same_file(out, plot):
-        fail(f"the output (-o {out}) and the plot (--plot {plot}) are the same file; give them "
-             "different names")
     check_outputs(out, plot, inputs=sources)
     try:  # sequences are checked before the model loads; a pairs file streams
         if plot is not None:

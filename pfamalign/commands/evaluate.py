@@ -67,9 +67,13 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
 
     if (data is None) == (not stockholm):  # before the heavy import: usage errors stay instant
         raise click.UsageError("give exactly one of --data DIR or --stockholm FILE")
-    if stockholm and ctx.get_parameter_source("split") not in (ParameterSource.DEFAULT,
-                                                               ParameterSource.DEFAULT_MAP):
+    given = lambda name: ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT,
+                                                               ParameterSource.DEFAULT_MAP)
+    if stockholm and given("split"):
         raise click.UsageError("--split picks a split of --data; --stockholm files have none (drop --split)")
+    if data is not None and given("pairs_per_family"):
+        raise click.UsageError("--pairs-per-family samples --stockholm families; a dataset's pairs "
+                               "are drawn when it is prepared (use --max-pairs to score fewer)")
     from pfamalign import evaluation
     from pfamalign.batch import BatchErrors
 
