@@ -264,7 +264,7 @@ def _run(args):
 
 def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_model(tmp_path):
     src = checkpoint.save_model(tmp_path / "model", _model())
-    res = _run(["compile", "--checkpoint", src, "--data", tmp_path, "-o", src])
+    res = _run(["compile", "--checkpoint", src, "-o", src])
     assert res.exit_code == 2 and "checkpoint itself" in res.output and "Traceback" not in res.output
     res = _run(["align", "--checkpoint", src, "--engine", "asap", "ACDEFGHIK", "ACDEGHIK"])
     assert res.exit_code == 2 and "no compiled operator" in res.output

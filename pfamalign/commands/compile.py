@@ -7,13 +7,13 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import Number, fail
+from pfamalign.commands._common import DatasetDirectory, Number, fail
 
 
 @click.command(name="compile")
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
               help="Model directory to compile. Default: the model shipped with pfamalign.")
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
+@click.option("--data", type=DatasetDirectory(),
               help="Dataset (`pfamalign prepare` output) whose pairs calibrate the operator. "
                    "Default: the dataset the model trained on, when it is still at the path its "
                    "training record names.")

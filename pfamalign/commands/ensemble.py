@@ -6,13 +6,13 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import fail
+from pfamalign.commands._common import DatasetDirectory, fail
 
 
 @click.command(name="ensemble")
 @click.argument("models", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path))
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path), required=True,
+@click.option("--data", type=DatasetDirectory(), required=True,
               help="Dataset (`pfamalign prepare` output) whose --split pairs choose each member's "
                    "plan power and the ensemble's decoder.")
 @click.option("--split", default="val", show_default=True, type=click.Choice(["train", "val"]),
