@@ -6,6 +6,7 @@ one jit compilation per padded length, many pairs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -691,13 +692,17 @@ class Predictor:
         plans_of = _Lookahead(lambda item: self._plan_batch([tuple(self.featurize(pair)) for pair in item[1]],
                                                             pad=item[0], symmetric=True),
                               [(pad, seqs) for (pad, _), seqs in zip(batches, sequences)], worker="plans")
-        for b, ((pad, chunk), seqs) in enumerate(zip(batches, sequences)):
-            plans = plans_of.get(b)
-            alignments = self.decode_batch(plans, seqs, decoding, hmm_posteriors=posteriors.get(b))
-            for n, pp, seq_pair, aln in zip(chunk, plans, seqs, alignments):
-                rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
-                                                     id_b=pairs[n]["k_id"])
-                done[n] = rec, pp
+        try:
+            for b, ((pad, chunk), seqs) in enumerate(zip(batches, sequences)):
+                plans = plans_of.get(b)
+                alignments = self.decode_batch(plans, seqs, decoding, hmm_posteriors=posteriors.get(b))
+                for n, pp, seq_pair, aln in zip(chunk, plans, seqs, alignments):
+                    rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
+                                                         id_b=pairs[n]["k_id"])
+                    done[n] = rec, pp
+        finally:
+            plans_of.close()
+            posteriors.close()
         for n in range(len(pairs)):
             yield done.pop(n)
 
@@ -826,6 +831,14 @@ class _Lookahead:
             return None
         self._submit_through(n + self._ahead)
         return self._futures.pop(n).result()
+
+    def close(self) -> None:
+        """Cancels what has not started and waits for what has: a caller that stops early
+        (an error, an abandoned generator) leaves no work running behind it."""
+        for future in self._futures.values():
+            future.cancel()
+        concurrent.futures.wait(list(self._futures.values()))
+        self._futures.clear()
 
 
 @functools.lru_cache(maxsize=None)

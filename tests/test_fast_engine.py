@@ -230,17 +230,31 @@ def test_a_pair_hmm_failure_on_the_worker_reaches_the_caller(predictor, monkeypa
 
 
 def test_a_plan_failure_on_the_worker_reaches_the_caller(predictor, monkeypatch):
-    """Plans are computed on a worker thread of their own, a batch ahead of the decoding."""
-    calls = []
+    """Plans are computed on a worker thread of their own, a batch ahead of the decoding;
+    when they fail, the window's pair-HMM work has ended before the error reaches the caller
+    (nothing keeps running behind a failed call)."""
+    import time
+
+    calls, hmm_work = [], []
+    real_posteriors = predictor.hmm_posteriors
 
     def failing(batch, **kw):
         calls.append(threading.current_thread().name)
         raise RuntimeError("plan failed")
 
+    def slow_posteriors(seq_pairs, **kw):
+        hmm_work.append("started")
+        time.sleep(0.5)
+        out = real_posteriors(seq_pairs, **kw)
+        hmm_work.append("ended")
+        return out
+
     monkeypatch.setattr(predictor, "_plan_batch", failing)
+    monkeypatch.setattr(predictor, "hmm_posteriors", slow_posteriors)
     with pytest.raises(RuntimeError, match="plan failed"):
         list(predictor.align_records(_records([("MKVLA", "MKVA"), ("GSHMK", "GSMK")])))
     assert calls and all(name.startswith("pfamalign-plans") for name in calls)
+    assert hmm_work == ["started", "ended"]
 
 
 def test_a_window_of_many_pairs_takes_the_numba_engine(predictor, monkeypatch):
