@@ -195,4 +195,3 @@ def _compile_counter():
     from pfamalign.compile_cache import CompileCounter
 
     return CompileCounter()
-
