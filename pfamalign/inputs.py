@@ -125,7 +125,13 @@ def open_text(name: str, what: str, *, newline: str | None = None
     or not. Compression is told by the magic bytes, peeked without seeking, so a pipe (process
     substitution, ``/dev/fd/N``) works too. ``what`` names the kind of file in errors."""
     if name == STDIN:
-        yield sys.stdin, "<stdin>"
+        raw = getattr(sys.stdin, "buffer", None)  # a terminal or pipe: peekable bytes below
+        if raw is None or not hasattr(raw, "peek") or raw.peek(2)[:2] != GZIP_MAGIC:
+            yield sys.stdin, "<stdin>"
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as stream, \
+                io.TextIOWrapper(stream, encoding="utf-8", newline=newline) as text:
+            yield text, "<stdin>"
         return
     if os.path.isdir(name):
         raise ValueError(f"{name}: is a directory; give a {what} file")

@@ -689,6 +689,21 @@ def test_byte_order_mark_and_gzip_fasta_are_read(tmp_path):
         list(inputs.read_fasta(broken))
 
 
+@pytest.mark.parametrize("args, text, want", [
+    (["-", "MKVLSAGIVG"], ">x\nMKVLAAGIVG\n", "10M"),
+    (["--pairs", "-"], "MKVLAAG\tMKVLSAG\n", "pair1_a\tpair1_b\t7M"),
+])
+def test_gzip_on_standard_input_is_read(args, text, want):
+    """Standard input is told gzip by its magic bytes too (a real pipe: CliRunner's input
+    cannot be peeked)."""
+    import gzip
+
+    for data in (text.encode(), gzip.compress(text.encode())):
+        proc = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", *args, "-f", "cigar"],
+                              input=data, capture_output=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.decode().strip() == want, proc.stderr.decode()
+
+
 @pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
 def test_a_pairs_file_without_pairs_is_an_error(tmp_path, text):
     empty = tmp_path / "e.tsv"
