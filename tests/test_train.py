@@ -342,7 +342,8 @@ def test_cli_bad_inputs(dataset, tmp_path):
     res = _cli(["train", "--data", str(tmp_path / "missing"), "--config", "k2_eps1", *out])
     assert res.exit_code == 2 and "does not exist" in res.output
     res = _cli(["train", "--data", str(tmp_path), "--config", "k2_eps1", *out])
-    assert res.exit_code == 1 and "not a prepared dataset" in res.output
+    assert res.exit_code == 2 and "Invalid value for '--data'" in res.output \
+        and "not a prepared dataset" in res.output  # a usage error, as in every command
     res = _cli(["train", "--data", str(dataset), "--config", "k3_eps9", *out])
     assert res.exit_code == 2 and "Invalid value for '--config'" in res.output
     res = _cli(["train", "--data", str(dataset), *out])

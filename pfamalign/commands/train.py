@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
+from pfamalign.commands._common import DatasetDirectory
 from pfamalign.config_table import CONFIG_NAMES
 
 
 @click.command("train")
-@click.option("--data", "data_dir", required=True,
-              type=click.Path(exists=True, file_okay=False),
+@click.option("--data", "data_dir", required=True, type=DatasetDirectory(),
               help="Dataset directory written by `pfamalign prepare shards`.")
 @click.option("--config", "config_name", type=click.Choice(CONFIG_NAMES), default=None,
               help="Named configuration (required for a new run; a resumed run uses the one "
