@@ -57,6 +57,8 @@ class SamplingConfig:
             raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
         if list(self.pid_bins) != sorted(self.pid_bins):
             raise ValueError(f"pid_bins must be increasing, got {self.pid_bins}")
+        if not all(0 <= edge <= 100 for edge in self.pid_bins):  # percent; False for nan
+            raise ValueError(f"pid_bins are percent identities in [0, 100], got {self.pid_bins}")
         if self.pool_factor < 1:
             raise ValueError(f"pool_factor must be >= 1, got {self.pool_factor}")
 

@@ -181,6 +181,10 @@ def test_config_validation():
         pp.SamplingConfig(pairs_per_family=0)
     with pytest.raises(ValueError, match="min_len"):
         pp.SamplingConfig(min_len=20, max_len=10)
+    for bins in ((30.0, 150.0), (-5.0, 50.0), (float("nan"),)):
+        with pytest.raises(ValueError, match=r"percent identities in \[0, 100\]"):
+            pp.SamplingConfig(pid_bins=bins)
+    assert pp.SamplingConfig(pid_bins=(0.0, 100.0)).pid_bins == (0.0, 100.0)
 
 
 # ------------------------------------------------------------------------------------------
