@@ -130,16 +130,22 @@ def pair_substitution_scores(seq_a: str, seq_b: str, pairs: np.ndarray) -> np.nd
     return blosum62_table()[a[pairs[:, 0]], b[pairs[:, 1]]]
 
 
-def match_symbols(seq_a: str, seq_b: str, pairs: np.ndarray) -> list[str]:
-    """Per-pair match symbol: ``|`` identical, ``:`` BLOSUM62-positive, ``.`` other.
+def identical_pairs(seq_a: str, seq_b: str, pairs: np.ndarray) -> np.ndarray:
+    """Whether each aligned pair ``[n, 2]`` holds the same residue: the letters as given
+    (``U`` matches only ``U``), an unknown ``X`` never (BLOSUM62 scores X/X -1; EMBOSS leaves
+    it unmarked). The one rule for identity: match lines, identity figures, hit tables."""
+    a = np.frombuffer(seq_a.encode("ascii"), np.uint8)[pairs[:, 0]]
+    b = np.frombuffer(seq_b.encode("ascii"), np.uint8)[pairs[:, 1]]
+    return (a == b) & (a != ord("X"))
 
-    Identity compares the residues as given (``U`` matches only ``U``); similarity uses the
-    scoring map. Sequences must already be normalized; ``pairs`` is ``[n, 2]``.
+
+def match_symbols(seq_a: str, seq_b: str, pairs: np.ndarray) -> list[str]:
+    """Per-pair match symbol: ``|`` identical (``identical_pairs``), ``:`` BLOSUM62-positive,
+    ``.`` other. Similarity uses the scoring map. Sequences must already be normalized;
+    ``pairs`` is ``[n, 2]``.
     """
     if len(pairs) == 0:
         return []
     scores = pair_substitution_scores(seq_a, seq_b, pairs)
-    a = np.frombuffer(seq_a.encode("ascii"), np.uint8)[pairs[:, 0]]
-    b = np.frombuffer(seq_b.encode("ascii"), np.uint8)[pairs[:, 1]]
-    sym = np.where(a == b, "|", np.where(scores > 0, ":", "."))
+    sym = np.where(identical_pairs(seq_a, seq_b, pairs), "|", np.where(scores > 0, ":", "."))
     return sym.tolist()

@@ -27,7 +27,8 @@ inclusive coordinates; ``length`` counts the region's columns (pairs and gap col
 ``pident`` is 100 x identical pairs / ``length``, ``mismatch`` the non-identical pairs,
 ``gapopen`` the gap runs (between two pairs, ``seq_a``'s unaligned residues form one run and
 ``seq_b``'s another, as every output of the package prints them); plus ``mean_confidence``,
-the mean plan mass of the aligned pairs.
+the mean of the aligned pairs' confidences (the decoder's posterior of each pair, as
+``align`` prints them). Numbers are written as BLAST+ tabular output writes them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign.inputs import BadRecord, FastaRecord
+from pfamalign.residues import identical_pairs
 
 COLUMNS = ("qseqid", "sseqid", "pident", "length", "mismatch", "gapopen", "qstart", "qend",
            "sstart", "send", "evalue", "bitscore", "mean_confidence")
@@ -99,9 +101,7 @@ def hit_columns(rec) -> dict | None:
     pairs = rec.pairs
     if len(pairs) == 0:
         return None
-    a = np.frombuffer(rec.seq_a.encode(), np.uint8)[pairs[:, 0]]
-    b = np.frombuffer(rec.seq_b.encode(), np.uint8)[pairs[:, 1]]
-    identical = int((a == b).sum())
+    identical = int(identical_pairs(rec.seq_a, rec.seq_b, pairs).sum())
     steps = np.diff(pairs, axis=0) - 1  # unaligned residues of each sequence between pairs
     length = len(pairs) + int(steps.sum())
     conf = rec.confidence
@@ -208,18 +208,41 @@ def usable_records(items: Iterable[FastaRecord | BadRecord], predictor, errors) 
     return kept
 
 
+def blast_evalue(evalue: float) -> str:
+    """An E-value as BLAST+ tabular output prints it: ``0.0`` below 1e-180, two-decimal
+    scientific below 0.0009, then 3 / 2 / 1 decimals below 0.1 / 1 / 10, an integer above."""
+    if evalue < 1e-180:
+        return "0.0"
+    if evalue < 0.0009:
+        return f"{evalue:.2e}"
+    for below, decimals in ((0.1, 3), (1.0, 2), (10.0, 1)):
+        if evalue < below:
+            return f"{evalue:.{decimals}f}"
+    return f"{evalue:.0f}"
+
+
+def blast_bits(bits: float) -> str:
+    """A bit score as BLAST+ prints it: 1 decimal up to 99.9, the integer part above (BLAST
+    truncates), three-decimal scientific above 99999; never ``-0.0``."""
+    if bits > 99999:
+        return f"{bits:.3e}"
+    if bits > 99.9:
+        return str(int(bits))
+    return f"{bits:.1f}".replace("-0.0", "0.0")
+
+
 def format_tsv_row(columns: dict) -> str:
-    """One hit-table line (BLAST's number formats: pident 2 decimals, E-value 2 significant
-    digits, bit score 1 decimal)."""
+    """One hit-table line, numbers as BLAST+ tabular output writes them (``pident`` 3
+    decimals, ``blast_evalue``, ``blast_bits``); ``mean_confidence`` 3 decimals."""
     cells = []
     for name in COLUMNS:
         value = columns[name]
         if name in ("pident", "mean_confidence"):
-            cells.append(f"{value:.2f}" if name == "pident" else f"{value:.3f}")
+            cells.append(f"{value:.3f}")
         elif name == "evalue":
-            cells.append(f"{value:.2g}")
+            cells.append(blast_evalue(value))
         elif name == "bitscore":
-            cells.append(f"{value:.1f}")
+            cells.append(blast_bits(value))
         else:
             cells.append(str(value))
     return "\t".join(cells) + "\n"

@@ -13,6 +13,7 @@ from pfamalign.alignment.decode import mea_decode
 from pfamalign.alignment.formats import (
     AlignmentRecord, cigar_to_pairs, format_alignment, from_json, pairs_to_cigar, to_cigar,
     to_fasta, to_json, to_pair_text, to_stockholm)
+from pfamalign.residues import match_symbols
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -111,9 +112,44 @@ def test_pair_text_match_line_by_hand():
     assert lines[k + 1] == " " * 21 + "||:."
     assert lines[k + 2] == "b                  1 MKIC-G      5"
     assert lines[k + 3] == "confidence           **50.."
-    assert "# Identity:   2/4 (50.0%)" in text and "# Score: 2.5100" in text
+    # EMBOSS's denominators: the 6 columns (gaps included), not the 4 aligned pairs
+    assert "# Identity:   2/6 (33.3%)" in text and "# Similarity: 3/6 (50.0%)" in text
+    assert "# Gaps:       2/6 (33.3%)" in text and "# Aligned_pairs: 4" in text
+    assert "# Align_format: srspair" in text and "# Score: 2.5100" in text
+    assert rec.identity == 0.5  # the JSON's identity: over aligned pairs
     assert to_cigar(rec) == "4M1D1I"
     assert to_cigar(rec, extended=True) == "2=2X1D1I"
+
+
+def test_unknown_residues_are_never_identical():
+    """X against X is no identity (BLOSUM62 scores it -1): match line, identity, hit table."""
+    from pfamalign.search import hit_columns
+
+    rec = AlignmentRecord("MXK", "MXK", [[0, 0], [1, 1], [2, 2]], id_a="a", id_b="b")
+    assert match_symbols(rec.seq_a, rec.seq_b, rec.pairs) == ["|", ".", "|"]
+    assert rec.n_identical == 2 and "# Identity:   2/3 (66.7%)" in to_pair_text(rec)
+    cols = hit_columns(rec)
+    assert cols["mismatch"] == 1 and cols["pident"] == pytest.approx(200 / 3)
+
+
+def test_nothing_aligned_prints_no_nan():
+    rec = AlignmentRecord("MKV", "WW", np.zeros((0, 2)), id_a="a", id_b="b")
+    text = to_pair_text(rec)
+    assert "nan" not in text and "# Identity:   0/5 (0.0%)" in text
+
+
+@pytest.mark.parametrize("ids, names", [
+    (("x", "x"), ["x_a", "x_b"]),
+    (("#=GC", "//"), ["_#=GC", "_//"]),
+    (("a", "b"), ["a", "b"]),
+])
+def test_stockholm_rows_get_names_the_grammar_can_hold(ids, names):
+    from Bio import AlignIO
+
+    rec = AlignmentRecord("MKVLA", "MKVA", [[0, 0], [1, 1], [2, 2], [4, 3]], id_a=ids[0], id_b=ids[1])
+    text = to_stockholm(rec)
+    assert [r.id for r in AlignIO.read(io.StringIO(text), "stockholm")] == names
+    assert text.count("#=GF CC renamed") == sum(n != i for n, i in zip(names, ids))
 
 
 def test_cigar_by_hand_and_roundtrip():
@@ -176,8 +212,6 @@ def test_format_dispatch_and_validation():
         AlignmentRecord("MKV", "MK", [[0, 2]])
     with pytest.raises(ValueError, match="whitespace"):
         AlignmentRecord("MKV", "MKV", [[0, 0]], id_a="my seq")
-    with pytest.raises(ValueError, match="distinct"):
-        to_stockholm(AlignmentRecord("MKV", "MKV", [[0, 0]], id_a="x", id_b="x"))
     with pytest.raises(ValueError, match="confidence"):
         AlignmentRecord("MKV", "MKV", [[0, 0]], confidence=[0.1, 0.2])
     with pytest.raises(ValueError, match="lengths"):

@@ -262,3 +262,14 @@ def test_shipped_model_evalues_of_shuffled_sequences_are_calibrated(tmp_path):
     assert len(evalues) == 300
     assert (evalues <= 1).sum() <= 6  # expected 2 for two queries; Poisson(2) exceeds 6 with p < 0.005
     assert 8 <= (evalues <= 10).sum() <= 36  # expected 20
+
+
+def test_hit_table_numbers_are_written_as_blast_writes_them():
+    """BLAST+ tabular output's number formats (its E-value bands and truncated bit scores)."""
+    from pfamalign.search import blast_bits, blast_evalue
+
+    assert [blast_evalue(e) for e in (1e-200, 2.5e-105, 1.234e-30, 8.9e-4, 0.0009, 0.05, 0.55,
+                                      3.7, 15.0, 2000.0)] == [
+        "0.0", "2.50e-105", "1.23e-30", "8.90e-04", "0.001", "0.050", "0.55", "3.7", "15", "2000"]
+    assert [blast_bits(b) for b in (-0.01, 7.25, 45.67, 99.9, 99.95, 123.9, 2e5)] == [
+        "0.0", "7.2", "45.7", "99.9", "99", "123", "2.000e+05"]

@@ -8,9 +8,11 @@ Between two aligned pairs the unaligned residues of ``seq_a`` come first, then t
 
 Conventions:
 
-* Match line (pair text): ``|`` identical residues, ``:`` BLOSUM62 score > 0, ``.`` other
-  aligned pairs, space opposite a gap. Identity / similarity are counted over *aligned pairs*
-  (``identical pairs / aligned pairs``), in the pair text header and the JSON alike.
+* Match line (pair text): ``|`` identical residues (``residues.identical_pairs``: never
+  ``X`` with ``X``), ``:`` BLOSUM62 score > 0, ``.`` other aligned pairs, space opposite a
+  gap. The pair text header counts identity / similarity over its ``Length`` (all columns,
+  gaps included), as EMBOSS does; the JSON ``identity`` is over *aligned pairs*
+  (``identical pairs / aligned pairs``; null without pairs).
 * Confidence symbols (pair text, Stockholm ``#=GC PP_cons``) follow HMMER's posterior
   probability code: ``0`` for [0, 0.05), ``1`` for [0.05, 0.15), ..., ``9`` for [0.85, 0.95),
   ``*`` for >= 0.95; ``.`` in gap columns.
@@ -172,12 +174,16 @@ def _column_text(rec: AlignmentRecord, per_pair: list[str], gap: str) -> str:
 
 
 def _pct(num: int, den: int) -> str:
-    return f"{num}/{den} ({100.0 * num / den:.1f}%)" if den else f"{num}/{den} (nan%)"
+    """EMBOSS's ``n/N (p%)``; ``den`` is a column count, at least 1 for any alignment."""
+    return f"{num}/{den} ({100.0 * num / den:.1f}%)"
 
 
 def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign",
                  provenance: dict | None = None) -> str:
-    """EMBOSS ``needle``-style pair text (readable by ``Bio.AlignIO.read(..., "emboss")``).
+    """EMBOSS ``needle``'s default pair text, ``srspair`` (readable by the legacy
+    ``Bio.AlignIO.read(..., "emboss")``; the stricter ``Bio.Align`` parser refuses the extra
+    header keys and the confidence line). A block where a sequence has no residue numbers it
+    ``n ---- n`` (the last residue written), as ``srspair`` does.
 
     Blocks of ``width`` columns: ``seq_a`` line with 1-based start / end residue numbers, the
     match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
@@ -193,13 +199,13 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
         rec, list(confidence_symbols(rec.confidence)), ".")
     n_gaps = row_a.count("-") + row_b.count("-")
     header = [
-        "#" * 40, f"# Program: {program}", "# Align_format: pair", "#" * 40, "",
+        "#" * 40, f"# Program: {program}", "# Align_format: srspair", "#" * 40, "",
         _EMBOSS_RULE, "#", "# Aligned_sequences: 2", f"# 1: {rec.id_a}", f"# 2: {rec.id_b}",
         "# Matrix: BLOSUM62 (match line)", "#", f"# Length: {n_cols}",
         f"# Aligned_pairs: {n_pairs}",
-        f"# Identity:   {_pct(rec.n_identical, n_pairs)} of aligned pairs",
-        f"# Similarity: {_pct(rec.n_similar, n_pairs)} of aligned pairs",
-        f"# Gaps:       {_pct(n_gaps, n_cols)} of columns",
+        f"# Identity:   {_pct(rec.n_identical, n_cols)}",
+        f"# Similarity: {_pct(rec.n_similar, n_cols)}",
+        f"# Gaps:       {_pct(n_gaps, n_cols)}",
     ]
     if rec.score is not None:
         header.append(f"# Score: {rec.score:.4f}")
@@ -238,21 +244,34 @@ def to_fasta(rec: AlignmentRecord, *, width: int | None = 60) -> str:
     return "\n".join(out) + "\n"
 
 
+def stockholm_names(id_a: str, id_b: str) -> tuple[str, str]:
+    """Row names a Stockholm file can hold: a name starting with ``#`` (a markup line) or
+    ``//`` (the end of the alignment) gets a leading ``_``, and two equal names (a sequence
+    aligned with itself) become ``NAME_a`` and ``NAME_b``."""
+    legal = lambda name: "_" + name if name.startswith(("#", "//")) else name
+    name_a, name_b = legal(id_a), legal(id_b)
+    return (f"{name_a}_a", f"{name_b}_b") if name_a == name_b else (name_a, name_b)
+
+
 def to_stockholm(rec: AlignmentRecord, *, provenance: dict | None = None) -> str:
     """Stockholm 1.0, one block; per-column confidences as ``#=GC PP_cons`` (HMMER code,
     ``.`` in gap columns); the score, aligned region and provenance as ``#=GF CC`` comments.
-    Ids must differ."""
-    if rec.id_a == rec.id_b:
-        raise ValueError(f"Stockholm needs distinct sequence names, both are {rec.id_a!r}")
+    Names the grammar cannot hold are renamed, with a ``#=GF CC`` line saying so
+    (``stockholm_names``)."""
+    name_a, name_b = stockholm_names(rec.id_a, rec.id_b)
     row_a, row_b = rec.gapped()
-    tags = [rec.id_a, rec.id_b] + (["#=GC PP_cons"] if rec.confidence is not None else [])
+    tags = [name_a, name_b] + (["#=GC PP_cons"] if rec.confidence is not None else [])
     pad = max(len(t) for t in tags) + 1
     out = ["# STOCKHOLM 1.0", "#=GF AU pfamalign"]
     if rec.score is not None:
         out.append(f"#=GF CC score {rec.score:.6g}")
     out.append(f"#=GF CC Aligned_region: {aligned_region(rec)}")
     out += [f"#=GF CC {line}" for line in provenance_lines(provenance)]
-    out += [f"{rec.id_a:<{pad}}{row_a}", f"{rec.id_b:<{pad}}{row_b}"]
+    out += [f"#=GF CC renamed {side} {given!r} to {name!r} (Stockholm needs distinct names that "
+            "start with neither '#' nor '//')"
+            for side, given, name in (("seq_a", rec.id_a, name_a), ("seq_b", rec.id_b, name_b))
+            if name != given]
+    out += [f"{name_a:<{pad}}{row_a}", f"{name_b:<{pad}}{row_b}"]
     if rec.confidence is not None:
         conf = _column_text(rec, list(confidence_symbols(rec.confidence)), ".")
         out.append(f"{'#=GC PP_cons':<{pad}}{conf}")

@@ -42,8 +42,10 @@ def _shipped_mix() -> str:
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="Output format. json writes one object per pair (JSON lines for many pairs); "
-                   "cigar for many pairs writes ID_A<TAB>ID_B<TAB>CIGAR lines.")
+              help="Output format. text: EMBOSS srspair; json: one object per pair (JSON lines "
+                   "for many pairs); cigar: seq_a the reference (D: its residues opposite a gap, "
+                   "I: seq_b's), for many pairs ID_A<TAB>ID_B<TAB>CIGAR lines; fasta: two records "
+                   "per pair, pairs one after another.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the alignment(s) here instead of standard output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),

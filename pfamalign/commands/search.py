@@ -55,7 +55,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     \b
     Output (tsv): after a '# Fields:' line, BLAST tabular columns, best hit first per query,
       qseqid sseqid pident length mismatch gapopen qstart qend sstart send evalue bitscore
-    plus mean_confidence (mean plan mass of the aligned pairs). Coordinates are 1-based
+    plus mean_confidence (mean confidence of the aligned pairs, as align prints them). Coordinates are 1-based
     inclusive over the aligned region (first to last aligned pair); length counts its
     columns, gaps included; pident = 100 x identical pairs / length.
 
