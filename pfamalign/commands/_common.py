@@ -242,13 +242,14 @@ class DatasetDirectory(click.Path):
         return path
 
 
-def check_figure(path) -> None:
-    """Refuses a figure file whose extension matplotlib cannot write, before any work (the
-    check ``align`` makes: ``plots.figure_format``)."""
-    if path is not None:
-        from pfamalign.alignment.plots import figure_format
+def check_figure(path) -> str | None:
+    """The figure format of a ``--plot`` file (``plots.figure_format``; None without one);
+    an extension matplotlib cannot write is refused before any work."""
+    if path is None:
+        return None
+    from pfamalign.alignment.plots import figure_format
 
-        try:
-            figure_format(path)
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--plot") from None
+    try:
+        return figure_format(path)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--plot") from None

@@ -8,9 +8,9 @@ import time
 
 import click
 
-from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
-                                       decoder_options, decoder_settings, engine_options, error_line,
-                                       fail, sequence_paths)
+from pfamalign.commands._common import (Number, batch_options, batch_progress, check_figure, check_outputs,
+                                       checkpoint_option, decoder_options, decoder_settings,
+                                       engine_options, error_line, fail, sequence_paths)
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
@@ -122,11 +122,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     errors = BatchErrors(strict or not many)
     sources = (pairs_file, *sequence_paths(seq_a, seq_b), checkpoint, weights)
     check_outputs(out, plot, inputs=sources)
+    plot_fmt = check_figure(plot)
     try:  # sequences are checked before the model loads; a pairs file streams
-        if plot is not None:
-            from pfamalign.alignment.plots import figure_format
-
-            plot_fmt = figure_format(plot)
         if pairs_file is not None:
             pairs = inputs.read_pairs_tsv(pairs_file)
         elif seq_b is None:
