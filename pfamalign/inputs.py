@@ -272,16 +272,21 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int
                              else ("Stockholm", "give --stockholm FILE --ids ID_A ID_B"))
             raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
                              f"--pairs expects {PAIRS_LINES}")
-        if line.strip() and not line.startswith("#"):
+        if _holds_a_pair(line):
             return lineno, line
     raise ValueError(f"no pairs in {source}; --pairs expects {PAIRS_LINES}")
+
+
+def _holds_a_pair(line: str) -> bool:
+    """Whether a pairs-file line is a pair (not blank, not a ``#`` comment)."""
+    return bool(line.strip()) and not line.startswith("#")
 
 
 def _pair_records(stack: contextlib.ExitStack, lines: Iterable[tuple[int, str]], source: str
                   ) -> Iterator[dict | BadRecord]:
     with stack:
         for lineno, line in lines:
-            if not line.strip() or line.startswith("#"):
+            if not _holds_a_pair(line):
                 continue
             cols = [c.strip() for c in line.split("\t")]
             if len(cols) == 2:

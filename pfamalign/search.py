@@ -228,7 +228,7 @@ def blast_bits(bits: float) -> str:
         return f"{bits:.3e}"
     if bits > 99.9:
         return str(int(bits))
-    return f"{bits:.1f}".replace("-0.0", "0.0")
+    return f"{round(bits, 1) or 0.0:.1f}"  # -0.0 is falsy: a rounded-away tiny loss prints 0.0
 
 
 def format_tsv_row(columns: dict) -> str:
