@@ -44,6 +44,14 @@ from pfamalign.residues import identical_pairs
 
 COLUMNS = ("qseqid", "sseqid", "pident", "length", "mismatch", "gapopen", "qstart", "qend",
            "sstart", "send", "evalue", "bitscore", "mean_confidence")
+# BLAST+ ``-outfmt 6`` / ``7`` columns (its default "std" set, ids as qseqid / sseqid) and the
+# names ``-outfmt 7`` gives them on its ``# Fields:`` line, which parsers of commented tables
+# read (Bio.SearchIO's "blast-tab" maps them back to the specifiers)
+BLAST_FIELD_NAMES = {
+    "qseqid": "query id", "sseqid": "subject id", "pident": "% identity", "length": "alignment length",
+    "mismatch": "mismatches", "gapopen": "gap opens", "qstart": "q. start", "qend": "q. end",
+    "sstart": "s. start", "send": "s. end", "evalue": "evalue", "bitscore": "bit score"}
+BLAST_COLUMNS = tuple(BLAST_FIELD_NAMES)
 DEFAULT_DECOYS = 50
 MIN_DECOYS = 10  # fewer cannot pin down two parameters
 
@@ -231,11 +239,12 @@ def blast_bits(bits: float) -> str:
     return f"{round(bits, 1) or 0.0:.1f}"  # -0.0 is falsy: a rounded-away tiny loss prints 0.0
 
 
-def format_tsv_row(columns: dict) -> str:
-    """One hit-table line, numbers as BLAST+ tabular output writes them (``pident`` 3
-    decimals, ``blast_evalue``, ``blast_bits``); ``mean_confidence`` 3 decimals."""
+def format_tsv_row(columns: dict, names: Sequence[str] = COLUMNS) -> str:
+    """One hit-table line of the columns ``names``, numbers as BLAST+ tabular output writes
+    them (``pident`` 3 decimals, ``blast_evalue``, ``blast_bits``); ``mean_confidence`` 3
+    decimals."""
     cells = []
-    for name in COLUMNS:
+    for name in names:
         value = columns[name]
         if name in ("pident", "mean_confidence"):
             cells.append(f"{value:.3f}")
@@ -255,3 +264,27 @@ def tsv_header(provenance: dict | None = None) -> str:
 
     return "".join(f"# {line}\n" for line in provenance_lines(provenance)) + \
         "# Fields: " + ", ".join(COLUMNS) + "\n"
+
+
+def blast7_header(provenance: dict | None = None) -> str:
+    """What opens a ``-outfmt 7`` table: the program's comment lines (``Predictor.provenance``)."""
+    from pfamalign.alignment.formats import provenance_lines
+
+    return "".join(f"# {line}\n" for line in provenance_lines(provenance))
+
+
+def blast7_block(result: QueryResult, database: str) -> str:
+    """One query of a BLAST+ ``-outfmt 7`` table: its comment lines (``# Query:``,
+    ``# Database:``, the ``# Fields:`` line when there are hits, ``# N hits found``), then its
+    hits as ``-outfmt 6`` lines (``BLAST_COLUMNS``)."""
+    lines = [f"# Query: {result.query.id}", f"# Database: {database}"]
+    if result.hits:
+        lines.append("# Fields: " + ", ".join(BLAST_FIELD_NAMES.values()))
+    lines.append(f"# {len(result.hits)} hits found")
+    return "".join(line + "\n" for line in lines) + "".join(
+        format_tsv_row(hit.columns, BLAST_COLUMNS) for hit in result.hits)
+
+
+def blast7_footer(n_queries: int) -> str:
+    return f"# pfamalign search processed {n_queries} queries\n"
+

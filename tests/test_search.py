@@ -273,3 +273,46 @@ def test_hit_table_numbers_are_written_as_blast_writes_them():
         "0.0", "2.50e-105", "1.23e-30", "8.90e-04", "0.001", "0.050", "0.55", "3.7", "15", "2000"]
     assert [blast_bits(b) for b in (-0.01, 7.25, 45.67, 99.9, 99.95, 123.9, 2e5)] == [
         "0.0", "7.2", "45.7", "99.9", "99", "123", "2.000e+05"]
+
+
+def test_blast6_and_blast7_are_read_back_by_a_blast_tabular_parser(fastas):
+    """-f blast6 / blast7 are BLAST+ -outfmt 6 / 7: Bio.SearchIO's "blast-tab" parser (plain,
+    and with comments: it maps the '# Fields:' names back to the columns) reads the hits of the
+    tsv table back, per query and in order; a skipped record goes to standard error only (a '#'
+    line would break the tables), and a query without hits is a '# 0 hits found' block."""
+    from Bio import SearchIO
+
+    tmp, queries, db = fastas
+    bad_db = tmp / "bad_db7.fasta"
+    bad_db.write_text((tmp / "db.fasta").read_text() + ">broken\nMKV*LL\n")
+    args = ["search", str(tmp / "q.fasta"), str(bad_db), "--decoys", "10", "--evalue", "1000"]
+    tables = {}
+    for fmt in ("tsv", "blast6", "blast7"):
+        out = tmp / f"hits.{fmt}"
+        res = CliRunner().invoke(main, args + ["-f", fmt, "-o", str(out)])
+        assert res.exit_code == 1 and "record 'broken'" in res.stderr, res.output
+        tables[fmt] = out.read_text()
+    assert "# error:" in tables["tsv"] and "error" not in tables["blast6"] + tables["blast7"]
+    rows = _table(tables["tsv"])[1]
+    assert not any(line.startswith("#") for line in tables["blast6"].splitlines())
+    assert [r.split("\t") for r in tables["blast6"].splitlines()] == [r[:12] for r in rows]
+
+    def hsps(path, **kw):
+        return [(q.id, h.id, hsp.ident_pct, hsp.aln_span, hsp.mismatch_num, hsp.gapopen_num,
+                 hsp.query_start + 1, hsp.query_end, hsp.hit_start + 1, hsp.hit_end, hsp.evalue, hsp.bitscore)
+                for q in SearchIO.parse(str(path), "blast-tab", **kw) for h in q for hsp in h]
+
+    expected = [(r[0], r[1], float(r[2]), *map(int, r[3:10]), float(r[10]), float(r[11])) for r in rows]
+    assert hsps(tmp / "hits.blast6") == expected
+    assert hsps(tmp / "hits.blast7", comments=True) == expected
+    parsed = list(SearchIO.parse(str(tmp / "hits.blast7"), "blast-tab", comments=True))
+    assert [q.id for q in parsed] == [q for q, _ in queries] and {q.target for q in parsed} == {str(bad_db)}
+    assert tables["blast7"].splitlines()[-1] == f"# pfamalign search processed {len(queries)} queries"
+
+    none = CliRunner().invoke(main, args[:-1] + ["0", "-f", "blast7"])
+    assert none.exit_code == 1
+    assert none.stdout.count("# 0 hits found") == len(queries) and "# Fields:" not in none.stdout
+    empty = tmp / "none.blast7"
+    empty.write_text(none.stdout)
+    assert [(q.id, len(q)) for q in SearchIO.parse(str(empty), "blast-tab", comments=True)] == [
+        (q, 0) for q, _ in queries]

@@ -24,9 +24,11 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @click.option("--decoys", type=click.IntRange(min=10), default=50, show_default=True,
               help="Shuffled decoys aligned per query for the E-value fit.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
-@click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "json"]), default="tsv", show_default=True,
-              help="tsv: the hit table; json: one JSON object per hit (JSON lines) with its columns "
-                   "and the full alignment.")
+@click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "blast6", "blast7", "json"]), default="tsv",
+              show_default=True,
+              help="tsv: the hit table below; blast6 / blast7: BLAST+ -outfmt 6 (no comments) / 7 "
+                   "(comment lines per query), its twelve standard columns; json: one JSON object per "
+                   "hit (JSON lines) with its columns and the full alignment.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the hits here instead of standard output.")
 @checkpoint_option()
@@ -57,18 +59,21 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
       qseqid sseqid pident length mismatch gapopen qstart qend sstart send evalue bitscore
     plus mean_confidence (mean confidence of the aligned pairs, as align prints them). Coordinates are 1-based
     inclusive over the aligned region (first to last aligned pair); length counts its
-    columns, gaps included; pident = 100 x identical pairs / length.
+    columns, gaps included; pident = 100 x identical pairs / length. blast6 and blast7
+    write the first twelve columns as BLAST+ -outfmt 6 and 7 do (blast7: '# Query:',
+    '# Database:', '# Fields:' with BLAST's column names and '# N hits found' per query).
 
     \b
-    A bad record (file:line) is reported on standard error and as a '# error:' line (json:
-    an {"error": ...} object), the rest is searched, and the exit status is 1 at the end;
-    --strict stops at the first.
+    A bad record (file:line) is reported on standard error and, in tsv and json, in the
+    output too (a '# error:' line; an {"error": ...} object), the rest is searched, and the
+    exit status is 1 at the end; --strict stops at the first.
 
     \b
     Examples:
       pfamalign search query.fasta db.fasta -o hits.tsv
       pfamalign search family.fasta --all-vs-all --evalue 1e-3
       cat q.fasta | pfamalign search - db.fasta -f json --max-hits 10
+      pfamalign search query.fasta db.fasta -f blast6 -o hits.m8
     """
     import json
 
@@ -96,25 +101,40 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
             raise ValueError(f"{query}: no usable query sequences")
         per_query = decoys + len(db) - (1 if all_vs_all else 0)
         provenance = predictor.provenance(settings)
+        # BLAST's tables have no place for a skipped record ('#' lines would break -outfmt 6
+        # readers, or be taken for -outfmt 7's own); standard error has them anyway
+        errors_in_output = fmt in ("tsv", "json")
+        searched = database if not all_vs_all else query
         with open_output(out, inputs=(query, database)) as sink, \
                 batch_progress("searching", len(queries) * per_query, quiet) as advance:
             if fmt == "tsv":
                 sink.write(lib.tsv_header(provenance))
-            for error in errors.records:  # the records dropped while reading
+            elif fmt == "blast7":
+                sink.write(lib.blast7_header(provenance))
+            for error in errors.records if errors_in_output else ():  # dropped while reading
                 sink.write(error_line(error, fmt == "json"))
+            n_queries = 0
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
                                      decoys=decoys, max_hits=max_hits, evalue=evalue, seed=seed,
                                      advance=advance):
                 if isinstance(result, inputs.BadRecord):
-                    sink.write(error_line(result, fmt == "json"))
+                    if errors_in_output:
+                        sink.write(error_line(result, fmt == "json"))
                     continue
-                for hit in result.hits:
-                    if fmt == "tsv":
-                        sink.write(lib.format_tsv_row(hit.columns))
-                    else:
+                n_queries += 1
+                if fmt == "blast7":
+                    sink.write(lib.blast7_block(result, "standard input" if searched == inputs.STDIN
+                                                else searched))
+                for hit in result.hits if fmt != "blast7" else ():
+                    if fmt == "json":
                         alignment = json.loads(to_json(hit.record, provenance=provenance))
                         sink.write(dumps_line({**hit.columns, "score": hit.score,
                                                "alignment": alignment}) + "\n")
+                    else:
+                        sink.write(lib.format_tsv_row(hit.columns, lib.COLUMNS if fmt == "tsv"
+                                                      else lib.BLAST_COLUMNS))
+            if fmt == "blast7":
+                sink.write(lib.blast7_footer(n_queries))
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     if errors:
