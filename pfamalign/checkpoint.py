@@ -201,8 +201,10 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
         raise CheckpointError(f"{path} does not exist")
     if (path / "config.json").is_file() and (path / "params").is_dir():
         return path / "config.json", path / "params"  # model directory
-    if (path / "model" / "config.json").is_file() and (path / "model" / "params").is_dir():
-        return path / "model" / "config.json", path / "model" / "params"  # finished run
+    from pfamalign.inference import finished_run_model
+
+    if (model := finished_run_model(path)) is not None:
+        return model / "config.json", model / "params"
     if (path / "checkpoints").is_dir() and (path / "config.json").is_file():
         steps = finished_steps(path / "checkpoints")
         if not steps:

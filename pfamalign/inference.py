@@ -83,6 +83,13 @@ def default_model_dir() -> pathlib.Path:
     return shipped_model_dir("default")
 
 
+def finished_run_model(path: pathlib.Path) -> pathlib.Path | None:
+    """``RUN/model`` when ``path`` is a run directory whose training finished (``pfamalign
+    train`` wrote its model directory: parameters, tuned decoder); else None."""
+    model = path / "model"
+    return model if (model / "config.json").is_file() and (model / "params").is_dir() else None
+
+
 DECODERS = ("affine", "mea", "hybrid", "posterior")
 
 
@@ -384,7 +391,7 @@ class Predictor:
 
     def __new__(cls, checkpoint: str | pathlib.Path | None = None, **kwargs):
         # an ensemble directory (``pfamalign.ensemble``) loads wherever a model directory does
-        path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
+        path = _model_path(checkpoint)
         if cls is Predictor and (path / ENSEMBLE_FILE).is_file():
             from pfamalign.ensemble import EnsemblePredictor
 
@@ -396,14 +403,16 @@ class Predictor:
                  steps: int | None = None):
         from pfamalign.pipelines.embed import get_embedder
 
-        path = pathlib.Path(checkpoint) if checkpoint is not None else default_model_dir()
+        path = _model_path(checkpoint)
         if not (path / "config.json").is_file():
             hint = ("train one with `pfamalign train` and pass RUN_DIR/model" if checkpoint is not None
                     else "the package was installed without its default model; reinstall pfamalign "
                          "or pass --checkpoint")
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
         self.path = path
-        self.decoding = DecoderSettings.load(path)
+        # a checkpoint of an unfinished run has no tuned decoder: the shipped model's, as
+        # `train --no-tune` writes (never the affine defaults of DecoderSettings())
+        self.decoding = DecoderSettings.load(path if (path / "decoding.json").is_file() else default_model_dir())
         self.pairhmm = model_pairhmm(path)
         self.engine = None  # the model's own plan
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
@@ -846,3 +855,14 @@ def _overlap_pool(worker: str):
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pfamalign-{worker}")
+
+
+def _model_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
+    """The directory a Predictor reads: the shipped model by default, a finished run's
+    ``model/`` for its run directory (decoder, pair-HMM and compiled engine live there), else
+    the path given (a model, ensemble or checkpoint directory)."""
+    if checkpoint is None:
+        return default_model_dir()
+    path = pathlib.Path(checkpoint)
+    return finished_run_model(path) or path
+

@@ -9,8 +9,10 @@ DP objective. Hits are ranked by it
 and the E-value and bit score are functions of it, so the three agree.
 
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
-database sequences drawn at random (seeded) are shuffled residue by residue (same length and
-composition, no homology left) and aligned with the query exactly like the database. The
+database sequences drawn at random (seeded by ``seed`` and the query's residues, not by its
+place in the batch: a query's E-values are the same alone or among others) are shuffled
+residue by residue (same length and composition, no homology left) and aligned with the
+query exactly like the database. The
 decoy scores are fitted by maximum likelihood with a Gumbel (extreme-value) law,
 ``P(S >= s) = 1 - exp(-exp(-lambda (s - mu)))``; then, for a database of ``N`` sequences,
 
@@ -34,6 +36,7 @@ the mean of the aligned pairs' confidences (the decoder's posterior of each pair
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -155,7 +158,8 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
 
     def pairs() -> Iterator[dict]:
         for qn, query in enumerate(queries):
-            rng = np.random.default_rng([seed, qn])
+            rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
+            # a query gets the same decoys, so the same E-values, alone or in any batch
             for n in rng.integers(len(database), size=decoys):
                 yield _pair(query, FastaRecord(f"decoy{n}", shuffled(database[n].seq, rng), "decoy"), qn, True)
             for sn, subject in enumerate(database):
@@ -194,6 +198,10 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
             hits.append(Hit(rec, columns, rec.score))
     if current is not None:
         yield finish(current, null_scores, hits)
+
+
+def _sequence_key(seq: str) -> int:
+    return int.from_bytes(hashlib.sha256(seq.encode()).digest()[:8], "little")
 
 
 def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dict:

@@ -293,3 +293,13 @@ def test_stable_matches_threshold():
         d = rng.uniform(-0.15, 0.15, size=(2, 2))  # osc <= 0.3
         q = _converged(s + d).plan
         assert q[0, 0] > 0.5 and q[1, 1] > 0.5
+
+
+def test_a_contraction_rate_just_below_one_is_not_printed_as_one():
+    """certify's table: rho_H = tanh^2(delta / 4) of a long band is 1 - 3.5e-7 for delta 32.5,
+    a certified block; rounding it to '1' (uncertified) would contradict the title's count."""
+    from pfamalign.commands.certify import _contraction_number
+
+    rho = float(np.tanh(32.51 / 4) ** 2)
+    assert rho < 1 and _contraction_number(rho) == f"1 - {1 - rho:.2g}" != "1"
+    assert [_contraction_number(x) for x in (1.0, 0.5, 0.99990, 32.51)] == ["1", "0.5", "0.9999", "32.51"]

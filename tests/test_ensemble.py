@@ -180,3 +180,27 @@ def test_ensemble_without_tuning_decodes_with_the_shipped_decoder(models, datase
     assert res.exit_code == 0, res.output
     assert DecoderSettings.load(out) == DecoderSettings.load(default_model_dir())
     assert json.loads((out / "training.json").read_text())["decoder"]["source"] == "default_model"
+
+
+def test_verify_checks_every_member_of_an_ensemble(tmp_path):
+    """`pfamalign verify ENS` checks each member model against its checksums (the shipped
+    ensemble, copied): all match; one flipped byte in a member's parameters is a problem naming
+    that member, exit 1; a member missing from the directory is reported too."""
+    ens = tmp_path / "ens"
+    from pfamalign.inference import shipped_model_dir
+
+    shutil.copytree(shipped_model_dir("ensemble"), ens)
+    res = run(["verify", ens])
+    assert res.exit_code == 0, res.output
+    members = [m.path for m in ensemble.read_members(ens)]
+    assert [line.split(":")[0] for line in res.output.splitlines() if line.startswith("checked")] == [
+        f"checked {ens / m}" for m in members]
+    victim = next(p for p in sorted((ens / members[1] / "params").rglob("*")) if p.is_file() and p.stat().st_size > 100)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    res = run(["verify", ens])
+    assert res.exit_code == 1 and str(ens / members[1]) in res.stderr and str(victim.name) in res.stderr
+    shutil.rmtree(ens / members[0])
+    res = run(["verify", ens])
+    assert res.exit_code == 1 and f"{ens / members[0]}: ensemble member missing" in res.stderr

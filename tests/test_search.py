@@ -316,3 +316,21 @@ def test_blast6_and_blast7_are_read_back_by_a_blast_tabular_parser(fastas):
     empty.write_text(none.stdout)
     assert [(q.id, len(q)) for q in SearchIO.parse(str(empty), "blast-tab", comments=True)] == [
         (q, 0) for q, _ in queries]
+
+
+def test_a_querys_evalues_do_not_depend_on_its_place_in_the_batch(fastas):
+    """The decoys are seeded by --seed and the query's residues: the same query against the same
+    database gets the same hits and E-values alone, first or last among other queries."""
+    tmp, queries, db = fastas
+    (tmp / "q_alone.fasta").write_text(f">{queries[1][0]}\n{queries[1][1]}\n")
+    (tmp / "q_last.fasta").write_text("".join(f">{i}\n{s}\n" for i, s in db[:2] + [queries[1]]))
+    tables = {}
+    for name in ("q_alone", "q_last"):
+        res = CliRunner().invoke(main, ["search", str(tmp / f"{name}.fasta"), str(tmp / "db.fasta"),
+                                        "--decoys", "10", "--evalue", "1000", "-f", "blast6"])
+        assert res.exit_code == 0, res.output
+        tables[name] = [r for r in res.stdout.splitlines() if r.startswith(queries[1][0] + "\t")]
+    assert tables["q_alone"] and tables["q_alone"] == tables["q_last"]
+    other_seed = CliRunner().invoke(main, ["search", str(tmp / "q_alone.fasta"), str(tmp / "db.fasta"),
+                                           "--decoys", "10", "--evalue", "1000", "-f", "blast6", "--seed", "1"])
+    assert other_seed.stdout.splitlines() != tables["q_alone"]  # the seed still draws the decoys

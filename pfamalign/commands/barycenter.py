@@ -23,7 +23,9 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     \b
     For each query row i: b_i = sum_j P_ij j / sum_j P_ij over the real keys, beside the
     reference column c_i (when a reference alignment is given), |b_i - c_i|, the row's real
-    mass and its dustbin mass. The plot is the seed paper's qualitative figure.
+    mass and its dustbin mass. The plot is the seed paper's qualitative figure. Rows,
+    columns and barycenters are 0-based plan indices (residue i + 1 of the sequence); a row
+    without a reference column shows target — (--tsv: -1) and no error.
 
     \b
     Examples:
@@ -53,8 +55,9 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     for col in table.columns:
         tab.add_column(col, justify="right")
     for row in table.itertuples(index=False):
+        cells = row._replace(target=np.nan) if row.target < 0 else row  # -1: no reference column
         tab.add_row(*[("—" if isinstance(x, float) and np.isnan(x) else f"{x:.2f}" if isinstance(x, float)
-                       else str(x)) for x in row])
+                       else str(x)) for x in cells])
     console.print(tab)
     if pm is not None:
         console.print(f"barycenter MAE {pm.barycenter_mae:.2f}, within-5 {pm.within5:.3f}, "

@@ -81,7 +81,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         tab.add_column(col, justify="right")
     for name in ("delta", "rho_H", "range_bound"):
         d = c[name]
-        tab.add_row(name, str(d["count"]), *[f"{d[q]:.4g}" for q in ("min", "median", "p90", "max")])
+        tab.add_row(name, str(d["count"]), *[_contraction_number(d[q]) for q in ("min", "median", "p90", "max")])
     console.print(tab)
     b = result["bias"]
     tab = Table(title=f"tail bias ({b['cotangent']} cotangent), certified depth at tol {b['tol']:g}: "
@@ -147,3 +147,10 @@ def print_plan_certificates(console, result: dict) -> None:
                           f"{st['certified']} of {st['aligned']} aligned pairs")
         else:
             console.print(f"stable matches at r={st['score_noise']:g}: not certified ({st['reason']})")
+
+
+def _contraction_number(x: float) -> str:
+    """``.4g``, except a rate just below 1 (a certified block of a long band: rho_H =
+    tanh^2(delta / 4)), written as its distance to 1 rather than rounded up to an uncertified 1."""
+    return f"1 - {1 - x:.2g}" if 0.99995 <= x < 1 else f"{x:.4g}"
+

@@ -13,8 +13,9 @@ from pfamalign.outputs import TEMPORARY_GLOB
 
 def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     """``(what was checked, problems)`` of a dataset (every shard's SHA-256 in its
-    manifest), a model directory, or a run directory (its model and every checkpoint), plus
-    temporary files a killed run left behind."""
+    manifest), a model directory, an ensemble (each member model), or a run directory (its
+    model and every checkpoint), plus temporary files a killed run left behind."""
+    from pfamalign import ensemble
     from pfamalign.checkpoint import CHECKSUMS, verify_checksums
     from pfamalign.pipelines.reader import shard_problems
 
@@ -28,6 +29,13 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         problems += [f"{directory}: {p}" for p in shard_problems(directory, data, full=True)]
         checked.append(f"dataset {directory}: {len(data.get('shards', []))} shards")
     models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
+    if ensemble.is_ensemble(directory):
+        try:
+            members = [directory / m.path for m in ensemble.read_members(directory)]
+        except ValueError as err:
+            return [], [str(err)]
+        problems += [f"{d}: ensemble member missing" for d in members if not (d / "params").is_dir()]
+        models += [d for d in members if (d / "params").is_dir()]
     steps = directory / "checkpoints"
     models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
                      key=lambda d: int(d.name)) if steps.is_dir() else []
@@ -46,17 +54,18 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
 @click.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path))
 def verify(directory):
-    """Check DIRECTORY (a dataset, a model or a training run) byte for byte against the
-    checksums recorded when it was written; exits 1 on any problem.
+    """Check DIRECTORY (a dataset, a model, an ensemble or a training run) byte for byte
+    against the checksums recorded when it was written; exits 1 on any problem.
 
     \b
     Examples:
       pfamalign verify data/            # every shard against manifest.json
       pfamalign verify runs/align_ce    # the model and every checkpoint
+      pfamalign verify ens/             # every member of an ensemble
     """
     checked, problems = verify_directory(directory)
     if not checked and not problems:
-        fail(f"{directory} is not a pfamalign dataset, model or run directory")
+        fail(f"{directory} is not a pfamalign dataset, model, ensemble or run directory")
     for line in checked:
         click.echo(f"checked {line}")
     for line in problems:
