@@ -12,7 +12,7 @@ from pfamalign.alignment.baselines import needleman_wunsch
 from pfamalign.alignment.decode import mea_decode
 from pfamalign.alignment.formats import (
     AlignmentRecord, cigar_to_pairs, format_alignment, from_json, pairs_to_cigar, to_cigar,
-    to_fasta, to_json, to_pair_text, to_stockholm)
+    pair_file_header, to_fasta, to_json, to_pair_text, to_stockholm)
 from pfamalign.residues import match_symbols
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
@@ -99,6 +99,21 @@ def test_pair_text_roundtrip(seed):
     for line in text.splitlines():
         if line and not line.startswith("#"):
             assert len(line) <= 21 + 60 + 7
+
+
+def test_many_pairs_share_one_emboss_file_header_with_the_provenance():
+    """As EMBOSS writes many pairs: one file header (program, what produced the file), then one
+    alignment section per pair; Biopython's emboss reader reads every pair back, and a single
+    pair's text is that header and its section."""
+    recs = [_random_record(seed, with_confidence=True) for seed in SEEDS[:3]]
+    prov = {"version": "pfamalign 9.9", "model": "m sha256:00", "decoder": {"name": "posterior"}}
+    text = pair_file_header(provenance=prov) + "".join(format_alignment(r, "pair_block") for r in recs)
+    assert text.count("# Program: pfamalign") == 1 and text.count("# Model: m sha256:00") == 1
+    assert text.index("# Model:") < text.index("# Align_format: srspair") < text.index("# Aligned_sequences")
+    alns = list(AlignIO.parse(io.StringIO(text), "emboss"))
+    assert [[str(r.seq).replace("-", "") for r in a] for a in alns] == [[r.seq_a, r.seq_b] for r in recs]
+    single = to_pair_text(recs[0], provenance=prov)
+    assert single == pair_file_header(provenance=prov) + format_alignment(recs[0], "pair_block")[:-1]
 
 
 def test_pair_text_match_line_by_hand():

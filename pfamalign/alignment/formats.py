@@ -178,12 +178,23 @@ def _pct(num: int, den: int) -> str:
     return f"{num}/{den} ({100.0 * num / den:.1f}%)"
 
 
+def pair_file_header(*, program: str = "pfamalign", provenance: dict | None = None) -> str:
+    """What opens an EMBOSS pair file, once however many alignments follow: the program, the
+    format and what produced the alignments (``provenance_lines``), where EMBOSS puts its
+    run date and command line."""
+    lines = ["#" * 40, f"# Program: {program}", *(f"# {line}" for line in provenance_lines(provenance)),
+             "# Align_format: srspair", "#" * 40, ""]
+    return "\n".join(lines) + "\n"
+
+
 def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign",
-                 provenance: dict | None = None) -> str:
+                 provenance: dict | None = None, file_header: bool = True) -> str:
     """EMBOSS ``needle``'s default pair text, ``srspair`` (readable by the legacy
     ``Bio.AlignIO.read(..., "emboss")``; the stricter ``Bio.Align`` parser refuses the extra
     header keys and the confidence line). A block where a sequence has no residue numbers it
-    ``n ---- n`` (the last residue written), as ``srspair`` does.
+    ``n ---- n`` (the last residue written), as ``srspair`` does. ``file_header=False``: the
+    alignment alone, for the second and later alignments of a file (``pair_file_header``
+    opens it once, as EMBOSS writes many pairs).
 
     Blocks of ``width`` columns: ``seq_a`` line with 1-based start / end residue numbers, the
     match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
@@ -199,7 +210,6 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
         rec, list(confidence_symbols(rec.confidence)), ".")
     n_gaps = row_a.count("-") + row_b.count("-")
     header = [
-        "#" * 40, f"# Program: {program}", "# Align_format: srspair", "#" * 40, "",
         _EMBOSS_RULE, "#", "# Aligned_sequences: 2", f"# 1: {rec.id_a}", f"# 2: {rec.id_b}",
         "# Matrix: BLOSUM62 (match line)", "#", f"# Length: {n_cols}",
         f"# Aligned_pairs: {n_pairs}",
@@ -212,7 +222,6 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
     if rec.confidence is not None and n_pairs:
         header.append(f"# Mean_confidence: {rec.confidence.mean():.4f}")
     header.append(f"# Aligned_region: {aligned_region(rec)}")
-    header += [f"# {line}" for line in provenance_lines(provenance)]
     header += ["#", _EMBOSS_RULE, ""]
 
     lines = []
@@ -231,7 +240,8 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
         if conf is not None:
             block.append(f"{'confidence':<21}{conf[start:start + width]}")
         lines += block + [""]
-    return "\n".join(header + lines + [_EMBOSS_END, _EMBOSS_END, ""])
+    text = "\n".join(header + lines + [_EMBOSS_END, _EMBOSS_END, ""])
+    return pair_file_header(program=program, provenance=provenance) + text if file_header else text
 
 
 def to_fasta(rec: AlignmentRecord, *, width: int | None = 60) -> str:
@@ -372,20 +382,22 @@ def from_json(text: str) -> AlignmentRecord:
 
 
 FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
+           # many pairs: the file header (``pair_file_header``, provenance included) is written once
+           "pair_block": lambda rec: to_pair_text(rec, file_header=False) + "\n",
            "cigar": lambda rec: to_cigar(rec) + "\n",
            "cigar_tsv": lambda rec: f"{rec.id_a}\t{rec.id_b}\t{to_cigar(rec)}\n",  # many pairs
            "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
 WITH_PROVENANCE = ("pair", "stockholm", "json")  # fasta and cigar have no place for it
 # The formats a batch job's skipped record can be written into (a '#' line, a JSON object);
 # a FASTA or Stockholm file with such a line would no longer parse (stderr has them anyway)
-SKIPPED_IN_OUTPUT = ("pair", "cigar_tsv", "json")
+SKIPPED_IN_OUTPUT = ("pair", "pair_block", "cigar_tsv", "json")
 
 
 def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None,
                      extra: dict | None = None) -> str:
-    """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``fasta``, ``stockholm``, ``cigar``,
-    ``cigar_tsv``: ``id_a<TAB>id_b<TAB>cigar``, ``json``) with default options, ending with a
-    newline; ``provenance`` in the formats that carry it (``WITH_PROVENANCE``); ``extra``
+    """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``pair_block``: without the file
+    header, ``fasta``, ``stockholm``, ``cigar``, ``cigar_tsv``: ``id_a<TAB>id_b<TAB>cigar``,
+    ``json``) with default options, ending with a newline; ``provenance`` in the formats that carry it (``WITH_PROVENANCE``); ``extra``
     fields only in ``json``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")

@@ -14,7 +14,8 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 
 FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
-_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv"}  # many pairs: a CIGAR needs its pair's ids
+# many pairs: a CIGAR needs its pair's ids; the pair text's file header is written once
+_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv", "text": "pair_block"}
 # The shipped decoder's settings, read for the help text (the help must not load the model)
 _SHIPPED_DECODING = pathlib.Path(__file__).parents[1] / "assets" / "default_model" / "decoding.json"
 
@@ -101,7 +102,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align query.fasta target.fasta -f json --score-noise 1e-3
     """
     from pfamalign import inputs, resources
-    from pfamalign.alignment.formats import SKIPPED_IN_OUTPUT, format_alignment
+    from pfamalign.alignment.formats import SKIPPED_IN_OUTPUT, format_alignment, pair_file_header
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
     from pfamalign.outputs import atomic_path, open_output
@@ -142,6 +143,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         writer = (_MANY_WRITER if many else _WRITER).get(fmt, fmt)
         with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
+            if writer == "pair_block":
+                sink.write(pair_file_header(provenance=provenance))
             for item in aligned(predictor, pairs, settings, errors):
                 if isinstance(item, inputs.BadRecord):  # ``errors`` printed it on stderr
                     if writer in SKIPPED_IN_OUTPUT:
