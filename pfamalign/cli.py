@@ -64,11 +64,11 @@ def main():
 
     \b
     Typical use:
-      pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/   # build a dataset
-      pfamalign train --data data/ --out runs/align_ce             # train an aligner
-      pfamalign align SEQ_A SEQ_B                                  # align two sequences
-      pfamalign search query.fasta db.fasta                        # rank hits, E-values
-      pfamalign compile -o compiled/                               # compiled plan (--engine asap)
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/         # build a dataset
+      pfamalign train --data data/ --config align_ce --out runs/align_ce # train an aligner
+      pfamalign align SEQ_A SEQ_B                                        # align two sequences
+      pfamalign search query.fasta db.fasta                              # rank hits, E-values
+      pfamalign compile --data data/ -o compiled/                        # compiled plan (--engine asap)
 
     \b
     Compiled XLA programs are cached in the user's cache directory (~/.cache/pfamalign),

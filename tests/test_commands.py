@@ -328,6 +328,19 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
     assert "barycenter MAE" in res.output and png.stat().st_size > 5000
 
 
+def test_barycenter_without_a_reference_shows_no_target(model_dir, tmp_path):
+    """Two bare sequences have no reference columns: the table shows '—' for target and error
+    (the library's -1 stays in the TSV), and no MAE line."""
+    import pandas as pd
+
+    tsv = tmp_path / "b.tsv"
+    res = run(["barycenter", "MKVLAAGIVG", "MKVLSAGIVA", "--checkpoint", model_dir, "--tsv", tsv])
+    assert res.exit_code == 0, res.output
+    rows = [line.split("│")[1:-1] for line in res.output.splitlines() if line.count("│") == 8]
+    assert len(rows) == 10 and all(r[2].strip() == "—" and r[4].strip() == "—" for r in rows)
+    assert (pd.read_csv(tsv, sep="\t")["target"] == -1).all() and "barycenter MAE" not in res.output
+
+
 # ---- certify -------------------------------------------------------------------------------
 
 
@@ -492,6 +505,56 @@ def test_top_level_help_lists_every_command():
     res = run(["--help"])
     for name in ("prepare", "train", "align", "eval", "barycenter", "certify"):
         assert name in res.output
+
+
+def _help_examples(text: str) -> list[list[str]]:
+    """The `pfamalign ...` command lines of a help text (continued lines joined, comments cut)."""
+    import re
+    import shlex
+
+    text = re.sub(r"\\\n\s*", " ", text)
+    return [shlex.split(line.strip().split("#")[0])[1:] for line in text.splitlines()
+            if line.strip().startswith("pfamalign ")]
+
+
+def _parse(args: list[str]):
+    """click's parse of a `pfamalign` command line (options, types, paths), without running it."""
+    import click
+
+    ctx = main.make_context("pfamalign", list(args))
+    cmd, rest = main, [*ctx._protected_args, *ctx.args]
+    while isinstance(cmd, click.Group) and rest:
+        cmd = cmd.get_command(ctx, rest[0])
+        ctx = cmd.make_context(rest[0], rest[1:], parent=ctx)
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+    return cmd
+
+
+@pytest.mark.parametrize("command", [[], ["prepare"], ["prepare", "shards"], ["train"], ["compile"]])
+def test_help_examples_are_valid_invocations(command, model_dir, dataset, tmp_path, monkeypatch):
+    """Every example of these helps parses, in a directory holding the files it names; a train
+    example names --config (a new run needs it)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("data", "data_b62_1k"):
+        (tmp_path / name).symlink_to(dataset, target_is_directory=True)
+    for name in ("compiled", "runs/x/model"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).symlink_to(model_dir, target_is_directory=True)
+    (tmp_path / "stockholm").mkdir()
+    for name in ("Pfam-A.seed.gz", "query.fasta", "db.fasta"):
+        (tmp_path / name).write_text("")
+    examples = _help_examples(run([*command, "--help"]).output)
+    assert examples, command
+    for args in examples:
+        assert _parse(args) is not None, args
+        if args[0] == "train":
+            assert "--config" in args, args
+
+
+def test_prepare_help_has_examples():
+    res = run(["prepare", "--help"])
+    assert "Examples:" in res.output and "builtin/onehot+blosum62" in res.output \
+        and "esm2_" in res.output
 
 
 def test_align_decoder_options(model_dir):

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -216,6 +217,16 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     # without tuning the model gets the shipped model's decoder, and says so
     assert second.decoder["source"] == "default_model" and "--no-tune" in second.decoder["reason"]
     assert DecoderSettings.load(out / "model") == DecoderSettings.load(default_model_dir())
+    # the summary says what each run did; re-running the finished run trains nothing
+    from pfamalign.commands.train import summary_line
+
+    assert summary_line(reference, STEPS) == f"trained {STEPS} steps"
+    assert summary_line(second, STEPS) == f"trained 3 steps (resumed at step 3, now at {STEPS} of {STEPS})"
+    res = _cli(["train", "--data", str(dataset), "--out", str(out), "--no-tune"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"nothing to train: {os.path.relpath(out)} was already at step {STEPS} of {STEPS}" in text
+    assert not re.search(r"trained \d", text), text
 
 
 _SLOW_TRAIN = """
@@ -313,6 +324,44 @@ def test_cli_help():
     for text in ("k2_eps1", "align_ce", "--distributed", "--set", "--tensorboard", "TPU pod",
                  "--tune-pairs", "--no-tune", "--compile", "OUT/compiled"):
         assert text in res.output
+
+
+def test_a_finished_run_loads_as_its_model_and_a_rerun_keeps_it(reference, dataset, tmp_path):
+    """A finished run directory stands for RUN/model (its tuned decoder, not the affine defaults
+    of a directory without decoding.json); an unfinished run (its newest checkpoint) decodes with
+    the shipped decoder; re-running the finished run, even with --no-tune, leaves model, decoder and
+    record as they were (it used to export and choose the decoder again)."""
+    run = tmp_path / "run"
+    shutil.copytree(reference.out_dir, run)
+    model = run / "model"
+    marked = DecoderSettings.for_decoder("hybrid")  # a decoder no re-tuning would write
+    marked.save(model)
+    predictor = Predictor(run)
+    assert predictor.path == model and predictor.decoding == marked
+    unfinished = tmp_path / "unfinished"  # its newest checkpoint, no model/ yet
+    shutil.copytree(run, unfinished, ignore=lambda d, names: ["model"] if d == str(run) else [])
+    assert Predictor(unfinished).decoding == DecoderSettings.load(default_model_dir())
+    before = {p: p.read_bytes() for p in sorted(model.rglob("*")) if p.is_file()}
+    res = _cli(["train", "--data", str(dataset), "--out", str(run), "--no-tune"])
+    assert res.exit_code == 0, res.output
+    assert "already finished" in " ".join(res.output.split())
+    assert {p: p.read_bytes() for p in sorted(model.rglob("*")) if p.is_file()} == before
+
+
+def test_cli_help_lists_every_configuration_and_decoder_family():
+    from pfamalign.commands.train import train as train_command
+
+    choices = next(p for p in train_command.params if p.name == "config_name").type.choices
+    output = _cli(["train", "--help"]).output
+    section = output.split("Configurations")[1].split("Examples:")[0].splitlines()
+    listed = [line.split()[0] for line in section  # one line per configuration, then its wraps
+              if line.startswith("    ") and not line.startswith("     ")]
+    assert listed == list(choices)
+    # the decoders tuning.candidate_settings tries are the ones the help names
+    text = " ".join(output.split())
+    for decoder in {s.decoder for s in tuning.candidate_settings()}:
+        assert {"mea": "MEA"}.get(decoder, decoder) in text, decoder
+    assert "plan pair-HMM" in text
 
 
 @pytest.mark.slow  # ~1 min: a tiny CETA run, then its compile (plan + the CETA layer), twice

@@ -54,9 +54,14 @@ def compile_model(checkpoint, data, split, n_pairs, held_out, slices, ceta_slice
 
     \b
     Examples:
-      pfamalign compile -o compiled/                       # the shipped model, its data
+      pfamalign compile --data data_b62_1k -o compiled/    # the shipped model, its dataset
       pfamalign compile --checkpoint runs/x/model --data data/ -o runs/x/compiled
       pfamalign align --checkpoint compiled/ --engine asap SEQ_A SEQ_B
+
+    Without --data, the dataset the model trained on is used if it is at the path its training
+    record names (the shipped model's, data_b62_1k, is looked for in the current directory
+    and in data/). Any prepared dataset calibrates: with other stored features than the
+    model's, its sequences are featurized with the model's embedder.
     """
     from pfamalign import asap, jsonio
     from pfamalign.inference import default_model_dir
@@ -134,5 +139,7 @@ def _training_data(model_dir: pathlib.Path) -> pathlib.Path:
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
-    raise ValueError(f"no calibration data: the model's training dataset ({path or 'unrecorded'}) is not "
-                     "here; pass --data DIR")
+    where = (f"is not here (looked for {' and '.join(str(c) for c in candidates)})" if candidates
+             else "is not recorded")
+    raise ValueError(f"no calibration data: the model's training dataset ({path or 'unrecorded'}) "
+                     f"{where}; pass --data DIR")

@@ -38,7 +38,22 @@ def _fold(text: str | None) -> tuple[int, int] | None:
 
 @click.group()
 def prepare():
-    """Prepare datasets from Pfam alignments."""
+    """Prepare datasets from Pfam alignments.
+
+    \b
+    Examples:
+      # built-in features (one-hot + BLOSUM62 rows), the settings of data_b62_1k
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --embedder builtin/onehot+blosum62 \\
+          --pairs-per-family 1000 --stratify-pid --splits 0.7,0.1,0.2 --out data/
+      # ESM-2 features (the last layer of the 8M model), from a directory of Stockholm files
+      pfamalign prepare shards --pfam stockholm/ --embedder esm2_t6_8M_UR50D \\
+          --weights ~/models/esm2_t6_8M_UR50D.pt --out data_esm/
+      # cross-validation fold 0 of 5 (test = the families of fold 0)
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --fold 0/5 --out folds/0/
+
+    Re-running the same command resumes an unfinished dataset; `pfamalign prepare shards
+    --help` lists every option.
+    """
 
 
 @prepare.command("shards")
@@ -117,7 +132,8 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     """Build train/val/test pair shards from Pfam Stockholm alignments.
 
     \b
-    Example:
+    Examples:
+      pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/            # one-hot features
       pfamalign prepare shards --pfam Pfam-A.seed.gz --out data/ \\
           --embedder esm2_t6_8M_UR50D --weights ~/models/esm2_t6_8M_UR50D.pt
 

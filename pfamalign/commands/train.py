@@ -2,13 +2,111 @@
 
 from __future__ import annotations
 
+import inspect
+
 import click
 
 from pfamalign.commands._common import DatasetDirectory
-from pfamalign.config_table import CONFIG_NAMES
+from pfamalign.config_table import CONFIG_NAMES, CONFIGS
+
+_ATTENTION = {"softmax": "softmax attention", "ceta": "CETA attention",
+              "gsa": "OrthGSA attention (+ indexer KL), Cayley hyper-connections"}
+_NOTES = {"align_ce": "the configuration built to align"}
 
 
-@click.command("train")
+def _config_summary(name: str) -> str:
+    """One configuration in words, from its entry in ``config_table.CONFIGS`` (the registry
+    ``--config`` accepts), so that the help lists every one and cannot go stale."""
+    model, transport, _ = CONFIGS[name]
+    dustbin = transport.get("dustbin", "none")
+    parts = ["balanced" if dustbin == "none" else f"{dustbin} dustbin"]
+    if transport.get("marginals") == "rows":
+        parts[0] += ", row softmax (columns free)"
+    if transport.get("tail_steps", 2) != 2:
+        parts[0] += f", R={transport['tail_steps']}"
+    losses = [(label, model.get(key, default)) for label, key, default in
+              (("recon", "recon_weight", 1.0), ("CE", "ce_weight", 0.0),
+               ("mono", "mono_weight", 0.0))]
+    parts.append(" + ".join(label if w == 1 else f"{w:g} {label}" for label, w in losses if w))
+    encoder = model.get("encoder")
+    if encoder == "transformer":
+        attention = model.get("attention", "softmax")
+        parts.append(f"transformer, {_ATTENTION.get(attention, attention + ' attention')}")
+    else:
+        parts.append("encoder by features" if encoder is None else f"{encoder} encoder")
+    if name in _NOTES:
+        parts.append(_NOTES[name])
+    return "; ".join(parts)
+
+
+def _config_lines(width: int = 88) -> str:
+    """The help's list of configurations, indented as the lines of ``_HELP`` (a \\b block:
+    click keeps the line breaks)."""
+    import textwrap
+
+    pad = max(map(len, CONFIG_NAMES)) + 2
+    lines = []
+    for name in CONFIG_NAMES:
+        wrapped = textwrap.wrap(_config_summary(name), width - pad - 2)
+        lines.append(f"      {name:<{pad}}{wrapped[0]}")
+        lines += [f"      {'':<{pad}}{more}" for more in wrapped[1:]]
+    return "\n".join(lines)
+
+
+_HELP = """Train an aligner on a prepared dataset.
+
+    \b
+    Configurations (seed paper settings: T=15, R=2, band 1024, global batch 64; losses:
+    recon = reconstruction, CE = sparse CE, mono = monotonicity; encoder by features: conv
+    for built-in features, none for ESM-2; details in pfamalign/configs.py):
+{configs}
+
+    \b
+    Examples:
+      pfamalign train --data data/ --config align_ce --out runs/align_ce --steps 3000
+      pfamalign train --data data/ --config align_ceta --out runs/ceta --compile   # + runs/ceta/compiled
+
+    Re-running the same command resumes from the newest checkpoint (same step, same data
+    position); SIGTERM or Ctrl-C save a checkpoint and exit (status 128 + signal). A NaN or
+    inf loss stops the run and leaves the last good checkpoint. OUT/model/ is the final model
+    (`pfamalign align --checkpoint OUT/model`; OUT itself stands for OUT/model once the run
+    finished, for its newest checkpoint before, with the shipped model's decoder). The
+    run ends by choosing the model's decoder on the val families (MEA, affine, hybrid,
+    posterior: the plan mixed with the pair-HMM posteriors or through the plan pair-HMM;
+    best aligned-pair F1, kept only when it beats the shipped model's decoder by a family
+    bootstrap; OUT/model/decoding.json) and recording the dataset and families it learnt
+    from (OUT/model/training.json, which `pfamalign eval` checks for overlap).
+
+    \b
+    Devices and hosts: data parallel over every device JAX sees (the batch is split, the
+    parameters replicated). On a TPU pod slice run the same command on every host with
+    --distributed, e.g.
+      gcloud compute tpus tpu-vm ssh NAME --worker=all --command \\
+        "pfamalign train --distributed --data /mnt/data --config k2_eps1 --out /mnt/runs/k2"
+    --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
+    each process loads only its rows of every global batch. On TPU / GPU the transport op
+    defaults to its Pallas kernels (transport.impl=auto; force one with --set transport.impl=xla).
+    """
+_HELP = inspect.cleandoc(_HELP.format(configs=_config_lines()))
+
+
+def summary_line(result, total_steps: int) -> str:
+    """What a finished (not interrupted) run did, from its ``training.TrainResult``:
+    ``trained 6 steps``, ``trained 3 steps (resumed at step 3, now at 6 of 6)`` or, for a
+    run that was already finished, ``nothing to train: RUN was already at step 6 of 6``."""
+    import os
+
+    done = result.step - result.start_step
+    if done == 0:
+        return (f"nothing to train: {os.path.relpath(result.out_dir)} was already at step "
+                f"{result.step} of {total_steps}")
+    steps = f"trained {done} step{'' if done == 1 else 's'}"
+    if result.start_step == 0:
+        return steps
+    return f"{steps} (resumed at step {result.start_step}, now at {result.step} of {total_steps})"
+
+
+@click.command("train", help=_HELP)
 @click.option("--data", "data_dir", required=True, type=DatasetDirectory(),
               help="Dataset directory written by `pfamalign prepare shards`.")
 @click.option("--config", "config_name", type=click.Choice(CONFIG_NAMES), default=None,
@@ -58,39 +156,7 @@ from pfamalign.config_table import CONFIG_NAMES
 def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every, ckpt_every,
           seed, set_items, tune_pairs, no_tune, compile_, allow_changes, distributed, coordinator, num_processes, process_id,
           tensorboard, quiet):
-    """Train an aligner on a prepared dataset.
-
-    \b
-    Configurations (seed paper settings: T=15, band 1024, global batch 64):
-      k2_eps1, k4_eps1        balanced, R=2 / R=4, reconstruction loss
-      muot_dustbin_mono       widened dustbin, reconstruction + monotonicity
-      muot_dustbin_hybrid     widened dustbin, reconstruction + sparse CE
-      align_ce                spoke dustbin, sparse CE (+ small monotonicity), conv encoder:
-                              the configuration built to align
-
-    \b
-    Examples:
-      pfamalign train --data data/ --config align_ce --out runs/align_ce --steps 3000
-      pfamalign train --data data/ --config align_ceta --out runs/ceta --compile   # + runs/ceta/compiled
-
-    Re-running the same command resumes from the newest checkpoint (same step, same data
-    position); SIGTERM or Ctrl-C save a checkpoint and exit (status 128 + signal). A NaN or
-    inf loss stops the run and leaves the last good checkpoint. OUT/model/ is the final model
-    (`pfamalign align --checkpoint OUT/model`); OUT itself loads its newest checkpoint. The
-    run ends by choosing the model's decoder on the val families (MEA, affine, hybrid;
-    best aligned-pair F1; OUT/model/decoding.json) and recording the dataset and families it
-    learnt from (OUT/model/training.json, which `pfamalign eval` checks for overlap).
-
-    \b
-    Devices and hosts: data parallel over every device JAX sees (the batch is split, the
-    parameters replicated). On a TPU pod slice run the same command on every host with
-    --distributed, e.g.
-      gcloud compute tpus tpu-vm ssh NAME --worker=all --command \\
-        "pfamalign train --distributed --data /mnt/data --config k2_eps1 --out /mnt/runs/k2"
-    --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
-    each process loads only its rows of every global batch. On TPU / GPU the transport op
-    defaults to its Pallas kernels (transport.impl=auto; force one with --set transport.impl=xla).
-    """
+    """Trains an aligner (the help text is ``_HELP``)."""
     import os
 
     from pfamalign import configs, training
@@ -144,7 +210,7 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         shown = {k: v for k, v in {**result.last_metrics, **result.last_eval}.items()
                  if k.split("/")[1] in ("loss", "examples_per_s", "sparse_ce", "barycenter_mae",
                                         "within5", "monotonicity_violation")}
-        console.print(f"trained {result.step} steps (from {result.start_step}); model: "
+        console.print(f"{summary_line(result, cfg.train.steps)}; model: "
                       f"{os.path.relpath(result.model_dir)}")
         for key, value in shown.items():
             console.print(f"  {key:32s} {value:.4g}")

@@ -271,6 +271,11 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                 name = signal.Signals(stop.signal).name if stop.signal else "signal"
                 progress.log(f"{name}: saved a checkpoint at step {step} in {manager_dir}; "
                              "re-run the same command to resume")
+            elif step == start_step and (record := ckpt.read_training_record(out_dir / "model")):
+                # a re-run of a finished run: its model, decoder and record stand (training.json
+                # is written last, so a run killed while finishing is finished again below)
+                model_dir, decoder = out_dir / "model", record.get("decoder")
+                progress.log(f"{model_dir} is already finished (delete it to export and tune it again)")
             else:
                 model_dir = out_dir / "model"
                 model = nnx.merge(state.graphdef, local_params(state.params))
