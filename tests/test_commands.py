@@ -521,12 +521,15 @@ def _parse(args: list[str]):
     """click's parse of a `pfamalign` command line (options, types, paths), without running it."""
     import click
 
+    def rest(ctx):  # a group's unparsed arguments (click >= 8.2 names them _protected_args)
+        return [*(getattr(ctx, "_protected_args", None) or vars(ctx).get("protected_args", [])), *ctx.args]
+
     ctx = main.make_context("pfamalign", list(args))
-    cmd, rest = main, [*ctx._protected_args, *ctx.args]
-    while isinstance(cmd, click.Group) and rest:
-        cmd = cmd.get_command(ctx, rest[0])
-        ctx = cmd.make_context(rest[0], rest[1:], parent=ctx)
-        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+    cmd, left = main, rest(ctx)
+    while isinstance(cmd, click.Group) and left:
+        cmd = cmd.get_command(ctx, left[0])
+        ctx = cmd.make_context(left[0], left[1:], parent=ctx)
+        left = rest(ctx)
     return cmd
 
 
@@ -566,8 +569,8 @@ def test_align_decoder_options(model_dir):
     mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
     dustbins = dict(row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin)  # symmetrized plan: both
     assert mea["pairs"] == mea_decode(pp.real, **dustbins).pairs.tolist()
-    aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--gap-open", "0.3",
-                          "--gap-extend", "0.1", "--threshold", "0.0"]).output)
+    aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "affine",
+                          "--gap-open", "0.3", "--gap-extend", "0.1", "--threshold", "0.0"]).output)
     expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)
     assert aff["pairs"] == expected.pairs.tolist()
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
