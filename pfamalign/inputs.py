@@ -77,7 +77,8 @@ def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
 def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                   ) -> Iterator[FastaRecord | BadRecord]:
     """Streams the records of FASTA text (id = first word of the header, sequence lines
-    joined). ``validate``: residues checked and upper-cased, a bad record yielded as a
+    joined). ``validate``: one trailing ``*`` (a stop) dropped, residues checked and
+    upper-cased, a bad record yielded as a
     ``BadRecord``; without it (aligned FASTA with gaps) the rows come as written. Text that is
     not FASTA at all (no header before the first sequence line, an over-long line) raises."""
     from pfamalign.residues import normalize_sequence
@@ -95,6 +96,8 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
         seq = "".join(parts)
         if not validate:
             return FastaRecord(words[0], seq, where)
+        if seq.endswith("*"):  # a translation's stop codon (transeq writes one): not a residue
+            seq = seq[:-1]
         if not seq:
             return BadRecord(where, f"record {words[0]!r} has no residues")
         try:
@@ -109,6 +112,10 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
             header, parts, size = (lineno, line[1:]), [], 0
         elif line.strip():
             if header is None:
+                if line.startswith("# STOCKHOLM"):
+                    raise ValueError(f"{source}:{lineno}: a Stockholm alignment, not FASTA (convert it, "
+                                     "e.g. `esl-reformat fasta`, or give it to --stockholm where a "
+                                     "command takes one)")
                 raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header")
             size += len(line)
             if size > MAX_RECORD:
@@ -171,14 +178,17 @@ def _warn_duplicates(source: str, duplicates: list[str]) -> None:
 def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator[dict | BadRecord]:
     """Pair records of a multi-FASTA file: the first record against each of the others, or
     every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``."""
-    records = []
+    records, bad = [], []
     for item in read_fasta(path):
         if isinstance(item, BadRecord):
+            bad.append(item)
             yield item
         else:
             records.append(item)
     if len(records) < 2:
-        raise ValueError(f"{path}: need at least two usable FASTA records to align, found {len(records)}")
+        skipped = "".join(f"; skipped {b}" for b in bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"{path}: need at least two usable FASTA records to align, found "
+                         f"{len(records)}{skipped}")
     firsts = records if all_pairs else records[:1]
     for n, a in enumerate(firsts):
         for b in records[n + 1:]:

@@ -1,6 +1,7 @@
 """Output formats: Biopython reads FASTA, Stockholm and the EMBOSS-style pair text back to the
 same pairs; CIGAR decodes back; JSON loads back; hand-checked match line and CIGAR."""
 
+import dataclasses
 import io
 import json
 
@@ -87,6 +88,29 @@ def test_stockholm_roundtrip(seed):
     assert set(pp[k] for k in range(len(pp)) if k not in set(paired)) <= {"."}
 
 
+def test_every_stockholm_alignment_is_named_so_hmmer_reads_a_many_pair_file(tmp_path):
+    """Each block carries #=GF ID NAME_A_vs_NAME_B: HMMER refuses a file of several
+    alignments without one. Biopython reads every block; with HMMER installed, hmmbuild builds
+    one model per pair, named by its ID."""
+    import shutil
+    import subprocess
+
+    recs = [_random_record(seed) for seed in SEEDS[:3]]
+    recs = [dataclasses.replace(r, id_a=f"q{n}", id_b=f"s{n}") for n, r in enumerate(recs)]
+    text = "".join(to_stockholm(r) for r in recs)
+    assert [line for line in text.splitlines() if line.startswith("#=GF ID")] == [
+        f"#=GF ID q{n}_vs_s{n}" for n in range(3)]
+    assert len(list(AlignIO.parse(io.StringIO(text), "stockholm"))) == 3
+    if shutil.which("hmmbuild") is None:
+        return  # the Stockholm grammar is checked above; HMMER is not a dependency
+    (tmp_path / "pairs.sto").write_text(text)
+    out = subprocess.run(["hmmbuild", "--amino", str(tmp_path / "p.hmm"), str(tmp_path / "pairs.sto")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = [line.split()[1] for line in (tmp_path / "p.hmm").read_text().splitlines() if line.startswith("NAME")]
+    assert names == [f"q{n}_vs_s{n}" for n in range(3)]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_pair_text_roundtrip(seed):
     rec = _random_record(seed, with_confidence=seed % 2 == 0)
@@ -98,7 +122,11 @@ def test_pair_text_roundtrip(seed):
     assert aln.annotations["identity"] == rec.n_identical
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            assert len(line) <= 21 + 60 + 7
+            assert len(line) <= 21 + 50 + 7
+    # blocks of 50 columns, as needle writes them (Biopython's readers take 50 match-line columns)
+    chunks = [line[21:].split()[0] for line in text.splitlines()
+              if line.startswith(rec.id_a[:13] + " ")]
+    assert chunks and all(len(c) == 50 for c in chunks[:-1]) and 0 < len(chunks[-1]) <= 50
 
 
 def test_many_pairs_share_one_emboss_file_header_with_the_provenance():

@@ -109,7 +109,7 @@ def test_dash_reads_fasta_from_standard_input(monkeypatch):
 
 def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
     path = tmp_path / "fam.fasta"
-    path.write_text(">a\nMKV\n>b\nMKL\n>c\nMK*\n>d\nMRL\n")
+    path.write_text(">a\nMKV\n>b\nMKL\n>c\nM*K\n>d\nMRL\n")
     first = list(inputs.fasta_pairs(path))
     assert isinstance(first[0], inputs.BadRecord) and first[0].where == f"{path}:5"
     assert [(p["q_id"], p["k_id"]) for p in first[1:]] == [("a", "b"), ("a", "d")]
@@ -118,3 +118,26 @@ def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
     path.write_text(">a\nMKV\n")
     with pytest.raises(ValueError, match="at least two usable FASTA records"):
         list(inputs.fasta_pairs(path))
+    # an aligned FASTA: every record refused for its gaps, and the error says why
+    path.write_text(">a\nMK-V\n>b\nMKL-\n")
+    with pytest.raises(ValueError, match=rf"found 0; skipped {path}:1: record 'a' has a non-protein "
+                                         rf"character '-' at position 3.*skipped {path}:3:"):
+        list(inputs.fasta_pairs(path))
+
+
+def test_a_translations_trailing_stop_is_dropped_and_an_inner_one_refused(tmp_path):
+    """transeq and other translators end a protein with '*': one trailing stop is not a residue;
+    a '*' anywhere else is still an error (a stop inside a protein is not one protein)."""
+    path = tmp_path / "translated.fa"
+    path.write_text(">a\nMKVL\nAG*\n>b\nMKV*LAG\n>c\n*\n")
+    a, b, c = inputs.read_fasta(path)
+    assert (a.id, a.seq) == ("a", "MKVLAG")
+    assert isinstance(b, inputs.BadRecord) and "non-protein character '*' at position 4" in str(b)
+    assert isinstance(c, inputs.BadRecord) and "has no residues" in str(c)
+
+
+def test_a_stockholm_file_given_as_fasta_is_named_as_such(tmp_path):
+    path = tmp_path / "PF00041.sto"
+    path.write_text("# STOCKHOLM 1.0\nA MKV\n//\n")
+    with pytest.raises(ValueError, match=r"PF00041.sto:1: a Stockholm alignment, not FASTA"):
+        list(inputs.read_fasta(path))

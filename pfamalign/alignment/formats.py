@@ -187,7 +187,7 @@ def pair_file_header(*, program: str = "pfamalign", provenance: dict | None = No
     return "\n".join(lines) + "\n"
 
 
-def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfamalign",
+def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfamalign",
                  provenance: dict | None = None, file_header: bool = True) -> str:
     """EMBOSS ``needle``'s default pair text, ``srspair`` (readable by the legacy
     ``Bio.AlignIO.read(..., "emboss")``; the stricter ``Bio.Align`` parser refuses the extra
@@ -196,7 +196,8 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 60, program: str = "pfama
     alignment alone, for the second and later alignments of a file (``pair_file_header``
     opens it once, as EMBOSS writes many pairs).
 
-    Blocks of ``width`` columns: ``seq_a`` line with 1-based start / end residue numbers, the
+    Blocks of ``width`` columns (50, as ``needle`` writes them; Biopython's reader takes a
+    match line's 50 columns): ``seq_a`` line with 1-based start / end residue numbers, the
     match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
     of posterior-probability symbols. Names longer than 13 characters are truncated in the
     blocks (as EMBOSS does); the header keeps them whole.
@@ -264,15 +265,17 @@ def stockholm_names(id_a: str, id_b: str) -> tuple[str, str]:
 
 
 def to_stockholm(rec: AlignmentRecord, *, provenance: dict | None = None) -> str:
-    """Stockholm 1.0, one block; per-column confidences as ``#=GC PP_cons`` (HMMER code,
-    ``.`` in gap columns); the score, aligned region and provenance as ``#=GF CC`` comments.
+    """Stockholm 1.0, one block named ``#=GF ID NAME_A_vs_NAME_B``; per-column confidences as
+    ``#=GC PP_cons`` (HMMER code, ``.`` in gap columns); the score, aligned region and
+    provenance as ``#=GF CC`` comments.
     Names the grammar cannot hold are renamed, with a ``#=GF CC`` line saying so
     (``stockholm_names``)."""
     name_a, name_b = stockholm_names(rec.id_a, rec.id_b)
     row_a, row_b = rec.gapped()
     tags = [name_a, name_b] + (["#=GC PP_cons"] if rec.confidence is not None else [])
     pad = max(len(t) for t in tags) + 1
-    out = ["# STOCKHOLM 1.0", "#=GF AU pfamalign"]
+    # an ID names each alignment of a file (HMMER refuses a many-alignment file without one)
+    out = ["# STOCKHOLM 1.0", f"#=GF ID {name_a}_vs_{name_b}", "#=GF AU pfamalign"]
     if rec.score is not None:
         out.append(f"#=GF CC score {rec.score:.6g}")
     out.append(f"#=GF CC Aligned_region: {aligned_region(rec)}")

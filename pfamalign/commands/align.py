@@ -143,17 +143,23 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         writer = (_MANY_WRITER if many else _WRITER).get(fmt, fmt)
         with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
-            if writer == "pair_block":
-                sink.write(pair_file_header(provenance=provenance))
+            # the pair text's file header opens the output with its first line, not before:
+            # a file that fails before any pair is written stays empty
+            header = [pair_file_header(provenance=provenance)] if writer == "pair_block" else []
+
+            def write(text: str) -> None:
+                sink.write("".join(header) + text)
+                header.clear()
+
             for item in aligned(predictor, pairs, settings, errors):
                 if isinstance(item, inputs.BadRecord):  # ``errors`` printed it on stderr
                     if writer in SKIPPED_IN_OUTPUT:
-                        sink.write(error_line(item, fmt == "json"))
+                        write(error_line(item, fmt == "json"))
                     continue
                 _, rec, pp = item
                 n_pairs += 1
                 extra = None if score_noise is None else _stability(predictor, rec, score_noise)
-                sink.write(format_alignment(rec, writer, provenance=provenance, extra=extra))
+                write(format_alignment(rec, writer, provenance=provenance, extra=extra))
                 advance()
                 if plot is not None:
                     from pfamalign.alignment.plots import plot_plan
