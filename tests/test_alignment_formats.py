@@ -88,6 +88,26 @@ def test_stockholm_roundtrip(seed):
     assert set(pp[k] for k in range(len(pp)) if k not in set(paired)) <= {"."}
 
 
+def test_emboss_format_is_read_by_biopythons_strict_emboss_reader():
+    """-f emboss: EMBOSS's keys and rows only, so Bio.Align's reader (which refuses any other
+    header key or row) reads one pair and a many-pair file, pairs and statistics intact; the
+    text format's extras are exactly what it leaves out."""
+    recs = [_random_record(seed, with_confidence=True) for seed in SEEDS[:3]]
+    prov = {"version": "pfamalign 9.9", "model": "m", "decoder": {"name": "posterior"}}
+    many = pair_file_header(provenance=prov) + "".join(format_alignment(r, "emboss_block") for r in recs)
+    for text, expected in ((format_alignment(recs[0], "emboss", provenance=prov), recs[:1]), (many, recs)):
+        alns = list(Align.parse(io.StringIO(text), "emboss"))
+        assert len(alns) == len(expected)
+        for aln, rec in zip(alns, expected):
+            idx = np.asarray(aln.indices)
+            np.testing.assert_array_equal(idx[:, (idx[0] >= 0) & (idx[1] >= 0)].T.reshape(-1, 2), rec.pairs)
+            assert aln.annotations["Identity"] == rec.n_identical and aln.annotations["Similarity"] == rec.n_similar
+    rich = to_pair_text(recs[0]).splitlines()
+    plain = to_pair_text(recs[0], plain=True).splitlines()
+    assert [x for x in rich if x not in plain] == [x for x in rich if x.startswith(
+        ("# Aligned_pairs:", "# Mean_confidence:", "# Aligned_region:", "confidence "))]
+
+
 def test_every_stockholm_alignment_is_named_so_hmmer_reads_a_many_pair_file(tmp_path):
     """Each block carries #=GF ID NAME_A_vs_NAME_B: HMMER refuses a file of several
     alignments without one. Biopython reads every block; with HMMER installed, hmmbuild builds

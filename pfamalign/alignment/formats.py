@@ -36,6 +36,7 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 
@@ -188,10 +189,11 @@ def pair_file_header(*, program: str = "pfamalign", provenance: dict | None = No
 
 
 def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfamalign",
-                 provenance: dict | None = None, file_header: bool = True) -> str:
+                 provenance: dict | None = None, file_header: bool = True, plain: bool = False) -> str:
     """EMBOSS ``needle``'s default pair text, ``srspair`` (readable by the legacy
-    ``Bio.AlignIO.read(..., "emboss")``; the stricter ``Bio.Align`` parser refuses the extra
-    header keys and the confidence line). A block where a sequence has no residue numbers it
+    ``Bio.AlignIO.read(..., "emboss")``; ``plain=True`` leaves out what EMBOSS does not write,
+    the ``Aligned_pairs``, ``Mean_confidence`` and ``Aligned_region`` keys and the confidence
+    line, for the stricter ``Bio.Align`` reader). A block where a sequence has no residue numbers it
     ``n ---- n`` (the last residue written), as ``srspair`` does. ``file_header=False``: the
     alignment alone, for the second and later alignments of a file (``pair_file_header``
     opens it once, as EMBOSS writes many pairs).
@@ -207,22 +209,23 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
     row_a, row_b = rec.gapped()
     n_cols, n_pairs = len(row_a), len(rec.pairs)
     markup = _column_text(rec, match_symbols(rec.seq_a, rec.seq_b, rec.pairs), " ")
-    conf = None if rec.confidence is None else _column_text(
+    conf = None if rec.confidence is None or plain else _column_text(
         rec, list(confidence_symbols(rec.confidence)), ".")
     n_gaps = row_a.count("-") + row_b.count("-")
     header = [
         _EMBOSS_RULE, "#", "# Aligned_sequences: 2", f"# 1: {rec.id_a}", f"# 2: {rec.id_b}",
         "# Matrix: BLOSUM62 (match line)", "#", f"# Length: {n_cols}",
-        f"# Aligned_pairs: {n_pairs}",
+        *([] if plain else [f"# Aligned_pairs: {n_pairs}"]),
         f"# Identity:   {_pct(rec.n_identical, n_cols)}",
         f"# Similarity: {_pct(rec.n_similar, n_cols)}",
         f"# Gaps:       {_pct(n_gaps, n_cols)}",
     ]
     if rec.score is not None:
         header.append(f"# Score: {rec.score:.4f}")
-    if rec.confidence is not None and n_pairs:
+    if rec.confidence is not None and n_pairs and not plain:
         header.append(f"# Mean_confidence: {rec.confidence.mean():.4f}")
-    header.append(f"# Aligned_region: {aligned_region(rec)}")
+    if not plain:
+        header.append(f"# Aligned_region: {aligned_region(rec)}")
     header += ["#", _EMBOSS_RULE, ""]
 
     lines = []
@@ -387,10 +390,12 @@ def from_json(text: str) -> AlignmentRecord:
 FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
            # many pairs: the file header (``pair_file_header``, provenance included) is written once
            "pair_block": lambda rec: to_pair_text(rec, file_header=False) + "\n",
+           "emboss": functools.partial(to_pair_text, plain=True),
+           "emboss_block": lambda rec: to_pair_text(rec, file_header=False, plain=True) + "\n",
            "cigar": lambda rec: to_cigar(rec) + "\n",
            "cigar_tsv": lambda rec: f"{rec.id_a}\t{rec.id_b}\t{to_cigar(rec)}\n",  # many pairs
            "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
-WITH_PROVENANCE = ("pair", "stockholm", "json")  # fasta and cigar have no place for it
+WITH_PROVENANCE = ("pair", "emboss", "stockholm", "json")  # fasta and cigar have no place for it
 # The formats a batch job's skipped record can be written into (a '#' line, a JSON object);
 # a FASTA or Stockholm file with such a line would no longer parse (stderr has them anyway)
 SKIPPED_IN_OUTPUT = ("pair", "pair_block", "cigar_tsv", "json")

@@ -12,10 +12,10 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
                                        checkpoint_option, decoder_options, decoder_settings,
                                        engine_options, error_line, fail, sequence_paths)
 
-FORMATS = ("text", "fasta", "stockholm", "cigar", "json")
+FORMATS = ("text", "emboss", "fasta", "stockholm", "cigar", "json")
 _WRITER = {"text": "pair"}  # our name -> the formats module's name
 # many pairs: a CIGAR needs its pair's ids; the pair text's file header is written once
-_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv", "text": "pair_block"}
+_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv", "text": "pair_block", "emboss": "emboss_block"}
 # The shipped decoder's settings, read for the help text (the help must not load the model)
 _SHIPPED_DECODING = pathlib.Path(__file__).parents[1] / "assets" / "default_model" / "decoding.json"
 
@@ -43,7 +43,8 @@ def _shipped_mix() -> str:
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path),
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="Output format. text: EMBOSS srspair; json: one object per pair (JSON lines "
+              help="Output format. text: EMBOSS srspair with pfamalign's confidence line and keys; "
+                   "emboss: the same as EMBOSS writes it, without them; json: one object per pair (JSON lines "
                    "for many pairs); cigar: seq_a the reference (D: its residues opposite a gap, "
                    "I: seq_b's), for many pairs ID_A<TAB>ID_B<TAB>CIGAR lines; fasta: two records "
                    "per pair, pairs one after another.")
@@ -145,7 +146,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
             # the pair text's file header opens the output with its first line, not before:
             # a file that fails before any pair is written stays empty
-            header = [pair_file_header(provenance=provenance)] if writer == "pair_block" else []
+            header = [pair_file_header(provenance=provenance)] if writer.endswith("_block") else []
 
             def write(text: str) -> None:
                 sink.write("".join(header) + text)
