@@ -412,7 +412,8 @@ class Predictor:
         self.path = path
         # a checkpoint of an unfinished run has no tuned decoder: the shipped model's, as
         # `train --no-tune` writes (never the affine defaults of DecoderSettings())
-        self.decoding = DecoderSettings.load(path if (path / "decoding.json").is_file() else default_model_dir())
+        tuned = (path / "decoding.json").is_file()
+        self.decoding = DecoderSettings.load(path if tuned else default_model_dir())
         self.pairhmm = model_pairhmm(path)
         self.engine = None  # the model's own plan
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
@@ -865,4 +866,3 @@ def _model_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
         return default_model_dir()
     path = pathlib.Path(checkpoint)
     return finished_run_model(path) or path
-

@@ -186,7 +186,8 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator
         else:
             records.append(item)
     if len(records) < 2:
-        skipped = "".join(f"; skipped {b}" for b in bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        skipped = "".join(f"; skipped {b}" for b in bad[:3])
+        skipped += f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ValueError(f"{path}: need at least two usable FASTA records to align, found "
                          f"{len(records)}{skipped}")
     firsts = records if all_pairs else records[:1]

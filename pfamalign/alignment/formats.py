@@ -403,10 +403,11 @@ SKIPPED_IN_OUTPUT = ("pair", "pair_block", "cigar_tsv", "json")
 
 def format_alignment(rec: AlignmentRecord, fmt: str, *, provenance: dict | None = None,
                      extra: dict | None = None) -> str:
-    """Renders ``rec`` in one of ``FORMATS`` (``pair``, ``pair_block``: without the file
-    header, ``fasta``, ``stockholm``, ``cigar``, ``cigar_tsv``: ``id_a<TAB>id_b<TAB>cigar``,
-    ``json``) with default options, ending with a newline; ``provenance`` in the formats that carry it (``WITH_PROVENANCE``); ``extra``
-    fields only in ``json``."""
+    """Renders ``rec`` in one of ``FORMATS`` (``pair``; ``emboss``: the pair text without
+    pfamalign's keys and confidence line; ``*_block``: without the file header; ``fasta``,
+    ``stockholm``, ``cigar``, ``cigar_tsv``: ``id_a<TAB>id_b<TAB>cigar``, ``json``) with
+    default options, ending with a newline; ``provenance`` in the formats that carry it
+    (``WITH_PROVENANCE``); ``extra`` fields only in ``json``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {sorted(FORMATS)}")
     if extra and fmt != "json":

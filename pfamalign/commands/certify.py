@@ -81,7 +81,8 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         tab.add_column(col, justify="right")
     for name in ("delta", "rho_H", "range_bound"):
         d = c[name]
-        tab.add_row(name, str(d["count"]), *[_contraction_number(d[q]) for q in ("min", "median", "p90", "max")])
+        tab.add_row(name, str(d["count"]),
+                    *[_contraction_number(d[q]) for q in ("min", "median", "p90", "max")])
     console.print(tab)
     b = result["bias"]
     tab = Table(title=f"tail bias ({b['cotangent']} cotangent), certified depth at tol {b['tol']:g}: "
