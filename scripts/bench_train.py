@@ -46,7 +46,7 @@ BENCHES = {
 }
 
 
-def pair_lengths(data: str | None, pairs_per_family: int):
+def pair_lengths(data: str | None, pairs_per_family: int, pfam: pathlib.Path = SHARED):
     """[N, 2] pair lengths and a description of where they come from."""
     import numpy as np
 
@@ -57,7 +57,7 @@ def pair_lengths(data: str | None, pairs_per_family: int):
 
     if data:
         return reader.PairDataset(data).lengths("train"), f"train split of {data}"
-    inputs = ([SHARED / "seed_stockholm", SHARED / "hmmalign_stockholm"] if SHARED.is_dir()
+    inputs = ([pfam / "seed_stockholm", pfam / "hmmalign_stockholm"] if pfam.is_dir()
               else [FIXTURES])
     with tempfile.TemporaryDirectory() as tmp:
         cfg = PrepareConfig(inputs=tuple(str(p) for p in inputs), out=str(pathlib.Path(tmp) / "d"),
@@ -67,7 +67,7 @@ def pair_lengths(data: str | None, pairs_per_family: int):
         out = pathlib.Path(tmp) / "d"
         lengths = np.concatenate([np.load(out / s / "lengths.npy") for s in manifest["splits"]
                                   if manifest["splits"][s]["pairs"]])
-    where = "../shared/data/pfam (seed + hmmalign)" if SHARED.is_dir() else "tests/data/pfam_seed"
+    where = f"{pfam} (seed + hmmalign)" if pfam.is_dir() else "tests/data/pfam_seed"
     return lengths, f"pairs sampled by prepare from {where}, {pairs_per_family} per family"
 
 
@@ -162,6 +162,9 @@ def main(argv=None):
     parser.add_argument("--configs", default="k2_eps1,align_ce",
                         help="comma-separated, from: " + ", ".join(BENCHES))
     parser.add_argument("--data", default=None, help="take pair lengths from this dataset")
+    parser.add_argument("--pfam", type=pathlib.Path, default=SHARED,
+                        help="Pfam folder (seed_stockholm/, hmmalign_stockholm/) whose pairs give the "
+                             "lengths (default ../shared/data/pfam; the test fixtures without it)")
     parser.add_argument("--pairs-per-family", type=int, default=200)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
@@ -173,7 +176,7 @@ def main(argv=None):
     for name in names:
         if name not in BENCHES:
             parser.error(f"unknown config {name!r}; choose from {', '.join(BENCHES)}")
-    lengths, source = pair_lengths(args.data, args.pairs_per_family)
+    lengths, source = pair_lengths(args.data, args.pairs_per_family, args.pfam)
     for name in names:
         print(jsonio.dumps_line(bench(name, lengths, source, batch=args.batch, reps=args.reps,
                                       seed=args.seed, pad1024=not args.no_pad1024)), flush=True)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 11's checks on a lent NVIDIA GPU machine (python3 3.12 with jax[cuda], flax, optax,
+# orbax, numba and triton; no network), prepared here and run there.
+#
+#   bash scripts/gpu_session.sh fetch            # here: .gpu/whl (wheels the GPU image lacks)
+#                                                # and .gpu/pfam (the Pfam data), git-ignored
+#   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
+#   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
+#   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
+#   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
+#
+# Every step installs the wheels and this checkout (offline, editable) first, then writes
+# device.txt (GPU, driver, date, jax) and its own log / JSON lines to $OUT (default
+# /tmp/gpu_out). The README's "Verifying on a GPU" says what to do with the figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# What pfamalign needs that the GPU image does not hold, at the versions tested here.
+WHEELS="biopython==1.88 grain==0.2.18 array-record==0.8.6 ott-jax==0.6.0 jaxopt==0.8.5 portpicker==1.6.0"
+PLATFORMS="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
+
+fetch() {
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
+    rm -rf .gpu && mkdir -p .gpu/whl
+    # shellcheck disable=SC2086  # the lists are word lists
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        $PLATFORMS -d .gpu/whl $WHEELS
+    cp -r ../shared/data/pfam .gpu/pfam
+    du -sh .gpu/whl .gpu/pfam
+}
+
+install() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/gpu_site .gpu/whl/*.whl
+    export PYTHONPATH=/tmp/gpu_site
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+    OUT_DIR=${OUT:-/tmp/gpu_out}
+    mkdir -p "$OUT_DIR"
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } | tee "$OUT_DIR/device.txt"
+    export PYTHONUNBUFFERED=1
+}
+
+case "${1:-}" in
+    fetch) fetch ;;
+    tests) install
+        python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
+    transport) install
+        python3 scripts/bench_transport.py --impls reference,xla,pallas,ott 2>&1 \
+            | tee "$OUT_DIR/bench_transport.txt" ;;
+    train) install
+        python3 scripts/bench_train.py --pfam .gpu/pfam 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | train" >&2; exit 2 ;;
+esac
