@@ -265,20 +265,17 @@ def format_tsv_row(columns: dict, names: Sequence[str] = COLUMNS) -> str:
     return "\t".join(cells) + "\n"
 
 
-def tsv_header(provenance: dict | None = None) -> str:
-    """The hit table's comment lines: what produced it (``Predictor.provenance``), then the
-    BLAST-style ``# Fields:`` line."""
-    from pfamalign.alignment.formats import provenance_lines
-
-    return "".join(f"# {line}\n" for line in provenance_lines(provenance)) + \
-        "# Fields: " + ", ".join(COLUMNS) + "\n"
-
-
-def blast7_header(provenance: dict | None = None) -> str:
-    """What opens a ``-outfmt 7`` table: the program's comment lines (``Predictor.provenance``)."""
+def provenance_comments(provenance: dict | None = None) -> str:
+    """What produced a hit table (``Predictor.provenance``), as ``#`` lines: they open the
+    ``tsv`` and the ``-outfmt 7`` tables."""
     from pfamalign.alignment.formats import provenance_lines
 
     return "".join(f"# {line}\n" for line in provenance_lines(provenance))
+
+
+def tsv_header(provenance: dict | None = None) -> str:
+    """The hit table's comment lines: ``provenance_comments``, then the ``# Fields:`` line."""
+    return provenance_comments(provenance) + "# Fields: " + ", ".join(COLUMNS) + "\n"
 
 
 def blast7_block(result: QueryResult, database: str) -> str:

@@ -110,7 +110,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
             if fmt == "tsv":
                 sink.write(lib.tsv_header(provenance))
             elif fmt == "blast7":
-                sink.write(lib.blast7_header(provenance))
+                sink.write(lib.provenance_comments(provenance))
             for error in errors.records if errors_in_output else ():  # dropped while reading
                 sink.write(error_line(error, fmt == "json"))
             n_queries = 0
@@ -125,14 +125,14 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
                 if fmt == "blast7":
                     sink.write(lib.blast7_block(result, "standard input" if searched == inputs.STDIN
                                                 else searched))
-                for hit in result.hits if fmt != "blast7" else ():
-                    if fmt == "json":
+                elif fmt == "json":
+                    for hit in result.hits:
                         alignment = json.loads(to_json(hit.record, provenance=provenance))
                         sink.write(dumps_line({**hit.columns, "score": hit.score,
                                                "alignment": alignment}) + "\n")
-                    else:
-                        sink.write(lib.format_tsv_row(hit.columns, lib.COLUMNS if fmt == "tsv"
-                                                      else lib.BLAST_COLUMNS))
+                else:
+                    names = lib.COLUMNS if fmt == "tsv" else lib.BLAST_COLUMNS
+                    sink.writelines(lib.format_tsv_row(hit.columns, names) for hit in result.hits)
             if fmt == "blast7":
                 sink.write(lib.blast7_footer(n_queries))
     except (FileNotFoundError, ValueError) as err:
