@@ -155,6 +155,11 @@ class DecoderSettings:
     def override(self, **changes) -> "DecoderSettings":
         """These settings with the ``changes`` that are not None. Another ``decoder`` starts
         from that decoder's defaults (its gap costs are in other units)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(f"unknown decoder setting(s) {', '.join(unknown)}; "
+                            f"choose from {', '.join(sorted(names))}")
         changes = {k: v for k, v in changes.items() if v is not None}
         decoder = changes.get("decoder", self.decoder)
         base = self if decoder == self.decoder else self.for_decoder(decoder)

@@ -193,7 +193,7 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator
     firsts = records if all_pairs else records[:1]
     for n, a in enumerate(firsts):
         for b in records[n + 1:]:
-            yield {**_bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
+            yield {**bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
 
 
 def argument_path(arg: str) -> pathlib.Path | None:
@@ -249,7 +249,7 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
 def pair_from_sequences(seq_a: str, seq_b: str) -> dict:
     """The pair record of two sequence arguments (see ``read_sequence``), no reference."""
     (id_a, sa), (id_b, sb) = read_sequence(seq_a, "seq_a"), read_sequence(seq_b, "seq_b")
-    return _bare_pair(id_a, sa, id_b, sb)
+    return bare_pair(id_a, sa, id_b, sb)
 
 
 def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
@@ -306,7 +306,7 @@ def _pair_records(stack: contextlib.ExitStack, lines: Iterable[tuple[int, str]],
                 yield BadRecord(f"{source}:{lineno}", "expected 2 (SEQ_A, SEQ_B) or 4 (ID_A, SEQ_A, "
                                 f"ID_B, SEQ_B) tab-separated columns, found {len(cols)}")
                 continue
-            yield {**_bare_pair(*cols), "where": f"{source}:{lineno}"}
+            yield {**bare_pair(*cols), "where": f"{source}:{lineno}"}
 
 
 def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
@@ -335,5 +335,6 @@ def pair_from_dataset(data: pathlib.Path, split: str, index: int) -> dict:
     return reader.PairSource(data, split, features=False)[index]
 
 
-def _bare_pair(id_a: str, seq_a: str, id_b: str, seq_b: str) -> dict:
+def bare_pair(id_a: str, seq_a: str, id_b: str, seq_b: str) -> dict:
+    """The pair record of two named sequences, no reference alignment."""
     return {"q_id": id_a, "k_id": id_b, "q_seq": seq_a, "k_seq": seq_b, "target": None, "pid": None}

@@ -129,6 +129,13 @@ class AlignmentRecord:
         """Identical pairs / aligned pairs (NaN without pairs)."""
         return self.n_identical / len(self.pairs) if len(self.pairs) else float("nan")
 
+    def format(self, fmt: str = "text", *, provenance: dict | None = None) -> str:
+        """This alignment as ``pfamalign align -f FMT`` writes one pair (``ONE_PAIR``: text,
+        emboss, fasta, stockholm, cigar, json); ``provenance`` in the formats that carry it."""
+        if fmt not in ONE_PAIR:
+            raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(ONE_PAIR)}")
+        return format_alignment(self, ONE_PAIR[fmt], provenance=provenance)
+
 
 def aligned_region(rec: AlignmentRecord) -> str:
     """The residues spanned by the aligned pairs, 1-based inclusive: ``A 3-120, B 1-118``
@@ -396,6 +403,12 @@ FORMATS = {"pair": to_pair_text, "fasta": to_fasta, "stockholm": to_stockholm,
            "cigar_tsv": lambda rec: f"{rec.id_a}\t{rec.id_b}\t{to_cigar(rec)}\n",  # many pairs
            "json": lambda rec, **kw: to_json(rec, **kw) + "\n"}
 WITH_PROVENANCE = ("pair", "emboss", "stockholm", "json")  # fasta and cigar have no place for it
+# The format names users give (``pfamalign align -f``, ``AlignmentRecord.format``) -> the
+# ``FORMATS`` writer of one pair, and of each pair of many (a CIGAR then needs its pair's ids;
+# the pair text's file header is written once)
+ONE_PAIR = {"text": "pair", "emboss": "emboss", "fasta": "fasta", "stockholm": "stockholm",
+            "cigar": "cigar", "json": "json"}
+MANY_PAIRS = {**ONE_PAIR, "text": "pair_block", "emboss": "emboss_block", "cigar": "cigar_tsv"}
 # The formats a batch job's skipped record can be written into (a '#' line, a JSON object);
 # a FASTA or Stockholm file with such a line would no longer parse (stderr has them anyway)
 SKIPPED_IN_OUTPUT = ("pair", "pair_block", "cigar_tsv", "json")

@@ -12,10 +12,8 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
                                        checkpoint_option, decoder_options, decoder_settings,
                                        engine_options, error_line, fail, sequence_paths)
 
+# formats.ONE_PAIR's names, written out: the help must not import the formats module (numpy)
 FORMATS = ("text", "emboss", "fasta", "stockholm", "cigar", "json")
-_WRITER = {"text": "pair"}  # our name -> the formats module's name
-# many pairs: a CIGAR needs its pair's ids; the pair text's file header is written once
-_MANY_WRITER = {**_WRITER, "cigar": "cigar_tsv", "text": "pair_block", "emboss": "emboss_block"}
 # The shipped decoder's settings, read for the help text (the help must not load the model)
 _SHIPPED_DECODING = pathlib.Path(__file__).parents[1] / "assets" / "default_model" / "decoding.json"
 
@@ -103,7 +101,8 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
       pfamalign align query.fasta target.fasta -f json --score-noise 1e-3
     """
     from pfamalign import inputs, resources
-    from pfamalign.alignment.formats import SKIPPED_IN_OUTPUT, format_alignment, pair_file_header
+    from pfamalign.alignment.formats import (MANY_PAIRS, ONE_PAIR, SKIPPED_IN_OUTPUT, format_alignment,
+                                             pair_file_header)
     from pfamalign.batch import BatchErrors, aligned
     from pfamalign.inference import Predictor
     from pfamalign.outputs import atomic_path, open_output
@@ -141,7 +140,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         settings = decoder_settings(predictor.decoding, decoding)
         provenance = predictor.provenance(settings)
         n_pairs = 0
-        writer = (_MANY_WRITER if many else _WRITER).get(fmt, fmt)
+        writer = (MANY_PAIRS if many else ONE_PAIR)[fmt]
         with open_output(out, inputs=sources) as sink, \
                 batch_progress("aligning pairs", None, quiet or not many) as advance:
             # the pair text's file header opens the output with its first line, not before:

@@ -1,0 +1,122 @@
+"""The Python API: what ``pfamalign align`` does, as objects.
+
+    import pfamalign
+
+    aln = pfamalign.align("MKVLAAGIVGLLLAQSPEDRW", "MKVLSAGIVGLAQSPDRW")
+    print(aln.format("text"))            # or emboss, fasta, stockholm, cigar, json
+    aln.pairs, aln.confidence, aln.identity, aln.gapped()
+
+    aligner = pfamalign.PairAligner(mode="local")      # a model and decoder loaded once
+    for aln in aligner.align_many(records):            # (a, b) items, batched as the CLI does
+        print(aligner.format(aln, "json"), end="")
+
+A ``PairAligner`` runs the same batch path as the command line (``batch.aligned`` over
+``Predictor.align_records``), so it prints byte for byte what ``pfamalign align`` prints for the
+same model, decoder settings and pairs.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from typing import Iterable, Iterator
+
+from pfamalign.alignment.formats import AlignmentRecord
+
+__all__ = ["PairAligner", "align", "AlignmentRecord"]
+
+Sequence = "str | tuple[str, str] | Bio.SeqRecord.SeqRecord"  # what one side of a pair may be
+
+
+class PairAligner:
+    """A loaded aligner model and its decoder settings.
+
+    Args:
+      model: a model directory (``pfamalign train``'s ``RUN`` or ``RUN/model``, an ensemble,
+        a ``pfamalign compile`` output) or a shipped model's name; None: the default model.
+      weights: ESM-2 weights, for models trained on ESM-2 features.
+      engine, steps: how plans are computed (``sinkhorn``, ``steps`` with ``steps`` plain
+        Sinkhorn steps, ``asap``), as ``pfamalign align --engine``.
+      max_length: longest sequence accepted (residues).
+      max_memory: refuse a pair whose estimated memory is larger: bytes or a size such as
+        ``"8G"``; ``"auto"`` (default) is the command line's default budget; None or 0: none.
+      **decoder: decoder settings overriding the model's ``decoding.json``, named as the
+        command line's options without dashes: ``decoder``, ``mode``, ``gap_open``,
+        ``gap_extend``, ``threshold``, ``gap_cost``, ``min_mass``, ``alpha``, ``objective``,
+        ``plan_power``, ``plan_weight``.
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, *, weights=None,
+                 engine: str = "sinkhorn", steps: int | None = None, max_length: int = 4096,
+                 max_memory: int | str | None = "auto", **decoder):
+        from pfamalign import resources
+        from pfamalign.inference import DecoderSettings, Predictor
+
+        if max_memory == "auto":
+            budget = resources.default_budget()
+        elif isinstance(max_memory, str):
+            budget = resources.parse_size(max_memory)
+        else:
+            budget = max_memory
+        self.predictor = Predictor(model, weights=weights, max_length=max_length, max_memory=budget,
+                                   engine=engine, steps=steps)
+        self.decoding: DecoderSettings = self.predictor.decoding.override(**decoder)
+        self.provenance: dict = self.predictor.provenance(self.decoding)
+
+    def align(self, seq_a: Sequence, seq_b: Sequence) -> AlignmentRecord:
+        """One pair. Each side is a sequence string, an ``(id, sequence)`` tuple or an object
+        with ``id`` and ``seq`` (a Biopython ``SeqRecord``). Raises ValueError naming the pair
+        when it cannot be aligned (not protein, empty, too long, over the memory budget)."""
+        named = [(default, x) if isinstance(x, str) else x
+                 for default, x in (("seq_a", seq_a), ("seq_b", seq_b))]  # as `pfamalign align A B`
+        return next(self.align_many([named]))
+
+    def align_many(self, pairs: Iterable[tuple[Sequence, Sequence]]) -> Iterator[AlignmentRecord]:
+        """The alignments of ``pairs``, in order, computed in batches as they stream in (items as
+        in ``align``). The first pair that cannot be aligned raises ValueError, naming it
+        (``pair N``, 1-based, and its ids) once the pairs before it are yielded. Sequence
+        strings get the ids of a ``--pairs`` file's line N: ``pairN_a``, ``pairN_b``."""
+        from pfamalign.batch import BatchErrors, aligned
+        from pfamalign.inputs import BadRecord, bare_pair
+
+        def record(n: int, a, b) -> dict:
+            (id_a, sa), (id_b, sb) = _side(a, f"pair{n}_a", n), _side(b, f"pair{n}_b", n)
+            return {**bare_pair(id_a, sa, id_b, sb), "where": f"pair {n} ({id_a} vs {id_b})"}
+
+        records = (record(n, *pair) for n, pair in enumerate(pairs, start=1))
+        # not strict: a bad record comes out in its place, after the pairs read before it
+        errors = BatchErrors(stream=io.StringIO())  # raised here, not printed
+        for item in aligned(self.predictor, records, self.decoding, errors):
+            if isinstance(item, BadRecord):
+                raise item
+            yield item[1]
+
+    def format(self, aln: AlignmentRecord, fmt: str = "text") -> str:
+        """``aln`` as ``pfamalign align -f FMT`` writes one pair, with this aligner's provenance
+        in the formats that carry it."""
+        return aln.format(fmt, provenance=self.provenance)
+
+
+def _side(item, default_id: str, n: int) -> tuple[str, str]:
+    """``(id, sequence)`` of one side of pair ``n``."""
+    if isinstance(item, str):
+        return default_id, item
+    if hasattr(item, "id") and hasattr(item, "seq"):  # a Biopython SeqRecord
+        return str(item.id), str(item.seq)
+    if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        return item
+    raise TypeError(f"pair {n}: each side is a sequence string, an (id, sequence) tuple or a "
+                    f"SeqRecord, got {type(item).__name__}")
+
+
+@functools.lru_cache(maxsize=1)
+def _default_aligner() -> PairAligner:
+    return PairAligner()
+
+
+def align(seq_a: Sequence, seq_b: Sequence, **settings) -> AlignmentRecord:
+    """One pair with the default model (loaded once per process and kept) or, given
+    ``settings`` (``PairAligner``'s arguments), with an aligner made for this call."""
+    aligner = PairAligner(**settings) if settings else _default_aligner()
+    return aligner.align(seq_a, seq_b)

@@ -1,0 +1,128 @@
+"""The Python API (``pfamalign.align``, ``pfamalign.PairAligner``): the same bytes as
+``pfamalign align`` for the same pairs, the ids each kind of input gets, and errors that name
+the pair or the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import pfamalign
+from pfamalign.alignment import formats
+from pfamalign.cli import main
+from pfamalign.commands import align as align_command
+
+PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
+PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
+SH3_A = "ALYDYEARTEDDLSFHKGEKFQILNSSEGDWWEARSLTTGETGYIPSNYVAPV"
+SH3_B = "KVVALYDYMPMNANDLQLRKGDEYFILEESNLPWWRARDKNGQEGYIPSNYVTEA"
+
+
+@pytest.fixture(scope="module")
+def aligner():
+    return pfamalign.PairAligner()
+
+
+def cli(*args) -> str:
+    res = CliRunner().invoke(main, ["align", *args, "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.mark.parametrize("fmt", list(formats.ONE_PAIR))
+def test_one_pair_prints_what_the_command_prints(aligner, fmt):
+    aln = aligner.align(PDZ_A, PDZ_B)
+    assert (aln.id_a, aln.id_b) == ("seq_a", "seq_b")  # as `pfamalign align A B` names them
+    assert aligner.format(aln, fmt) == cli(PDZ_A, PDZ_B, "-f", fmt)
+
+
+def test_many_pairs_print_what_a_pairs_file_prints(aligner, tmp_path):
+    pairs = [(PDZ_A, PDZ_B), (SH3_A, SH3_B), (PDZ_A, SH3_B)]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{a}\t{b}\n" for a, b in pairs))
+    alns = list(aligner.align_many(iter(pairs)))  # any iterable: streamed
+    assert [(r.id_a, r.id_b) for r in alns] == [(f"pair{n}_a", f"pair{n}_b") for n in (1, 2, 3)]
+    assert "".join(aligner.format(r, "json") for r in alns) == cli("--pairs", tsv, "-f", "json")
+
+
+def test_sides_may_be_named_tuples_or_seqrecords(aligner):
+    from Bio.Seq import Seq
+    from Bio.SeqRecord import SeqRecord
+
+    plain = aligner.align(SH3_A, SH3_B)
+    named = aligner.align(("sh3_1", SH3_A), SeqRecord(Seq(SH3_B), id="sh3_2"))
+    assert (named.id_a, named.id_b) == ("sh3_1", "sh3_2")
+    np.testing.assert_array_equal(named.pairs, plain.pairs)
+    assert named.gapped() == plain.gapped()
+    with pytest.raises(TypeError, match="pair 1: each side is a sequence string"):
+        aligner.align(SH3_A, 42)
+
+
+def test_a_bad_pair_is_named_after_the_pairs_before_it(aligner):
+    out = []
+    with pytest.raises(ValueError, match=r"pair 2 \(pair2_a vs pair2_b\): .*pair2_b"):
+        for aln in aligner.align_many([(PDZ_A, PDZ_B), (PDZ_A, "PEVRL1VELER"), (SH3_A, SH3_B)]):
+            out.append(aln)
+    assert [r.id_a for r in out] == ["pair1_a"]
+    with pytest.raises(ValueError, match=r"pair 1 \(seq_a vs seq_b\): seq_b is empty"):
+        aligner.align(PDZ_A, "")
+
+
+def test_decoder_settings_override_the_models_and_bad_names_are_refused():
+    local = pfamalign.PairAligner(mode="local", gap_cost=0.1)
+    assert (local.decoding.mode, local.decoding.gap_cost) == ("local", 0.1)
+    assert local.provenance["decoder"]["mode"] == "local"
+    assert local.format(local.align(PDZ_A, PDZ_B), "text") == cli(PDZ_A, PDZ_B, "--mode", "local",
+                                                                  "--gap-cost", "0.1")
+    with pytest.raises(TypeError, match="unknown decoder setting.*gap_opn.*choose from.*gap_open"):
+        pfamalign.PairAligner(gap_opn=3.0)
+    with pytest.raises(ValueError, match="expected a size"):
+        pfamalign.PairAligner(max_memory="lots")
+    tight = pfamalign.PairAligner(max_memory="1M")
+    with pytest.raises(ValueError, match="pair 1 .*memory"):
+        tight.align(PDZ_A, PDZ_B)
+
+
+def test_the_module_level_align_keeps_one_default_aligner():
+    first = pfamalign.align(PDZ_A, PDZ_B)
+    again = pfamalign.align(PDZ_A, PDZ_B)
+    np.testing.assert_array_equal(first.pairs, again.pairs)
+    from pfamalign import pairwise
+
+    assert pairwise._default_aligner.cache_info().currsize == 1
+    assert pfamalign.align(PDZ_A, PDZ_B, mode="local").format("text").count("seq_a") >= 1
+
+
+def test_record_format_names_are_the_commands():
+    assert align_command.FORMATS == tuple(formats.ONE_PAIR)  # the help's literal list
+    aln = formats.AlignmentRecord("ACDE", "ACE", np.array([[0, 0], [1, 1], [3, 2]]))
+    assert aln.format("fasta") == ">seq_a\nACDE\n>seq_b\nAC-E\n"
+    assert aln.format("cigar") == "2M1D1M\n"
+    with pytest.raises(ValueError, match="unknown format 'pair_block'; choose from text, emboss"):
+        aln.format("pair_block")
+
+
+def test_importing_the_package_loads_no_jax():
+    probe = "import sys, pfamalign; pfamalign.__version__; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        pfamalign.nothing
+
+
+def test_the_readmes_python_example_runs(tmp_path):
+    import io
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    out = io.StringIO()
+    exec(code, {"pairs": [(PDZ_A, PDZ_B), (SH3_A, SH3_B)], "out": out})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all('"id_a": "pair' in line for line in lines)
