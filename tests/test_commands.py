@@ -533,20 +533,29 @@ def _parse(args: list[str]):
     return cmd
 
 
-@pytest.mark.parametrize("command", [[], ["prepare"], ["prepare", "shards"], ["train"], ["compile"]])
+def _readme_commands() -> str:
+    """The README's bash blocks."""
+    import re
+
+    return "\n".join(re.findall(r"```bash\n(.*?)```", (ROOT.parent / "README.md").read_text(), re.S))
+
+
+@pytest.mark.parametrize("command", [[], ["prepare"], ["prepare", "shards"], ["train"], ["compile"],
+                                     "README"])
 def test_help_examples_are_valid_invocations(command, model_dir, dataset, tmp_path, monkeypatch):
-    """Every example of these helps parses, in a directory holding the files it names; a train
-    example names --config (a new run needs it)."""
+    """Every example of these helps, and every command line of the README, parses in a
+    directory holding the files it names; a train example names --config (a new run needs it)."""
     monkeypatch.chdir(tmp_path)
     for name in ("data", "data_b62_1k"):
         (tmp_path / name).symlink_to(dataset, target_is_directory=True)
-    for name in ("compiled", "runs/x/model"):
+    for name in ("compiled", "runs/x/model", "runs/ac/model", "runs/ceta/model", "runs/align_ce/model"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).symlink_to(model_dir, target_is_directory=True)
     (tmp_path / "stockholm").mkdir()
-    for name in ("Pfam-A.seed.gz", "query.fasta", "db.fasta"):
+    for name in ("Pfam-A.seed.gz", "query.fasta", "db.fasta", "pairs.tsv"):
         (tmp_path / name).write_text("")
-    examples = _help_examples(run([*command, "--help"]).output)
+    text = _readme_commands() if command == "README" else run([*command, "--help"]).output
+    examples = _help_examples(text)
     assert examples, command
     for args in examples:
         assert _parse(args) is not None, args
