@@ -9,6 +9,8 @@
     aligner = pfamalign.PairAligner(mode="local")      # a model and decoder loaded once
     for aln in aligner.align_many(records):            # (a, b) items, batched as the CLI does
         print(aligner.format(aln, "json"), end="")
+    for result in aligner.search(queries, database):   # `pfamalign search`: ranked hits
+        print(result.query.id, [(h.record.id_b, h.columns["evalue"]) for h in result.hits])
 
 A ``PairAligner`` runs the same batch path as the command line (``batch.aligned`` over
 ``Predictor.align_records``), so it prints byte for byte what ``pfamalign align`` prints for the
@@ -20,9 +22,12 @@ from __future__ import annotations
 import functools
 import io
 import os
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pfamalign.alignment.formats import AlignmentRecord
+
+if TYPE_CHECKING:
+    from pfamalign.search import QueryResult
 
 __all__ = ["PairAligner", "align", "AlignmentRecord"]
 
@@ -92,22 +97,58 @@ class PairAligner:
                 raise item
             yield item[1]
 
+    def search(self, queries: Iterable[Sequence], database: Iterable[Sequence] | None = None, *,
+               evalue: float | None = 10.0, max_hits: int | None = 500, decoys: int = 50,
+               seed: int = 0) -> Iterator["QueryResult"]:
+        """``pfamalign search`` (same defaults): one ``search.QueryResult`` per query, in
+        order, its ``hits`` best first, each with its ``record`` (an ``AlignmentRecord``),
+        ``score`` and BLAST ``columns`` (``evalue``, ``bitscore``, ``pident``, ...). No
+        ``database``: all against all of ``queries``, none against itself. Items as in
+        ``align``; sequence strings get ids ``query1``, ``query2``, ... and ``subject1``, ...
+        A sequence that cannot be searched raises ValueError naming it, before any work."""
+        from pfamalign import search as lib
+        from pfamalign.batch import BatchErrors
+        from pfamalign.inputs import FastaRecord
+        from pfamalign.residues import normalize_sequence
+
+        def records(items, role: str) -> list:
+            out = []
+            for n, item in enumerate(items, start=1):
+                name, seq = _side(item, f"{role}{n}", n, what=f"{role} {n}")
+                where = f"{role} {n} ({name})"
+                try:  # residues checked as the FASTA reader checks them
+                    out.append(FastaRecord(name, normalize_sequence(seq, name=name), where))
+                except ValueError as err:
+                    raise ValueError(f"{where}: {err}") from None
+            return out
+
+        errors = BatchErrors(strict=True)  # a bad sequence raises (its BadRecord: a ValueError)
+        query_records = lib.usable_records(records(queries, "query"), self.predictor, errors)
+        db = (query_records if database is None
+              else lib.usable_records(records(database, "subject"), self.predictor, errors))
+        if not query_records:
+            raise ValueError("no query sequences")
+        yield from lib.search(self.predictor, query_records, db, self.decoding, errors,
+                              all_vs_all=database is None, decoys=decoys, max_hits=max_hits,
+                              evalue=evalue, seed=seed)
+
     def format(self, aln: AlignmentRecord, fmt: str = "text") -> str:
         """``aln`` as ``pfamalign align -f FMT`` writes one pair, with this aligner's provenance
         in the formats that carry it."""
         return aln.format(fmt, provenance=self.provenance)
 
 
-def _side(item, default_id: str, n: int) -> tuple[str, str]:
-    """``(id, sequence)`` of one side of pair ``n``."""
+def _side(item, default_id: str, n: int, *, what: str | None = None) -> tuple[str, str]:
+    """``(id, sequence)`` of one side of pair ``n`` (or of the sequence called ``what``)."""
     if isinstance(item, str):
         return default_id, item
     if hasattr(item, "id") and hasattr(item, "seq"):  # a Biopython SeqRecord
         return str(item.id), str(item.seq)
     if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
         return item
-    raise TypeError(f"pair {n}: each side is a sequence string, an (id, sequence) tuple or a "
-                    f"SeqRecord, got {type(item).__name__}")
+    kind = "each side" if what is None else "each item"
+    raise TypeError(f"{what or f'pair {n}'}: {kind} is a sequence string, an (id, sequence) "
+                    f"tuple or a SeqRecord, got {type(item).__name__}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -123,6 +123,53 @@ def test_the_readmes_python_example_runs(tmp_path):
     section = readme.split("## Python API", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     out = io.StringIO()
-    exec(code, {"pairs": [(PDZ_A, PDZ_B), (SH3_A, SH3_B)], "out": out})
+    exec(code, {"pairs": [(PDZ_A, PDZ_B), (SH3_A, SH3_B)], "out": out, "queries": [("pdz", PDZ_A)],
+                "database": [("pdz_b", PDZ_B), ("sh3_b", SH3_B)]})
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and all('"id_a": "pair' in line for line in lines)
+
+
+def _seed_records(n_per_family: int = 4) -> list[tuple[str, str]]:
+    import pathlib
+
+    from Bio import SeqIO
+
+    out = []
+    for path in sorted((pathlib.Path(__file__).parent / "data" / "pfam_seed").glob("*.sto"))[:3]:
+        for rec in list(SeqIO.parse(path, "stockholm"))[:n_per_family]:
+            out.append((rec.id.replace("/", "_"), str(rec.seq).replace("-", "").replace(".", "").upper()))
+    return out
+
+
+def test_search_gives_the_commands_hits(aligner, tmp_path):
+    from pfamalign import search as lib
+
+    records = _seed_records()
+    db = tmp_path / "db.fasta"
+    db.write_text("".join(f">{name}\n{seq}\n" for name, seq in records))
+    queries = tmp_path / "q.fasta"
+    queries.write_text("".join(f">{name}\n{seq}\n" for name, seq in records[::5]))
+
+    def rows(text: str) -> list[str]:
+        return [line for line in text.splitlines(keepends=True) if not line.startswith("#")]
+
+    for cli_args, api_args in ((["search", queries, db], (records[::5], records)),
+                               (["search", db, "--all-vs-all", "--evalue", "1"], (records,))):
+        res = CliRunner().invoke(main, [*map(str, cli_args), "--quiet"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        evalue = {"evalue": 1.0} if "--all-vs-all" in cli_args else {}
+        results = list(aligner.search(*api_args, **evalue))
+        assert [r.query.id for r in results] == [name for name, _ in api_args[0]]
+        api_rows = [lib.format_tsv_row(hit.columns) for r in results for hit in r.hits]
+        assert api_rows and api_rows == rows(res.stdout)
+    top = next(aligner.search([records[1]], records)).hits[0]
+    assert top.record.id_b == records[1][0] and top.columns["evalue"] < 1  # itself, first
+
+
+def test_search_names_a_bad_sequence_before_any_work(aligner):
+    with pytest.raises(ValueError, match=r"subject 2 \(subject2\): subject2 has a non-protein character '1'"):
+        list(aligner.search([PDZ_A], [PDZ_B, "PEVRL1"]))
+    with pytest.raises(ValueError, match=r"query 1 \(q\): q is empty"):
+        list(aligner.search([("q", "")], [PDZ_B]))
+    with pytest.raises(TypeError, match="query 1: each item is a sequence string"):
+        list(aligner.search([3], [PDZ_B]))
