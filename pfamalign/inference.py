@@ -26,21 +26,12 @@ from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
                                          plan_log_odds)
 from pfamalign.alignment.pairs import PairAlignment
-from pfamalign.resources import check_align_memory
+from pfamalign.resources import check_align_memory, padded_length
 
 DEFAULT_MODEL = "default_model"
-PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
-LONG_PAD_MULTIPLE = 256  # ... and of this beyond LONG_FROM residues (at most 22 lengths to 4096)
-LONG_FROM = 512
 # a batch is padded up to the next of these: few shapes. Larger batches brought no more
 # pairs/s on the 2-core host (compute-bound; 32 measured no faster than 4 or 8).
 BATCH_SIZES = (1, 2, 4, 8)
-
-
-def padded_length(length: int) -> int:
-    """The bucket of a sequence length: the padded length its pair is computed at."""
-    step = PAD_MULTIPLE if length <= LONG_FROM else LONG_PAD_MULTIPLE
-    return max(step, -(-length // step) * step)
 
 
 def padded_batch(size: int) -> int:

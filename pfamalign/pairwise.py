@@ -45,7 +45,7 @@ class PairAligner:
         Sinkhorn steps, ``asap``), as ``pfamalign align --engine``.
       max_length: longest sequence accepted (residues).
       max_memory: refuse a pair whose estimated memory is larger: bytes or a size such as
-        ``"8G"``; ``"auto"`` (default) is the command line's default budget; None or 0: none.
+        ``"8G"``; 0: no limit; None (default): the command line's default budget.
       **decoder: decoder settings overriding the model's ``decoding.json``, named as the
         command line's options without dashes: ``decoder``, ``mode``, ``gap_open``,
         ``gap_extend``, ``threshold``, ``gap_cost``, ``min_mass``, ``alpha``, ``objective``,
@@ -54,17 +54,12 @@ class PairAligner:
 
     def __init__(self, model: str | os.PathLike | None = None, *, weights=None,
                  engine: str = "sinkhorn", steps: int | None = None, max_length: int = 4096,
-                 max_memory: int | str | None = "auto", **decoder):
+                 max_memory: int | str | None = None, **decoder):
         from pfamalign import resources
         from pfamalign.inference import DecoderSettings, Predictor
 
-        if max_memory == "auto":
-            budget = resources.default_budget()
-        elif isinstance(max_memory, str):
-            budget = resources.parse_size(max_memory)
-        else:
-            budget = max_memory
-        self.predictor = Predictor(model, weights=weights, max_length=max_length, max_memory=budget,
+        self.predictor = Predictor(model, weights=weights, max_length=max_length,
+                                   max_memory=resources.budget(max_memory),
                                    engine=engine, steps=steps)
         self.decoding: DecoderSettings = self.predictor.decoding.override(**decoder)
         self.provenance: dict = self.predictor.provenance(self.decoding)

@@ -195,7 +195,8 @@ def target_records(*, n_pairs: int, repeats: int, seed: int, checkpoint=None) ->
     """One record per target (see the module docstring), ratios against NW in this run."""
     from pfamalign.alignment import numba_jit
     from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
-    from pfamalign.inference import EncodingCache, padded_length
+    from pfamalign.inference import EncodingCache
+    from pfamalign.resources import padded_length
 
     predictor = _predictor(checkpoint)
     # throughput: n_pairs distinct 300 x 300 pairs, after one untimed pass (compilation)

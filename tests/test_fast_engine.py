@@ -109,7 +109,8 @@ def test_numba_posteriors_of_long_pairs_stay_finite():
 
 
 def test_padded_shapes_are_few_and_fit():
-    from pfamalign.inference import BATCH_SIZES, padded_batch, padded_length
+    from pfamalign.inference import BATCH_SIZES, padded_batch
+    from pfamalign.resources import padded_length
 
     lengths = {padded_length(n) for n in range(1, 4097)}
     assert len(lengths) <= 22 and all(padded_length(n) >= n for n in range(1, 4097))

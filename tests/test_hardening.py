@@ -561,6 +561,12 @@ def test_memory_estimate_and_sizes():
     assert 18e9 < resources.estimate_align_bytes(20000, 20000) < 22e9
     resources.check_align_memory(20000, 20000, 0)  # 0: no limit
     assert resources.default_budget() > 0
+    # the estimate counts the grid the plan is computed on (520 residues: 768, not 576)
+    pad = resources.padded_length(520)
+    assert pad == 768
+    assert resources.estimate_align_bytes(520, 10) == resources.FIXED_BYTES + resources.BYTES_PER_CELL * pad ** 2
+    assert resources.budget(None) == resources.default_budget()
+    assert (resources.budget("2G"), resources.budget(0), resources.budget(1024)) == (2 << 30, 0, 1024)
 
 
 # ---- 14: loading untrusted weights runs no code ----------------------------------------------

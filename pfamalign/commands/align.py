@@ -133,8 +133,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
         start = time.perf_counter()
         counter = _compile_counter() if verbose else None
-        budget = (resources.default_budget() if max_memory is None
-                  else resources.parse_size(max_memory))
+        budget = resources.budget(max_memory)
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget,
                               engine=engine, steps=steps)
         settings = decoder_settings(predictor.decoding, decoding)
