@@ -44,7 +44,6 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +53,7 @@ from flax import nnx
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
 from pfamalign.kernels import DustbinTokens, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
+from pfamalign.outputs import staged_directory
 
 ENGINES = ("sinkhorn", "steps", "asap")
 FEATURES = ("rowlse", "norm", "spoke", "max")
@@ -713,14 +713,7 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     from pfamalign.checkpoint import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        staged = tmp / "model"
-        shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE))
+    with staged_directory(out, replace=True) as staged:  # check_output_dir allowed any replacing
+        shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
         write_json(staged / OPERATOR_FILE, op.to_dict())
-        if out.exists():
-            os.replace(out, tmp / "old")
-        os.replace(staged, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -40,6 +40,7 @@ import numpy as np
 
 from pfamalign import jsonio
 from pfamalign.inference import ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash
+from pfamalign.outputs import staged_directory
 from pfamalign.tuning import PLAN_POWERS
 
 # each member's power is chosen on validation pairs from these (the decoder grid's, and the
@@ -245,10 +246,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
                                   "power_rows": rows})
     if trained is not None:  # every member's training families known
         record["trained_on"] = {"families": sorted(trained)}
-    work = out.with_name(out.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+    with staged_directory(out) as work:
         for member, model in zip(members, models):
             shutil.copytree(model, work / member.path)
         if (models[0] / MODEL_FILE).is_file():
@@ -258,8 +256,4 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
         record["decoder"] = tuning.choose_decoder(work, data, split=split, seed=seed,
                                                   max_pairs=max_pairs if tune_decoder else None)
         write_training_record(work, {"ensemble": True, "split": split, "n_pairs": len(records), **record})
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return record

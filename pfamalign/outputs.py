@@ -15,6 +15,7 @@ import contextlib
 import fnmatch
 import os
 import pathlib
+import shutil
 import sys
 from typing import IO, Iterable, Iterator
 
@@ -47,8 +48,9 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
 
 
 # Every temporary name starts with "." and holds ".tmp": ``temporary_path``'s
-# ``.STEM.PID.tmp.SUFFIX``, the pipelines' fixed ``.NAME.tmp`` and older runs' ``.NAME.PID.tmp``;
-# what cleans or reports stray temporaries matches this pattern.
+# ``.STEM.PID.tmp.SUFFIX`` (files and ``staged_directory``'s directories), the pipelines' fixed
+# ``.NAME.tmp`` and older runs' ``.NAME.PID.tmp``; what cleans or reports stray temporaries
+# matches this pattern.
 TEMPORARY_GLOB = ".*.tmp*"
 
 
@@ -82,6 +84,27 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pathlib.Path]:
+    """Yields an empty directory beside ``out``, under a temporary name (``temporary_path``, so
+    what reports strays sees one left by a killed process), to fill; renames it onto ``out``
+    when the block succeeds and removes it when it fails: an output directory is never half
+    written. ``replace``: an existing ``out`` is swapped out (else the rename fails on it)."""
+    out = pathlib.Path(out)
+    work = temporary_path(out)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    old = work.with_name(work.name + ".old")
+    try:
+        yield work
+        if replace and out.exists():
+            os.replace(out, old)
+        os.replace(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -61,3 +61,25 @@ def test_every_temporary_name_is_matched_by_the_cleaning_pattern(tmp_path):
     records.write_text(tmp_path / "sub.txt", "hello\n")
     assert (tmp_path / "sub.txt").read_text() == "hello\n"
     assert len(list(tmp_path.glob(TEMPORARY_GLOB))) == len(names + legacy)
+
+
+def test_a_staged_directory_appears_whole_or_not_at_all(tmp_path):
+    from pfamalign.outputs import staged_directory
+
+    out = tmp_path / "model"
+    with pytest.raises(RuntimeError):
+        with staged_directory(out) as work:
+            assert is_temporary(work.name) and work.parent == tmp_path  # a killed run's is a stray
+            (work / "config.json").write_text("{}")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor the stage
+    with staged_directory(out) as work:
+        (work / "config.json").write_text("1")
+    assert (out / "config.json").read_text() == "1" and list(tmp_path.iterdir()) == [out]
+    with pytest.raises(OSError):  # an existing OUT is not replaced unless asked
+        with staged_directory(out) as work:
+            (work / "config.json").write_text("2")
+    assert (out / "config.json").read_text() == "1" and list(tmp_path.iterdir()) == [out]
+    with staged_directory(out, replace=True) as work:
+        (work / "other.json").write_text("3")
+    assert [p.name for p in out.iterdir()] == ["other.json"] and list(tmp_path.iterdir()) == [out]
