@@ -1,7 +1,10 @@
 """The transport op: banded tail-refinement Sinkhorn with the exact one-reference-tile adjoint.
 
-``transport`` is the one public entry point; ``TransportConfig`` holds its settings. See
-``sinkhorn.py`` for the maths and ``band.py`` for the tiled layout.
+``transport`` is the op (outputs, gradients, potentials); ``TransportConfig`` holds its
+settings. ``transport_plan`` gives the op's dense plan for inspection and decoding, and
+``scaling_transport_plan`` / ``scaling_plan_of_scores`` the inference plan computed in the
+scaling domain (``scaling.py``, checked against the reference). See ``sinkhorn.py`` for the
+maths and ``band.py`` for the tiled layout.
 """
 
 from pfamalign.kernels.api import (Potentials, TransportResult, scaling_plan_of_scores, scaling_transport_plan,

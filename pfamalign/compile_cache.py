@@ -79,19 +79,19 @@ class CompileCounter:
     def __init__(self):
         import jax
 
-        self.loaded = self.cached = 0
+        self.executables = self.cached = 0  # every one built or loaded; of those, loaded
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)
 
     def _on_duration(self, event: str, duration: float, **kwargs) -> None:
-        self.loaded += event == _BACKEND_COMPILE
+        self.executables += event == _BACKEND_COMPILE
 
     def _on_event(self, event: str, **kwargs) -> None:
         self.cached += event == _CACHE_HIT
 
     @property
     def compiled(self) -> int:
-        return self.loaded - self.cached
+        return self.executables - self.cached
 
     def close(self) -> None:
         from jax._src import monitoring  # the public module has no unregister

@@ -491,7 +491,7 @@ def _reliability_panel(ax, tables: dict) -> None:
 
 
 def plot(summary: dict, path) -> pathlib.Path:
-    """``figure`` written as a PNG (atomically)."""
+    """``figure`` written atomically, in the format of ``path``'s extension."""
     from pfamalign.outputs import atomic_path
 
     with atomic_path(path) as tmp:

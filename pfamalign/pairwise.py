@@ -24,6 +24,7 @@ import io
 import os
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+from pfamalign import search as search_lib
 from pfamalign.alignment.formats import AlignmentRecord
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ class PairAligner:
             yield item[1]
 
     def search(self, queries: Iterable[Sequence], database: Iterable[Sequence] | None = None, *,
-               evalue: float | None = 10.0, max_hits: int | None = 500, decoys: int = 50,
+               evalue: float | None = search_lib.DEFAULT_EVALUE,
+               max_hits: int | None = search_lib.DEFAULT_MAX_HITS, decoys: int = search_lib.DEFAULT_DECOYS,
                seed: int = 0) -> Iterator["QueryResult"]:
         """``pfamalign search`` (same defaults): one ``search.QueryResult`` per query, in
         order, its ``hits`` best first, each with its ``record`` (an ``AlignmentRecord``),
@@ -101,7 +103,6 @@ class PairAligner:
         ``database``: all against all of ``queries``, none against itself. Items as in
         ``align``; sequence strings get ids ``query1``, ``query2``, ... and ``subject1``, ...
         A sequence that cannot be searched raises ValueError naming it, before any work."""
-        from pfamalign import search as lib
         from pfamalign.batch import BatchErrors
         from pfamalign.inputs import FastaRecord
         from pfamalign.residues import normalize_sequence
@@ -118,12 +119,12 @@ class PairAligner:
             return out
 
         errors = BatchErrors(strict=True)  # a bad sequence raises (its BadRecord: a ValueError)
-        query_records = lib.usable_records(records(queries, "query"), self.predictor, errors)
+        query_records = search_lib.usable_records(records(queries, "query"), self.predictor, errors)
         db = (query_records if database is None
-              else lib.usable_records(records(database, "subject"), self.predictor, errors))
+              else search_lib.usable_records(records(database, "subject"), self.predictor, errors))
         if not query_records:
             raise ValueError("no query sequences")
-        yield from lib.search(self.predictor, query_records, db, self.decoding, errors,
+        yield from search_lib.search(self.predictor, query_records, db, self.decoding, errors,
                               all_vs_all=database is None, decoys=decoys, max_hits=max_hits,
                               evalue=evalue, seed=seed)
 

@@ -56,6 +56,8 @@ BLAST_FIELD_NAMES = {
     "sstart": "s. start", "send": "s. end", "evalue": "evalue", "bitscore": "bit score"}
 BLAST_COLUMNS = tuple(BLAST_FIELD_NAMES)
 DEFAULT_DECOYS = 50
+DEFAULT_EVALUE = 10.0  # hits reported up to this E-value, at most DEFAULT_MAX_HITS per query
+DEFAULT_MAX_HITS = 500
 MIN_DECOYS = 10  # fewer cannot pin down two parameters
 
 

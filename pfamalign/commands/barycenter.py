@@ -14,7 +14,8 @@ from pfamalign.commands._common import (check_figure, check_outputs, fail, pair_
 @click.command()
 @pair_input_options
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="PNG: barycenter of each query row against its target column.")
+              help="Figure (format from the extension: .png, .svg, .pdf, ...): barycenter of each query row "
+                   "against its target column.")
 @click.option("--tsv", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the per-row table as TSV here.")
 def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, plot, tsv):

@@ -26,7 +26,8 @@ from pfamalign.commands._common import (Number, check_figure, check_outputs, fai
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write every certificate (per block, per R) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="PNG: contraction per block, bias vs R, tail mass per row.")
+              help="Figure (format from the extension: .png, .svg, .pdf, ...): contraction per block, bias "
+                   "vs R, tail mass per row.")
 def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, tail_depths, tol,
             perturbation, score_noise, block_rows, json_out, plot):
     """Certificates of the transport plan of one pair (seed paper §§ 4-5).

@@ -38,7 +38,8 @@ from pfamalign.commands._common import (DatasetDirectory, check_figure, check_ou
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the full results (every number, with intervals) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="PNG of F1 by identity bin per method, beside the model's reliability curve.")
+              help="Figure (format from the extension: .png, .svg, .pdf, ...) of F1 by identity bin per "
+                   "method, beside the model's reliability curve.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @strict_option
 @click.pass_context

@@ -7,6 +7,7 @@ import pathlib
 import click
 
 from pfamalign import inputs
+from pfamalign import search as lib  # the defaults, one place (numpy: only this command loads it)
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
                                        fail)
@@ -17,11 +18,12 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @click.argument("database", required=False)
 @click.option("--all-vs-all", is_flag=True,
               help="Search every sequence of QUERY against all the others (no DATABASE).")
-@click.option("--max-hits", type=click.IntRange(min=1), default=500, show_default=True,
+@click.option("--max-hits", type=click.IntRange(min=1), default=lib.DEFAULT_MAX_HITS, show_default=True,
               help="Report at most this many hits per query (the best).")
-@click.option("--evalue", type=Number(min=0, finite=False), default=10.0, show_default=True,
+@click.option("--evalue", type=Number(min=0, finite=False), default=lib.DEFAULT_EVALUE, show_default=True,
               help="Report hits with an E-value at most this.")
-@click.option("--decoys", type=click.IntRange(min=10), default=50, show_default=True,
+@click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS), default=lib.DEFAULT_DECOYS,
+              show_default=True,
               help="Shuffled decoys aligned per query for the E-value fit.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "blast6", "blast7", "json"]), default="tsv",
@@ -77,7 +79,6 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     """
     import json
 
-    from pfamalign import search as lib
     from pfamalign.alignment.formats import to_json
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor

@@ -10,4 +10,5 @@ class OptionsError(TrainingError):
 
 
 class NonFiniteLoss(TrainingError):
-    """The loss or the gradient became NaN / inf; nothing was saved for that step."""
+    """The loss, the gradient, the parameters or the optimiser state became NaN / inf; nothing
+    was saved for that step."""
