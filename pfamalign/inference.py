@@ -35,6 +35,18 @@ DEFAULT_MODEL = "default_model"
 BATCH_SIZES = (1, 2, 4, 8)
 
 
+def bucketed_batches(lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """``(padded length, indices)`` batches of the pairs whose longer sequences have these
+    ``lengths``: grouped by bucket (``padded_length``, in order of first appearance), at most
+    ``BATCH_SIZES[-1]`` pairs each."""
+    buckets: dict[int, list[int]] = {}
+    for n, length in enumerate(lengths):
+        buckets.setdefault(padded_length(length), []).append(n)
+    size = BATCH_SIZES[-1]
+    return [(pad, members[start: start + size]) for pad, members in buckets.items()
+            for start in range(0, len(members), size)]
+
+
 def padded_batch(size: int) -> int:
     """The batch size a batch of ``size`` pairs is computed at (extra slots repeat a pair)."""
     return next((b for b in BATCH_SIZES if b >= size), -(-size // BATCH_SIZES[-1]) * BATCH_SIZES[-1])
@@ -658,18 +670,13 @@ class Predictor:
         from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
         out: list = [None] * len(seq_pairs)
-        buckets: dict[int, list[int]] = {}
-        for n, (a, b) in enumerate(seq_pairs):
-            buckets.setdefault(padded_length(max(len(a), len(b))), []).append(n)
-        for pad, members in buckets.items():
-            for start in range(0, len(members), BATCH_SIZES[-1]):
-                chunk = members[start: start + BATCH_SIZES[-1]]
-                padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
-                tables = None if log_emissions is None else [log_emissions[n] for n in padded]
-                posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
-                                                 local=mode == "local", log_emissions=tables)
-                for n, post in zip(chunk, posts):
-                    out[n] = post
+        for pad, chunk in bucketed_batches([max(len(a), len(b)) for a, b in seq_pairs]):
+            padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
+            tables = None if log_emissions is None else [log_emissions[n] for n in padded]
+            posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
+                                             local=mode == "local", log_emissions=tables)
+            for n, post in zip(chunk, posts):
+                out[n] = post
         return out
 
     def plan_posteriors(self, seq_pairs: Sequence[tuple[str, str]], plans: Sequence[PairPlan],
@@ -683,12 +690,7 @@ class Predictor:
 
     def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
         done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
-        buckets: dict[int, list[int]] = {}
-        for n, pair in enumerate(pairs):
-            longest = max(len(pair["q_seq"]), len(pair["k_seq"]))
-            buckets.setdefault(padded_length(longest), []).append(n)
-        batches = [(pad, members[start: start + BATCH_SIZES[-1]]) for pad, members in buckets.items()
-                   for start in range(0, len(members), BATCH_SIZES[-1])]
+        batches = bucketed_batches([max(len(pair["q_seq"]), len(pair["k_seq"])) for pair in pairs])
         sequences = [[(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk] for _, chunk in batches]
         # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
         # threads while another computes the plans and this thread decodes (jax and numba
