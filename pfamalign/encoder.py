@@ -481,19 +481,19 @@ class TransformerEncoder(nnx.Module):
 # certificates of the encoder (``pfamalign certify``: ``encoder.layers[i]``)
 # ---------------------------------------------------------------------------------------------
 
-LOCKED = 0.9999  # a row is locked when its largest weight reaches this
-
-
 def layer_report(encoder: TransformerEncoder, feats: list) -> list[dict]:
     """Per layer, over the sequences ``feats`` (each ``[L, D]``): the attention kind and the
     diagnostics of its weights (JSON-ready). CETA: ``sender_error`` (max |row sum - 1|) and
     ``receiver_error`` (max |column sum - 1|) of the plan; softmax and gsa (row softmaxes):
     ``receiver_imbalance`` ``||A^T 1 - 1||_inf``, ``tail_mass_median`` (median over rows of
-    ``1 - max_j A_ij``) and ``locked_fraction`` (rows with ``max_j A_ij >= 0.9999``); gsa also the
-    ``k`` used per sequence and ``local_share`` (selected keys inside the local window, of all
-    selected); Cayley mixing: ``cayley_orthogonality_error`` (max ``|M^T M - I|``) and
-    ``stream_spread`` (max over residues of the streams' distance to their mean, relative to
-    the mean's norm)."""
+    ``1 - max_j A_ij``) and ``locked_fraction`` (rows with ``max_j A_ij >= 0.9999``), computed by
+    ``pfamalign.alignment.certificates`` (``receiver_mass_imbalance``, ``tail_mass``,
+    ``locked_fraction``); gsa also the ``k`` used per sequence and ``local_share`` (selected keys
+    inside the local window, of all selected); Cayley mixing: ``cayley_orthogonality_error``
+    (max ``|M^T M - I|``) and ``stream_spread`` (max over residues of the streams' distance to
+    their mean, relative to the mean's norm)."""
+    from pfamalign.alignment import certificates as cert
+
     cfg = encoder.cfg
     lens = np.array([len(f) for f in feats], np.int32)
     x = np.zeros((len(feats), int(lens.max()), feats[0].shape[1]), np.float32)
@@ -507,12 +507,13 @@ def layer_report(encoder: TransformerEncoder, feats: list) -> list[dict]:
         rows = [(n, plan[n, :, : lens[n], : lens[n]]) for n in range(len(feats))] if plan is not None else []
         if cfg.attention == "ceta":
             entry["sender_error"] = max(float(np.abs(p.sum(-1) - 1).max()) for _, p in rows)
-            entry["receiver_error"] = max(float(np.abs(p.sum(-2) - 1).max()) for _, p in rows)
+            entry["receiver_error"] = max(cert.receiver_mass_imbalance(p) for _, p in rows)
         elif rows:
             pmax = np.concatenate([p.max(-1).ravel() for _, p in rows])
-            entry["receiver_imbalance"] = max(float(np.abs(p.sum(-2) - 1).max()) for _, p in rows)
-            entry["tail_mass_median"] = float(np.median(1 - pmax))
-            entry["locked_fraction"] = float(np.mean(pmax >= LOCKED))
+            entry["receiver_imbalance"] = max(cert.receiver_mass_imbalance(p) for _, p in rows)
+            entry["tail_mass_median"] = float(np.median(
+                np.concatenate([cert.tail_mass(p).ravel() for _, p in rows])))
+            entry["locked_fraction"] = cert.locked_fraction(pmax)
         if "selected" in info:
             sel = np.asarray(info["selected"])
             pos = np.arange(sel.shape[-1])

@@ -31,7 +31,6 @@ Lengths are padded up to a multiple of ``pad_multiple`` (q and k to the same len
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -165,21 +164,6 @@ class EmbeddingSource(_ArrayRecordFiles):
 
     def __getitem__(self, index: int) -> np.ndarray:
         return np.asarray(self.record(index)["emb"], dtype=np.float32)
-
-    @functools.cached_property
-    def _by_hash(self) -> dict[str, int]:
-        with open(self.path / "embeddings" / "index.tsv") as f:
-            next(f)
-            return {h: int(i) for h, _, i in (line.split("\t") for line in f)}
-
-    def by_hash(self, seq_hash: str) -> np.ndarray:
-        """The embedding of a residue string by its hash (``records.seq_hash``)."""
-        return self[self._by_hash[seq_hash]]
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state.pop("_by_hash", None)
-        return state
 
 
 class PairSource(_ArrayRecordFiles):

@@ -318,6 +318,19 @@ def test_layer_report_states_the_layers_certificates(attention, residual):
     feats = [np.asarray(_feat(b=1, l=n, seed=n)[0]) for n in (19, 11)]
     layers = enc.layer_report(model.encoder, feats)
     assert [entry["layer"] for entry in layers] == [0, 1]
+    x = np.zeros((2, 19, D), np.float32)
+    for n, f in enumerate(feats):
+        x[n, : len(f)] = f
+    _, _, infos = model.encoder.streams(jnp.asarray(x), jnp.array([19, 11]), trace=True)
+    for entry, info in zip(layers, infos):  # the row-softmax diagnostics, computed directly
+        if attention == "ceta":
+            continue
+        plans = [np.asarray(info["plan"], np.float64)[n, :, :ln, :ln] for n, ln in enumerate((19, 11))]
+        pmax = np.concatenate([p.max(-1).ravel() for p in plans])
+        assert entry["receiver_imbalance"] == pytest.approx(
+            max(np.abs(p.sum(-2) - 1).max() for p in plans), rel=1e-12)
+        assert entry["tail_mass_median"] == pytest.approx(np.median(1 - pmax), rel=1e-12)
+        assert entry["locked_fraction"] == np.mean(pmax >= 0.9999)
     for entry in layers:
         assert entry["attention"] == attention
         if attention == "ceta":  # the last step balances the columns exactly, rows to T=15

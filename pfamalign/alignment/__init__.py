@@ -10,7 +10,8 @@ Submodules (import what you need; ``plots`` pulls in matplotlib):
 * ``metrics``       -- aligned-pair P/R/F1 (micro, macro, bootstrap, identity bins), plan metrics
 * ``formats``       -- pair text, aligned FASTA, Stockholm, CIGAR, JSON
 * ``plots``         -- plan heatmap with marginals and path, barycenter plot
-* ``certificates``  -- contraction, receiver-mass, score-perturbation and tail-mass certificates
+* ``certificates``  -- contraction, receiver-mass, tail-mass, plan and softmax perturbation
+                       certificates (docs/design.md §6)
 """
 
 from pfamalign.alignment.baselines import diagonal_pairs, needleman_wunsch, smith_waterman

@@ -18,16 +18,14 @@ Projective contraction (seed paper, Prop. 4)
     reported with ``strictly_positive=False`` and no bound (``Delta = inf``, ``rho_H = 1``).
 
 Conservative transport
-    * receiver-mass imbalance ``||A^T 1 - 1||_inf``: the largest deviation of a column's
-      received mass from 1, for a plan or a row-softmax attention matrix ``A [..., n, m]``.
-    * score perturbation: ``P(S) = row_softmax(S / tau)``; for ``S, T [n, m]``,
-      ``||P(S) - P(T)||_1 <= (n / tau) ||S - T||_inf`` with the entrywise norms (sum of absolute
-      values; largest absolute entry). Per row, softmax at temperature tau is
-      ``1/tau``-Lipschitz from l_inf to l_1 (its Jacobian ``(diag p - p p^T) / tau`` has
-      l_inf -> l_1 norm ``max_A 4 p(A)(1 - p(A)) / tau <= 1 / tau``); summing over the n rows
-      gives the bound. It applies to the row-normalized softmax only, not to a Sinkhorn plan.
+    Receiver-mass imbalance ``||A^T 1 - 1||_inf``: the largest deviation of a column's received
+    mass from 1, for a plan or a row-softmax attention matrix ``A [..., n, m]``.
 
-Tail mass (locking diagnostic of the softmax view): ``delta(P)_i = 1 - max_j P_i(j)``.
+Tail mass (locking diagnostic of the softmax view): ``delta(P)_i = 1 - max_j P_i(j)``; a row is
+locked when ``max_j P_i(j) >= LOCKED``.
+
+Perturbation bounds of the transport plan and of the row softmax (docs/design.md §6.3):
+``plan_perturbation`` and ``softmax_rows`` below.
 """
 
 from __future__ import annotations
@@ -140,23 +138,6 @@ def distribution_summary(values) -> dict:
     return out
 
 
-def contraction_table(certificates):
-    """Distribution of ``delta``, ``rho_h``, ``omega``, ``range_bound`` over the strictly
-    positive blocks (of any number of heads / pairs) as a pandas DataFrame: one row per
-    quantity, columns ``count, min, median, p90, max, excluded`` (excluded = blocks that are
-    not strictly positive)."""
-    import pandas as pd
-
-    certs = list(certificates)
-    positive = [c for c in certs if c.strictly_positive]
-    rows = {}
-    for name in ("delta", "rho_h", "omega", "range_bound"):
-        rows[name] = distribution_summary([getattr(c, name) for c in positive])
-        rows[name]["excluded"] = len(certs) - len(positive)
-    return pd.DataFrame.from_dict(rows, orient="index")[
-        ["count", "min", "median", "p90", "max", "excluded"]]
-
-
 # ---------------------------------------------------------------------------------------------
 # Conservative transport, tail mass
 # ---------------------------------------------------------------------------------------------
@@ -176,44 +157,6 @@ def receiver_mass_imbalance(matrix, *, col_mask=None) -> float:
     return float(dev.max())
 
 
-def row_softmax(scores, *, tau: float) -> np.ndarray:
-    """``P(S) = softmax(S / tau)`` over the last axis (stable)."""
-    if not tau > 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
-    z = np.asarray(scores, dtype=np.float64) / tau
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-class PerturbationBound(NamedTuple):
-    """Both sides of ``||P(S) - P(T)||_1 <= (n / tau) ||S - T||_inf``."""
-
-    lhs: float  # sum_ij |P(S)_ij - P(T)_ij|
-    rhs: float  # (n / tau) max_ij |S_ij - T_ij|
-
-    @property
-    def holds(self) -> bool:
-        return self.lhs <= self.rhs * (1 + 1e-12) + 1e-15
-
-
-def score_perturbation(scores_s, scores_t, *, tau: float) -> PerturbationBound:
-    """Evaluates the score-perturbation bound for the row softmax at temperature ``tau``.
-
-    ``S, T [..., n, m]`` finite; leading axes count as more rows (n = all rows).
-    """
-    s = np.asarray(scores_s, dtype=np.float64)
-    t = np.asarray(scores_t, dtype=np.float64)
-    if s.shape != t.shape or s.ndim < 2 or 0 in s.shape:
-        raise ValueError(f"S and T must be non-empty [..., n, m] of one shape, got {s.shape} "
-                         f"and {t.shape}")
-    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(t))):
-        raise ValueError("S and T must be finite")
-    lhs = float(np.abs(row_softmax(s, tau=tau) - row_softmax(t, tau=tau)).sum())
-    n_rows = s.size // s.shape[-1]
-    return PerturbationBound(lhs, n_rows / tau * float(np.abs(s - t).max()))
-
-
 def tail_mass(plan, *, normalize: bool = False) -> np.ndarray:
     """``delta(P)_i = 1 - max_j P_i(j)`` per row ``[..., n]``.
 
@@ -228,6 +171,16 @@ def tail_mass(plan, *, normalize: bool = False) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             p = np.where(mass > 0, p / mass, np.nan)
     return 1.0 - p.max(axis=-1)
+
+
+LOCKED = 0.9999  # a row is locked when its largest weight reaches this
+
+
+def locked_fraction(pmax, *, locked: float = LOCKED) -> float:
+    """The fraction of rows with ``p_max >= locked``, from the rows' largest weights ``pmax``
+    (any shape; NaN when there are none)."""
+    pmax = np.asarray(pmax, dtype=np.float64)
+    return float(np.mean(pmax >= locked)) if pmax.size else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +330,7 @@ def local_constant(delta) -> np.ndarray:
     return np.where(d <= 0.5, 4 * d * (1 - d), 1.0)
 
 
-def softmax_rows(z, z_pert, mask, *, locked: float = 0.9999) -> dict:
+def softmax_rows(z, z_pert, mask, *, locked: float = LOCKED) -> dict:
     """Softmax as semi-relaxed OT, per masked row of ``z [m, n]`` (logits at unit temperature):
     the half-oscillation bound ``||sm(z) - sm(z')||_1 <= (1/2) osc(z - z')`` and its per-row
     tightness; tail mass ``delta``; the exact local constant ``4 delta (1 - delta)``; the argmax
@@ -399,7 +352,7 @@ def softmax_rows(z, z_pert, mask, *, locked: float = 0.9999) -> dict:
             "tail_mass": distribution_summary(delta),
             "local_constant": distribution_summary(local_constant(delta)),
             "margin": distribution_summary(margin),
-            "locked_fraction": float(np.mean(pmax >= locked)) if pmax.size else float("nan"),
+            "locked_fraction": locked_fraction(pmax, locked=locked),
             "per_row": {"tail_mass": delta.tolist(), "row_bound_ratio": ratio.tolist()}}
 
 

@@ -69,18 +69,14 @@ def _is_local(mode: str) -> bool:
     return mode == "local"
 
 
-def allowed_pairs(plan, *, row_dustbin=None, col_dustbin=None,
-                  min_mass: float = 0.0) -> np.ndarray:
-    """Boolean ``[Lq, Lk]`` of the pairs the decoder may take.
+def _allowed(plan: np.ndarray, row_dustbin, col_dustbin, min_mass: float) -> np.ndarray:
+    """Boolean ``[Lq, Lk]`` of the pairs the decoder may take, of a checked plan
+    (``_check_plan``).
 
     A pair (i, j) is allowed iff ``P_ij > 0``, ``P_ij >= min_mass``, row i is not
     dustbin-dominated (``row_dustbin[i] > max_j P_ij``: the row's largest mass is its dustbin
     entry) and column j is not (``col_dustbin[j] > max_i P_ij``).
     """
-    return _allowed(_check_plan(plan), row_dustbin, col_dustbin, min_mass)
-
-
-def _allowed(plan: np.ndarray, row_dustbin, col_dustbin, min_mass: float) -> np.ndarray:
     lq, lk = plan.shape
     row_db = _check_dustbin(row_dustbin, lq, "row_dustbin")
     col_db = _check_dustbin(col_dustbin, lk, "col_dustbin")

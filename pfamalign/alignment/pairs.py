@@ -49,11 +49,6 @@ class PairAlignment:
         object.__setattr__(self, "confidence", check_confidence(self.confidence, len(pairs)))
         object.__setattr__(self, "score", float(self.score))
 
-    @property
-    def target(self) -> np.ndarray:
-        """The alignment as ``target [Lq]`` (key index or -1)."""
-        return target_from_pairs(self.pairs, self.query_length)
-
 
 def check_pairs(pairs, query_length: int, key_length: int | None = None, *,
                 proper: bool = True) -> np.ndarray:
@@ -109,16 +104,6 @@ def pairs_from_target(target) -> np.ndarray:
     target = check_target(target)
     rows = np.flatnonzero(target >= 0)
     return np.stack([rows, target[rows]], axis=1).astype(np.int64)
-
-
-def target_from_pairs(pairs, query_length: int) -> np.ndarray:
-    """``target [Lq]`` from pairs (at most one pair per query row); -1 for unaligned rows."""
-    pairs = check_pairs(pairs, query_length, proper=False)
-    if len(np.unique(pairs[:, 0])) != len(pairs):
-        raise ValueError("pairs use a query row twice; a target holds one key per row")
-    target = np.full(query_length, -1, dtype=np.int64)
-    target[pairs[:, 0]] = pairs[:, 1]
-    return target
 
 
 def diagonal_target(query_length: int, key_length: int) -> np.ndarray:
