@@ -33,6 +33,18 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+def _interrupt(err: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt behind ``err``: itself, or one that a compiled (numba) function turned
+    into a SystemError ("returned a result with an exception set")."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
@@ -42,10 +54,16 @@ class _LazyGroup(click.Group):
             signal.signal(signal.SIGTERM, _terminate)
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt as err:
-            signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+        except (KeyboardInterrupt, SystemError) as err:
+            interrupt = _interrupt(err)
+            if interrupt is None:
+                raise
+            signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
             click.echo(f"\nInterrupted ({signal.Signals(signum).name}).", err=True)
             ctx.exit(128 + signum)
+        except OSError as err:  # a full disk, a read-only file system, a vanished directory
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(1)
 
     def list_commands(self, ctx):
         return sorted(_COMMANDS)

@@ -70,8 +70,13 @@ def is_temporary(name: str) -> bool:
 def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> Iterator[pathlib.Path]:
     """Yields a temporary path to write (by any library: a plot, an archive); renames it onto
     ``path`` when the block succeeds, removes it when it fails. A symbolic link is resolved
-    first, so the rename replaces its target and the link stays."""
+    first, so the rename replaces its target and the link stays; an existing file keeps its
+    permissions. A path that exists and is not a regular file (``/dev/null``, a FIFO,
+    ``/dev/stdout``) is yielded itself: written in place, never replaced."""
     path = check_output_path(path, inputs)
+    if path.exists() and not path.is_file():  # a device, a FIFO, /dev/stdout: written in place
+        yield path  # (a rename would put a regular file where /dev/null was)
+        return
     if path.is_symlink():
         path = pathlib.Path(os.path.realpath(path))
         check_output_path(path)  # a dangling link's target directory may be missing
@@ -81,9 +86,12 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
         if tmp.exists():
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            if path.exists():  # the file replaced keeps its permissions
+                shutil.copymode(path, tmp)
             os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # e.g. a read-only file system: its own error stands
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -35,3 +35,43 @@ def test_an_interrupted_batch_exits_128_plus_the_signal_and_leaves_no_temporary(
     assert "Traceback" not in stderr
     assert out.read_text() == "previous\n"
     assert not temporaries()
+
+
+def test_an_interrupt_inside_a_compiled_function_is_an_interrupt(monkeypatch):
+    """numba turns a Ctrl-C inside a compiled function into a SystemError ("returned a result
+    with an exception set") whose context is the KeyboardInterrupt: still exit 130."""
+    from click.testing import CliRunner
+
+    from pfamalign import batch
+    from pfamalign.cli import main
+
+    def interrupted(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("CPUDispatcher(tie_tables) returned a result with an exception set")
+        yield
+
+    monkeypatch.setattr(batch, "aligned", interrupted)
+    res = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF", "--max-memory", "0"])
+    assert res.exit_code == 130 and "Interrupted (SIGINT)" in res.output, res.output
+    monkeypatch.setattr(batch, "aligned", lambda *a, **k: (_ for _ in ()).throw(SystemError("other")))
+    res = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF"])
+    assert isinstance(res.exception, SystemError)  # any other SystemError is a bug: not hidden
+
+
+def test_an_output_that_cannot_be_written_is_one_error_line(tmp_path):
+    """An OSError of the output (here: a directory squats on the temporary's name) is an
+    `Error:` line and exit 1, not a traceback; the previous file stays."""
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+    from pfamalign.outputs import temporary_path
+
+    out = tmp_path / "out.txt"
+    out.write_text("previous\n")
+    temporary_path(out).mkdir()  # CliRunner runs in this process: the same pid in the name
+    res = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "Error: [Errno 21] Is a directory" in res.output and "Traceback" not in res.output
+    assert out.read_text() == "previous\n"

@@ -83,3 +83,34 @@ def test_a_staged_directory_appears_whole_or_not_at_all(tmp_path):
     with staged_directory(out, replace=True) as work:
         (work / "other.json").write_text("3")
     assert [p.name for p in out.iterdir()] == ["other.json"] and list(tmp_path.iterdir()) == [out]
+
+
+def test_a_fifo_is_written_in_place_not_replaced(tmp_path):
+    """A path that exists and is not a regular file (a FIFO here; /dev/null, /dev/stdout) is
+    written to itself: a rename would leave a regular file where the device or pipe was."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    with open_output(fifo) as sink:
+        sink.write("through the pipe\n")
+    reader.join(timeout=10)
+    assert got == ["through the pipe\n"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    import os
+
+    out = tmp_path / "out.txt"
+    out.write_text("old")
+    os.chmod(out, 0o640)
+    with open_output(out) as sink:
+        sink.write("new")
+    assert out.read_text() == "new" and os.stat(out).st_mode & 0o777 == 0o640
