@@ -113,8 +113,9 @@ class EnsemblePredictor(Predictor):
     def __init__(self, checkpoint, *, weights=None, max_length: int = 4096,
                  max_memory: int | None = None, engine: str = "sinkhorn", steps: int | None = None):
         from pfamalign.alignment.pairhmm import model_pairhmm
+        from pfamalign.inference import predictor_path
 
-        path = pathlib.Path(checkpoint)
+        path = predictor_path(checkpoint)  # as Predictor.__new__ found it
         if engine != "sinkhorn" or steps is not None:
             raise ValueError(f"{path} is an ensemble: its members' own solves compute its plans "
                              "(--engine and --steps need a single model, e.g. one member's directory)")

@@ -15,6 +15,7 @@ import importlib.resources
 import json
 import math
 import numbers
+import os
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
@@ -400,7 +401,7 @@ class Predictor:
 
     def __new__(cls, checkpoint: str | pathlib.Path | None = None, **kwargs):
         # an ensemble directory (``pfamalign.ensemble``) loads wherever a model directory does
-        path = _model_path(checkpoint)
+        path = predictor_path(checkpoint)
         if cls is Predictor and (path / ENSEMBLE_FILE).is_file():
             from pfamalign.ensemble import EnsemblePredictor
 
@@ -412,7 +413,7 @@ class Predictor:
                  steps: int | None = None):
         from pfamalign.pipelines.embed import get_embedder
 
-        path = _model_path(checkpoint)
+        path = predictor_path(checkpoint)
         if not (path / "config.json").is_file():
             hint = ("train one with `pfamalign train` and pass RUN_DIR/model" if checkpoint is not None
                     else "the package was installed without its default model; reinstall pfamalign "
@@ -857,11 +858,18 @@ def _overlap_pool(worker: str):
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pfamalign-{worker}")
 
 
-def _model_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
+def predictor_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
     """The directory a Predictor reads: the shipped model by default, a finished run's
     ``model/`` for its run directory (decoder, pair-HMM and compiled engine live there), else
-    the path given (a model, ensemble or checkpoint directory)."""
+    the path given (a model, ensemble or checkpoint directory) or the shipped model named."""
     if checkpoint is None:
         return default_model_dir()
-    path = pathlib.Path(checkpoint)
-    return finished_run_model(path) or path
+    return finished_run_model(path := model_directory(checkpoint)) or path
+
+
+def model_directory(value: str | os.PathLike) -> pathlib.Path:
+    """``value`` as a path, or the shipped model it names (``SHIPPED_MODELS``: ``default``,
+    ``ensemble``) where no such path exists."""
+    if isinstance(value, str) and value in SHIPPED_MODELS and not pathlib.Path(value).exists():
+        return shipped_model_dir(value)
+    return pathlib.Path(value)

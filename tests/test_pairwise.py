@@ -173,3 +173,10 @@ def test_search_names_a_bad_sequence_before_any_work(aligner):
         list(aligner.search([("q", "")], [PDZ_B]))
     with pytest.raises(TypeError, match="query 1: each item is a sequence string"):
         list(aligner.search([3], [PDZ_B]))
+
+
+def test_a_shipped_model_is_named_as_on_the_command_line():
+    ens = pfamalign.PairAligner("ensemble")
+    assert ens.provenance["model"].startswith("ensemble of ") and "(shipped)" in ens.provenance["model"]
+    assert ens.format(ens.align(SH3_A, SH3_B), "json") == cli(SH3_A, SH3_B, "--checkpoint", "ensemble",
+                                                             "-f", "json")

@@ -59,11 +59,9 @@ class ModelDirectory(click.Path):
         super().__init__(exists=True, file_okay=False, path_type=pathlib.Path)
 
     def convert(self, value, param, ctx):
-        from pfamalign.inference import SHIPPED_MODELS, shipped_model_dir
+        from pfamalign.inference import model_directory
 
-        if isinstance(value, str) and value in SHIPPED_MODELS and not pathlib.Path(value).exists():
-            return shipped_model_dir(value)
-        return super().convert(value, param, ctx)
+        return super().convert(model_directory(value) if isinstance(value, str) else value, param, ctx)
 
 
 def checkpoint_option(help: str = "Model directory"):
