@@ -140,6 +140,7 @@ class EnsemblePredictor(Predictor):
         self.embedder = first.embedder
         self.max_length = min(m.max_length for m in self.members)
         self.max_memory = max_memory
+        self.plan_models = len(self.members)  # each member's plans: the memory estimate
         self.shapes = first.shapes  # every member computes at the same shapes
 
     @property

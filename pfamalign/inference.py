@@ -443,6 +443,7 @@ class Predictor:
         limit = self.embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
         self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
+        self.plan_models = 1  # models whose plans a pair needs (an ensemble: its members)
         self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
         self.encodings = EncodingCache()  # the encoder's outputs of the sequences met so far
 
@@ -598,7 +599,7 @@ class Predictor:
         """One pair, the simple way (the reference the batched ``align_records`` is tested
         against): its own plan call, the numpy pair-HMM. ``symmetric=False``: the plan of
         the A -> B direction only (a transport plan with A's row marginals)."""
-        check_align_memory(len(seq_a), len(seq_b), self.max_memory)
+        check_align_memory(len(seq_a), len(seq_b), self.max_memory, self.plan_models)
         fa, fb = self.featurize([seq_a, seq_b])
         pp = next(self.plans([(fa, fb)], symmetric=symmetric))
         return self.decode(pp, decoding, (seq_a, seq_b)), pp
@@ -646,7 +647,7 @@ class Predictor:
         if problem is not None:
             return problem
         try:
-            check_align_memory(len(seq_a), len(seq_b), self.max_memory)
+            check_align_memory(len(seq_a), len(seq_b), self.max_memory, self.plan_models)
         except ValueError as err:
             return str(err)
         return None

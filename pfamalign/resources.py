@@ -1,12 +1,15 @@
 """Memory the aligner needs, estimated from the sequence lengths before any work.
 
 A pair is solved on a square padded grid (both sequences padded to the longer one's bucket,
-``padded_length``: the one padding rule, which the plan calls use too), and the dense plan,
-costs and the solver's buffers all scale with its cells. Measured on CPU (peak resident memory
-of ``Predictor.align`` on random sequences of 3000 and 5000 residues): under 50 bytes per cell
-over a fixed 0.5 GB of model, compiled code and runtime. ``estimate_align_bytes`` uses those
-two numbers (a 20000 x 20000 pair: 20 GB); ``check_align_memory`` refuses a pair over the
-budget with the option that lifts it.
+``padded_length``: the one padding rule, which the plan calls use too), and the dense plans of
+both directions, costs, the solver's buffers and the pair-HMM's tables all scale with its
+cells. Measured on CPU as ``pfamalign align`` runs a pair (``scripts/measure_align_memory.py``:
+peak resident memory, random sequences; 2026-11-24): 0.54-0.67 / 0.86 / 2.20-2.27 / 4.39 GB at
+1000 / 2048 / 4096 / 6000 residues, i.e. about 0.45-0.55 GB of model, compiled code and runtime
+plus 104 bytes per cell; the shipped two-member ensemble 1.25 / 3.11-3.16 GB at 2048 / 4096
+(175 per cell). ``estimate_align_bytes`` charges ``FIXED_BYTES`` plus ``BYTES_PER_CELL`` per
+cell and plan model, 20-55 % above those peaks (a 20000 x 20000 pair: 52 GB); ``check_align_memory``
+refuses a pair over the budget with the option that lifts it.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from __future__ import annotations
 import os
 import re
 
-BYTES_PER_CELL = 50
-FIXED_BYTES = 512 << 20
+BYTES_PER_CELL = 128
+FIXED_BYTES = 640 << 20
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
 LONG_PAD_MULTIPLE = 256  # ... and of this beyond LONG_FROM residues (at most 22 lengths to 4096)
 LONG_FROM = 512
@@ -36,16 +39,31 @@ def format_size(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
+# A container's memory limit (cgroup v2, then v1): "max" or a huge number means none
+CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def machine_memory() -> int:
-    """Physical memory of this machine in bytes (0 when unknown)."""
+    """The memory this process may use in bytes: the machine's physical memory, or its
+    container's (cgroup) limit when that is lower; 0 when unknown."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 0
+        physical = 0
+    limits = []
+    for name in CGROUP_LIMIT_FILES:
+        try:
+            text = open(name, encoding="ascii").read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and int(text) > 0:
+            limits.append(int(text))
+    return min([physical] * bool(physical) + limits, default=0)
 
 
 def default_budget() -> int:
-    """The default ``--max-memory``: most of the machine's memory (0, no limit, if unknown)."""
+    """The default ``--max-memory``: most of the memory this process may use (the machine's or
+    its container's; 0, no limit, if unknown)."""
     return int(machine_memory() * DEFAULT_FRACTION)
 
 
@@ -55,9 +73,11 @@ def padded_length(length: int) -> int:
     return max(step, -(-length // step) * step)
 
 
-def estimate_align_bytes(len_a: int, len_b: int) -> int:
+def estimate_align_bytes(len_a: int, len_b: int, models: int = 1) -> int:
+    """Peak bytes of aligning a pair of these lengths with ``models`` plan models (an
+    ensemble's members)."""
     pad = padded_length(max(len_a, len_b, 1))
-    return FIXED_BYTES + BYTES_PER_CELL * pad * pad
+    return FIXED_BYTES + BYTES_PER_CELL * pad * pad * models
 
 
 def budget(value: int | str | None) -> int:
@@ -68,12 +88,12 @@ def budget(value: int | str | None) -> int:
     return parse_size(value) if isinstance(value, str) else int(value)
 
 
-def check_align_memory(len_a: int, len_b: int, budget: int | None) -> None:
-    """Raises ValueError when aligning sequences of these lengths would need more than
-    ``budget`` bytes (None or 0: no limit)."""
+def check_align_memory(len_a: int, len_b: int, budget: int | None, models: int = 1) -> None:
+    """Raises ValueError when aligning sequences of these lengths (with ``models`` plan models)
+    would need more than ``budget`` bytes (None or 0: no limit)."""
     if not budget:
         return
-    need = estimate_align_bytes(len_a, len_b)
+    need = estimate_align_bytes(len_a, len_b, models)
     if need > budget:
         raise ValueError(
             f"aligning {len_a} x {len_b} residues needs about {format_size(need)}, over the "

@@ -212,11 +212,13 @@ def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dic
 
 
 def usable_records(items: Iterable[FastaRecord | BadRecord], predictor, errors) -> list[FastaRecord]:
-    """The records of a FASTA stream that ``predictor`` can search (``Predictor.sequence_problem``);
-    the others go to ``errors`` once (not once per query)."""
+    """The records of a FASTA stream that ``predictor`` can search: embeddable, and within the
+    memory budget against a sequence as long as itself, which every pair and decoy of usable
+    records then is (the longer sequence sets a pair's grid); the others go to ``errors``
+    once (not once per query or decoy)."""
     kept = []
     for item in items:
-        problem = None if isinstance(item, BadRecord) else predictor.sequence_problem(item.seq)
+        problem = None if isinstance(item, BadRecord) else predictor.pair_problem(item.seq, item.seq)
         if problem is not None:
             item = BadRecord(item.where, f"{item.id}: {problem}")
         if isinstance(item, BadRecord):

@@ -6,7 +6,7 @@
 
 Each length runs in a fresh child process (peak resident memory is per process): the child
 loads the aligner (``--checkpoint``, default the shipped model), aligns two random sequences of
-that length once, and reports its peak RSS (Linux: ``VmHWM``, which unlike ``ru_maxrss``
+that length once as ``pfamalign align`` does (``PairAligner``: the batch path), and reports its peak RSS (Linux: ``VmHWM``, which unlike ``ru_maxrss``
 does not carry a parent's peak across exec) before and after the alignment. ``ratio`` is the
 estimate over the measured peak (above 1: the estimate is conservative).
 """
@@ -21,7 +21,7 @@ import sys
 CHILD = """
 import json, resource, sys
 import numpy as np
-from pfamalign.inference import Predictor
+from pfamalign import PairAligner
 
 def peak_bytes():
     # Linux: this process image's high-water mark. ru_maxrss survives exec, so a child of a
@@ -37,13 +37,14 @@ def peak_bytes():
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 length, checkpoint = int(sys.argv[1]), sys.argv[2] or None
-predictor = Predictor(checkpoint, max_length=10 ** 6)
+aligner = PairAligner(checkpoint, max_length=10 ** 6, max_memory=0)
 rng = np.random.default_rng(0)
 a, b = ("".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), length)) for _ in range(2))
 before = peak_bytes()
-predictor.align(a, b)
+aligner.align(a, b)  # the command's path: both directions' plans, the pair-HMM, the decoder
 after = peak_bytes()
-print(json.dumps({"model_loaded_bytes": before, "peak_bytes": after}))
+print(json.dumps({"model_loaded_bytes": before, "peak_bytes": after,
+                  "plan_models": aligner.predictor.plan_models}))
 """
 
 
@@ -58,7 +59,7 @@ def main(argv=None) -> None:
         out = subprocess.run([sys.executable, "-c", CHILD, str(length), args.checkpoint],
                              capture_output=True, text=True, check=True, timeout=3600)
         child = json.loads(out.stdout.strip().splitlines()[-1])
-        estimate = resources.estimate_align_bytes(length, length)
+        estimate = resources.estimate_align_bytes(length, length, child["plan_models"])
         print(json.dumps({"script": "measure_align_memory", "length": length,
                           "peak_GB": round(child["peak_bytes"] / 1e9, 3),
                           "model_loaded_GB": round(child["model_loaded_bytes"] / 1e9, 3),

@@ -556,9 +556,11 @@ def test_memory_estimate_and_sizes():
     for bad in ("", "lots", "-1G", "8X"):
         with pytest.raises(ValueError):
             resources.parse_size(bad)
-    # the padded square grid: the longer sequence decides; 20000 x 20000 is about 20 GB
+    # the padded square grid: the longer sequence decides; 20000 x 20000 is about 53 GB
     assert resources.estimate_align_bytes(100, 20000) == resources.estimate_align_bytes(20000, 20000)
-    assert 18e9 < resources.estimate_align_bytes(20000, 20000) < 22e9
+    assert 50e9 < resources.estimate_align_bytes(20000, 20000) < 54e9
+    two = resources.estimate_align_bytes(4096, 4096, models=2) - resources.FIXED_BYTES
+    assert two == 2 * (resources.estimate_align_bytes(4096, 4096) - resources.FIXED_BYTES)
     resources.check_align_memory(20000, 20000, 0)  # 0: no limit
     assert resources.default_budget() > 0
     # the estimate counts the grid the plan is computed on (520 residues: 768, not 576)
@@ -566,6 +568,21 @@ def test_memory_estimate_and_sizes():
     assert pad == 768
     assert resources.estimate_align_bytes(520, 10) == resources.FIXED_BYTES + resources.BYTES_PER_CELL * pad ** 2
     assert resources.budget(None) == resources.default_budget()
+
+
+def test_a_containers_memory_limit_caps_the_default_budget(tmp_path, monkeypatch):
+    from pfamalign import resources
+
+    physical = resources.machine_memory()
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(resources, "CGROUP_LIMIT_FILES", (str(v2), str(v1)))
+    assert resources.machine_memory() == physical  # neither file: the machine's memory
+    v2.write_text("max\n")  # cgroup v2 without a limit
+    v1.write_text("9223372036854771712\n")  # v1 without a limit: a huge number
+    assert resources.machine_memory() == physical
+    v2.write_text(f"{2 << 30}\n")
+    assert resources.machine_memory() == min(physical, 2 << 30)
+    assert resources.default_budget() == int(min(physical, 2 << 30) * resources.DEFAULT_FRACTION)
     assert (resources.budget("2G"), resources.budget(0), resources.budget(1024)) == (2 << 30, 0, 1024)
 
 

@@ -334,3 +334,21 @@ def test_a_querys_evalues_do_not_depend_on_its_place_in_the_batch(fastas):
     other_seed = CliRunner().invoke(main, ["search", str(tmp / "q_alone.fasta"), str(tmp / "db.fasta"),
                                            "--decoys", "10", "--evalue", "1000", "-f", "blast6", "--seed", "1"])
     assert other_seed.stdout.splitlines() != tables["q_alone"]  # the seed still draws the decoys
+
+
+def test_search_refuses_a_sequence_over_the_memory_budget_once(tmp_path):
+    """--max-memory as in align: a sequence whose pairs would exceed the budget is reported
+    once (not once per query and decoy) and the rest is searched."""
+    import random
+
+    rng = random.Random(0)
+    long = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(700))  # a 768 grid: 712 MiB
+    query, db = tmp_path / "q.fasta", tmp_path / "db.fasta"
+    query.write_text(">q\nMKVLAAGIVGLLLAQSPEDRW\n")
+    db.write_text(f">short\nMKVLSAGIVGLAQSPDRW\n>long\n{long}\n")
+    res = CliRunner().invoke(main, ["search", str(query), str(db), "--max-memory", "680M", "--decoys", "10",
+                                    "--quiet"])
+    assert res.exit_code == 1, res.output
+    assert res.output.count("long: aligning 700 x 700 residues needs about") == 2  # stderr + output line
+    hits = [line.split("\t")[1] for line in res.stdout.splitlines() if not line.startswith("#")]
+    assert hits == ["short"]

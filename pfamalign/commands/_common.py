@@ -190,6 +190,11 @@ def engine_options(f):
                              "`pfamalign compile` (asap).")(f)
 
 
+max_memory_option = click.option(
+    "--max-memory", default=None, metavar="SIZE",
+    help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). Default: 80% "
+         "of this machine's memory (or of its container's limit).")
+
 strict_option = click.option("--strict", is_flag=True,
                              help="Stop at the first bad record (default: report it with its "
                                   "file:line, go on, exit 1 at the end).")

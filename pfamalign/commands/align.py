@@ -9,7 +9,7 @@ import time
 import click
 
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_figure, check_outputs,
-                                       checkpoint_option, decoder_options, decoder_settings,
+                                       checkpoint_option, decoder_options, decoder_settings, max_memory_option,
                                        engine_options, error_line, fail, sequence_paths)
 
 # formats.ONE_PAIR's names, written out: the help must not import the formats module (numpy)
@@ -63,9 +63,7 @@ def _shipped_mix() -> str:
 @engine_options
 @click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Refuse sequences longer than this (residues).")
-@click.option("--max-memory", default=None, metavar="SIZE",
-              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). "
-                   "Default: 80% of this machine's memory.")
+@max_memory_option
 @batch_options
 def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, score_noise, verbose,
           engine, steps, max_length, max_memory, strict, quiet, **decoding):

@@ -10,7 +10,7 @@ from pfamalign import inputs
 from pfamalign import search as lib  # the defaults, one place (numpy: only this command loads it)
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
-                                       fail)
+                                       fail, max_memory_option)
 
 
 @click.command()
@@ -39,9 +39,10 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @engine_options
 @click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Skip sequences longer than this (residues).")
+@max_memory_option
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out, checkpoint, weights,
-           engine, steps, max_length, strict, quiet, **decoding):
+           engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
 
     \b
@@ -79,6 +80,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     """
     import json
 
+    from pfamalign import resources
     from pfamalign.alignment.formats import to_json
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor
@@ -94,7 +96,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
         db_records = query_records if all_vs_all else list(inputs.read_fasta(database))
-        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps)
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps,
+                              max_memory=resources.budget(max_memory))
         settings = decoder_settings(predictor.decoding, decoding)
         queries = lib.usable_records(query_records, predictor, errors)
         db = queries if all_vs_all else lib.usable_records(db_records, predictor, errors)
