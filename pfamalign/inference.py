@@ -107,7 +107,8 @@ class DecoderSettings:
     residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
     units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
     + (1 - alpha) * P_hmm``, the plan mixed with the pair-HMM's match posteriors (the model
-    directory's ``pairhmm.json``, else the shipped pair-HMM; needs the sequences; ``alpha = 0`` is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
+    directory's ``pairhmm.json``, else the shipped pair-HMM; needs the sequences; ``alpha = 0``
+    is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
     ``plan_power`` (``posterior``, > 0): the plan enters as the match posteriors of the plan
     pair-HMM instead of as it is: the pair-HMM's gap transitions with the plan's odds raised to
     this power as match emissions (``pairhmm.plan_log_odds``; no substitution table), so that

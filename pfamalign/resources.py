@@ -8,13 +8,14 @@ peak resident memory, random sequences; 2026-11-24): 0.54-0.67 / 0.86 / 2.20-2.2
 1000 / 2048 / 4096 / 6000 residues, i.e. about 0.45-0.55 GB of model, compiled code and runtime
 plus 104 bytes per cell; the shipped two-member ensemble 1.25 / 3.11-3.16 GB at 2048 / 4096
 (175 per cell). ``estimate_align_bytes`` charges ``FIXED_BYTES`` plus ``BYTES_PER_CELL`` per
-cell and plan model, 20-55 % above those peaks (a 20000 x 20000 pair: 52 GB); ``check_align_memory``
-refuses a pair over the budget with the option that lifts it.
+cell and plan model, 20-55 % above those peaks (a 20000 x 20000 pair: 53 GB);
+``check_align_memory`` refuses a pair over the budget with the option that lifts it.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 
 BYTES_PER_CELL = 128
@@ -22,7 +23,7 @@ FIXED_BYTES = 640 << 20
 PAD_MULTIPLE = 64  # padded lengths are multiples of this: few shapes, few compilations
 LONG_PAD_MULTIPLE = 256  # ... and of this beyond LONG_FROM residues (at most 22 lengths to 4096)
 LONG_FROM = 512
-DEFAULT_FRACTION = 0.8  # of the machine's physical memory
+DEFAULT_FRACTION = 0.8  # of ``machine_memory()``
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -50,15 +51,15 @@ def machine_memory() -> int:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         physical = 0
-    limits = []
+    known = [physical] if physical > 0 else []
     for name in CGROUP_LIMIT_FILES:
         try:
-            text = open(name, encoding="ascii").read().strip()
+            text = pathlib.Path(name).read_text(encoding="ascii").strip()
         except (OSError, UnicodeDecodeError):
             continue
-        if text.isdigit() and int(text) > 0:
-            limits.append(int(text))
-    return min([physical] * bool(physical) + limits, default=0)
+        if text.isdigit() and int(text) > 0:  # "max": no limit
+            known.append(int(text))
+    return min(known, default=0)
 
 
 def default_budget() -> int:

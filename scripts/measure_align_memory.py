@@ -4,11 +4,12 @@
     python scripts/measure_align_memory.py                     # 1000, 3000, 5000 residues
     python scripts/measure_align_memory.py --lengths 2000 4000
 
-Each length runs in a fresh child process (peak resident memory is per process): the child
-loads the aligner (``--checkpoint``, default the shipped model), aligns two random sequences of
-that length once as ``pfamalign align`` does (``PairAligner``: the batch path), and reports its peak RSS (Linux: ``VmHWM``, which unlike ``ru_maxrss``
-does not carry a parent's peak across exec) before and after the alignment. ``ratio`` is the
-estimate over the measured peak (above 1: the estimate is conservative).
+Each length runs in a fresh child process (peak resident memory is per process): the child loads
+the aligner (``--checkpoint``, default the shipped model), aligns two random sequences of that
+length once as ``pfamalign align`` does (``PairAligner``: the batch path), and reports its peak
+RSS (Linux: ``VmHWM``, which unlike ``ru_maxrss`` does not carry a parent's peak across exec)
+before and after the alignment. ``ratio`` is the estimate over the measured peak (above 1: the
+estimate is conservative).
 """
 
 from __future__ import annotations

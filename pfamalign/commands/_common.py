@@ -61,7 +61,7 @@ class ModelDirectory(click.Path):
     def convert(self, value, param, ctx):
         from pfamalign.inference import model_directory
 
-        return super().convert(model_directory(value) if isinstance(value, str) else value, param, ctx)
+        return super().convert(model_directory(value), param, ctx)
 
 
 def checkpoint_option(help: str = "Model directory"):

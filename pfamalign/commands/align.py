@@ -9,8 +9,8 @@ import time
 import click
 
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_figure, check_outputs,
-                                       checkpoint_option, decoder_options, decoder_settings, max_memory_option,
-                                       engine_options, error_line, fail, sequence_paths)
+                                       checkpoint_option, decoder_options, decoder_settings, engine_options,
+                                       error_line, fail, max_memory_option, sequence_paths)
 
 # formats.ONE_PAIR's names, written out: the help must not import the formats module (numpy)
 FORMATS = ("text", "emboss", "fasta", "stockholm", "cigar", "json")
