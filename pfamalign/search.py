@@ -1,27 +1,37 @@
-"""Database search: every query aligned with every database sequence, hits ranked by the
-decoder's score, with E-values from an extreme-value fit on shuffled decoys.
+"""Database search: every query scored against every database sequence by the pair-HMM's
+homology log-odds, E-values from an extreme-value fit on shuffled decoys, and the hits that
+pass the E-value and count limits aligned by the model and its decoder.
 
-Score. A hit's score is the objective of the decoder that produced its alignment
-(``PairAlignment.score``): for the shipped model's posterior decoder (global, no gap cost;
-either objective) the *expected number of correctly aligned pairs* of its alignment, the
-summed mixed plan / pair-HMM posterior mass along the path; for ``affine`` / ``hybrid`` their
-DP objective. Hits are ranked by it
-and the E-value and bit score are functions of it, so the three agree.
+Score. The log-likelihood ratio of the pair (``pairhmm.log_likelihood_ratio``, in nats): the
+two sequences under the model's pair-HMM, summed over all their alignments (the forward
+pass), against both drawn from the background; in the decoder's mode (``local``: the segment
+model, unrelated flanks free). It is the pair-HMM's evidence for homology, where the decoder's
+objective (the expected number of correct pairs of its alignment) measures how well an
+alignment is placed, not whether the sequences are related; and it needs one forward pass
+(about 1 ms for a 300 x 300 pair), so a database is scored first and only the reported hits
+are aligned by the model. The transport plan does not enter the score: its log-odds under the
+plan pair-HMM separate homologs no better than chance (``docs/design.md``, search).
 
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
 database sequences drawn at random (seeded by ``seed`` and the query's residues, not by its
 place in the batch: a query's E-values are the same alone or among others) are shuffled
-residue by residue (same length and composition, no homology left) and aligned with the
-query exactly like the database. The
-decoy scores are fitted by maximum likelihood with a Gumbel (extreme-value) law,
-``P(S >= s) = 1 - exp(-exp(-lambda (s - mu)))``; then, for a database of ``N`` sequences,
+residue by residue (same length and composition, no homology left) and scored against the
+query. Their scores are fitted by maximum likelihood with a Gumbel (extreme-value) law,
 
-    E(s) = N * P(S >= s),      bits(s) = lambda (s - mu) / ln 2,
+    P(S >= s | n) = 1 - exp(-exp(-lambda (s - mu(n)))),
+
+whose location ``mu(n) = mu + slope n`` moves with the subject's length ``n`` in global
+mode: a global score charges the end gaps between two lengths, so a decoy's score falls with
+its length (within a query, correlation about -0.5). In local mode the flanks are free and the
+location is one number (a fitted slope made local E-values optimistic on real unrelated
+pairs). Outside the decoys' length range the location is the more conservative of the line
+and its value at the nearest end of the range. For a database of ``N`` sequences
+
+    E(s, n) = N * P(S >= s | n),      bits(s, n) = lambda (s - mu(n)) / ln 2,
 
 so ``E ~= N 2^-bits`` in the tail, as for BLAST's bit scores (the search space counted in
-sequences, not residues). The fit is per query, so its length and composition are part of the
-null; the decoys mix the database's lengths, so the E-value of a hit is calibrated over the
-database, not for that subject's length alone.
+sequences, not residues). Hits are ranked by E-value (then score); the bit score orders them
+the same way.
 
 Hit table: BLAST tabular columns (``COLUMNS``) over the aligned region, the stretch from the
 first to the last aligned pair (end gaps of a global alignment are not part of it), 1-based
@@ -30,7 +40,8 @@ inclusive coordinates; ``length`` counts the region's columns (pairs and gap col
 ``gapopen`` the gap runs (between two pairs, ``seq_a``'s unaligned residues form one run and
 ``seq_b``'s another, as every output of the package prints them); plus ``mean_confidence``,
 the mean of the aligned pairs' confidences (the decoder's posterior of each pair, as
-``align`` prints them). Numbers are written as BLAST+ tabular output writes them.
+``align`` prints them). Numbers are written as BLAST+ tabular output writes them. A hit whose
+alignment has no aligned pair is not reported.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign.batch import aligned
 from pfamalign.inputs import BadRecord, FastaRecord
 from pfamalign.residues import identical_pairs
 
@@ -63,44 +75,78 @@ MIN_DECOYS = 10  # fewer cannot pin down two parameters
 
 @dataclasses.dataclass(frozen=True)
 class Gumbel:
-    """A Gumbel (maximum) law: ``P(S >= s) = 1 - exp(-exp(-lam (s - mu)))``."""
+    """A Gumbel (maximum) law, ``P(S >= s | n) = 1 - exp(-exp(-lam (s - location(n))))``,
+    its location ``mu + slope n`` linear in the subject's length ``n`` over ``lengths`` (the
+    fitted range) and, outside it, the larger of the line and its value at the range's
+    nearest end (extrapolating never makes E-values smaller). ``slope`` 0: one location."""
 
     mu: float
     lam: float
+    slope: float = 0.0
+    lengths: tuple[float, float] = (0.0, 0.0)
 
-    def sf(self, s) -> np.ndarray:
-        """``P(S >= s)``, accurate in the far tail (``-expm1``)."""
-        return -np.expm1(-np.exp(-self.lam * (np.asarray(s, np.float64) - self.mu)))
+    def location(self, length=0) -> np.ndarray:
+        n = np.asarray(length, np.float64)
+        return self.mu + np.maximum(self.slope * n, self.slope * np.clip(n, *self.lengths))
 
-    def bits(self, s) -> np.ndarray:
-        return self.lam * (np.asarray(s, np.float64) - self.mu) / math.log(2)
+    def sf(self, s, length=0) -> np.ndarray:
+        """``P(S >= s | length)``, accurate in the far tail (``-expm1``)."""
+        return -np.expm1(-np.exp(-self.lam * (np.asarray(s, np.float64) - self.location(length))))
+
+    def bits(self, s, length=0) -> np.ndarray:
+        return self.lam * (np.asarray(s, np.float64) - self.location(length)) / math.log(2)
 
     @classmethod
-    def fit(cls, scores: Sequence[float]) -> "Gumbel":
-        """Maximum-likelihood fit. With ``beta = 1 / lam`` the likelihood equations are
-        ``beta = mean(x) - sum(x w) / sum(w)``, ``w = exp(-x / beta)`` (solved by bisection:
-        the difference falls monotonically in beta) and ``mu = -beta log mean(w)``."""
+    def fit(cls, scores: Sequence[float], lengths: Sequence[float] | None = None) -> "Gumbel":
+        """Maximum-likelihood fit; with ``lengths``, of the location's slope too (the profile
+        likelihood over the slope, maximized by Brent's method: for a given slope the
+        residuals ``s - slope n`` are a plain Gumbel sample, fitted by ``_fit_location``)."""
         x = np.asarray(scores, np.float64)
         if x.ndim != 1 or len(x) < 2 or not np.all(np.isfinite(x)):
             raise ValueError("need at least two finite scores to fit a Gumbel law")
-        spread = float(x.std())
-        if spread <= 0:
-            raise ValueError("all decoy scores are equal; cannot fit a Gumbel law")
-        z = x - x.min()  # shift for stable exponentials; shifts mu only
+        if lengths is None or np.ptp(np.asarray(lengths, np.float64)) == 0:
+            return cls(*_fit_location(x))
+        from scipy.optimize import minimize_scalar
 
-        def excess(beta):
-            w = np.exp(-z / beta)
-            return z.mean() - (z * w).sum() / w.sum() - beta
+        n = np.asarray(lengths, np.float64)
+        if n.shape != x.shape:
+            raise ValueError(f"{len(n)} lengths for {len(x)} scores")
 
-        lo, hi = spread * 1e-6, spread * 10  # excess(lo) > 0 > excess(hi)
-        for _ in range(200):
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
-            if hi / lo < 1 + 1e-12:
-                break
-        beta = math.sqrt(lo * hi)
-        mu = x.min() - beta * math.log(np.mean(np.exp(-z / beta)))
-        return cls(mu=float(mu), lam=1.0 / beta)
+        def negative_log_likelihood(slope: float) -> float:
+            mu, lam = _fit_location(x - slope * n)
+            z = lam * (x - slope * n - mu)
+            return float(-np.sum(np.log(lam) - z - np.exp(-z)))
+
+        guess = np.polyfit(n, x, 1)[0]  # least squares: a bracket's start
+        step = max(abs(guess), x.std() / n.std()) * 0.1
+        slope = float(minimize_scalar(negative_log_likelihood, bracket=(guess, guess + step)).x)
+        mu, lam = _fit_location(x - slope * n)
+        return cls(mu=mu, lam=lam, slope=slope, lengths=(float(n.min()), float(n.max())))
+
+
+def _fit_location(x: np.ndarray) -> tuple[float, float]:
+    """``(mu, lam)`` of the plain Gumbel law by maximum likelihood. With ``beta = 1 / lam`` the
+    likelihood equations are ``beta = mean(x) - sum(x w) / sum(w)``, ``w = exp(-x / beta)``
+    (solved by bisection: the difference falls monotonically in beta) and ``mu = -beta log
+    mean(w)``."""
+    spread = float(x.std())
+    if spread <= 0:
+        raise ValueError("all decoy scores are equal; cannot fit a Gumbel law")
+    z = x - x.min()  # shift for stable exponentials; shifts mu only
+
+    def excess(beta):
+        w = np.exp(-z / beta)
+        return z.mean() - (z * w).sum() / w.sum() - beta
+
+    lo, hi = spread * 1e-6, spread * 10  # excess(lo) > 0 > excess(hi)
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+        if hi / lo < 1 + 1e-12:
+            break
+    beta = math.sqrt(lo * hi)
+    mu = x.min() - beta * math.log(np.mean(np.exp(-z / beta)))
+    return float(mu), 1.0 / beta
 
 
 def shuffled(seq: str, rng: np.random.Generator) -> str:
@@ -132,7 +178,7 @@ def hit_columns(rec) -> dict | None:
 class Hit:
     record: object  # AlignmentRecord
     columns: dict  # hit_columns plus evalue and bitscore
-    score: float
+    score: float  # the pair's log-likelihood ratio (nats)
 
 
 @dataclasses.dataclass
@@ -143,72 +189,67 @@ class QueryResult:
     n_database: int
 
 
+SCORE_CHUNK = 512  # subjects scored per call (progress moves per chunk)
+
+
 def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRecord], settings, errors, *,
            all_vs_all: bool = False, decoys: int = DEFAULT_DECOYS, max_hits: int | None = None,
            evalue: float | None = None, seed: int = 0, advance: Callable[[int], None] = lambda n=1: None
            ) -> Iterator[QueryResult | BadRecord]:
     """Streams one QueryResult per query (in order; see the module docstring for the score and
-    the statistics) and the BadRecord of each pair that could not be aligned (also given to
+    the statistics) and the BadRecord of each hit that could not be aligned (also given to
     ``errors``, a ``batch.BatchErrors``). ``all_vs_all``: ``queries`` is ``database`` and a
-    sequence is not searched against itself."""
-    from pfamalign.batch import aligned
-
+    sequence is not searched against itself. ``advance(n)``: n more pairs scored (decoys and
+    database, ``decoys + N`` per query)."""
     if decoys < MIN_DECOYS:
         raise ValueError(f"need at least {MIN_DECOYS} decoys per query for the E-value fit, got {decoys}")
     if not database:
         raise ValueError("the database has no usable sequences")
-
-    def pairs() -> Iterator[dict]:
-        for qn, query in enumerate(queries):
-            rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
-            # a query gets the same decoys, so the same E-values, alone or in any batch
-            for n in rng.integers(len(database), size=decoys):
-                yield _pair(query, FastaRecord(f"decoy{n}", shuffled(database[n].seq, rng), "decoy"), qn, True)
-            for sn, subject in enumerate(database):
-                if not (all_vs_all and sn == qn):
-                    yield _pair(query, subject, qn, False)
-
+    local = settings.mode == "local"
     n_db = len(database) - (1 if all_vs_all else 0)
 
-    def finish(qn: int, null_scores: list[float], hits: list[Hit]) -> QueryResult:
-        null = Gumbel.fit(null_scores)
-        ranked = []
-        for hit in sorted(hits, key=lambda h: -h.score):
-            hit.columns["evalue"] = float(n_db * null.sf(hit.score))
-            hit.columns["bitscore"] = float(null.bits(hit.score))
-            if evalue is None or hit.columns["evalue"] <= evalue:
-                ranked.append(hit)
-        return QueryResult(queries[qn], ranked[:max_hits], null, n_db)
+    def scores(query: FastaRecord, subjects: Sequence[str]) -> np.ndarray:
+        from pfamalign.alignment.pairhmm_numba import log_likelihood_ratios
 
-    current, null_scores, hits = None, [], []  # the query being collected (pairs come in order)
+        out = []
+        for at in range(0, len(subjects), SCORE_CHUNK):
+            chunk = subjects[at:at + SCORE_CHUNK]
+            out.append(log_likelihood_ratios(predictor.pairhmm, [(query.seq, s) for s in chunk], local=local))
+            advance(len(chunk))
+        return np.concatenate(out) if out else np.zeros(0)
 
-    for item in aligned(predictor, pairs(), settings, errors):
-        if isinstance(item, BadRecord):
-            yield item
-            continue
-        pair, rec, _ = item
-        advance(1)
-        if pair["qn"] != current:
-            if current is not None:
-                yield finish(current, null_scores, hits)
-            current, null_scores, hits = pair["qn"], [], []
-        if pair["decoy"]:
-            null_scores.append(rec.score)
-            continue
-        columns = hit_columns(rec)
-        if columns is not None:
-            hits.append(Hit(rec, columns, rec.score))
-    if current is not None:
-        yield finish(current, null_scores, hits)
+    for qn, query in enumerate(queries):
+        rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
+        # a query gets the same decoys, so the same E-values, alone or in any batch
+        decoy_seqs = [shuffled(database[n].seq, rng) for n in rng.integers(len(database), size=decoys)]
+        null = Gumbel.fit(scores(query, decoy_seqs), None if local else [len(s) for s in decoy_seqs])
+        subjects = [s for sn, s in enumerate(database) if not (all_vs_all and sn == qn)]
+        score = scores(query, [s.seq for s in subjects])
+        lengths = np.array([len(s.seq) for s in subjects])
+        e_values = n_db * null.sf(score, lengths)
+        ranked = [int(i) for i in np.lexsort((-score, e_values)) if evalue is None or e_values[i] <= evalue]
+        hits = []
+        for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked[:max_hits]),
+                            settings, errors):
+            if isinstance(item, BadRecord):
+                yield item
+                continue
+            pair, rec, _ = item
+            columns = hit_columns(rec)
+            if columns is not None:
+                i = pair["sn"]
+                columns.update(evalue=float(e_values[i]), bitscore=float(null.bits(score[i], lengths[i])))
+                hits.append(Hit(rec, columns, float(score[i])))
+        yield QueryResult(query, hits, null, n_db)
 
 
 def _sequence_key(seq: str) -> int:
     return int.from_bytes(hashlib.sha256(seq.encode()).digest()[:8], "little")
 
 
-def _pair(query: FastaRecord, subject: FastaRecord, qn: int, decoy: bool) -> dict:
+def _pair(query: FastaRecord, subject: FastaRecord, sn: int) -> dict:
     return {"q_id": query.id, "k_id": subject.id, "q_seq": query.seq, "k_seq": subject.seq,
-            "target": None, "pid": None, "where": subject.where, "qn": qn, "decoy": decoy}
+            "target": None, "pid": None, "where": subject.where, "sn": sn}
 
 
 def usable_records(items: Iterable[FastaRecord | BadRecord], predictor, errors) -> list[FastaRecord]:

@@ -54,6 +54,18 @@ ENGINES = {"xla": lambda hmm, pairs, **kw: batched_match_posteriors(hmm, pairs, 
            "numba": pairhmm_numba.match_posteriors_many}
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+@pytest.mark.parametrize("hmm", [default_pairhmm(), _single_hmm(), _mixture()], ids=["shipped", "single", "mixture"])
+def test_forward_only_log_likelihood_ratios_equal_the_reference(hmm, local):
+    rng = np.random.default_rng(1)
+    pairs = [(_random_seq(rng, la, odd=True), _random_seq(rng, lb)) for la, lb in
+             [(1, 1), (1, 50), (63, 2), (40, 40), (300, 280)]]
+    got = pairhmm_numba.log_likelihood_ratios(hmm, pairs, local=local)
+    ref = [pairhmm.log_likelihood_ratio(hmm, a, b, local=local) for a, b in pairs]
+    np.testing.assert_allclose(got, ref, rtol=1e-10)
+    assert len(set(np.round(got, 6))) == len(pairs)  # not one value for all
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 @pytest.mark.parametrize("hmm", [default_pairhmm(), _single_hmm(), _one_gap_type_hmm(), _mixture()],

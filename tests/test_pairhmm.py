@@ -421,6 +421,21 @@ def test_mixture_posteriors_are_the_brute_force_bayes_mixture(a, b, seed):
     assert not np.allclose(expected, solved[0][0])  # the mixture is not one of its parts
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+@pytest.mark.parametrize("a, b, seed", [("AC", "W", 0), ("MKV", "MKLV", 1), ("WYCH", "HCY", 2)])
+def test_log_likelihood_ratio_is_the_brute_force_sum_over_paths(a, b, seed, local):
+    # one model: log of the enumerated total; a mixture: log sum_k prior_k Z_k
+    single = random_hmm(seed, 2)
+    assert pairhmm.log_likelihood_ratio(single, a, b, local=local) == pytest.approx(
+        math.log(brute_force(single, a, b, local=local)[1]), rel=1e-10)
+    mix = _mixture(seed)
+    z = np.array([brute_force(c, a, b, local=local)[1] for c in mix.components])
+    assert pairhmm.log_likelihood_ratio(mix, a, b, local=local) == pytest.approx(
+        math.log((mix.prior * z).sum()), rel=1e-10)
+    with pytest.raises(ValueError, match="non-empty"):
+        pairhmm.log_likelihood_ratio(mix, a, "", local=local)
+
+
 def test_mixture_json_round_trips_and_load_tells_the_kinds_apart(tmp_path):
     mix = _mixture(3)
     again = pairhmm.load(mix.to_json("recipe"))

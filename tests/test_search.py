@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from pfamalign.alignment.formats import AlignmentRecord
+from pfamalign.alignment.pairhmm import default_pairhmm, log_likelihood_ratio
 from pfamalign.cli import main
 from pfamalign.search import COLUMNS, Gumbel, hit_columns, shuffled
 
@@ -62,6 +63,70 @@ def test_evalues_of_null_scores_are_calibrated():
     assert 0.8 < np.mean(counts[1]) < 1.4
     assert 9.0 < np.mean(counts[10]) < 11.5
     assert 95 < np.mean(counts[100]) < 106
+
+
+def _length_null(rng, size, mu=40.0, slope=-0.05, beta=3.0):
+    """Null scores whose location falls with the subject's length, as global log-odds do."""
+    n = rng.integers(50, 400, size).astype(float)
+    return rng.gumbel(mu + slope * n, beta), n
+
+
+def test_gumbel_fit_with_lengths_recovers_the_slope_and_matches_a_direct_optimizer():
+    optimize = pytest.importorskip("scipy.optimize")
+    rng = np.random.default_rng(2)
+    x, n = _length_null(rng, 20000)
+    fit = Gumbel.fit(x, n)
+    assert fit.slope == pytest.approx(-0.05, abs=0.002)
+    assert fit.mu == pytest.approx(40.0, abs=0.3) and 1 / fit.lam == pytest.approx(3.0, rel=0.03)
+    assert fit.lengths == (n.min(), n.max())
+
+    def nll(p):  # the same likelihood over all three parameters at once
+        z = (x - p[0] - p[1] * n) / p[2]
+        return np.sum(np.log(p[2]) + z + np.exp(-z))
+
+    ref = optimize.minimize(nll, [35.0, 0.0, 2.0], method="Nelder-Mead",
+                            options={"xatol": 1e-9, "fatol": 1e-9, "maxiter": 20000}).x
+    np.testing.assert_allclose([fit.mu, fit.slope, 1 / fit.lam], ref, rtol=1e-4)
+    assert Gumbel.fit(x, np.full_like(n, 100.0)).slope == 0  # one length: no slope to fit
+
+
+def test_evalues_of_null_scores_with_lengths_are_calibrated_and_sharper_than_a_pooled_fit():
+    """Database null scores at each subject length: with the fitted slope, null hits at E <= x
+    average about x (over all subjects, and per subject among the short ones; the fit's noise
+    makes the far tail slightly liberal, as for the plain fit above, more so with a third
+    parameter). A fit without lengths absorbs the length effect into a wider law: safe, but
+    blunt -- a score 30 nats above its length's null location (10 scales) gets an E-value
+    orders of magnitude larger."""
+    rng = np.random.default_rng(3)
+    counts = {"all_1": [], "all_10": [], "short_1": []}
+    blunt = []
+    for _ in range(300):
+        decoys, lengths = _length_null(rng, 200)
+        x, n = _length_null(rng, 1000)
+        short = n < 150
+        fit = Gumbel.fit(decoys, lengths)
+        e = 1000 * fit.sf(x, n)
+        counts["all_1"].append((e <= 1).sum())
+        counts["all_10"].append((e <= 10).sum())
+        counts["short_1"].append(((e <= 1) & short).sum() / short.mean())  # as if all were short
+        homolog = 40.0 - 0.05 * 300 + 30.0
+        blunt.append(Gumbel.fit(decoys).sf(homolog) / fit.sf(homolog, 300))
+    mean = {k: np.mean(v) for k, v in counts.items()}
+    assert 0.8 < mean["all_1"] < 1.6 and 9.0 < mean["all_10"] < 12.5, mean
+    assert 0.7 < mean["short_1"] < 2.0, mean
+    assert np.median(blunt) > 100
+
+
+def test_location_outside_the_fitted_lengths_never_lowers_the_evalue():
+    falling = Gumbel(mu=40.0, lam=0.5, slope=-0.05, lengths=(50.0, 400.0))
+    assert falling.location(200) == pytest.approx(30.0)  # the line inside the range
+    assert falling.location(2000) == pytest.approx(falling.location(400))  # not extrapolated down
+    assert falling.location(10) == pytest.approx(39.5)  # extrapolated up: the line
+    rising = Gumbel(mu=0.0, lam=0.5, slope=0.05, lengths=(50.0, 400.0))
+    assert rising.location(10) == pytest.approx(rising.location(50))
+    assert rising.location(1000) == pytest.approx(50.0)
+    s = np.array([35.0, 45.0])
+    assert np.all(falling.sf(s, 2000) >= falling.sf(s, 400))
 
 
 def test_shuffled_keeps_length_and_composition():
@@ -184,7 +249,11 @@ def test_search_json_alignment_matches_its_columns_and_limits_apply(fastas):
                               np.array(hit["alignment"]["pairs"]).reshape(-1, 2))
         assert {k: hit[k] for k in ("qstart", "qend", "length", "gapopen")} == {
             k: hit_columns(rec)[k] for k in ("qstart", "qend", "length", "gapopen")}
-        assert hit["score"] == pytest.approx(hit["alignment"]["score"])
+        # the hit's score is the pair's homology log-odds under the shipped pair-HMM, not
+        # the decoder's objective (the alignment's own score)
+        assert hit["score"] == pytest.approx(log_likelihood_ratio(default_pairhmm(), hit["alignment"]["seq_a"],
+                                                                  hit["alignment"]["seq_b"]), rel=1e-9)
+        assert hit["score"] != pytest.approx(hit["alignment"]["score"])
     none = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
                                      "--evalue", "0"])
     assert none.exit_code == 0 and _table(none.stdout)[1] == []
@@ -240,6 +309,34 @@ def test_search_usage_errors_need_no_model(fastas):
     assert res.exit_code == 2 and "--decoys" in res.output
     res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "-o", str(tmp / "db.fasta")])
     assert res.exit_code == 2 and "also an input" in res.output
+
+
+def test_search_aligns_only_the_hits_it_reports(fastas):
+    """Every subject is scored, but only the hits within --max-hits (and --evalue) go
+    through the model; the rest cost a forward pass each."""
+    from pfamalign import search as lib
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    _, queries, db = fastas
+    predictor = Predictor()
+    aligned_pairs = []
+    real = predictor.align_records
+
+    def counting(pairs, *args, **kwargs):
+        return real((aligned_pairs.append(p) or p for p in pairs), *args, **kwargs)
+
+    predictor.align_records = counting
+    scored = []
+    results = list(lib.search(predictor, [FastaRecord(*q, "q") for q in queries], [FastaRecord(*d, "d") for d in db],
+                              predictor.decoding, BatchErrors(), decoys=12, max_hits=3, evalue=None,
+                              advance=scored.append))
+    assert [len(r.hits) for r in results] == [3, 3] and len(aligned_pairs) == 6
+    assert sum(scored) == len(queries) * (12 + len(db))  # every decoy and subject scored
+    for r in results:  # the three best of all subjects, by E-value
+        evalues = [h.columns["evalue"] for h in r.hits]
+        assert evalues == sorted(evalues) and r.hits[0].columns["sseqid"] == r.query.id
 
 
 @pytest.mark.slow

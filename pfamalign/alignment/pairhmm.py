@@ -352,6 +352,19 @@ def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = F
     return _posterior(*log_forward_backward(hmm, seq_a, seq_b, **kw))
 
 
+def log_likelihood_ratio(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False) -> float:
+    """``log P(x, y | homologous) / P(x) P(y)``: the pair's likelihood under the pair-HMM,
+    summed over all its alignments (forward), against both sequences drawn from the
+    background; for a mixture, ``log sum_k prior_k Z_k``. ``local``: under the segment model
+    (unrelated flanks cost nothing). The homology score of ``pfamalign search``."""
+    if not seq_a or not seq_b:
+        raise ValueError("both sequences must be non-empty")
+    if isinstance(hmm, PairHMMMixture):
+        log_z = [log_forward_backward(c, seq_a, seq_b, local=local)[2] for c in hmm.components]
+        return float(np.logaddexp.reduce(np.log(hmm.prior) + np.array(log_z)))
+    return log_forward_backward(hmm, seq_a, seq_b, local=local)[2]
+
+
 def _posterior(fwd_m: np.ndarray, bwd_m: np.ndarray, log_z: float) -> np.ndarray:
     return np.minimum(np.exp(fwd_m[1:, 1:] + bwd_m[1:, 1:] - log_z), 1.0)
 

@@ -36,13 +36,14 @@ from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, ch
 
 @kernel_factory
 def _kernel(gaps: int):
-    """``(mm, open, extend, close, switch, emit [Lq, Lk], local) -> (posteriors [Lq, Lk], log
-    Z)``: the linear-space transitions (``PairHMM.linear_transitions``) of a model with
-    ``gaps`` gap types and the match emission ratios of one pair."""
+    """``(mm, open, extend, close, switch, emit [Lq, Lk], local, posteriors) -> (posteriors
+    [Lq, Lk], log Z)``: the linear-space transitions (``PairHMM.linear_transitions``) of a
+    model with ``gaps`` gap types and the match emission ratios of one pair; ``posteriors``
+    false: the forward pass alone (``log Z``; an empty table)."""
     G = gaps  # a closure constant: numba compiles it in, and keys its cache by it
 
     @njit(fastmath={"reassoc", "contract"})  # reassoc: the row maxima vectorize
-    def forward_backward(mm, opn, dec, close, sw, emit, local):
+    def forward_backward(mm, opn, dec, close, sw, emit, local, posteriors):
         lq, lk = emit.shape
         c = lk + 1
         log_start = -(math.log(lq) + math.log(lk))  # local: start and end weight of each cell
@@ -114,6 +115,8 @@ def _kernel(gaps: int):
             for h in range(G):
                 at_end += x[h, lk] + y[h, lk]
             log_z = math.log(at_end) + units[lq]
+        if not posteriors:
+            return np.empty((0, 0)), log_z
 
         # backward, rows Lq .. 1; row i + 1's values are read scaled into row i's units
         post = np.empty((lq, lk))
@@ -176,10 +179,10 @@ def _kernel(gaps: int):
     return forward_backward
 
 
-def _solve(component: PairHMM, emit: np.ndarray, local: bool) -> tuple[np.ndarray, float]:
+def _solve(component: PairHMM, emit: np.ndarray, local: bool, posteriors: bool) -> tuple[np.ndarray, float]:
     t = component.linear_transitions()
     return _kernel(component.n_gap_types)(float(t["mm"]), t["open"], t["extend"], t["close"],
-                                           t["switch"], emit, bool(local))
+                                           t["switch"], emit, bool(local), bool(posteriors))
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,11 +192,9 @@ def _pool():
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pairhmm-numba")
 
 
-def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, local: bool = False,
-                          log_emissions: list | None = None) -> list[np.ndarray]:
-    """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)`` (``pairhmm.match_posteriors``
-    of each, to float64 rounding); ``local``: the segment model; ``log_emissions``: per pair,
-    ``[Lq, Lk]`` match log-odds in place of the substitution table's."""
+def _solved(hmm: AnyPairHMM, pairs: list[tuple[str, str]], local: bool, log_emissions: list | None,
+            posteriors: bool) -> tuple[tuple[PairHMM, ...], dict]:
+    """Every (pair, component) solved on the thread pool: ``{(n, k): (posteriors, log Z)}``."""
     check_many(pairs, log_emissions)
     components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
     ratios = [np.exp(c.log_odds()) for c in components]
@@ -205,8 +206,16 @@ def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
         return ratios[k][residue_indices(a)].take(residue_indices(b), axis=1)  # 4x a 2-d fancy index
 
     tasks = [(n, k) for n in range(len(pairs)) for k in range(len(components))]
-    solved = dict(zip(tasks, _pool().map(lambda task: _solve(components[task[1]], emissions(*task), local),
-                                         tasks)))
+    return components, dict(zip(tasks, _pool().map(
+        lambda task: _solve(components[task[1]], emissions(*task), local, posteriors), tasks)))
+
+
+def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, local: bool = False,
+                          log_emissions: list | None = None) -> list[np.ndarray]:
+    """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)`` (``pairhmm.match_posteriors``
+    of each, to float64 rounding); ``local``: the segment model; ``log_emissions``: per pair,
+    ``[Lq, Lk]`` match log-odds in place of the substitution table's."""
+    components, solved = _solved(hmm, pairs, local, log_emissions, posteriors=True)
     out = []
     for n in range(len(pairs)):
         if isinstance(hmm, PairHMMMixture):
@@ -215,3 +224,12 @@ def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
         else:
             out.append(solved[n, 0][0])
     return out
+
+
+def log_likelihood_ratios(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, local: bool = False) -> np.ndarray:
+    """``pairhmm.log_likelihood_ratio`` of each ``(seq_a, seq_b)``, by the forward pass alone."""
+    components, solved = _solved(hmm, pairs, local, None, posteriors=False)
+    log_z = np.array([[solved[n, k][1] for k in range(len(components))] for n in range(len(pairs))])
+    if isinstance(hmm, PairHMMMixture):
+        return np.logaddexp.reduce(np.log(hmm.prior) + log_z, axis=1)
+    return log_z[:, 0]

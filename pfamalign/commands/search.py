@@ -24,7 +24,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Report hits with an E-value at most this.")
 @click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS), default=lib.DEFAULT_DECOYS,
               show_default=True,
-              help="Shuffled decoys aligned per query for the E-value fit.")
+              help="Shuffled decoys scored per query for the E-value fit.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "blast6", "blast7", "json"]), default="tsv",
               show_default=True,
@@ -46,16 +46,20 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
 
     \b
-    Every query is aligned with every database sequence by the model and its decoder; hits
-    are ranked by the decoder's score (the shipped model: the expected number of correctly
-    aligned pairs, i.e. the summed posterior mass of the alignment).
+    Every query is scored against every database sequence by the pair-HMM's homology
+    log-odds (the two sequences under the pair-HMM, summed over all alignments, against
+    unrelated background sequences; in --mode local the segment model), and the hits that
+    pass --evalue and --max-hits are aligned by the model and its decoder.
 
     \b
     Statistics: per query, --decoys database sequences shuffled residue by residue are
-    aligned the same way, a Gumbel (extreme-value) law is fitted to their scores by maximum
-    likelihood, and for a database of N sequences
-      E-value = N * P(decoy score >= score),  bitscore = lambda (score - mu) / ln 2,
-    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail).
+    scored the same way and a Gumbel (extreme-value) law is fitted to their scores by
+    maximum likelihood, its location linear in the subject's length (global mode: a global
+    score pays for the end gaps); for a database of N sequences
+      E-value = N * P(decoy score >= score | subject length),
+      bitscore = lambda (score - mu(length)) / ln 2,
+    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail). Hits are ranked
+    by E-value.
 
     \b
     Output (tsv): after a '# Fields:' line, BLAST tabular columns, best hit first per query,
