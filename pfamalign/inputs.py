@@ -175,25 +175,40 @@ def _warn_duplicates(source: str, duplicates: list[str]) -> None:
               "told apart (rename them to make every id unique)", file=sys.stderr)
 
 
-def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> Iterator[dict | BadRecord]:
+def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> FastaPairs:
     """Pair records of a multi-FASTA file: the first record against each of the others, or
-    every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``."""
+    every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``, before
+    the pairs. Every pair needs the records in memory, so the file is read at the call: one
+    with fewer than two usable records raises then, and ``len()`` is the number of items."""
     records, bad = [], []
     for item in read_fasta(path):
-        if isinstance(item, BadRecord):
-            bad.append(item)
-            yield item
-        else:
-            records.append(item)
+        (bad if isinstance(item, BadRecord) else records).append(item)
     if len(records) < 2:
         skipped = "".join(f"; skipped {b}" for b in bad[:3])
         skipped += f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ValueError(f"{path}: need at least two usable FASTA records to align, found "
                          f"{len(records)}{skipped}")
-    firsts = records if all_pairs else records[:1]
-    for n, a in enumerate(firsts):
-        for b in records[n + 1:]:
-            yield {**bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
+    return FastaPairs(records, bad, all_pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class FastaPairs:
+    """The items of ``fasta_pairs``: its bad records, then the pair records, made as they are
+    iterated; ``len()`` counts both (a batch's progress total)."""
+    records: list[FastaRecord]
+    bad: list[BadRecord]
+    all_pairs: bool
+
+    def __len__(self) -> int:
+        n = len(self.records)
+        return len(self.bad) + (n * (n - 1) // 2 if self.all_pairs else n - 1)
+
+    def __iter__(self) -> Iterator[dict | BadRecord]:
+        yield from self.bad
+        firsts = self.records if self.all_pairs else self.records[:1]
+        for n, a in enumerate(firsts):
+            for b in self.records[n + 1:]:
+                yield {**bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
 
 
 def argument_path(arg: str) -> pathlib.Path | None:
@@ -272,6 +287,19 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
         stack.close()
         raise
     return _pair_records(stack, itertools.chain([first], lines), source)
+
+
+def count_pairs_tsv(path: str | os.PathLike) -> int | None:
+    """The number of items ``read_pairs_tsv(path)`` yields (pairs and bad lines), by a first
+    pass that keeps no sequence: a batch's progress total. None for standard input and for
+    anything but a regular file (a pipe cannot be read twice), or a file the reader refuses."""
+    if str(path) == STDIN or not os.path.isfile(path):
+        return None
+    try:
+        with open_text(str(path), "pairs", newline="") as (handle, source):
+            return sum(1 for _, line in _bounded_lines(handle, source) if _holds_a_pair(line))
+    except (ValueError, OSError):  # the reader reports it
+        return None
 
 
 def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int, str]:

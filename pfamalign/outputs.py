@@ -12,6 +12,7 @@ path that is a symbolic link is written through: the link's target is replaced, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import os
 import pathlib
@@ -22,6 +23,38 @@ from typing import IO, Iterable, Iterator
 
 class OutputError(ValueError):
     """An output path that cannot be written as asked (the message says how to fix it)."""
+
+
+class UnwritableOutput(OSError):
+    """The system refused to create or rename an atomic write's temporary file: the message
+    names the output the user gave (the temporary is an implementation detail) and what to do.
+    An OSError, as any other failure to write: a command ends in one ``Error:`` line."""
+
+    def __init__(self, path: pathlib.Path, err: OSError, made: str):
+        advice = _ADVICE.get(err.errno)
+        super().__init__(f"cannot write {path}: {err.strerror or err} (creating {made})"
+                         + (f"; {advice}" if advice else ""))
+
+
+_WRITE_ELSEWHERE = "write the output to a directory where you can create files"
+_ADVICE = {errno.EACCES: _WRITE_ELSEWHERE, errno.EPERM: _WRITE_ELSEWHERE, errno.EROFS: _WRITE_ELSEWHERE,
+           errno.ENOENT: _WRITE_ELSEWHERE,  # /proc, /sys: directories no file can be made in
+           errno.ENOSPC: "free some space or write the output elsewhere",
+           errno.EDQUOT: "free some space or write the output elsewhere"}
+
+
+@contextlib.contextmanager
+def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iterator[None]:
+    """Re-raises an OSError about the temporary ``tmp`` (creating, renaming it) as
+    ``UnwritableOutput`` naming ``path``; any other error passes unchanged."""
+    try:
+        yield
+    except OSError as err:
+        named = [os.path.abspath(f) for f in (err.filename, err.filename2)
+                 if isinstance(f, (str, os.PathLike))]
+        if os.path.abspath(tmp) not in named:
+            raise
+        raise UnwritableOutput(path, err, f"a {kind} in {tmp.parent}") from err
 
 
 def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
@@ -73,7 +106,7 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
     first, so the rename replaces its target and the link stays; an existing file keeps its
     permissions. A path that exists and is not a regular file (``/dev/null``, a FIFO,
     ``/dev/stdout``) is yielded itself: written in place, never replaced."""
-    path = check_output_path(path, inputs)
+    path = given = check_output_path(path, inputs)
     if path.exists() and not path.is_file():  # a device, a FIFO, /dev/stdout: written in place
         yield path  # (a rename would put a regular file where /dev/null was)
         return
@@ -82,13 +115,14 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
         check_output_path(path)  # a dangling link's target directory may be missing
     tmp = temporary_path(path)
     try:
-        yield tmp
-        if tmp.exists():
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            if path.exists():  # the file replaced keeps its permissions
-                shutil.copymode(path, tmp)
-            os.replace(tmp, path)
+        with _named_as(given, tmp):  # the error names the user's path, not the temporary
+            yield tmp
+            if tmp.exists():
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                if path.exists():  # the file replaced keeps its permissions
+                    shutil.copymode(path, tmp)
+                os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):  # e.g. a read-only file system: its own error stands
             tmp.unlink(missing_ok=True)
@@ -103,13 +137,15 @@ def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pat
     out = pathlib.Path(out)
     work = temporary_path(out)
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    with _named_as(out, work, "directory"):
+        work.mkdir(parents=True)
     old = work.with_name(work.name + ".old")
     try:
-        yield work
-        if replace and out.exists():
-            os.replace(out, old)
-        os.replace(work, out)
+        with _named_as(out, work, "directory"):
+            yield work
+            if replace and out.exists():
+                os.replace(out, old)
+            os.replace(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -1,11 +1,18 @@
-"""Progress bars (rich; silent when stderr is not a TTY or ``CI`` is set) and the summary table."""
+"""Progress bars (rich; silent when stderr is not a TTY or ``CI`` is set, where a batch job may
+ask for occasional plain lines instead) and the summary table."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+
+
+# Without bars, ``Bars(lines=True)`` prints a task's progress as a plain line at most this often
+# (a log, a pipe, CI): a task that ends sooner prints none.
+LINE_SECONDS = 10.0
 
 
 def progress_enabled(quiet: bool = False) -> bool:
@@ -14,10 +21,14 @@ def progress_enabled(quiet: bool = False) -> bool:
 
 class Bars:
     """A thin wrapper over ``rich.progress.Progress``: ``bars.task(desc, total)`` returns an
-    ``advance(n=1)`` callable; ``bars.set(task, completed)`` moves a bar to a position."""
+    ``advance(n=1)`` callable; ``bars.set(task, completed)`` moves a bar to a position.
+    ``lines``: where the bars are not enabled, ``task`` reports by plain lines on standard
+    error instead (``_Lines``)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, lines: bool = False):
         self.enabled = enabled
+        self.lines = lines and not enabled
+        self._line_tasks: list[_Lines] = []
         self._progress = None
         if enabled:
             from rich.console import Console
@@ -34,12 +45,18 @@ class Bars:
             self._progress.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
+        if exc_type is None:
+            for task in self._line_tasks:
+                task.finish()
 
     def task(self, description: str, total: float | None) -> Callable[[float], None]:
         if self._progress is None:
+            if self.lines:
+                self._line_tasks.append(_Lines(description, total))
+                return self._line_tasks[-1].advance
             return lambda n=1: None
         tid = self._progress.add_task(description, total=total)
         return lambda n=1: self._progress.advance(tid, n)
@@ -49,6 +66,44 @@ class Bars:
             return lambda completed: None
         tid = self._progress.add_task(description, total=total)
         return lambda completed: self._progress.update(tid, completed=completed)
+
+
+class _Lines:
+    """A task's progress as plain lines on standard error, ``description: done/total (percent),
+    elapsed, time left``: at most one every ``LINE_SECONDS``, and a last one at the end of a
+    task that printed any."""
+
+    def __init__(self, description: str, total: float | None):
+        self.description, self.total = description, total
+        self.completed = 0
+        self.start = self.last = time.monotonic()
+        self.shown = None  # ``completed`` at the last line printed
+
+    def advance(self, n: float = 1) -> None:
+        self.completed += n
+        if time.monotonic() - self.last >= LINE_SECONDS:
+            self.show()
+
+    def finish(self) -> None:
+        if self.shown is not None and self.shown != self.completed:
+            self.show()
+
+    def show(self) -> None:
+        self.last, self.shown = time.monotonic(), self.completed
+        elapsed = self.last - self.start
+        done = _fmt(self.completed)
+        left = ""
+        if self.total:
+            done += f"/{_fmt(self.total)} ({min(self.completed / self.total, 1):.0%})"
+            if 0 < self.completed < self.total:
+                left = f", about {_clock(elapsed * (self.total - self.completed) / self.completed)} left"
+        print(f"{self.description}: {done}, {_clock(elapsed)} elapsed{left}", file=sys.stderr,
+              flush=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @contextlib.contextmanager

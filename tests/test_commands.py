@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -168,6 +169,48 @@ def test_align_multi_fasta_first_against_others_all_pairs_and_stdin(model_dir, t
     assert CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--all-pairs"]).exit_code == 2
     twice = CliRunner().invoke(main, ["align", "-", "-"], input=fam.read_text())
     assert twice.exit_code == 2 and "not both" in twice.output
+
+
+def test_align_progress_has_a_total_and_off_a_terminal_prints_lines_unless_quiet(model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """A pairs file or a multi-FASTA gives the bar its total (items: pairs and bad records; a
+    pipe has none); where standard error is no terminal (here, and in logs) the progress comes
+    as plain lines, every LINE_SECONDS (0 here: one per item); -q / --quiet: none. Standard
+    output is the same either way."""
+    from pfamalign.pipelines import progress
+
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0)
+    totals = []
+    task = progress.Bars.task
+    monkeypatch.setattr(progress.Bars, "task", lambda self, what, total: totals.append(total) or
+                        task(self, what, total))
+
+    def shown(res):
+        return [line.split(",")[0] for line in res.stderr.splitlines() if line.startswith("aligning pairs")]
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"# pairs\n{PDZ_A}\t{PDZ_B}\n{PDZ_A}\n{PDZ_B}\t{PDZ_A}\n")
+    args = ["align", "--pairs", pairs, "--checkpoint", model_dir, "-f", "json"]
+    res = run(args)
+    assert res.exit_code == 1 and totals == [3], (totals, res.output)  # line 3 is bad
+    assert shown(res) == ["aligning pairs: 1/3 (33%)", "aligning pairs: 2/3 (67%)",
+                          "aligning pairs: 3/3 (100%)"], res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("aligning pairs")]
+    assert re.fullmatch(r"aligning pairs: 1/3 \(33%\), \d:\d\d:\d\d elapsed, about \d:\d\d:\d\d left", lines[0])
+    assert re.fullmatch(r"aligning pairs: 3/3 \(100%\), \d:\d\d:\d\d elapsed", lines[-1])
+    quiet = run([*args, "-q"])
+    assert shown(quiet) == [] and quiet.stdout == res.stdout and len(res.stdout.splitlines()) == 3
+    piped = run(["align", "--pairs", "-", "--checkpoint", model_dir, "-f", "json"], input=pairs.read_text())
+    assert totals[-1] is None and shown(piped) == ["aligning pairs: 1", "aligning pairs: 2", "aligning pairs: 3"]
+    assert piped.stdout == res.stdout.replace(str(pairs), "<stdin>")
+
+    fam = tmp_path / "fam.fasta"
+    fam.write_text(f">a\n{PDZ_A}\n>b\n{PDZ_B}\n>c\n{PDZ_B[5:]}\n")
+    res = run(["align", fam, "--all-pairs", "--checkpoint", model_dir, "-f", "cigar"])
+    assert res.exit_code == 0 and totals[-1] == 3 and shown(res)[-1] == "aligning pairs: 3/3 (100%)"
+    assert len(res.stdout.splitlines()) == 3
+    res = run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "cigar"])
+    assert res.exit_code == 0 and shown(res) == []  # one pair: no progress
 
 
 # ---- eval ----------------------------------------------------------------------------------
@@ -470,7 +513,7 @@ def test_align_score_noise_marks_certified_stable_pairs(model_dir, tmp_path):
     fasta.write_text(f">a\n{a}\n>b\n{a}\n>c\n{c}\n")
     res = run(["align", fasta, "--checkpoint", model_dir, "-f", "json", "--score-noise", "1e-3"])
     assert res.exit_code == 0, res.output
-    same, other = (json.loads(line) for line in res.output.splitlines())
+    same, other = (json.loads(line) for line in res.stdout.splitlines())  # stderr: progress
     st = same["stable_matches"]
     assert st["applies"] and st["score_noise"] == 1e-3 and st["aligned"] == same["n_aligned"]
     assert len(same["stable"]) == same["n_aligned"] and st["certified"] == sum(same["stable"]) > 0

@@ -61,6 +61,16 @@ def test_output_into_a_missing_directory_is_a_clear_error(tmp_path):
     assert_clear_error(result, "does not exist", "mkdir -p")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_output_where_no_file_can_be_made_names_the_path_given_not_the_temporary():
+    """/proc takes no new file, for root too (tests may run as root): one Error line that names
+    -o's path and what to do, not the temporary file beside it that the atomic write made."""
+    result = run(["align", PDZ_A, PDZ_B, "-o", "/proc/pfamalign-out.txt"])
+    assert_clear_error(result, "Error: cannot write /proc/pfamalign-out.txt: ",
+                       "write the output to a directory where you can create files")
+    assert ".tmp" not in result.output, result.output
+
+
 def test_align_writes_output_and_plot_atomically(tmp_path):
     out, plot = tmp_path / "aln.json", tmp_path / "plan.png"
     result = run(["align", PDZ_A, PDZ_B, "-f", "json", "-o", out, "--plot", plot])

@@ -33,6 +33,26 @@ def test_bad_pairs_tsv_line_is_yielded_as_a_bad_record_and_reading_goes_on(tmp_p
     assert str(bad).startswith(f"{path}:2: expected 2")
 
 
+def test_pairs_tsv_count_is_the_number_of_items_read_and_none_for_a_pipe(tmp_path):
+    """A batch's progress total: counted in a pass that keeps no sequence, from a regular file
+    only (plain or gzip, a byte-order mark, CR line ends); a pipe cannot be read twice."""
+    import gzip
+    import os
+
+    text = "\ufeff# comment\n\nMKV\tMKL\nMKV\n \t \nx1\tAAA\tx2\tCCC\r\n#\tMKV\tMKL\nAAA\tCCC"
+    path = tmp_path / "pairs.tsv"
+    path.write_text(text, encoding="utf-8")
+    zipped = tmp_path / "pairs.tsv.gz"
+    zipped.write_bytes(gzip.compress(text.encode()))
+    for source in (path, zipped):
+        assert inputs.count_pairs_tsv(source) == len(list(inputs.read_pairs_tsv(source))) == 4
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # never opened: that would wait for a writer
+    assert inputs.count_pairs_tsv(fifo) is None and inputs.count_pairs_tsv("-") is None
+    path.write_bytes(b"MKV\tMKL\n\xff\tMKL\n")  # the reader's error to report, not the count's
+    assert inputs.count_pairs_tsv(path) is None
+
+
 def test_sequence_arguments(tmp_path):
     assert inputs.pair_from_sequences("mkv", "MKL")["q_seq"] == "MKV"
     two = tmp_path / "two.fasta"
@@ -115,6 +135,9 @@ def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
     assert [(p["q_id"], p["k_id"]) for p in first[1:]] == [("a", "b"), ("a", "d")]
     every = [p for p in inputs.fasta_pairs(path, all_pairs=True) if isinstance(p, dict)]
     assert [(p["q_id"], p["k_id"]) for p in every] == [("a", "b"), ("a", "d"), ("b", "d")]
+    for all_pairs, items in ((False, 3), (True, 4)):  # the bad record and the pairs: a progress total
+        pairs = inputs.fasta_pairs(path, all_pairs=all_pairs)
+        assert len(pairs) == len(list(pairs)) == len(list(pairs)) == items
     path.write_text(">a\nMKV\n")
     with pytest.raises(ValueError, match="at least two usable FASTA records"):
         list(inputs.fasta_pairs(path))

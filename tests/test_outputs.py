@@ -1,5 +1,8 @@
 """The one output path of every command (pfamalign.outputs): atomic, never onto an input."""
 
+import os
+import pathlib
+
 import pytest
 
 from pfamalign.outputs import (TEMPORARY_GLOB, OutputError, atomic_path, is_temporary, open_output,
@@ -114,3 +117,34 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
     with open_output(out) as sink:
         sink.write("new")
     assert out.read_text() == "new" and os.stat(out).st_mode & 0o777 == 0o640
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_an_output_where_no_file_can_be_made_is_an_error_naming_the_path_given():
+    """/proc takes no new file, for root too: the error names the output asked for and what to
+    do, not the temporary file the atomic write tried to create beside it."""
+    from pfamalign.outputs import staged_directory
+
+    out = pathlib.Path("/proc/pfamalign-out.txt")
+    with pytest.raises(OSError) as raised:
+        with open_output(out) as sink:
+            sink.write("lost")
+    message = str(raised.value)
+    assert message.startswith(f"cannot write {out}: ") and "(creating a file in /proc)" in message
+    assert message.endswith("; write the output to a directory where you can create files")
+    assert temporary_path(out).name not in message and ".tmp" not in message
+    with pytest.raises(OSError, match=r"^cannot write /proc/plot.png: .*where you can create files$"):
+        with atomic_path("/proc/plot.png") as tmp:  # a library opening the temporary itself
+            tmp.write_bytes(b"\x89PNG")
+    with pytest.raises(OSError, match=r"^cannot write /proc/model: .*\(creating a directory in /proc\)"):
+        with staged_directory("/proc/model"):
+            pass
+
+
+def test_an_error_that_is_not_about_the_temporary_passes_unchanged(tmp_path):
+    with pytest.raises(FileNotFoundError) as raised:
+        with open_output(tmp_path / "out.txt") as sink:
+            sink.write("x")
+            open(tmp_path / "missing-input.txt")  # the block's own error, not the output's
+    assert raised.value.filename == str(tmp_path / "missing-input.txt")
+    assert not (tmp_path / "out.txt").exists()

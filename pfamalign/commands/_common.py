@@ -202,16 +202,18 @@ strict_option = click.option("--strict", is_flag=True,
 
 def batch_options(f):
     """``--strict`` and ``--quiet``, the options of every batch job (``pfamalign.batch``)."""
-    return strict_option(click.option("--quiet", is_flag=True, help="No progress bar on standard error.")(f))
+    return strict_option(click.option("-q", "--quiet", is_flag=True, help="No progress on standard error.")(f))
 
 
 @contextlib.contextmanager
-def batch_progress(description: str, total: int | None, quiet: bool):
+def batch_progress(description: str, total: int | None, quiet: bool, *, lines: bool = False):
     """An ``advance()`` callable driving a progress bar on standard error (none when ``quiet``
-    or when standard error is not a terminal)."""
+    or when standard error is not a terminal). ``lines``: where there is no bar and not
+    ``quiet`` (a log, a pipe, CI), a plain progress line every few seconds instead
+    (``pipelines.progress.LINE_SECONDS``)."""
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
-    with Bars(progress_enabled(quiet)) as bars:
+    with Bars(progress_enabled(quiet), lines=lines and not quiet) as bars:
         yield bars.task(description, total)
 
 

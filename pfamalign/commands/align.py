@@ -125,10 +125,13 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     try:  # sequences are checked before the model loads; a pairs file streams
         if pairs_file is not None:
             pairs = inputs.read_pairs_tsv(pairs_file)
+            total = inputs.count_pairs_tsv(pairs_file)  # None for a pipe: a bar without a total
         elif seq_b is None:
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
+            total = len(pairs)
         else:
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
+            total = 1
         start = time.perf_counter()
         counter = _compile_counter() if verbose else None
         budget = resources.budget(max_memory)
@@ -139,7 +142,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         n_pairs = 0
         writer = (MANY_PAIRS if many else ONE_PAIR)[fmt]
         with open_output(out, inputs=sources) as sink, \
-                batch_progress("aligning pairs", None, quiet or not many) as advance:
+                batch_progress("aligning pairs", total, quiet or not many, lines=True) as advance:
             # the pair text's file header opens the output with its first line, not before:
             # a file that fails before any pair is written stays empty
             header = [pair_file_header(provenance=provenance)] if writer.endswith("_block") else []
@@ -152,6 +155,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                 if isinstance(item, inputs.BadRecord):  # ``errors`` printed it on stderr
                     if writer in SKIPPED_IN_OUTPUT:
                         write(error_line(item, fmt == "json"))
+                    advance()  # counted in the total
                     continue
                 _, rec, pp = item
                 n_pairs += 1
