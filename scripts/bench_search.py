@@ -1,4 +1,6 @@
-"""Retrieval on held-out Pfam families: pfamalign search against Smith-Waterman BLOSUM62.
+"""Retrieval on held-out Pfam families: pfamalign search against Smith-Waterman BLOSUM62,
+NCBI BLAST+ ``blastp`` and HMMER's ``phmmer`` (each tool skipped, with a note, when it is not
+on PATH).
 
     nice -n 10 python scripts/bench_search.py --json          # the README figures (~5 min)
     python scripts/bench_search.py --per-family 3 --decoys 10  # a quick look
@@ -15,19 +17,25 @@ the raw log-odds alone), SW by its BLOSUM62 score (gap open 11, extend 1).
 Per query: ROC1 (the share of the query's relatives scored above its best-scoring unrelated
 sequence) and average precision; the figures are means over queries with 95 % intervals
 from a bootstrap over *families* (the queries of a family are not independent), and the
-paired difference pfamalign - SW on the same resamples. Calibration: pfamalign's unrelated
-hits with E <= 0.1, 1 and 10 against what the E-values promise (at most x per query);
+paired differences pfamalign - tool on the same resamples. Calibration (pfamalign, blastp,
+phmmer: the tools with E-values): unrelated hits with E <= 0.1, 1 and 10 against what the
+E-values promise (at most x per query; every tool's E-values are for this database);
 sensitivity: the share of related pairs found at E <= 1e-3, 0.01, 1 and 10.
-One JSON line per method, one for the difference, one for calibration and timing.
+One JSON line per method, one per difference, one per tool for calibration.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from typing import Iterable
 
 import numpy as np
 
@@ -59,6 +67,49 @@ def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: i
             for i in sorted(rng.choice(usable, min(per_family, len(usable)), replace=False)):
                 chosen.append((base, family.seq_ids[i].replace(" ", "_"), fa.residues[i]))
     return chosen
+
+
+def _fasta(path: pathlib.Path, records) -> None:
+    path.write_text("".join(f">{r.id}\n{r.seq}\n" for r in records))
+
+
+def _tool_matrices(hits: Iterable[tuple[str, str, float, float]], index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(bits, evalues)`` ``[n, n]`` from ``(query, subject, evalue, bits)`` rows: a pair's best
+    row (a tool may report several HSPs or domains of one pair), NaN where none."""
+    n = len(index)
+    bits, evalues = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    for q, s, e, b in hits:
+        i, j = index[q], index[s]
+        if np.isnan(bits[i, j]) or b > bits[i, j]:
+            bits[i, j], evalues[i, j] = b, e
+    return bits, evalues
+
+
+def blastp(records, index: dict[str, int], work: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
+    _fasta(work / "db.fasta", records)
+    subprocess.run(["makeblastdb", "-in", str(work / "db.fasta"), "-dbtype", "prot", "-out", str(work / "db")],
+                   check=True, capture_output=True)
+    out = subprocess.run(["blastp", "-query", str(work / "db.fasta"), "-db", str(work / "db"), "-evalue", "1e6",
+                          "-max_target_seqs", str(len(records)), "-outfmt", "6 qseqid sseqid evalue bitscore"],
+                         check=True, capture_output=True, text=True).stdout
+    rows = (line.split("\t") for line in out.splitlines() if line)
+    return _tool_matrices(((q, s, float(e), float(b)) for q, s, e, b in rows), index)
+
+
+def phmmer(records, index: dict[str, int], work: pathlib.Path, *, filters: bool = True
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """``filters`` False: ``--max``, HMMER's acceleration filters off (every pair scored)."""
+    _fasta(work / "db.fasta", records)
+    subprocess.run(["phmmer", "--noali", "-o", os.devnull, "--tblout", str(work / "hits.tbl"), "-E", "1e6",
+                    "--domE", "1e6", "--cpu", "2", *([] if filters else ["--max"]),
+                    str(work / "db.fasta"), str(work / "db.fasta")], check=True, capture_output=True)
+    rows = (line.split() for line in (work / "hits.tbl").read_text().splitlines() if not line.startswith("#"))
+    # --tblout: target, its accession, query, its accession, full-sequence E-value, score, ...
+    return _tool_matrices(((t[2], t[0], float(t[4]), float(t[5])) for t in rows), index)
+
+
+TOOLS = {"blastp": ("NCBI BLAST+ blastp", "blastp", blastp), "phmmer": ("HMMER phmmer", "phmmer", phmmer),
+         "phmmer_max": ("HMMER phmmer --max", "phmmer", lambda *a: phmmer(*a, filters=False))}
 
 
 def roc1_ap(scores: np.ndarray, relevant: np.ndarray) -> tuple[float, float]:
@@ -156,38 +207,55 @@ def main(argv=None) -> None:
             if a != b:
                 sw_scores[a, b] = smith_waterman(records[a].seq, records[b].seq).score
     sw_seconds = time.perf_counter() - start
+    methods = {"pfamalign": ("pfamalign", model_scores, evalues, model_seconds),
+               "sw": ("SW-BLOSUM62", sw_scores, None, sw_seconds)}
+    for key, (label, binary, run) in TOOLS.items():
+        if shutil.which(binary) is None:
+            report.note(f"{label}: {binary} is not on PATH, skipped")
+            continue
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as work:
+            bits, tool_evalues = run(records, index, pathlib.Path(work))
+        methods[key] = (label, bits, tool_evalues, time.perf_counter() - start)
 
     fam = np.array([family_of[r.id] for r in records])
-    per_query = {"pfamalign_roc1": [], "pfamalign_ap": [], "sw_roc1": [], "sw_ap": []}
+    per_query = {f"{m}_{x}": [] for m in methods for x in ("roc1", "ap")}
     for q in range(n):
         others = np.arange(n) != q
         relevant = fam[others] == fam[q]
-        for name, scores in (("pfamalign", model_scores), ("sw", sw_scores)):
+        for name, (_, scores, _, _) in methods.items():
             row = np.nan_to_num(scores[q, others], nan=-np.inf)  # a pair without a hit ranks last
             roc1, ap = roc1_ap(row, relevant)
             per_query[f"{name}_roc1"].append(roc1)
             per_query[f"{name}_ap"].append(ap)
     values = {k: np.array(v) for k, v in per_query.items()}
-    values["diff_roc1"] = values["pfamalign_roc1"] - values["sw_roc1"]
-    values["diff_ap"] = values["pfamalign_ap"] - values["sw_ap"]
+    baselines = [m for m in methods if m != "pfamalign"]
+    for name in baselines:
+        for x in ("roc1", "ap"):
+            values[f"diff_{name}_{x}"] = values[f"pfamalign_{x}"] - values[f"{name}_{x}"]
     boot = family_bootstrap(values, fam, args.bootstrap, args.seed)
-    for name, label, seconds in (("pfamalign", "pfamalign", model_seconds), ("sw", "SW-BLOSUM62", sw_seconds),
-                                 ("diff", "pfamalign - SW", None)):
+    rows = [(name, label, seconds) for name, (label, _, _, seconds) in methods.items()]
+    rows += [(f"diff_{name}", f"pfamalign - {methods[name][0]}", None) for name in baselines]
+    for name, label, seconds in rows:
         report.add(method=label, roc1=boot[f"{name}_roc1"]["mean"], roc1_ci=boot[f"{name}_roc1"]["ci"],
                    map=boot[f"{name}_ap"]["mean"], map_ci=boot[f"{name}_ap"]["ci"], seconds=seconds,
                    n_queries=n, n_families=len(families))
     unrelated = (fam[:, None] != fam[None, :]) & ~np.eye(n, dtype=bool)
     related = (fam[:, None] == fam[None, :]) & ~np.eye(n, dtype=bool)
-    calibration = {f"unrelated_hits_E<={x}": int((evalues[unrelated] <= x).sum()) for x in (0.1, 1, 10)}
-    sensitivity = {f"related_found_E<={x:g}": round(float((evalues[related] <= x).mean()), 4)
-                   for x in (1e-3, 0.01, 1, 10)}
-    report.add(method="calibration", seconds=None, n_queries=n, **calibration,
-               expected_at_most={f"E<={x}": x * n for x in (0.1, 1, 10)}, **sensitivity,
-               model_pairs_per_s=n * (n - 1 + args.decoys) / model_seconds)
-    report.note(f"{n} sequences from {len(families)} {args.split} families ({', '.join(families)}); "
-                f"unrelated pfamalign hits with E <= 0.1 / 1 / 10: {list(calibration.values())} "
-                f"(E-values promise at most {0.1 * n:g} / {n} / {10 * n}); related pairs found at "
-                f"E <= 1e-3 / 0.01 / 1 / 10: {list(sensitivity.values())}")
+    for name, (label, _, tool_evalues, _) in methods.items():
+        if tool_evalues is None:
+            continue
+        found = np.nan_to_num(tool_evalues, nan=np.inf)  # not reported: not found at any E
+        calibration = {f"unrelated_hits_E<={x}": int((found[unrelated] <= x).sum()) for x in (0.1, 1, 10)}
+        sensitivity = {f"related_found_E<={x:g}": round(float((found[related] <= x).mean()), 4)
+                       for x in (1e-3, 0.01, 1, 10)}
+        extra = {"model_pairs_per_s": n * (n - 1 + args.decoys) / model_seconds} if name == "pfamalign" else {}
+        report.add(method=f"calibration: {label}", seconds=None, n_queries=n, **calibration,
+                   expected_at_most={f"E<={x}": x * n for x in (0.1, 1, 10)}, **sensitivity, **extra)
+        report.note(f"{label}: unrelated hits with E <= 0.1 / 1 / 10: {list(calibration.values())} "
+                    f"(E-values promise at most {0.1 * n:g} / {n} / {10 * n}); related pairs found at "
+                    f"E <= 1e-3 / 0.01 / 1 / 10: {list(sensitivity.values())}")
+    report.note(f"{n} sequences from {len(families)} {args.split} families ({', '.join(families)})")
     report.finish()
 
 

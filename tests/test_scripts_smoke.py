@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import pathlib
 import sys
 
@@ -98,12 +99,18 @@ def test_bench_search_runs_on_a_families_table(tmp_path, capsys):
     table = tmp_path / "families.tsv"
     table.write_text("accession_base\tsplit\tsource\n" + "".join(
         f"{name}\ttest\t{PFAM_SEED / (name + '.sto')}\n" for name in ("PF00041", "PF00076", "PF02790")))
-    importlib.import_module("bench_search").main(["--data", str(tmp_path), "--per-family", "3", "--decoys", "10",
-                                                  "--bootstrap", "50", "--json"])
+    bench = importlib.import_module("bench_search")
+    bench.main(["--data", str(tmp_path), "--per-family", "3", "--decoys", "10", "--bootstrap", "50", "--json"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["method"] for r in rows] == ["pfamalign", "SW-BLOSUM62", "pfamalign - SW", "calibration"]
-    assert all(0 <= r["roc1"] <= 1 and 0 < r["map"] <= 1 for r in rows[:2])
-    assert rows[0]["n_queries"] == 9 and rows[3]["expected_at_most"]["E<=1"] == 9
+    # the external tools found on PATH (blastp, phmmer) join SW; the others are skipped
+    tools = [label for label, binary, _ in bench.TOOLS.values() if shutil.which(binary)]
+    methods = ["pfamalign", "SW-BLOSUM62", *tools]
+    assert [r["method"] for r in rows] == [*methods, *(f"pfamalign - {m}" for m in methods[1:]),
+                                           *(f"calibration: {m}" for m in ["pfamalign", *tools])]
+    assert all(0 <= r["roc1"] <= 1 and 0 < r["map"] <= 1 for r in rows[:len(methods)])
+    calibration = rows[2 * len(methods) - 1]
+    assert rows[0]["n_queries"] == 9 and calibration["expected_at_most"]["E<=1"] == 9
+    assert 0 <= calibration["related_found_E<=1"] <= 1
 
 
 # ---- scripts/bench_local.py ---------------------------------------------------------------------

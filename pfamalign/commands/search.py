@@ -114,7 +114,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         errors_in_output = fmt in ("tsv", "json")
         searched = database if not all_vs_all else query
         with open_output(out, inputs=(query, database)) as sink, \
-                batch_progress("searching", len(queries) * per_query, quiet) as advance:
+                batch_progress("scoring pairs", len(queries) * per_query, quiet, lines=True) as advance:
             if fmt == "tsv":
                 sink.write(lib.tsv_header(provenance))
             elif fmt == "blast7":
