@@ -222,7 +222,11 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
         # a query gets the same decoys, so the same E-values, alone or in any batch
         decoy_seqs = [shuffled(database[n].seq, rng) for n in rng.integers(len(database), size=decoys)]
-        null = Gumbel.fit(scores(query, decoy_seqs), None if local else [len(s) for s in decoy_seqs])
+        try:
+            null = Gumbel.fit(scores(query, decoy_seqs), None if local else [len(s) for s in decoy_seqs])
+        except ValueError as err:  # e.g. a database of one low-complexity sequence: every shuffle alike
+            raise ValueError(f"query {query.id}: no E-values: {err} (the decoys are shuffles of the database's "
+                             f"sequences; search a larger or more varied database)") from None
         subjects = [s for sn, s in enumerate(database) if not (all_vs_all and sn == qn)]
         score = scores(query, [s.seq for s in subjects])
         lengths = np.array([len(s.seq) for s in subjects])

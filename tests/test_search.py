@@ -301,6 +301,14 @@ def test_search_reports_an_overlong_record_once_with_the_predictors_message(fast
     assert len(rows) == len(queries) * len(db) and "long" not in {r[1] for r in rows}
 
 
+def test_search_of_a_database_whose_shuffles_all_score_alike_says_why(fastas, tmp_path):
+    tmp, _, _ = fastas
+    (tmp_path / "poly.fasta").write_text(">polyA\n" + "A" * 30 + "\n")
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp_path / "poly.fasta"), "-q"])
+    assert res.exit_code == 2
+    assert "no E-values: all decoy scores are equal" in res.stderr and "more varied database" in res.stderr
+
+
 def test_search_usage_errors_need_no_model(fastas):
     tmp, _, _ = fastas
     res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta")])
