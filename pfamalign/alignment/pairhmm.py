@@ -173,8 +173,11 @@ class PairHMMMixture:
 
     def weights(self, log_z) -> np.ndarray:
         """``P(k | x, y)`` from each component's ``log Z_k`` of one pair."""
-        logits = np.log(self.prior) + np.asarray(log_z, np.float64)
-        return np.exp(logits - np.logaddexp.reduce(logits))
+        return np.exp(np.log(self.prior) + np.asarray(log_z, np.float64) - self.log_z(log_z))
+
+    def log_z(self, log_z) -> np.ndarray:
+        """The mixture's ``log sum_k prior_k Z_k`` from the components' ``log Z_k`` (last axis)."""
+        return np.logaddexp.reduce(np.log(self.prior) + np.asarray(log_z, np.float64), axis=-1)
 
     def to_json(self, recipe: str = "") -> str:
         return jsonio.dumps({"format": MIXTURE_FORMAT, "residues": RESIDUES, "recipe": recipe,
@@ -360,8 +363,7 @@ def log_likelihood_ratio(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
     if isinstance(hmm, PairHMMMixture):
-        log_z = [log_forward_backward(c, seq_a, seq_b, local=local)[2] for c in hmm.components]
-        return float(np.logaddexp.reduce(np.log(hmm.prior) + np.array(log_z)))
+        return float(hmm.log_z([log_forward_backward(c, seq_a, seq_b, local=local)[2] for c in hmm.components]))
     return log_forward_backward(hmm, seq_a, seq_b, local=local)[2]
 
 

@@ -231,5 +231,5 @@ def log_likelihood_ratios(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
     components, solved = _solved(hmm, pairs, local, None, posteriors=False)
     log_z = np.array([[solved[n, k][1] for k in range(len(components))] for n in range(len(pairs))])
     if isinstance(hmm, PairHMMMixture):
-        return np.logaddexp.reduce(np.log(hmm.prior) + log_z, axis=1)
+        return hmm.log_z(log_z)
     return log_z[:, 0]
