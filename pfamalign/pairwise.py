@@ -96,13 +96,15 @@ class PairAligner:
     def search(self, queries: Iterable[Sequence], database: Iterable[Sequence] | None = None, *,
                evalue: float | None = search_lib.DEFAULT_EVALUE,
                max_hits: int | None = search_lib.DEFAULT_MAX_HITS, decoys: int = search_lib.DEFAULT_DECOYS,
-               seed: int = 0) -> Iterator["QueryResult"]:
+               max_candidates: int | None = search_lib.DEFAULT_MAX_CANDIDATES, seed: int = 0
+               ) -> Iterator["QueryResult"]:
         """``pfamalign search`` (same defaults): one ``search.QueryResult`` per query, in
         order, its ``hits`` best first, each with its ``record`` (an ``AlignmentRecord``),
         ``score`` and BLAST ``columns`` (``evalue``, ``bitscore``, ``pident``, ...). No
         ``database``: all against all of ``queries``, none against itself. Items as in
         ``align``; sequence strings get ids ``query1``, ``query2``, ... and ``subject1``, ...
-        A sequence that cannot be searched raises ValueError naming it, before any work."""
+        ``max_candidates`` None: every subject scored (no prefilter). A sequence that cannot
+        be searched raises ValueError naming it, before any work."""
         from pfamalign.batch import BatchErrors
         from pfamalign.inputs import FastaRecord
         from pfamalign.residues import normalize_sequence
@@ -126,7 +128,7 @@ class PairAligner:
             raise ValueError("no query sequences")
         yield from search_lib.search(self.predictor, query_records, db, self.decoding, errors,
                               all_vs_all=database is None, decoys=decoys, max_hits=max_hits,
-                              evalue=evalue, seed=seed)
+                              evalue=evalue, max_candidates=max_candidates, seed=seed)
 
     def format(self, aln: AlignmentRecord, fmt: str = "text") -> str:
         """``aln`` as ``pfamalign align -f FMT`` writes one pair, with this aligner's provenance

@@ -12,6 +12,13 @@ alignment is placed, not whether the sequences are related; and it needs one for
 are aligned by the model. The transport plan does not enter the score: its log-odds under the
 plan pair-HMM separate homologs no better than chance (``docs/design.md``, search).
 
+Prefilter. A database of more than ``max_candidates`` sequences (``--max-candidates``,
+default ``DEFAULT_MAX_CANDIDATES``) is first ranked for each query by BLAST's ungapped stage
+(``alignment.prefilter``: neighbourhood-word hits, two on a diagonal, X-drop extension; a
+few milliseconds for 10,000 subjects) and only the ``max_candidates`` best are scored by the
+forward pass; the others are not reported. E-values still count all ``N`` sequences, so a
+reported hit has the E-value an exhaustive search gives it.
+
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
 database sequences drawn at random (seeded by ``seed`` and the query's residues, not by its
 place in the batch: a query's E-values are the same alone or among others) are shuffled
@@ -70,6 +77,7 @@ BLAST_COLUMNS = tuple(BLAST_FIELD_NAMES)
 DEFAULT_DECOYS = 50
 DEFAULT_EVALUE = 10.0  # hits reported up to this E-value, at most DEFAULT_MAX_HITS per query
 DEFAULT_MAX_HITS = 500
+DEFAULT_MAX_CANDIDATES = 2000  # subjects the prefilter passes to the forward pass, per query
 MIN_DECOYS = 10  # fewer cannot pin down two parameters
 
 
@@ -192,21 +200,33 @@ class QueryResult:
 SCORE_CHUNK = 512  # subjects scored per call (progress moves per chunk)
 
 
+def scored_per_query(n_database: int, max_candidates: int | None) -> int:
+    """Database sequences a query's forward pass scores: all, or the prefilter's ``max_candidates``."""
+    return n_database if max_candidates is None else min(n_database, max_candidates)
+
+
 def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRecord], settings, errors, *,
            all_vs_all: bool = False, decoys: int = DEFAULT_DECOYS, max_hits: int | None = None,
-           evalue: float | None = None, seed: int = 0, advance: Callable[[int], None] = lambda n=1: None
-           ) -> Iterator[QueryResult | BadRecord]:
+           evalue: float | None = None, max_candidates: int | None = None, seed: int = 0,
+           advance: Callable[[int], None] = lambda n=1: None) -> Iterator[QueryResult | BadRecord]:
     """Streams one QueryResult per query (in order; see the module docstring for the score and
     the statistics) and the BadRecord of each hit that could not be aligned (also given to
     ``errors``, a ``batch.BatchErrors``). ``all_vs_all``: ``queries`` is ``database`` and a
-    sequence is not searched against itself. ``advance(n)``: n more pairs scored (decoys and
-    database, ``decoys + N`` per query)."""
+    sequence is not searched against itself. ``max_candidates``: when the database has more
+    sequences than this, only the ones ``prefilter.candidates`` ranks highest are scored
+    (None: all). ``advance(n)``: n more pairs scored (decoys and database,
+    ``decoys + scored_per_query(N, max_candidates)`` per query)."""
     if decoys < MIN_DECOYS:
         raise ValueError(f"need at least {MIN_DECOYS} decoys per query for the E-value fit, got {decoys}")
     if not database:
         raise ValueError("the database has no usable sequences")
     local = settings.mode == "local"
     n_db = len(database) - (1 if all_vs_all else 0)
+    index = None
+    if scored_per_query(n_db, max_candidates) < n_db:
+        from pfamalign.alignment import prefilter
+
+        index = prefilter.Database.of([s.seq for s in database])
 
     def scores(query: FastaRecord, subjects: Sequence[str]) -> np.ndarray:
         from pfamalign.alignment.pairhmm_numba import log_likelihood_ratios
@@ -227,7 +247,11 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         except ValueError as err:  # e.g. a database of one low-complexity sequence: every shuffle alike
             raise ValueError(f"query {query.id}: no E-values: {err} (the decoys are shuffles of the database's "
                              f"sequences; search a larger or more varied database)") from None
-        subjects = [s for sn, s in enumerate(database) if not (all_vs_all and sn == qn)]
+        if index is None:
+            subjects = [s for sn, s in enumerate(database) if not (all_vs_all and sn == qn)]
+        else:
+            subjects = [database[sn] for sn in prefilter.candidates(
+                query.seq, index, max_candidates, exclude=qn if all_vs_all else None)]
         score = scores(query, [s.seq for s in subjects])
         lengths = np.array([len(s.seq) for s in subjects])
         e_values = n_db * null.sf(score, lengths)

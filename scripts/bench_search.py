@@ -14,6 +14,11 @@ from the query's family. Both methods rank the same pairs: pfamalign by its bit 
 order of ``pfamalign search``: its E-values, which depend on the subject's length, not on
 the raw log-odds alone), SW by its BLOSUM62 score (gap open 11, extend 1).
 
+With ``--background N`` the database also holds N sequences of the other splits' families
+(unrelated to every query) for every method, and each query is searched against the whole
+database (its own entry left out of the figures): the setting of the search prefilter
+(``--max-candidates``; the share of related pairs among each query's candidates is reported).
+
 Per query: ROC1 (the share of the query's relatives scored above its best-scoring unrelated
 sequence) and average precision; the figures are means over queries with 95 % intervals
 from a bootstrap over *families* (the queries of a family are not independent), and the
@@ -44,16 +49,19 @@ import _common
 DEFAULT_DATA = pathlib.Path("/work/data/data_b62_1k")
 
 
-def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: int, seed: int,
-                     max_families: int | None = None) -> list[tuple[str, str, str]]:
-    """``(family, id, residues)`` of the chosen sequences (see the module docstring)."""
+def family_sequences(data: pathlib.Path, split: str, per_family: int | None, max_len: int, seed: int,
+                     max_families: int | None = None, *, other_splits: bool = False
+                     ) -> list[tuple[str, str, str]]:
+    """``(family, id, residues)`` of the chosen sequences (see the module docstring);
+    ``per_family`` None: every usable one; ``other_splits``: of the families outside
+    ``split``."""
     from pfamalign.pipelines.pairs import family_arrays
     from pfamalign.pipelines.stockholm import read_families
 
     rng = np.random.default_rng(seed)
     chosen, seen = [], set()
     with open(data / "families.tsv", newline="") as handle:
-        rows = [r for r in csv.DictReader(handle, delimiter="\t") if r["split"] == split]
+        rows = [r for r in csv.DictReader(handle, delimiter="\t") if (r["split"] == split) != other_splits]
     for row in rows:
         base = row["accession_base"]
         if base in seen or len(seen) == max_families:
@@ -64,7 +72,7 @@ def family_sequences(data: pathlib.Path, split: str, per_family: int, max_len: i
             if len(usable) < 3:
                 continue
             seen.add(base)
-            for i in sorted(rng.choice(usable, min(per_family, len(usable)), replace=False)):
+            for i in sorted(rng.choice(usable, min(per_family or len(usable), len(usable)), replace=False)):
                 chosen.append((base, family.seq_ids[i].replace(" ", "_"), fa.residues[i]))
     return chosen
 
@@ -73,11 +81,13 @@ def _fasta(path: pathlib.Path, records) -> None:
     path.write_text("".join(f">{r.id}\n{r.seq}\n" for r in records))
 
 
-def _tool_matrices(hits: Iterable[tuple[str, str, float, float]], index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(bits, evalues)`` ``[n, n]`` from ``(query, subject, evalue, bits)`` rows: a pair's best
-    row (a tool may report several HSPs or domains of one pair), NaN where none."""
+def _tool_matrices(hits: Iterable[tuple[str, str, float, float]], index: dict[str, int], n_queries: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``(bits, evalues)`` ``[n_queries, n]`` from ``(query, subject, evalue, bits)`` rows (the
+    queries are the database's first ``n_queries``): a pair's best row (a tool may report
+    several HSPs or domains of one pair), NaN where none."""
     n = len(index)
-    bits, evalues = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    bits, evalues = np.full((n_queries, n), np.nan), np.full((n_queries, n), np.nan)
     for q, s, e, b in hits:
         i, j = index[q], index[s]
         if np.isnan(bits[i, j]) or b > bits[i, j]:
@@ -85,27 +95,29 @@ def _tool_matrices(hits: Iterable[tuple[str, str, float, float]], index: dict[st
     return bits, evalues
 
 
-def blastp(records, index: dict[str, int], work: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
+def blastp(queries, records, index: dict[str, int], work: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
     _fasta(work / "db.fasta", records)
+    _fasta(work / "queries.fasta", queries)
     subprocess.run(["makeblastdb", "-in", str(work / "db.fasta"), "-dbtype", "prot", "-out", str(work / "db")],
                    check=True, capture_output=True)
-    out = subprocess.run(["blastp", "-query", str(work / "db.fasta"), "-db", str(work / "db"), "-evalue", "1e6",
+    out = subprocess.run(["blastp", "-query", str(work / "queries.fasta"), "-db", str(work / "db"), "-evalue", "1e6",
                           "-max_target_seqs", str(len(records)), "-outfmt", "6 qseqid sseqid evalue bitscore"],
                          check=True, capture_output=True, text=True).stdout
     rows = (line.split("\t") for line in out.splitlines() if line)
-    return _tool_matrices(((q, s, float(e), float(b)) for q, s, e, b in rows), index)
+    return _tool_matrices(((q, s, float(e), float(b)) for q, s, e, b in rows), index, len(queries))
 
 
-def phmmer(records, index: dict[str, int], work: pathlib.Path, *, filters: bool = True
+def phmmer(queries, records, index: dict[str, int], work: pathlib.Path, *, filters: bool = True
            ) -> tuple[np.ndarray, np.ndarray]:
     """``filters`` False: ``--max``, HMMER's acceleration filters off (every pair scored)."""
     _fasta(work / "db.fasta", records)
+    _fasta(work / "queries.fasta", queries)
     subprocess.run(["phmmer", "--noali", "-o", os.devnull, "--tblout", str(work / "hits.tbl"), "-E", "1e6",
                     "--domE", "1e6", "--cpu", "2", *([] if filters else ["--max"]),
-                    str(work / "db.fasta"), str(work / "db.fasta")], check=True, capture_output=True)
+                    str(work / "queries.fasta"), str(work / "db.fasta")], check=True, capture_output=True)
     rows = (line.split() for line in (work / "hits.tbl").read_text().splitlines() if not line.startswith("#"))
     # --tblout: target, its accession, query, its accession, full-sequence E-value, score, ...
-    return _tool_matrices(((t[2], t[0], float(t[4]), float(t[5])) for t in rows), index)
+    return _tool_matrices(((t[2], t[0], float(t[4]), float(t[5])) for t in rows), index, len(queries))
 
 
 TOOLS = {"blastp": ("NCBI BLAST+ blastp", "blastp", blastp), "phmmer": ("HMMER phmmer", "phmmer", phmmer),
@@ -151,6 +163,15 @@ def main(argv=None) -> None:
     parser.add_argument("--max-families", type=int, default=None, help="use only the first N families")
     parser.add_argument("--max-len", type=int, default=400, help="longest sequence used (default 400)")
     parser.add_argument("--decoys", type=int, default=30, help="decoys per query for the E-values (default 30)")
+    parser.add_argument("--background", type=int, default=0,
+                        help="add this many sequences of the other splits' families to the database of "
+                             "every method (unrelated to every query; default 0)")
+    parser.add_argument("--max-candidates", type=int, default=None,
+                        help="pfamalign search's --max-candidates (default: its default; 0: score all)")
+    parser.add_argument("--evalue", type=float, default=None,
+                        help="pfamalign reports (and aligns) hits up to this E-value (default: every pair; "
+                             "10, search's default, keeps --background runs short)")
+    parser.add_argument("--no-sw", action="store_true", help="leave out Smith-Waterman (slow with --background)")
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None, help="model (default: the shipped one)")
     parser.add_argument("--bootstrap", type=int, default=2000, help="family resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
@@ -172,57 +193,68 @@ def main(argv=None) -> None:
 
     chosen = family_sequences(args.data, args.split, args.per_family, args.max_len, args.seed,
                               args.max_families)
-    records = [FastaRecord(f"{n}_{sid}", seq, fam) for n, (fam, sid, seq) in enumerate(chosen)]
-    family_of = {r.id: fam for r, (fam, _, _) in zip(records, chosen)}
-    index = {r.id: n for n, r in enumerate(records)}
-    n = len(records)
+    if args.background:
+        pool = family_sequences(args.data, args.split, None, args.max_len, args.seed, other_splits=True)
+        picked = np.random.default_rng(args.seed).choice(len(pool), min(args.background, len(pool)), replace=False)
+        chosen += [pool[i] for i in sorted(picked)]
+    database = [FastaRecord(f"{n}_{sid}", seq, fam) for n, (fam, sid, seq) in enumerate(chosen)]
+    records = database[:len(database) - (len(picked) if args.background else 0)]  # the queries
+    family_of = {r.id: fam for r, (fam, _, _) in zip(database, chosen)}
+    index = {r.id: n for n, r in enumerate(database)}
+    n, m = len(records), len(database)
+    max_candidates = lib.DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates or None
     predictor = Predictor(args.checkpoint)
-    families = sorted(set(family_of.values()))
+    families = sorted({family_of[r.id] for r in records})  # the queries'
     overlap = training_overlap(predictor.path, families) or {}
     config = {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items() if k != "json"}
-    config.update(n_sequences=n, families=families, trained_on=overlap.get("trained_on", []),
+    config.update(n_sequences=n, n_database=m, families=families, trained_on=overlap.get("trained_on", []),
                   tuned_on=overlap.get("tuned_on", []))
     report = _common.Report("retrieval: each sequence against all others, same family = relevant",
                             ["method", "roc1", "roc1_ci", "map", "map_ci", "seconds"],
                             json_lines=args.json, script="bench_search", config=config)
 
-    model_scores = np.full((n, n), np.nan)
-    evalues = np.full((n, n), np.nan)
+    model_scores = np.full((n, m), np.nan)
+    evalues = np.full((n, m), np.nan)
     start = time.perf_counter()
     done = 0
     settings = predictor.decoding.override(objective=args.objective, alpha=args.alpha, mode=args.mode)
-    for result in lib.search(predictor, records, records, settings, BatchErrors(strict=True),
-                             all_vs_all=True, decoys=args.decoys, seed=args.seed):
+    # without background: all against all; with it, the queries against the database they
+    # open (its self-hit left out below)
+    for result in lib.search(predictor, records, database, settings, BatchErrors(strict=True),
+                             all_vs_all=not args.background, decoys=args.decoys, seed=args.seed, evalue=args.evalue,
+                             max_candidates=max_candidates):
         q = index[result.query.id]
         for hit in result.hits:
             s = index[hit.columns["sseqid"]]
-            model_scores[q, s], evalues[q, s] = hit.columns["bitscore"], hit.columns["evalue"]
+            if s != q:
+                model_scores[q, s], evalues[q, s] = hit.columns["bitscore"], hit.columns["evalue"]
         done += 1
         print(f"  query {done}/{n}", file=sys.stderr, flush=True)
     model_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    sw_scores = np.full((n, n), np.nan)
-    for a in range(n):
-        for b in range(n):
-            if a != b:
-                sw_scores[a, b] = smith_waterman(records[a].seq, records[b].seq).score
-    sw_seconds = time.perf_counter() - start
-    methods = {"pfamalign": ("pfamalign", model_scores, evalues, model_seconds),
-               "sw": ("SW-BLOSUM62", sw_scores, None, sw_seconds)}
+    methods = {"pfamalign": ("pfamalign", model_scores, evalues, model_seconds)}
+    if not args.no_sw:
+        sw_scores = np.full((n, m), np.nan)
+        for a in range(n):
+            for b in range(m):
+                if a != b:
+                    sw_scores[a, b] = smith_waterman(records[a].seq, database[b].seq).score
+        methods["sw"] = ("SW-BLOSUM62", sw_scores, None, time.perf_counter() - start)
     for key, (label, binary, run) in TOOLS.items():
         if shutil.which(binary) is None:
             report.note(f"{label}: {binary} is not on PATH, skipped")
             continue
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as work:
-            bits, tool_evalues = run(records, index, pathlib.Path(work))
+            bits, tool_evalues = run(records, database, index, pathlib.Path(work))
         methods[key] = (label, bits, tool_evalues, time.perf_counter() - start)
 
-    fam = np.array([family_of[r.id] for r in records])
-    per_query = {f"{m}_{x}": [] for m in methods for x in ("roc1", "ap")}
+    fam_db = np.array([family_of[r.id] for r in database])
+    fam = fam_db[:n]
+    per_query = {f"{name}_{x}": [] for name in methods for x in ("roc1", "ap")}
     for q in range(n):
-        others = np.arange(n) != q
-        relevant = fam[others] == fam[q]
+        others = np.arange(m) != q
+        relevant = fam_db[others] == fam[q]
         for name, (_, scores, _, _) in methods.items():
             row = np.nan_to_num(scores[q, others], nan=-np.inf)  # a pair without a hit ranks last
             roc1, ap = roc1_ap(row, relevant)
@@ -240,8 +272,9 @@ def main(argv=None) -> None:
         report.add(method=label, roc1=boot[f"{name}_roc1"]["mean"], roc1_ci=boot[f"{name}_roc1"]["ci"],
                    map=boot[f"{name}_ap"]["mean"], map_ci=boot[f"{name}_ap"]["ci"], seconds=seconds,
                    n_queries=n, n_families=len(families))
-    unrelated = (fam[:, None] != fam[None, :]) & ~np.eye(n, dtype=bool)
-    related = (fam[:, None] == fam[None, :]) & ~np.eye(n, dtype=bool)
+    itself = np.eye(n, m, dtype=bool)
+    unrelated = (fam[:, None] != fam_db[None, :]) & ~itself
+    related = (fam[:, None] == fam_db[None, :]) & ~itself
     for name, (label, _, tool_evalues, _) in methods.items():
         if tool_evalues is None:
             continue
@@ -249,13 +282,27 @@ def main(argv=None) -> None:
         calibration = {f"unrelated_hits_E<={x}": int((found[unrelated] <= x).sum()) for x in (0.1, 1, 10)}
         sensitivity = {f"related_found_E<={x:g}": round(float((found[related] <= x).mean()), 4)
                        for x in (1e-3, 0.01, 1, 10)}
-        extra = {"model_pairs_per_s": n * (n - 1 + args.decoys) / model_seconds} if name == "pfamalign" else {}
+        scored = lib.scored_per_query(m - (0 if args.background else 1), max_candidates)
+        extra = {"model_pairs_per_s": n * (scored + args.decoys) / model_seconds} if name == "pfamalign" else {}
         report.add(method=f"calibration: {label}", seconds=None, n_queries=n, **calibration,
                    expected_at_most={f"E<={x}": x * n for x in (0.1, 1, 10)}, **sensitivity, **extra)
         report.note(f"{label}: unrelated hits with E <= 0.1 / 1 / 10: {list(calibration.values())} "
                     f"(E-values promise at most {0.1 * n:g} / {n} / {10 * n}); related pairs found at "
                     f"E <= 1e-3 / 0.01 / 1 / 10: {list(sensitivity.values())}")
-    report.note(f"{n} sequences from {len(families)} {args.split} families ({', '.join(families)})")
+    if max_candidates is not None and max_candidates < m - 1:
+        from pfamalign.alignment import prefilter
+
+        index_db = prefilter.Database.of([r.seq for r in database])
+        passed = np.zeros((n, m), bool)
+        for q in range(n):
+            passed[q, prefilter.candidates(records[q].seq, index_db, max_candidates,
+                                             exclude=None if args.background else q)] = True
+        share = float(passed[related].mean())
+        report.add(method="prefilter: related pairs passed", seconds=None, n_queries=n,
+                   related_passed=round(share, 4), max_candidates=max_candidates)
+        report.note(f"prefilter: {share:.4f} of related pairs among each query's {max_candidates} candidates")
+    report.note(f"{n} queries from {len(families)} {args.split} families ({', '.join(families)}); "
+                f"database {m} sequences ({m - n} background from the other splits)")
     report.finish()
 
 

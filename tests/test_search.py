@@ -347,6 +347,49 @@ def test_search_aligns_only_the_hits_it_reports(fastas):
         assert evalues == sorted(evalues) and r.hits[0].columns["sseqid"] == r.query.id
 
 
+def test_prefilter_scores_its_candidates_only_and_keeps_the_exhaustive_evalues(fastas):
+    """With --max-candidates below the database's size, a query's forward passes score the
+    prefilter's candidates only: its hits are among them, with the E-values (counted over the
+    whole database) and bit scores an exhaustive search gives the same subjects."""
+    from pfamalign import search as lib
+    from pfamalign.alignment import prefilter
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    _, queries, db = fastas
+    predictor = Predictor()
+    queries = [FastaRecord(*q, "q") for q in queries]
+    database = [FastaRecord(*d, "d") for d in db]
+    runs = {}
+    for keep in (None, 3):
+        scored = []
+        runs[keep] = list(lib.search(predictor, queries, database, predictor.decoding, BatchErrors(), decoys=12,
+                                     evalue=None, max_candidates=keep, advance=scored.append))
+        assert sum(scored) == len(queries) * (12 + lib.scored_per_query(len(db), keep))
+    index = prefilter.Database.of([d.seq for d in database])
+    for full, filtered in zip(runs[None], runs[3]):
+        assert full.n_database == filtered.n_database == len(db)
+        kept = {database[i].id for i in prefilter.candidates(filtered.query.seq, index, 3)}
+        got = {h.columns["sseqid"]: h.columns for h in filtered.hits}
+        assert set(got) == kept and len(full.hits) == len(db)
+        for hit in full.hits:
+            if hit.columns["sseqid"] in got:
+                mine = got[hit.columns["sseqid"]]
+                assert mine["evalue"] == pytest.approx(hit.columns["evalue"], rel=1e-9)
+                assert mine["bitscore"] == pytest.approx(hit.columns["bitscore"], rel=1e-9)
+    assert lib.scored_per_query(5, None) == 5 and lib.scored_per_query(5, 3) == 3 and lib.scored_per_query(2, 3) == 2
+    tmp = fastas[0]
+    for option, rows_per_query in (("2", 2), ("0", len(db))):  # 0: every sequence
+        res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                        "--evalue", "1000", "-f", "blast6", "--max-candidates", option])
+        assert res.exit_code == 0, res.output
+        rows = [line.split("\t") for line in res.stdout.splitlines()]
+        for q in queries:
+            assert [r[1] for r in rows if r[0] == q.id][:1] == [q.id]  # itself first
+            assert sum(r[0] == q.id for r in rows) == rows_per_query
+
+
 @pytest.mark.slow
 def test_shipped_model_evalues_of_shuffled_sequences_are_calibrated(tmp_path):
     """Real model, real sequences: a query searched against 150 shuffled Pfam sequences (a

@@ -25,6 +25,10 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS), default=lib.DEFAULT_DECOYS,
               show_default=True,
               help="Shuffled decoys scored per query for the E-value fit.")
+@click.option("--max-candidates", type=click.IntRange(min=0), default=lib.DEFAULT_MAX_CANDIDATES,
+              show_default=True,
+              help="Against a database larger than this, score only the sequences a BLAST-like "
+                   "word prefilter ranks highest, this many per query (0: score every sequence).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "blast6", "blast7", "json"]), default="tsv",
               show_default=True,
@@ -41,7 +45,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Skip sequences longer than this (residues).")
 @max_memory_option
 @batch_options
-def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out, checkpoint, weights,
+def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, seed, fmt, out, checkpoint, weights,
            engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
 
@@ -49,7 +53,9 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
     Every query is scored against every database sequence by the pair-HMM's homology
     log-odds (the two sequences under the pair-HMM, summed over all alignments, against
     unrelated background sequences; in --mode local the segment model), and the hits that
-    pass --evalue and --max-hits are aligned by the model and its decoder.
+    pass --evalue and --max-hits are aligned by the model and its decoder. Against a
+    database of more than --max-candidates sequences, a word prefilter (BLAST's ungapped
+    stage) first picks the ones scored; E-values still count the whole database.
 
     \b
     Statistics: per query, --decoys database sequences shuffled residue by residue are
@@ -107,7 +113,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
         db = queries if all_vs_all else lib.usable_records(db_records, predictor, errors)
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
-        per_query = decoys + len(db) - (1 if all_vs_all else 0)
+        max_candidates = max_candidates or None  # 0: every sequence
+        per_query = decoys + lib.scored_per_query(len(db) - (1 if all_vs_all else 0), max_candidates)
         provenance = predictor.provenance(settings)
         # BLAST's tables have no place for a skipped record ('#' lines would break -outfmt 6
         # readers, or be taken for -outfmt 7's own); standard error has them anyway
@@ -123,7 +130,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, seed, fmt, out
                 sink.write(error_line(error, fmt == "json"))
             n_queries = 0
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
-                                     decoys=decoys, max_hits=max_hits, evalue=evalue, seed=seed,
+                                     decoys=decoys, max_hits=max_hits, evalue=evalue,
+                                     max_candidates=max_candidates, seed=seed,
                                      advance=advance):
                 if isinstance(result, inputs.BadRecord):
                     if errors_in_output:
