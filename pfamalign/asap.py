@@ -710,10 +710,10 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     settings, training record) plus the operator, built beside OUT and renamed into place
     (never half written). Refuses OUT equal to ``source`` and an existing OUT (``replace``:
     an existing compiled model directory is swapped out, as ``train --compile`` does)."""
-    from pfamalign.checkpoint import write_json
+    from pfamalign.pipelines.records import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
     with staged_directory(out, replace=True) as staged:  # check_output_dir allowed any replacing
         shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
-        write_json(staged / OPERATOR_FILE, op.to_dict())
+        write_json(staged / OPERATOR_FILE, op.to_dict(), indent=2)
     return out

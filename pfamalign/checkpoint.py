@@ -40,7 +40,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from pfamalign import jsonio
 from pfamalign.pipelines import records
 from pfamalign.model import Aligner, AlignerConfig
 
@@ -89,16 +88,9 @@ def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
 # Model directories
 # ---------------------------------------------------------------------------------------------
 
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    """Writes ``data`` as indented JSON (``jsonio``) atomically: a temporary file, then a
-    rename, so that a reader never sees half a file."""
-    path = pathlib.Path(path)
-    records.write_text(path, jsonio.dumps(data, sort_keys=True) + "\n")
-
-
 def write_training_record(directory: str | os.PathLike, record: dict) -> None:
     """Writes ``MODEL/training.json`` (see the module docstring)."""
-    write_json(pathlib.Path(directory) / TRAINING_RECORD, record)
+    records.write_json(pathlib.Path(directory) / TRAINING_RECORD, record, indent=2)
 
 
 def read_training_record(directory: str | os.PathLike) -> dict | None:
@@ -125,9 +117,9 @@ def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConf
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
         write_checksums(directory, ("params",))
-        write_json(directory / "config.json", {"format": MODEL_FORMAT,
-                                                "format_version": MODEL_FORMAT_VERSION,
-                                                "model": config.to_dict()})
+        records.write_json(directory / "config.json", {"format": MODEL_FORMAT,
+                                                        "format_version": MODEL_FORMAT_VERSION,
+                                                        "model": config.to_dict()}, indent=2)
     return directory
 
 
@@ -145,7 +137,7 @@ def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
     """Records the SHA-256 of every file under ``directory / part`` for each part."""
     sums = {str(f.relative_to(directory)): records.file_sha256(f)
             for part in parts for f in sorted((directory / part).rglob("*")) if f.is_file()}
-    write_json(directory / CHECKSUMS, {"sha256": sums})
+    records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:

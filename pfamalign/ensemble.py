@@ -39,7 +39,8 @@ import shutil
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.inference import ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash
+from pfamalign.inference import (ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash,
+                                 predictor_path)
 from pfamalign.outputs import staged_directory
 from pfamalign.tuning import PLAN_POWERS
 
@@ -112,9 +113,6 @@ class EnsemblePredictor(Predictor):
 
     def __init__(self, checkpoint, *, weights=None, max_length: int = 4096,
                  max_memory: int | None = None, engine: str = "sinkhorn", steps: int | None = None):
-        from pfamalign.alignment.pairhmm import model_pairhmm
-        from pfamalign.inference import predictor_path
-
         path = predictor_path(checkpoint)  # as Predictor.__new__ found it
         if engine != "sinkhorn" or steps is not None:
             raise ValueError(f"{path} is an ensemble: its members' own solves compute its plans "
@@ -131,17 +129,14 @@ class EnsemblePredictor(Predictor):
             raise ValueError(f"{path}: the members use different features ({', '.join(sorted(features))}); "
                              "an ensemble's members must share one embedder")
         first = self.members[0]
-        self.path = path
         self.config = first.config  # the shared features (and the dustbin flag of plan metrics)
-        self.name = "ensemble of " + " + ".join(m.name for m in self.members)
-        self.engine = None
-        self.decoding = DecoderSettings.load(path)
-        self.pairhmm = model_pairhmm(path)
-        self.embedder = first.embedder
-        self.max_length = min(m.max_length for m in self.members)
-        self.max_memory = max_memory
-        self.plan_models = len(self.members)  # each member's plans: the memory estimate
-        self.shapes = first.shapes  # every member computes at the same shapes
+        self._read_directory(path, decoding_dir=path)
+        # max_length: the members' least (each already capped at the shared embedder's limit);
+        # plan_models: each member's plans (the memory estimate); shapes: every member
+        # computes at the same shapes
+        self._set_featurizer("ensemble of " + " + ".join(m.name for m in self.members), first.embedder,
+                             max_length=min(m.max_length for m in self.members), max_memory=max_memory,
+                             plan_models=len(self.members), shapes=first.shapes)
 
     @property
     def model(self):
@@ -212,7 +207,8 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     written to training.json."""
     from pfamalign import evaluation, tuning
     from pfamalign.alignment.pairhmm import MODEL_FILE
-    from pfamalign.checkpoint import read_training_record, write_json, write_training_record
+    from pfamalign.checkpoint import read_training_record, write_training_record
+    from pfamalign.pipelines.records import write_json
 
     out, models = pathlib.Path(out), [pathlib.Path(m) for m in models]
     if out.exists():
@@ -253,7 +249,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
             shutil.copytree(model, work / member.path)
         if (models[0] / MODEL_FILE).is_file():
             shutil.copy2(models[0] / MODEL_FILE, work / MODEL_FILE)
-        write_json(work / ENSEMBLE_FILE, {"members": [dataclasses.asdict(m) for m in members]})
+        write_json(work / ENSEMBLE_FILE, {"members": [dataclasses.asdict(m) for m in members]}, indent=2)
         # without tuning, the shipped model's decoder (never the affine defaults of no decoding.json)
         record["decoder"] = tuning.choose_decoder(work, data, split=split, seed=seed,
                                                   max_pairs=max_pairs if tune_decoder else None)

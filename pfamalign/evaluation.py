@@ -43,8 +43,9 @@ from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIAB
                                          PlanMetrics, alignment_counts, diagonal_plan_metrics,
                                          paired_f1_difference, pairs_in_reference, plan_metrics,
                                          prf_by_identity, reliability, reliability_sums)
-from pfamalign.checkpoint import read_training_record, write_json
+from pfamalign.checkpoint import read_training_record
 from pfamalign.model import Aligner, aligner_loss
+from pfamalign.pipelines.records import write_json
 
 BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
@@ -237,15 +238,20 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
     return ev
 
 
-def sample_across_families(families: Sequence[str], max_pairs: int, *, seed: int = 0) -> np.ndarray:
+def sample_across_families(families: Sequence[str], max_pairs: int, *, seed: int = 0,
+                           shuffle_families: bool = True) -> np.ndarray:
     """Sorted indices of at most ``max_pairs`` items, drawn round-robin over the families
     (``families``: one label per item): each round takes one random item of every family
     not yet exhausted, families in a random order. Every family is represented when
     ``max_pairs`` >= the number of families, family counts differ by at most one (beyond
-    exhausted families) and the draw is a function of ``seed``."""
+    exhausted families) and the draw is a function of ``seed``. ``shuffle_families=False``:
+    the families in sorted order in every round, and no draw for that order (each family's
+    items drawn first from the seed): the test pairs of ``scripts/crossval.py``, whose
+    published figures were made with this draw."""
     labels = np.unique(np.asarray(families, dtype=str), return_inverse=True)[1].reshape(-1)
     rng = np.random.default_rng(seed)
-    position = rng.permutation(labels.max() + 1) if labels.size else labels
+    count = labels.max() + 1 if labels.size else 0
+    position = rng.permutation(count) if shuffle_families else np.arange(count)
     rank = np.empty(labels.size, np.int64)  # the round in which each item is drawn
     for family in range(position.size):
         members = rng.permutation(np.flatnonzero(labels == family))
@@ -276,12 +282,14 @@ def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int =
 
 def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
                  pairs_per_family: int = 50, seed: int = 0, max_pairs: int | None = None,
-                 embedder_id: str | None = None, errors=None) -> tuple[Iterable[dict], int, str]:
+                 embedder_id: str | None = None, errors=None,
+                 shuffle_families: bool = True) -> tuple[Iterable[dict], int, str]:
     """``(records, how many, features)`` of one source: a dataset split (``data``), else
     pairs sampled from the ``stockholm`` files. ``max_pairs`` draws that many across the
-    families (``sample_across_families``, seeded by ``seed``) rather than the first ones,
-    which would all come from one family. ``features`` is ``"records"`` when the dataset's
-    stored embeddings are the model's (``embedder_id``), else ``"featurize"``."""
+    families (``sample_across_families``, seeded by ``seed``, ``shuffle_families`` as there)
+    rather than the first ones, which would all come from one family. ``features`` is
+    ``"records"`` when the dataset's stored embeddings are the model's (``embedder_id``),
+    else ``"featurize"``."""
     if data is not None:
         from pfamalign.pipelines import reader
 
@@ -293,12 +301,14 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
         chosen = range(len(source))
         if max_pairs is not None and max_pairs < len(source):
             families = [r["family"] for r in reader.iter_pairs(data, split)]
-            chosen = sample_across_families(families, max_pairs, seed=seed)
+            chosen = sample_across_families(families, max_pairs, seed=seed,
+                                            shuffle_families=shuffle_families)
         return (source[i] for i in chosen), len(chosen), "records" if same else "featurize"
     records = list(stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed,
                                      errors=errors))
     if max_pairs is not None and max_pairs < len(records):
-        chosen = sample_across_families([r["family"] for r in records], max_pairs, seed=seed)
+        chosen = sample_across_families([r["family"] for r in records], max_pairs, seed=seed,
+                                        shuffle_families=shuffle_families)
         records = [records[i] for i in chosen]
     return records, len(records), "featurize"
 
@@ -343,7 +353,7 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     if predictor is not None:
         summary["training_overlap"] = training_overlap(predictor.path, ev.families)
     if json_path:
-        write_json(pathlib.Path(json_path), summary)
+        write_json(pathlib.Path(json_path), summary, indent=2)
     if plot_path:
         plot(summary, plot_path)
     return summary

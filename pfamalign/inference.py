@@ -190,9 +190,9 @@ class DecoderSettings:
             raise ValueError(f"{path}: {err}") from None
 
     def save(self, directory: pathlib.Path) -> None:
-        from pfamalign.checkpoint import write_json  # atomic: a model directory is never torn
+        from pfamalign.pipelines.records import write_json  # atomic: a model directory is never torn
 
-        write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self))
+        write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self), indent=2)
 
     def uses_pairhmm(self) -> bool:
         """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""
@@ -420,13 +420,10 @@ class Predictor:
                     else "the package was installed without its default model; reinstall pfamalign "
                          "or pass --checkpoint")
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
-        self.path = path
         # a checkpoint of an unfinished run has no tuned decoder: the shipped model's, as
         # `train --no-tune` writes (never the affine defaults of DecoderSettings())
         tuned = (path / "decoding.json").is_file()
-        self.decoding = DecoderSettings.load(path if tuned else default_model_dir())
-        self.pairhmm = model_pairhmm(path)
-        self.engine = None  # the model's own plan
+        self._read_directory(path, decoding_dir=path if tuned else default_model_dir())
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
         if engine != "sinkhorn" or steps is not None:
             from pfamalign.asap import Engine
@@ -438,15 +435,34 @@ class Predictor:
             _ = self.model  # restore now: a broken model is an error here, not mid-run
         model_fields = (self.config.to_dict() if "_restored" in vars(self)
                         else json.loads((path / "config.json").read_text(encoding="utf-8"))["model"])
-        self.name = model_fields["name"]
         self._transport_fields = model_fields.get("transport", {})
-        self.embedder = get_embedder(model_fields["embedder_id"], weights)
-        limit = self.embedder.max_residues
-        self.max_length = min(max_length, limit) if limit else max_length
-        self.max_memory = max_memory  # bytes per pair (``resources``); None: no limit
-        self.plan_models = 1  # models whose plans a pair needs (an ensemble: its members)
-        self.shapes: set[tuple[int, int]] = set()  # (batch, padded length) of the plan calls
+        self._set_featurizer(model_fields["name"], get_embedder(model_fields["embedder_id"], weights),
+                             max_length=max_length, max_memory=max_memory)
         self.encodings = EncodingCache()  # the encoder's outputs of the sequences met so far
+
+    # ---- the setup a model's and an ensemble's (``EnsemblePredictor``) share ------------
+    def _read_directory(self, path: pathlib.Path, *, decoding_dir: pathlib.Path) -> None:
+        """What the directory ``path`` itself gives: the decoder (``decoding.json`` of
+        ``decoding_dir``) and the pair-HMM (``path``'s ``pairhmm.json``, else the shipped);
+        no engine (the plan is the model's own)."""
+        self.path = path
+        self.decoding = DecoderSettings.load(decoding_dir)
+        self.pairhmm = model_pairhmm(path)
+        self.engine = None  # the model's own plan
+
+    def _set_featurizer(self, name: str, embedder, *, max_length: int, max_memory: int | None,
+                        plan_models: int = 1, shapes: set[tuple[int, int]] | None = None) -> None:
+        """The model's name, its featurizer and the limits of a pair: ``max_length`` capped at
+        what the embedder accepts, ``max_memory`` (bytes per pair, ``resources``; None: no
+        limit) for ``plan_models`` models' plans (an ensemble: its members); ``shapes`` (the
+        (batch, padded length) of the plan calls) a new set unless shared."""
+        self.name = name
+        self.embedder = embedder
+        limit = embedder.max_residues
+        self.max_length = min(max_length, limit) if limit else max_length
+        self.max_memory = max_memory
+        self.plan_models = plan_models
+        self.shapes: set[tuple[int, int]] = set() if shapes is None else shapes
 
     # ---- the model, restored when first needed ------------------------------------------
     @functools.cached_property

@@ -162,9 +162,12 @@ def write_text(path: os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: os.PathLike, obj: object) -> None:
-    """Atomically writes ``obj`` as JSON (pfamalign's one JSON policy: ``pfamalign.jsonio``)."""
-    write_text(path, jsonio.dumps(obj, indent=1, sort_keys=True) + "\n")
+def write_json(path: os.PathLike, obj: object, *, indent: int = 1) -> None:
+    """Atomically writes ``obj`` as JSON with sorted keys and a final newline (pfamalign's one
+    JSON policy: ``pfamalign.jsonio``). ``indent``: 1 for the dataset's files (manifest,
+    work files), 2 for a model or run directory's (``config.json``, whose bytes the model's
+    content hash reads, ``decoding.json``, ...)."""
+    write_text(path, jsonio.dumps(obj, indent=indent, sort_keys=True) + "\n")
 
 
 def file_sha256(path: os.PathLike, chunk: int = 1 << 20) -> str:

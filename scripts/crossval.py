@@ -162,20 +162,15 @@ def tune_fold(args, model: pathlib.Path, data: pathlib.Path, fold_dir: pathlib.P
 
 def sample_test_pairs(data: pathlib.Path, max_pairs: int, seed: int) -> list[dict]:
     """Up to ``max_pairs`` test pairs, round-robin over the families (each family's pairs in a
-    seeded random order), with their stored features."""
-    plain = reader.PairSource(data, "test", features=False)
-    by_family: dict[str, list[int]] = {}
-    for i in range(len(plain)):
-        by_family.setdefault(plain[i]["family"], []).append(i)
-    rng = np.random.default_rng(seed)
-    queues = [list(rng.permutation(idx)) for _, idx in sorted(by_family.items())]
-    chosen: list[int] = []
-    while len(chosen) < max_pairs and any(queues):
-        for q in queues:
-            if q and len(chosen) < max_pairs:
-                chosen.append(int(q.pop(0)))
-    features = reader.PairSource(data, "test", features=True)
-    return [features[i] for i in sorted(chosen)]
+    seeded random order, the families in sorted order: ``evaluation.sample_across_families``
+    with ``shuffle_families=False``, the draw the published figures were made with), with
+    their stored features."""
+    ds = reader.PairDataset(data)
+    if "test" in ds.splits and not ds.num_pairs("test"):
+        return []  # a fold whose families gave no pairs scores none (pair_records refuses it)
+    records, _, _ = evaluation.pair_records(data=data, split="test", max_pairs=max_pairs, seed=seed,
+                                            embedder_id=ds.embedder_id, shuffle_families=False)
+    return list(records)
 
 
 def plan_only_settings(fold_dir: pathlib.Path, *, ensemble: bool = False) -> DecoderSettings:

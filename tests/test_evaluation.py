@@ -119,6 +119,26 @@ def test_sample_across_families_is_a_function_of_the_seed():
     assert len({STORED[i] for i in draw(0)}) == len(SIZES)
 
 
+@pytest.mark.parametrize("seed", [0, 5])
+@pytest.mark.parametrize("max_pairs", [0, 3, 4, 11, 30])
+def test_sample_across_families_unshuffled_is_the_crossval_draw(max_pairs, seed):
+    """``shuffle_families=False`` keeps scripts/crossval.py's test pairs (its published figures):
+    each family's items in one seeded permutation (families sorted), then rounds over the
+    families in sorted order."""
+    by_family: dict[str, list[int]] = {}
+    for i, family in enumerate(STORED):
+        by_family.setdefault(family, []).append(i)
+    rng = np.random.default_rng(seed)
+    queues = [list(rng.permutation(idx)) for _, idx in sorted(by_family.items())]
+    want: list[int] = []
+    while len(want) < max_pairs and any(queues):
+        for q in queues:
+            if q and len(want) < max_pairs:
+                want.append(int(q.pop(0)))
+    got = evaluation.sample_across_families(STORED, max_pairs, seed=seed, shuffle_families=False)
+    assert got.tolist() == sorted(want)
+
+
 def test_pair_records_max_pairs_covers_every_family(dataset):
     all_val = list(reader.iter_pairs(dataset, "val"))
     records, total, _ = evaluation.pair_records(data=dataset, split="val", max_pairs=4, seed=1)

@@ -21,7 +21,7 @@ import jax
 from pfamalign import checkpoint as ckpt
 from pfamalign import jsonio
 from pfamalign.configs import CONFIG_NAMES, RESUMABLE_FIELDS, RunConfig, apply_overrides, get_config
-from pfamalign.pipelines import reader
+from pfamalign.pipelines import reader, records
 from pfamalign.pipelines.locks import LOCK_NAME
 from pfamalign.training.errors import OptionsError, TrainingError
 
@@ -152,9 +152,9 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
         resume_step = steps[-1]
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.write_json(out_dir / "config.json",
-                        {**cfg.to_dict(), "data": data, "devices": mesh.devices.size,
-                         "processes": jax.process_count()})
+        records.write_json(out_dir / "config.json",
+                           {**cfg.to_dict(), "data": data, "devices": mesh.devices.size,
+                            "processes": jax.process_count()}, indent=2)
     return resume_step, changed
 
 
