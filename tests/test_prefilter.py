@@ -65,7 +65,7 @@ def test_score_is_at_most_the_best_ungapped_segment(sequences):
             bound = _best_ungapped_segment(a, b)
             assert 0 <= prefilter.reference_score(a, b) <= bound
             exact += prefilter.reference_score(a, b) == bound
-    assert exact >= 10  # of 36 pairs: the seeds reach the best segment where it is strong
+    assert exact >= 20  # of 36 pairs: the seeds reach the best segment where it is strong
     assert prefilter.reference_score("MK", "MK") == 0
 
 
