@@ -130,7 +130,7 @@ class EnsemblePredictor(Predictor):
                              "an ensemble's members must share one embedder")
         first = self.members[0]
         self.config = first.config  # the shared features (and the dustbin flag of plan metrics)
-        self._read_directory(path, decoding_dir=path)
+        self._read_directory(path)
         # max_length: the members' least (each already capped at the shared embedder's limit);
         # plan_models: each member's plans (the memory estimate); shapes: every member
         # computes at the same shapes

@@ -420,10 +420,7 @@ class Predictor:
                     else "the package was installed without its default model; reinstall pfamalign "
                          "or pass --checkpoint")
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
-        # a checkpoint of an unfinished run has no tuned decoder: the shipped model's, as
-        # `train --no-tune` writes (never the affine defaults of DecoderSettings())
-        tuned = (path / "decoding.json").is_file()
-        self._read_directory(path, decoding_dir=path if tuned else default_model_dir())
+        self._read_directory(path)
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
         if engine != "sinkhorn" or steps is not None:
             from pfamalign.asap import Engine
@@ -441,12 +438,15 @@ class Predictor:
         self.encodings = EncodingCache()  # the encoder's outputs of the sequences met so far
 
     # ---- the setup a model's and an ensemble's (``EnsemblePredictor``) share ------------
-    def _read_directory(self, path: pathlib.Path, *, decoding_dir: pathlib.Path) -> None:
-        """What the directory ``path`` itself gives: the decoder (``decoding.json`` of
-        ``decoding_dir``) and the pair-HMM (``path``'s ``pairhmm.json``, else the shipped);
-        no engine (the plan is the model's own)."""
+    def _read_directory(self, path: pathlib.Path) -> None:
+        """What the directory ``path`` itself gives: the decoder (its ``decoding.json``; without
+        one, as a checkpoint of an unfinished run or a hand-made ensemble has, the shipped
+        model's, as `train --no-tune` writes: never the affine defaults of DecoderSettings())
+        and the pair-HMM (its ``pairhmm.json``, else the shipped); no engine (the plan is the
+        model's own)."""
         self.path = path
-        self.decoding = DecoderSettings.load(decoding_dir)
+        tuned = (path / "decoding.json").is_file()
+        self.decoding = DecoderSettings.load(path if tuned else default_model_dir())
         self.pairhmm = model_pairhmm(path)
         self.engine = None  # the model's own plan
 

@@ -184,6 +184,18 @@ def test_ensemble_without_tuning_decodes_with_the_shipped_decoder(models, datase
     assert json.loads((out / "training.json").read_text())["decoder"]["source"] == "default_model"
 
 
+def test_an_ensemble_without_decoding_json_falls_back_as_a_model_does(tmp_path):
+    """A hand-made ensemble directory without decoding.json decodes with the shipped model's
+    decoder, as a model directory without one does, not with the affine defaults."""
+    from pfamalign.inference import DecoderSettings, Predictor, default_model_dir, shipped_model_dir
+
+    ens = tmp_path / "ens"
+    shutil.copytree(shipped_model_dir("ensemble"), ens)
+    (ens / "decoding.json").unlink()
+    predictor = Predictor(ens)
+    assert predictor.decoding == DecoderSettings.load(default_model_dir()) != DecoderSettings()
+
+
 def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     """`pfamalign verify ENS` checks each member model against its checksums (the shipped
     ensemble, copied): all match; one flipped byte in a member's parameters is a problem naming
