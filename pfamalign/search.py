@@ -14,8 +14,8 @@ plan pair-HMM separate homologs no better than chance (``docs/design.md``, searc
 
 Prefilter. A database of more than ``max_candidates`` sequences (``--max-candidates``,
 default ``DEFAULT_MAX_CANDIDATES``) is first ranked for each query by BLAST's ungapped stage
-(``alignment.prefilter``: neighbourhood-word hits, two on a diagonal, X-drop extension; a
-few milliseconds for 10,000 subjects) and only the ``max_candidates`` best are scored by the
+(``alignment.prefilter``: neighbourhood-word hits, each extended without gaps by X-drop;
+about 0.2 s for 10,000 subjects) and only the ``max_candidates`` best are scored by the
 forward pass; the others are not reported. E-values still count all ``N`` sequences, so a
 reported hit has the E-value an exhaustive search gives it.
 
