@@ -44,13 +44,18 @@ class BatchErrors:
 def check_pair(pair: dict, predictor) -> dict:
     """The pair record with validated, upper-cased residues; a BadRecord naming its ``where``
     when a sequence is not protein or the predictor cannot align the pair (empty, longer than
-    its ``max_length``, over its memory budget: ``Predictor.pair_problem``)."""
+    its ``max_length``, over its memory budget: ``Predictor.pair_problem``) or an id cannot
+    name it in the output (empty, with whitespace)."""
+    from pfamalign.alignment.formats import id_problem
     from pfamalign.residues import normalize_sequence
 
     where = pair.get("where", f"{pair['q_id']} vs {pair['k_id']}")
     try:
         seqs = {}
         for key, id_key in (("q_seq", "q_id"), ("k_seq", "k_id")):
+            problem = id_problem(pair[id_key])
+            if problem is not None:
+                raise ValueError(f"sequence id {problem}")
             seqs[key] = normalize_sequence(pair[key], name=str(pair[id_key]))
         problem = predictor.pair_problem(seqs["q_seq"], seqs["k_seq"])
         if problem is not None:

@@ -194,6 +194,12 @@ class DecoderSettings:
 
         write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self), indent=2)
 
+    # the settings each decoder reads (``decode_many``); ``decoder`` and ``mode`` are read by all
+    READS = {"affine": ("gap_open", "gap_extend", "threshold", "min_mass"),
+             "mea": ("gap_cost", "min_mass", "objective"),
+             "hybrid": ("plan_weight", "gap_open", "gap_extend", "min_mass"),
+             "posterior": ("gap_cost", "min_mass", "objective", "alpha", "plan_power")}
+
     def uses_pairhmm(self) -> bool:
         """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""
         return self.decoder == "posterior" and self.alpha < 1

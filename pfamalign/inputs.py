@@ -178,16 +178,23 @@ def _warn_duplicates(source: str, duplicates: list[str]) -> None:
 def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> FastaPairs:
     """Pair records of a multi-FASTA file: the first record against each of the others, or
     every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``, before
-    the pairs. Every pair needs the records in memory, so the file is read at the call: one
+    the pairs, except a bad first record without ``all_pairs``, which raises (another record
+    would silently take its place). Every pair needs the records in memory, so the file is read at the call: one
     with fewer than two usable records raises then, and ``len()`` is the number of items."""
     records, bad = [], []
     for item in read_fasta(path):
+        if not records and not bad:
+            first_is_bad = isinstance(item, BadRecord)
         (bad if isinstance(item, BadRecord) else records).append(item)
     if len(records) < 2:
         skipped = "".join(f"; skipped {b}" for b in bad[:3])
         skipped += f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ValueError(f"{path}: need at least two usable FASTA records to align, found "
                          f"{len(records)}{skipped}")
+    if first_is_bad and not all_pairs:
+        raise ValueError(f"{path}: the first record, which every other one is aligned against, is "
+                         f"unusable: {bad[0]}; fix it (or pass --all-pairs to align every pair of the "
+                         f"usable records)")
     return FastaPairs(records, bad, all_pairs)
 
 

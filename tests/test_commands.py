@@ -625,9 +625,14 @@ def test_align_decoder_options(model_dir):
                           "--gap-open", "0.3", "--gap-extend", "0.1", "--threshold", "0.0"]).output)
     expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)
     assert aff["pairs"] == expected.pairs.tolist()
-    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--gap-open", "0.1",
-                                    "--gap-extend", "0.2"])
-    assert res.exit_code != 0 and "gap_open >= gap_extend" in res.output
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--decoder", "affine",
+                                    "--gap-open", "0.1", "--gap-extend", "0.2"])
+    assert res.exit_code != 0 and "--gap-open >= --gap-extend" in res.output and "affine decoder" in res.output
+    # an option the decoder does not read would change nothing: refused, naming what it reads
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--decoder", "affine",
+                                    "--alpha", "0.5", "--gap-cost", "0.1"])
+    assert res.exit_code == 2 and "--gap-cost, --alpha do not apply to the affine decoder" in res.output
+    assert "reads --gap-open, --gap-extend, --threshold, --min-mass" in res.output
     # another decoder starts from its own defaults: hybrid gaps are in BLOSUM62 units
     hyb = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json",
                           "--decoder", "hybrid", "--plan-weight", "7"]).output)
@@ -642,7 +647,7 @@ def test_align_decoder_options(model_dir):
     assert plan_only["pairs"] == mea_decode(post, objective="f1").pairs.tolist()
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--decoder",
                                     "posterior", "--plan-power", "-1"])
-    assert res.exit_code != 0 and "plan_power must be >= 0" in res.output
+    assert res.exit_code != 0 and "--plan-power must be >= 0" in res.output
 
 
 def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
@@ -662,10 +667,12 @@ def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
     # global pays for the flanks; local (Smith-Waterman at plan weight 0) keeps to the domain
     assert all(len(flank) <= j < len(flank) + len(PDZ_B) for _, j in out["local"])
     assert out["local"] != out["global"]
-    mea = json.loads(run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea",
-                          "--gap-cost", "0.01", "--mode", "local"]).output)
+    res = run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea",
+               "--gap-cost", "0.01", "--mode", "local"])
     expected = mea_decode(pp.real, row_dustbin=pp.row_dustbin, gap_cost=0.01, mode="local")
-    assert mea["pairs"] == expected.pairs.tolist()
+    assert json.loads(res.stdout)["pairs"] == expected.pairs.tolist()
+    # with --objective accuracy and no --min-mass every pair of plan mass counts: said on stderr
+    assert "leaves no flank unaligned" in res.stderr
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--checkpoint", str(model_dir), "--mode", "semi"])
     assert res.exit_code != 0 and "global" in res.output and "Traceback" not in res.output
 
@@ -854,3 +861,22 @@ def test_compile_says_when_the_split_has_fewer_pairs_than_asked(model_dir, datas
     assert (f"fewer than the 100000 calibration + 5 held-out pairs asked for: fitting "
             f"{stats['calibration_pairs']}, holding out {stats['held_out_pairs']}") in res.stderr
     assert stats["calibration_pairs"] < 100000
+
+
+def test_a_pairs_line_with_an_unusable_id_is_skipped_not_fatal(tmp_path):
+    """An id with whitespace (or none) cannot name a sequence in the outputs: that line is a
+    bad record (file:line), the other pairs are aligned and written, exit 1."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text("a\tMKVLAAG\tb\tMKVLSAG\nmy id\tMKVLA\tc\tMKVLA\n\tMKV\td\tMKV\nd\tMKVLAAG\te\tMKVLSAG\n")
+    out = tmp_path / "out.txt"
+    res = CliRunner().invoke(main, ["align", "--pairs", str(path), "-f", "cigar", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert [line.split("\t")[:2] for line in out.read_text().splitlines() if not line.startswith("#")] == [
+        ["a", "b"], ["d", "e"]]
+    assert f"{path}:2: sequence id must be a non-empty string without whitespace, got 'my id'" in res.stderr
+    assert f"{path}:3: sequence id must be" in res.stderr and "Traceback" not in res.output
+
+
+def test_a_plot_on_standard_output_is_refused():
+    res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--plot", "-"])
+    assert res.exit_code == 2 and "--plot" in res.output and "not - (standard output)" in res.output

@@ -138,6 +138,12 @@ def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
     for all_pairs, items in ((False, 3), (True, 4)):  # the bad record and the pairs: a progress total
         pairs = inputs.fasta_pairs(path, all_pairs=all_pairs)
         assert len(pairs) == len(list(pairs)) == len(list(pairs)) == items
+    # the first record is the one every other is aligned against: no other takes its place
+    path.write_text(">a\nM1V\n>b\nMKL\n>c\nMRL\n")
+    with pytest.raises(ValueError, match=rf"the first record.*unusable: {path}:1: record 'a'.*--all-pairs"):
+        inputs.fasta_pairs(path)
+    assert [(p["q_id"], p["k_id"]) for p in inputs.fasta_pairs(path, all_pairs=True)
+            if isinstance(p, dict)] == [("b", "c")]
     path.write_text(">a\nMKV\n")
     with pytest.raises(ValueError, match="at least two usable FASTA records"):
         list(inputs.fasta_pairs(path))

@@ -52,6 +52,14 @@ _EMBOSS_END = "#" + "-" * 39
 _NAME_WIDTH = 13  # EMBOSS pair format: 13-character names, then a 6-wide coordinate
 
 
+def id_problem(value) -> str | None:
+    """Why ``value`` cannot name a sequence in the output formats (FASTA headers, Stockholm
+    rows and tabular columns split on whitespace), or None."""
+    if not isinstance(value, str) or not value or re.search(r"\s", value):
+        return f"must be a non-empty string without whitespace, got {value!r}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class AlignmentRecord:
     """Two sequences, their ids and an alignment between them: what every writer takes.
@@ -73,10 +81,9 @@ class AlignmentRecord:
         object.__setattr__(self, "seq_a", normalize_sequence(self.seq_a, name="seq_a"))
         object.__setattr__(self, "seq_b", normalize_sequence(self.seq_b, name="seq_b"))
         for name in ("id_a", "id_b"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value or re.search(r"\s", value):
-                raise ValueError(f"{name} must be a non-empty string without whitespace, "
-                                 f"got {value!r}")
+            problem = id_problem(getattr(self, name))
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")
         pairs = check_pairs(self.pairs, len(self.seq_a), len(self.seq_b), proper=True)
         object.__setattr__(self, "pairs", pairs)
         object.__setattr__(self, "confidence", check_confidence(self.confidence, len(pairs)))

@@ -172,11 +172,27 @@ def decoder_options(f):
 
 def decoder_settings(base, options: dict):
     """``base`` (a DecoderSettings) overridden by the ``decoder_options`` the user gave; pops
-    them from ``options``. Bad values exit with their message."""
+    them from ``options``. Bad values, and options the decoder in use does not read (they
+    would change nothing), exit with their message."""
+    given = {k: options.pop(k) for k in DECODER_FIELDS}
+    decoder = given["decoder"] or base.decoder
+    reads = ("decoder", "mode", *base.READS[decoder])
+    unread = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None and k not in reads]
+    if unread:
+        chosen = "" if given["decoder"] else " (the model's; choose another with --decoder)"
+        fail(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to the {decoder} "
+             f"decoder{chosen}, which reads {', '.join('--' + k.replace('_', '-') for k in reads[2:])}")
     try:
-        return base.override(**{k: options.pop(k) for k in DECODER_FIELDS})
+        settings = base.override(**given)
     except ValueError as err:
-        fail(str(err))
+        fail(f"{err} (the {decoder} decoder's values; see --help)".replace("gap_open", "--gap-open")
+             .replace("gap_extend", "--gap-extend").replace("plan_power", "--plan-power"))
+    if settings.decoder == "mea" and settings.mode == "local" and settings.objective == "accuracy" \
+            and settings.min_mass == 0:
+        click.echo("Note: --decoder mea --mode local leaves no flank unaligned with --objective accuracy "
+                   "and --min-mass 0 (every pair with plan mass adds to the objective); add "
+                   "--objective f1 or --min-mass M to trim weak flanks", err=True)
+    return settings
 
 
 def engine_options(f):
@@ -252,6 +268,9 @@ def check_figure(path) -> str | None:
     an extension matplotlib cannot write is refused before any work."""
     if path is None:
         return None
+    if str(path) == "-":  # elsewhere "-" is standard output; a figure goes to a named file
+        raise click.BadParameter("give a file name (e.g. plan.png), not - (standard output)",
+                                 param_hint="--plot")
     from pfamalign.alignment.plots import figure_format
 
     try:
