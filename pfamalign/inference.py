@@ -90,9 +90,13 @@ def default_model_dir() -> pathlib.Path:
 
 def finished_run_model(path: pathlib.Path) -> pathlib.Path | None:
     """``RUN/model`` when ``path`` is a run directory whose training finished (``pfamalign
-    train`` wrote its model directory: parameters, tuned decoder); else None."""
+    train`` wrote its model directory: parameters, pair-HMM, tuned decoder and, last,
+    ``training.json``); else None (a run killed while finishing is read from its last
+    checkpoint, as an unfinished run is)."""
+    from pfamalign.checkpoint import TRAINING_RECORD
+
     model = path / "model"
-    return model if (model / "config.json").is_file() and (model / "params").is_dir() else None
+    return model if all((model / name).exists() for name in ("config.json", "params", TRAINING_RECORD)) else None
 
 
 DECODERS = ("affine", "mea", "hybrid", "posterior")

@@ -880,3 +880,16 @@ def test_a_pairs_line_with_an_unusable_id_is_skipped_not_fatal(tmp_path):
 def test_a_plot_on_standard_output_is_refused():
     res = CliRunner().invoke(main, ["align", PDZ_A, PDZ_B, "--plot", "-"])
     assert res.exit_code == 2 and "--plot" in res.output and "not - (standard output)" in res.output
+
+
+def test_a_run_is_finished_only_once_its_model_has_its_training_record(tmp_path):
+    """``training.json`` is written last: a run killed while finishing (config and parameters
+    written, no record) is not read as a finished model with an untuned decoder."""
+    from pfamalign.inference import finished_run_model
+
+    model = tmp_path / "run" / "model"
+    (model / "params").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert finished_run_model(tmp_path / "run") is None
+    (model / "training.json").write_text("{}")
+    assert finished_run_model(tmp_path / "run") == model
