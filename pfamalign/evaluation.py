@@ -37,8 +37,8 @@ import numpy as np
 from flax import nnx
 
 from pfamalign import jsonio
-from pfamalign.alignment.baselines import (EXTERNAL_ALIGNERS, diagonal_pairs, external_align,
-                                           needleman_wunsch, smith_waterman)
+from pfamalign.alignment.baselines import (EXTERNAL_ALIGNERS, ExternalAlignerError, diagonal_pairs,
+                                           external_align, needleman_wunsch, smith_waterman)
 from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIABILITY_SUMS,
                                          PlanMetrics, alignment_counts, diagonal_plan_metrics,
                                          paired_f1_difference, pairs_in_reference, plan_metrics,
@@ -227,7 +227,11 @@ def evaluate(records: Iterable[dict], *, predictor=None, features: str = "record
         ev.families.append(rec.get("family", ""))
         for b in baselines:
             start = time.perf_counter()
-            pairs = BASELINES[b](rec)
+            try:
+                pairs = BASELINES[b](rec)
+            except ExternalAlignerError as err:  # name the pair: the user can rerun it alone
+                raise ExternalAlignerError(f"{err} (on the pair {rec.get('q_id', '?')} / "
+                                           f"{rec.get('k_id', '?')})") from err
             ev.seconds[b] += time.perf_counter() - start
             ev.counts[b].append(alignment_counts(pairs, target))
         ev.plan["diagonal"].append(diagonal_plan_metrics(target, len(rec["k_seq"]), dustbin=dustbin))

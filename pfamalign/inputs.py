@@ -352,14 +352,22 @@ def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
     from pfamalign.pipelines.pairs import family_arrays, pair_identity, pair_target
     from pfamalign.pipelines.stockholm import read_families
 
+    if id_a == id_b:
+        raise ValueError(f"--ids names {id_a!r} twice; give two different rows of {path}")
+    seen = set()
     for family in read_families([str(path)]):
         names = list(family.seq_ids)
+        seen.update(names)
         if id_a in names and id_b in names:
             fa = family_arrays(family)
             qi, ki = names.index(id_a), names.index(id_b)
             pid, _ = pair_identity(fa, np.array([qi]), np.array([ki]))
             return {"q_id": id_a, "k_id": id_b, "q_seq": fa.residues[qi], "k_seq": fa.residues[ki],
                     "target": pair_target(fa, qi, ki), "pid": float(pid[0]), "family": family.key}
+    absent = [name for name in (id_a, id_b) if name not in seen]
+    if absent:
+        raise ValueError(f"{path} has no row named {' or '.join(map(repr, absent))} (row names are "
+                         f"NAME/START-END as in the file, e.g. {sorted(seen)[0]!r})")
     raise ValueError(f"{path}: no family holds both {id_a!r} and {id_b!r}")
 
 

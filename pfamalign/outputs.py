@@ -66,12 +66,19 @@ def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
 
 
 def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> pathlib.Path:
-    """``path`` as a Path after the checks every output gets: it is not one of ``inputs``, its
-    directory exists, and it is not a directory itself."""
+    """``path`` as a Path after the checks every output gets: it is not one of ``inputs`` and
+    replaces no file inside one that is a directory (a dataset, a model: a new file there is
+    fine), its directory exists, and it is not a directory itself."""
     path = pathlib.Path(path)
     for source in inputs:
-        if source is not None and str(source) != "-" and same_file(path, pathlib.Path(source)):
+        if source is None or str(source) == "-":
+            continue
+        source = pathlib.Path(source)
+        if same_file(path, source):
             raise OutputError(f"output {path} is also an input; write the output to another file")
+        if path.exists() and source.is_dir() and source.resolve() in path.resolve().parents:
+            raise OutputError(f"output {path} would replace a file of the input directory {source} "
+                              f"(a dataset's, a model's); write the output elsewhere")
     if path.is_dir():
         raise OutputError(f"output {path} is a directory; give a file name")
     if not path.parent.is_dir():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import pathlib
 import re
 
@@ -893,3 +894,59 @@ def test_a_run_is_finished_only_once_its_model_has_its_training_record(tmp_path)
     assert finished_run_model(tmp_path / "run") is None
     (model / "training.json").write_text("{}")
     assert finished_run_model(tmp_path / "run") == model
+
+
+def test_an_output_never_replaces_a_file_inside_an_input_directory(dataset, tmp_path):
+    """eval --json onto a dataset's manifest (a model's config.json alike) was written and the
+    dataset lost; a new file there is still fine."""
+    manifest = pathlib.Path(dataset) / "manifest.json"
+    before = manifest.read_bytes()
+    res = run(["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--max-pairs", 2, "--quiet",
+               "--json", manifest])
+    assert res.exit_code == 2 and "would replace a file of the input directory" in res.stderr
+    assert manifest.read_bytes() == before
+
+
+def test_eval_refuses_baselines_it_cannot_score_before_any_work(dataset, tmp_path, monkeypatch):
+    args = ["eval", "--data", dataset, "--no-model", "--max-pairs", 2, "--quiet", "--bootstrap", 0]
+    res = run([*args, "--baselines", "nw,sw,nw"])
+    assert res.exit_code == 2 and "--baselines names nw twice" in res.stderr
+    monkeypatch.setenv("PATH", str(tmp_path))  # no probcons: named, so an error, not a silent skip
+    res = run([*args, "--baselines", "nw,probcons"])
+    assert res.exit_code == 2 and "probcons not found on PATH" in res.stderr
+    res = run([*args, "--baselines", "nw", "--plot", tmp_path / "p.pgf"])
+    assert res.exit_code == 2 and "cannot write a figure as .pgf" in res.stderr
+
+
+def test_eval_names_the_pair_an_external_aligner_failed_on(dataset, tmp_path, monkeypatch):
+    fake = tmp_path / "probcons"
+    fake.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    res = run(["eval", "--data", dataset, "--no-model", "--baselines", "probcons", "--max-pairs", 2, "--quiet"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "probcons failed (exit 3): broken (on the pair " in res.stderr
+
+
+def test_eval_refuses_one_stockholm_file_given_twice():
+    path = SEED / "PF00041.sto"
+    twin = SEED / ".." / SEED.name / "PF00041.sto"
+    res = run(["eval", "--stockholm", path, "--stockholm", twin, "--no-model", "--baselines", "nw"])
+    assert res.exit_code == 2 and "--stockholm names one file twice" in res.stderr
+
+
+def test_compile_refuses_an_output_inside_its_checkpoint(model_dir):
+    from pfamalign import asap
+
+    with pytest.raises(ValueError, match="inside the checkpoint"):
+        asap.check_output_dir(model_dir, pathlib.Path(model_dir) / "compiled")
+
+
+def test_stockholm_ids_name_the_row_that_is_missing_or_given_twice():
+    from pfamalign.inputs import pair_from_stockholm
+
+    path = SEED / "PF00041.sto"
+    with pytest.raises(ValueError, match=r"has no row named 'NOPE/1-9' \(row names are NAME/START-END"):
+        pair_from_stockholm(path, "NOPE/1-9", "TENA_CHICK/1495-1571")
+    with pytest.raises(ValueError, match="names 'A/1-2' twice"):
+        pair_from_stockholm(path, "A/1-2", "A/1-2")

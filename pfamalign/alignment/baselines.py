@@ -178,6 +178,9 @@ def external_align(name: str, seq_a: str, seq_b: str, *, timeout: float = 600.0)
         if proc.returncode != 0:
             raise ExternalAlignerError(f"{name} failed (exit {proc.returncode}): "
                                        f"{proc.stderr.strip()[-500:]}")
+        if not tool.stdout_output and not out.is_file():
+            raise ExternalAlignerError(f"{name} exited 0 but wrote no alignment: "
+                                       f"{proc.stderr.strip()[-500:] or 'no message'}")
         text = proc.stdout if tool.stdout_output else out.read_text()
     rows = read_fasta(text)
     for label, seq in (("q", a), ("k", b)):

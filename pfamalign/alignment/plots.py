@@ -38,6 +38,7 @@ def figure_format(path) -> str:
     suffix = pathlib.Path(path).suffix.lower().lstrip(".")
     fmt = suffix or "png"
     supported = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    supported.pop("pgf", None)  # needs a LaTeX installation, and would fail after all the work
     if fmt not in supported:
         raise ValueError(f"cannot write a figure as .{fmt}; name the file with one of "
                          f"{', '.join('.' + k for k in sorted(supported))}")

@@ -30,7 +30,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
     \b
     Examples:
-      pfamalign barycenter --stockholm PF00595.sto --ids DLG1_HUMAN/225-308 SHAN1_RAT/664-748 --plot b.png
+      pfamalign barycenter --stockholm PF00595.sto --ids DLG4_RAT/65-149 DLG1_DROME/216-300 --plot b.png
       pfamalign barycenter --data data/ --split test --index 3
       pfamalign barycenter MKVLAAGIVG MKVLSAGIVA
     """

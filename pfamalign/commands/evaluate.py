@@ -84,6 +84,15 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
     unknown = [b for b in base if b not in evaluation.BASELINES]
     if unknown:
         raise click.UsageError(f"unknown baseline(s) {unknown}; choose from {sorted(evaluation.BASELINES)}")
+    if twice := sorted({b for b in base if base.count(b) > 1}):
+        raise click.UsageError(f"--baselines names {', '.join(twice)} twice; name each baseline once")
+    # a program the user named is required (the library leaves a missing one out, for scripts)
+    if missing := [why for b in base if b in evaluation.EXTERNAL_ALIGNERS
+                   and (why := evaluation.EXTERNAL_ALIGNERS[b].missing())]:
+        raise click.UsageError("; ".join(missing))
+    if len({pathlib.Path(p).resolve() for p in stockholm}) < len(stockholm):
+        raise click.UsageError("--stockholm names one file twice (its pairs would count twice); "
+                               "give each file once")
     if no_model and not base:
         raise click.UsageError("nothing to score: --no-model with no --baselines; name at least "
                                f"one of {', '.join(evaluation.BASELINES)} or drop --no-model")
@@ -105,6 +114,8 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
                                  quiet=quiet, errors=errors)
     except ValueError as err:
         fail(str(err))
+    except evaluation.ExternalAlignerError as err:  # the program failed, not the command line
+        fail(str(err), code=1)
     overlap = summary.get("training_overlap") or {}
     for key, what in (("trained_on", "trained on"), ("tuned_on", "had its decoder tuned on")):
         if overlap.get(key):
