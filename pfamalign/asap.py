@@ -623,8 +623,10 @@ class Engine:
     def __post_init__(self):
         if self.name not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
-        if (self.name == "steps") != (self.steps is not None):
-            raise ValueError("--steps N goes with --engine steps (and only with it)")
+        if self.name == "steps" and self.steps is None:
+            raise ValueError("--engine steps needs --steps N (the number of plain Sinkhorn steps)")
+        if self.name != "steps" and self.steps is not None:
+            raise ValueError(f"--steps N goes with --engine steps, not --engine {self.name}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.name == "asap" and self.operator is None:

@@ -24,13 +24,21 @@ _COMMANDS = {
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM as an exception: a command unwinds as from Ctrl-C, so its atomic writes remove
-    their temporaries (the default action kills the process where it stands)."""
+    """SIGTERM or SIGHUP (a closed terminal) as an exception: a command unwinds as from
+    Ctrl-C, so its atomic writes remove their temporaries (the default action kills the
+    process where it stands)."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__()
+        self.signum = signum
+
+
+UNWINDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _terminate(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-    raise Terminated()
+    signal.signal(signum, signal.SIG_DFL)  # a second one kills at once
+    raise Terminated(signum)
 
 
 def _interrupt(err: BaseException) -> KeyboardInterrupt | None:
@@ -50,15 +58,16 @@ class _LazyGroup(click.Group):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
         (click would print "Aborted!" and exit 1). `train` installs its own handlers while it
         trains (it saves a checkpoint first)."""
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminate)
+        for signum in UNWINDING_SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _terminate)
         try:
             return super().invoke(ctx)
         except (KeyboardInterrupt, SystemError) as err:
             interrupt = _interrupt(err)
             if interrupt is None:
                 raise
-            signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+            signum = interrupt.signum if isinstance(interrupt, Terminated) else signal.SIGINT
             click.echo(f"\nInterrupted ({signal.Signals(signum).name}).", err=True)
             ctx.exit(128 + signum)
         except OSError as err:  # a full disk, a read-only file system, a vanished directory

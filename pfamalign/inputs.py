@@ -68,7 +68,7 @@ def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
         lineno += 1
         if lineno == 1:
             line = line.removeprefix("\ufeff")
-        if len(line) > MAX_LINE:
+        if len(line.rstrip("\n\r")) > MAX_LINE:
             raise ValueError(f"{source}:{lineno}: line longer than {MAX_LINE} characters; "
                              "is this a FASTA file?")
         yield lineno, line.rstrip("\n\r")
@@ -315,7 +315,8 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int
     for lineno, line in lines:
         if line.startswith(("# STOCKHOLM", ">")):
             kind, instead = (("FASTA", "give a multi-FASTA file as SEQ_A") if line.startswith(">")
-                             else ("Stockholm", "give --stockholm FILE --ids ID_A ID_B"))
+                             else ("Stockholm", "convert it to FASTA (e.g. esl-reformat fasta FILE) and give it "
+                                                "as SEQ_A; certify and barycenter take --stockholm FILE --ids ID_A ID_B"))
             raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
                              f"--pairs expects {PAIRS_LINES}")
         if _holds_a_pair(line):

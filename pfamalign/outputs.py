@@ -82,6 +82,10 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
     if path.is_dir():
         raise OutputError(f"output {path} is a directory; give a file name")
     if not path.parent.is_dir():
+        blocker = next((d for d in path.parents if d.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise OutputError(f"output {path}: {blocker} is a file, not a directory; write the "
+                              f"output elsewhere")
         raise OutputError(f"output directory {path.parent} does not exist; create it first "
                           f"(mkdir -p {path.parent})")
     return path

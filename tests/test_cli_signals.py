@@ -1,4 +1,4 @@
-"""An interrupted command (Ctrl-C, SIGTERM) exits 128 + signal, as shells and `train` report
+"""An interrupted command (Ctrl-C, SIGTERM, SIGHUP) exits 128 + signal, as shells and `train` report
 it, keeps the previous output file and leaves no temporary beside it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_an_interrupted_batch_exits_128_plus_the_signal_and_leaves_no_temporary(signum, tmp_path):
     rng = random.Random(0)
     residues = lambda: "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(250))
@@ -21,7 +21,9 @@ def test_an_interrupted_batch_exits_128_plus_the_signal_and_leaves_no_temporary(
     out = tmp_path / "out.jsonl"
     out.write_text("previous\n")
     proc = subprocess.Popen([sys.executable, "-m", "pfamalign.cli", "align", "--pairs", str(pairs),
-                             "-f", "json", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+                             "-f", "json", "-o", str(out)], stderr=subprocess.PIPE, text=True,
+                            # as from a terminal, whatever this run inherited (nohup ignores SIGHUP)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     temporaries = lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     deadline = time.monotonic() + 120
     while not temporaries() and proc.poll() is None and time.monotonic() < deadline:

@@ -942,11 +942,13 @@ def test_compile_refuses_an_output_inside_its_checkpoint(model_dir):
         asap.check_output_dir(model_dir, pathlib.Path(model_dir) / "compiled")
 
 
-def test_stockholm_ids_name_the_row_that_is_missing_or_given_twice():
-    from pfamalign.inputs import pair_from_stockholm
 
-    path = SEED / "PF00041.sto"
-    with pytest.raises(ValueError, match=r"has no row named 'NOPE/1-9' \(row names are NAME/START-END"):
-        pair_from_stockholm(path, "NOPE/1-9", "TENA_CHICK/1495-1571")
-    with pytest.raises(ValueError, match="names 'A/1-2' twice"):
-        pair_from_stockholm(path, "A/1-2", "A/1-2")
+def test_messages_say_what_to_fix(tmp_path):
+    afile = tmp_path / "one.fa"
+    afile.write_text(">a\nMKV\n")
+    res = run(["align", "MKVL", "MKLL", "-o", afile / "out.txt"])
+    assert res.exit_code != 0 and f"{afile} is a file, not a directory" in res.stderr
+    res = run(["align", "MKVL", "MKLL", "--engine", "steps"])
+    assert res.exit_code != 0 and "--engine steps needs --steps N" in res.stderr
+    res = run(["align", "MKVL", "MKLL", "--steps", 3])
+    assert res.exit_code != 0 and "--steps N goes with --engine steps, not --engine sinkhorn" in res.stderr

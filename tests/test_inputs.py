@@ -66,8 +66,10 @@ def test_stockholm_pair_and_missing_ids():
     names = [line.split()[0] for line in sto.read_text().splitlines() if line and not line.startswith(("#", "/"))]
     pair = inputs.pair_from_stockholm(sto, names[0], names[1])
     assert len(pair["target"]) == len(pair["q_seq"]) and 0 <= pair["pid"] <= 100
-    with pytest.raises(ValueError, match="no family holds both"):
+    with pytest.raises(ValueError, match=r"has no row named 'nothere' \(row names are NAME/START-END"):
         inputs.pair_from_stockholm(sto, names[0], "nothere")
+    with pytest.raises(ValueError, match=f"names '{names[0]}' twice"):
+        inputs.pair_from_stockholm(sto, names[0], names[0])
 
 
 def test_json_policy_is_strict_and_plain():
