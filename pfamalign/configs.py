@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from typing import Any
 
@@ -258,6 +259,8 @@ def _parse_value(text: Any, current: Any, annotation: Any, key: str) -> Any:
         except json.JSONDecodeError:
             value = text
     if value is None:
+        if "None" not in str(annotation):  # the field has no "unset" state
+            raise ValueError(f"--set {key}: needs a value; null (None) is not allowed here")
         return None
     if isinstance(current, bool) or annotation in (bool, "bool"):
         if isinstance(value, bool):
@@ -271,7 +274,9 @@ def _parse_value(text: Any, current: Any, annotation: Any, key: str) -> Any:
         raise ValueError(f"--set {key}: expected an integer, got {text!r}")
     if isinstance(current, float) or annotation in ("float", "float | None"):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            if math.isfinite(value):  # json.loads reads NaN and Infinity
+                return float(value)
+            raise ValueError(f"--set {key}: expected a finite number, got {text!r}")
         raise ValueError(f"--set {key}: expected a number, got {text!r}")
     if isinstance(value, list):
         return tuple(tuple(v) if isinstance(v, list) else v for v in value)

@@ -32,6 +32,7 @@ from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_ha
 from pfamalign.pipelines.embed import Embedder, get_embedder
 from pfamalign.pipelines.locks import LOCK_NAME, LockError, directory_lock
 from pfamalign.pipelines.progress import bars, progress_enabled
+from pfamalign.pipelines.reader import dataset_files
 from pfamalign.pipelines.splits import SPLITS
 from pfamalign.pipelines.stockholm import (RawFamily, check_parses, expand_inputs,
                                            iter_raw_families)
@@ -103,12 +104,7 @@ FAILED = "failed.json"  # in work/: the run stopped on an error (not a kill), se
 def _manifest_files(manifest: dict) -> list[str]:
     """The files (relative to the dataset) that a finished dataset's manifest says prepare
     wrote."""
-    files = ["manifest.json", "shards.tsv", manifest.get("families_table", "families.tsv")]
-    files += [row["path"] for row in manifest.get("shards", [])]
-    files += [split["lengths"] for split in manifest.get("splits", {}).values() if "lengths" in split]
-    if "index" in manifest.get("embeddings", {}):
-        files.append(manifest["embeddings"]["index"])
-    return files
+    return ["manifest.json", *dataset_files(manifest)]
 
 
 def _remove_owned(out: pathlib.Path, manifest: dict | None) -> None:
@@ -323,19 +319,23 @@ def build_summary(out: pathlib.Path, families: list[dict], plan: dict, fin_resid
     }
 
 
-def empty_split_warnings(summary: dict, fractions, seed: int) -> list[str]:
-    """A warning per split that was asked for (fraction > 0) but holds no pair: families are
-    assigned whole, so few families can leave a split empty (training would then have no
-    validation, evaluation no test)."""
+def empty_split_warnings(summary: dict, cfg: PrepareConfig) -> list[str]:
+    """A warning per split that was asked for (by --fold, or a fraction > 0 in --splits) but
+    holds no pair: families are assigned whole, so few families can leave a split empty
+    (training would then have no validation, evaluation no test)."""
     used = summary["families"]["used"]
     if not used:
         return []  # no pairs at all: the notes say so
-    given = ",".join(f"{f:g}" for f in fractions)
+    if cfg.fold is None:
+        rule = f"--splits {','.join(f'{f:g}' for f in cfg.split_fractions)}"
+        fix, asked = "raise its fraction in --splits", [f > 0 for f in cfg.split_fractions]
+    else:
+        rule, fix, asked = f"--fold {cfg.fold[0]}/{cfg.fold[1]}", "add families", [True] * 3
     return [f"the {split} split is empty: none of the {used} families with pairs was assigned "
-            f"to it (--splits {given}, --seed {seed}). Splits take whole families; raise its "
-            f"fraction in --splits or try another --seed."
-            for split, fraction in zip(SPLITS, fractions)
-            if fraction > 0 and summary["splits"][split]["pairs"] == 0]
+            f"to it ({rule}, --seed {cfg.seed}). Splits take whole families; {fix} or try "
+            "another --seed."
+            for split, wanted in zip(SPLITS, asked)
+            if wanted and summary["splits"][split]["pairs"] == 0]
 
 
 def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
@@ -387,6 +387,14 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                                       embedder_fingerprint=embedder.fingerprint(),
                                       dim=embedder.dim)
     chash = config_hash(output_config)
+    cache = None
+    if cfg.reuse_embeddings:  # before _check_out_dir: a bad source must not cost --out its dataset
+        cache = stages.EmbeddingCache(cfg.reuse_embeddings)
+        try:
+            cache.validate(embedder_id=embedder.embedder_id,
+                           fingerprint=embedder.fingerprint(), dtype=cfg.dtype, out=out)
+        except ValueError as err:
+            raise PrepareError(str(err)) from err
     done = _check_out_dir(out, chash, cfg.overwrite)
     stages.clean_tmp(out)  # a kill between a temporary file and its rename (manifest.json)
     if done is not None:
@@ -407,14 +415,6 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
         stages.clean_tmp(d)
     opts = stages.IngestOptions(cfg.sampling, cfg.seed, cfg.split_fractions, cfg.fold, cfg.skip_bad,
                                 embedder.max_residues)
-    cache = None
-    if cfg.reuse_embeddings:
-        cache = stages.EmbeddingCache(cfg.reuse_embeddings)
-        try:
-            cache.validate(embedder_id=embedder.embedder_id,
-                           fingerprint=embedder.fingerprint(), dtype=cfg.dtype)
-        except ValueError as err:
-            raise PrepareError(str(err)) from err
     computed = from_cache = 0
     with bars(progress_enabled(quiet)) as ui:
         # -- stage 1: ingest ------------------------------------------------------------
@@ -470,7 +470,7 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                             cfg.dtype, computed, notes, from_cache=from_cache)
     if summary["pairs"]["total"] == 0:
         summary["notes"].append("no pairs were produced: check the skipped table")
-    summary["warnings"] = empty_split_warnings(summary, cfg.split_fractions, cfg.seed)
+    summary["warnings"] = empty_split_warnings(summary, cfg)
     manifest = _manifest(cfg, out, output_config, chash, embedder, plan, fin, summary,
                          input_names)
     rec.write_json(out / "manifest.json", manifest)

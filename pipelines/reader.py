@@ -46,19 +46,33 @@ from pfamalign.pipelines.splits import SPLITS
 STRING_FIELDS = ("family", "q_id", "k_id", "q_seq", "k_seq")
 
 
-def shard_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
-    """The shards of a dataset that are missing or differ from its manifest: by size (cheap,
-    on every open), and by SHA-256 with ``full`` (``pfamalign verify``)."""
+def dataset_files(manifest: dict) -> list[str]:
+    """The files (relative to the dataset) its manifest names besides itself: the tables,
+    each split's lengths, the embeddings index and the shards."""
+    files = ["shards.tsv", manifest.get("families_table", "families.tsv")]
+    files += [split["lengths"] for split in manifest.get("splits", {}).values()
+              if "lengths" in split]
+    if "index" in manifest.get("embeddings", {}):
+        files.append(manifest["embeddings"]["index"])
+    return files + [row["path"] for row in manifest.get("shards", [])]
+
+
+def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
+    """The files of a dataset that are missing, and the shards that differ from its manifest:
+    by size (cheap, on every open), and by SHA-256 with ``full`` (``pfamalign verify``)."""
+    shards = {row["path"]: row for row in manifest.get("shards", [])}
     problems = []
-    for row in manifest.get("shards", []):
-        file = path / row["path"]
+    for name in dataset_files(manifest):
+        file, row = path / name, shards.get(name)
         if not file.is_file():
-            problems.append(f"{row['path']} is missing")
+            problems.append(f"{name} is missing")
+        elif row is None:
+            continue
         elif file.stat().st_size != row["bytes"]:
-            problems.append(f"{row['path']} has {file.stat().st_size} bytes, the manifest says "
+            problems.append(f"{name} has {file.stat().st_size} bytes, the manifest says "
                             f"{row['bytes']}")
         elif full and rec.file_sha256(file) != row["sha256"]:
-            problems.append(f"{row['path']} fails its SHA-256 (corrupt or modified)")
+            problems.append(f"{name} fails its SHA-256 (corrupt or modified)")
     return problems
 
 
@@ -80,7 +94,7 @@ class PairDataset:
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path} has dataset format {version}; this pfamalign reads "
                              f"format {FORMAT_VERSION} (re-run prepare)")
-        damaged = shard_problems(self.path, self.manifest)
+        damaged = dataset_problems(self.path, self.manifest)  # before any work needs them
         if damaged:
             raise ValueError(f"{self.path} is damaged: " + "; ".join(damaged[:3]) + ". Re-run "
                              "prepare into a new directory (`pfamalign verify` checks every byte)")

@@ -284,6 +284,12 @@ def _embedder_for(spec_or_embedder):
     return _EMBEDDERS[spec_or_embedder]
 
 
+def _damaged(dataset: str, err: Exception) -> ValueError:
+    return ValueError(f"--reuse-embeddings {dataset}: its embeddings are damaged ({err}); "
+                      f"`pfamalign verify {dataset}` checks its shards; re-run prepare for it, or "
+                      "leave it out")
+
+
 class EmbeddingCache:
     """Embeddings of earlier datasets, looked up by sequence hash (``--reuse-embeddings``).
 
@@ -294,20 +300,28 @@ class EmbeddingCache:
 
     def __init__(self, datasets: Sequence[str | os.PathLike]):
         self.datasets = tuple(str(d) for d in datasets)
-        self._loaded: list[tuple[dict[str, int], object]] | None = None
+        self._loaded: list[tuple[str, dict[str, int], object]] | None = None
 
-    def validate(self, *, embedder_id: str, fingerprint: str, dtype: str) -> None:
+    def validate(self, *, embedder_id: str, fingerprint: str, dtype: str,
+                 out: os.PathLike) -> None:
+        """Raises ValueError naming the first dataset that cannot serve this run (``out``,
+        the dataset being written, never can: ``--overwrite`` would remove what it reads)."""
+        from pfamalign.pipelines.reader import PairDataset
+
         for d in self.datasets:
-            path = pathlib.Path(d) / "manifest.json"
-            if not path.exists():
-                raise ValueError(f"--reuse-embeddings {d}: no manifest.json (not a finished "
-                                 "pfamalign dataset)")
-            emb = json.loads(path.read_text())["embedder"]
+            if pathlib.Path(d).resolve() == pathlib.Path(out).resolve():
+                raise ValueError(f"--reuse-embeddings {d} is the --out directory; give an "
+                                 "earlier dataset (or a copy of this one) as the source")
+            try:  # a finished dataset of this format, its shards of the recorded sizes
+                emb = PairDataset(d).manifest["embedder"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"--reuse-embeddings {d}: {err}") from None
             want = {"id": embedder_id, "fingerprint": fingerprint, "dtype": dtype}
             got = {k: emb.get(k) for k in want}
             if got != want:
                 raise ValueError(f"--reuse-embeddings {d}: its embeddings are {got}, this run "
-                                 f"needs {want}")
+                                 f"needs {want}; give a dataset prepared with this --embedder, "
+                                 "--weights and --dtype, or leave it out")
 
     def _load(self):
         if self._loaded is None:
@@ -317,20 +331,39 @@ class EmbeddingCache:
             for d in self.datasets:
                 root = pathlib.Path(d)
                 manifest = json.loads((root / "manifest.json").read_text())
-                with open(root / manifest["embeddings"]["index"]) as f:
-                    next(f)
-                    index = {h: int(i) for h, _, i in (line.split("\t") for line in f)}
                 files = [str(root / x) for x in manifest["embeddings"]["shards"]]
-                self._loaded.append((index, grain.sources.ArrayRecordDataSource(files)
-                                     if files else None))
+                try:
+                    with open(root / manifest["embeddings"]["index"]) as f:
+                        next(f)
+                        index = {h: int(i) for h, _, i in (line.split("\t") for line in f)}
+                    source = grain.sources.ArrayRecordDataSource(files) if files else None
+                except (OSError, UnicodeDecodeError, ValueError, StopIteration,
+                        RuntimeError) as err:  # RuntimeError: array_record on a corrupt file
+                    raise _damaged(d, err) from None
+                self._loaded.append((d, index, source))
         return self._loaded
 
-    def get(self, seq_hash: str) -> bytes | None:
-        """The stored embedding record of ``seq_hash``, or None."""
-        for index, source in self._load():
+    def get(self, seq_hash: str, length: int) -> bytes | None:
+        """The stored embedding record of ``seq_hash`` (a sequence of ``length`` residues),
+        or None. Raises ValueError when a dataset's shards are damaged or its index points at
+        another sequence's record (copying it would silently store wrong embeddings)."""
+        for d, index, source in self._load():
             i = index.get(seq_hash)
-            if i is not None:
-                return source[i]
+            if i is None:
+                continue
+            try:
+                raw = source[i]
+                got = rec.decode(raw)
+            except (RuntimeError, ValueError, IndexError, TypeError) as err:
+                raise _damaged(d, err) from None
+            if (got.get("hash"), got.get("length"), len(got.get("emb", ()))) != \
+                    (seq_hash, length, length):
+                raise ValueError(
+                    f"--reuse-embeddings {d}: embeddings/index.tsv sends sequence {seq_hash} "
+                    f"({length} residues) to record {i}, which holds {got.get('hash')} "
+                    f"({got.get('length')} residues): the index does not match the shards; "
+                    f"re-run prepare for {d}, or leave it out")
+            return raw
         return None
 
     def __getstate__(self):
@@ -354,7 +387,8 @@ def embed_part(plan_path: os.PathLike, out_path: os.PathLike, embedder, *, dtype
 
     def encode_group(group: list[tuple[str, str]]) -> Iterator[bytes]:
         nonlocal hits
-        out: list[bytes | None] = [cache.get(h) if cache is not None else None for h, _ in group]
+        out: list[bytes | None] = [cache.get(h, len(s)) if cache is not None else None
+                                   for h, s in group]
         missing = [i for i, raw in enumerate(out) if raw is None]
         hits += len(group) - len(missing)
         feats = emb.embed([group[i][1] for i in missing]) if missing else []

@@ -20,6 +20,7 @@ Every error is a :class:`StockholmError` naming the file and the 1-based line.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import io
@@ -136,10 +137,10 @@ def open_text(path: str | os.PathLike) -> io.TextIOBase:
 def _sniff_stockholm(path: pathlib.Path) -> bool:
     try:
         with open_text(path) as f:
-            for line in f:
+            for _, line in _lines(f):
                 if line.strip():
                     return line.startswith("# STOCKHOLM")
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, _ReadError):
         return False
     return False
 
@@ -190,13 +191,17 @@ class _ReadError(Exception):
         self.line = line
 
 
+UTF8_BOM = "\xef\xbb\xbf"  # the UTF-8 byte order mark (some editors write one), as latin-1
+
+
 def _lines(f) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line) of a text stream; a truncated or corrupt gzip stream or an
-    unreadable file ends in ``_ReadError`` instead of EOFError / zlib / OS errors."""
+    """(1-based line number, line) of a text stream, past a UTF-8 byte order mark; a truncated
+    or corrupt gzip stream or an unreadable file ends in ``_ReadError`` instead of EOFError /
+    zlib / OS errors."""
     lineno = 0
     try:
         for lineno, line in enumerate(f, start=1):
-            yield lineno, line
+            yield lineno, line.removeprefix(UTF8_BOM) if lineno == 1 else line
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise _ReadError(lineno + 1, f"the compressed file is truncated or corrupt after line "
                          f"{lineno} ({err}); download it again") from None
@@ -347,13 +352,15 @@ def parse_family(raw: RawFamily) -> Family:
             first_line[seq_id] = lineno
         last_block[seq_id] = block
     rows = tuple("".join(pieces[i]) for i in ids)
-    if rows:
-        width = len(rows[0])
+    if rows:  # the most common width is the alignment's: the odd row is the one to blame
+        width, n_width = collections.Counter(map(len, rows)).most_common(1)[0]
+        ref = next(i for i, row in zip(ids, rows) if len(row) == width)
         for seq_id, row in zip(ids, rows):
             if len(row) != width:
                 raise StockholmError(source, first_line[seq_id], f"sequence {seq_id!r} has "
-                                     f"{len(row)} alignment columns but {ids[0]!r} has {width}; "
-                                     "every row of an alignment must have the same length")
+                                     f"{len(row)} alignment columns but {ref!r} has {width} "
+                                     f"({n_width} of {len(rows)} rows); every row of an "
+                                     "alignment must have the same length")
     rf = "".join(rf_pieces) or None
     if rf is not None and rows and len(rf) != len(rows[0]):
         rf = None

@@ -363,7 +363,8 @@ def test_an_infinite_learning_rate_stops_before_a_nan_checkpoint(dataset, tmp_pa
     out = tmp_path / "run"
     with pytest.raises(loop.NonFiniteLoss, match=r"non-finite parameters .* at step 1.*no "
                                                  r"checkpoint was written"):
-        loop.run(dataset, out, _train_cfg(dataset, **{"train.lr": float("inf")}), quiet=True,
+        # finite as a setting (a non-finite one is refused), infinite in float32
+        loop.run(dataset, out, _train_cfg(dataset, **{"train.lr": 1e300}), quiet=True,
                  tune_pairs=None)
     assert not list((out / "checkpoints").glob("[0-9]*"))
 
@@ -838,3 +839,163 @@ def test_an_output_symlink_is_written_through(tmp_path):
     with open_output(link) as sink:
         sink.write("new\n")
     assert link.is_symlink() and target.read_text() == "new\n"
+
+
+# ---- review of 2026-11-24: prepare, train, verify --------------------------------------------
+
+def _tree_bytes(directory: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_bad_reuse_source_leaves_the_overwritten_dataset_intact(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out, b62 = tmp_path / "ds", tmp_path / "b62"
+    run_prepare(_prepare_cfg(out), quiet=True)
+    run_prepare(_prepare_cfg(b62, embedder="builtin/onehot+blosum62"), quiet=True)
+    before = _tree_bytes(out)
+    again = ["prepare", "shards", "--pfam", SMALL, "--out", out, "--pairs-per-family", 5, "-q",
+             "--overwrite", "--reuse-embeddings"]
+    assert_clear_error(run(again + [b62]), f"--reuse-embeddings {b62}",
+                       "'id': 'builtin/onehot+blosum62'", "this --embedder")
+    assert_clear_error(run(again + [f"{out}/."]), "is the --out directory")
+    assert _tree_bytes(out) == before
+
+
+def _reuse_source(dataset, tmp_path) -> pathlib.Path:
+    """A copy of ``dataset`` (seed 3) to reuse: a run of the same options hits every record."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(dataset, src)
+    return src
+
+
+def _reuse_from(dataset, src, tmp_path):
+    return run(["prepare", "shards", "--pfam", SEED, "--out", tmp_path / "out", "-q",
+                "--pairs-per-family", 4, "--splits", "0.7,0.2,0.1", "--seed", 3,
+                "--reuse-embeddings", src])
+
+
+def test_a_damaged_reuse_source_is_a_clear_error(dataset, tmp_path):
+    src = _reuse_source(dataset, tmp_path)
+    assert _reuse_from(dataset, src, tmp_path).exit_code == 0  # intact: reused
+    (emb,) = (src / "embeddings").glob("emb-*")
+    _flip_a_byte(emb)
+    assert_clear_error(_reuse_from(dataset, src, tmp_path / "2"), f"--reuse-embeddings {src}",
+                       "damaged", f"pfamalign verify {src}")
+
+
+def test_an_index_pointing_at_other_records_is_refused_not_copied(dataset, tmp_path):
+    src = _reuse_source(dataset, tmp_path)
+    index = src / "embeddings" / "index.tsv"
+    head, *rows = index.read_text().splitlines()
+    hashes = [r.split("\t")[:2] for r in rows]
+    ids = [r.split("\t")[2] for r in rows]
+    rotated = ["\t".join([*h, i]) for h, i in zip(hashes, ids[1:] + ids[:1])]
+    index.write_text("\n".join([head, *rotated]) + "\n")
+    assert_clear_error(_reuse_from(dataset, src, tmp_path), f"--reuse-embeddings {src}",
+                       "index does not match the shards")
+
+
+@pytest.mark.parametrize("missing", ["families.tsv", "val/lengths.npy"])
+def test_a_dataset_missing_a_file_is_refused_before_training(dataset, tmp_path, missing):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    (ds / missing).unlink()
+    assert_clear_error(run(["train", "--data", ds, "--config", "align_ce", "--out",
+                            tmp_path / "run"]), f"{missing} is missing")
+    assert not (tmp_path / "run" / "model").exists()
+    assert_clear_error(run(["verify", ds]), f"{missing} is missing")
+
+
+@pytest.mark.slow  # compiles a train step (15 s)
+def test_a_signal_while_the_run_finishes_exits_128_plus_it_and_the_rerun_finishes(
+        dataset, tmp_path, monkeypatch):
+    import signal
+
+    from pfamalign.checkpoint import TRAINING_RECORD
+    from pfamalign.training import loop
+
+    finish = loop.finish_model
+
+    def interrupted_finish(*args, **kwargs):  # the signal arrives while the decoder is chosen
+        os.kill(os.getpid(), signum)
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "finish_model", interrupted_finish)
+    out = tmp_path / "run"
+    args = ["train", "--data", dataset, "--config", "align_ce", "--out", out, "--no-tune",
+            *(f"--set={k}={v}" for k, v in TINY.items())]
+    for signum in (signal.SIGTERM, signal.SIGINT):  # the second run resumes at the last step
+        result = run(args)
+        assert result.exit_code == 128 + signum, result.output
+        assert not (out / "model" / TRAINING_RECORD).exists()
+    monkeypatch.undo()
+    assert run(args).exit_code == 0
+    assert (out / "model" / TRAINING_RECORD).exists()
+
+
+@pytest.mark.parametrize("option, key", [
+    ("--set=train.lr=null", "train.lr"),
+    ("--set=train.final_lr_ratio=null", "train.final_lr_ratio"),
+    ("--set=train.weight_decay=null", "train.weight_decay"), ("--lr=inf", "--lr"),
+    ("--set=train.weight_decay=NaN", "train.weight_decay"),
+    ("--set=train.clip_norm=Infinity", "train.clip_norm")])
+def test_a_missing_or_non_finite_optimiser_setting_is_refused(dataset, tmp_path, option, key):
+    result = run(["train", "--data", dataset, "--config", "align_ce", "--out", tmp_path / "run",
+                  option])
+    assert_clear_error(result, key)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text", ['{"model": {"name": "al', "[1]"])
+def test_a_damaged_run_config_is_named(dataset, tmp_path, text):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(text)
+    assert_clear_error(run(["train", "--data", dataset, "--out", tmp_path / "run"]),
+                       f"{tmp_path / 'run' / 'config.json'} is damaged", "new --out")
+    assert (tmp_path / "run" / "config.json").read_text() == text
+
+
+def test_fold_warnings_speak_of_the_fold_and_a_fold_with_splits_is_refused(tmp_path):
+    args = ["prepare", "shards", "--pfam", SMALL, "-q", "--pairs-per-family", 4, "--fold", "0/2"]
+    result = run(args + ["--out", tmp_path / "ds"])  # one family: two splits are empty
+    assert result.exit_code == 0, result.output
+    assert "split is empty" in result.output and "--fold 0/2" in result.output
+    assert "--splits" not in result.output
+    result = run(args + ["--out", tmp_path / "both", "--splits", "0.5,0.25,0.25"])
+    assert result.exit_code == 2 and "--fold K/N and --splits" in result.output, result.output
+    assert not (tmp_path / "both").exists()
+
+
+def test_a_duplicate_family_is_not_blamed_on_skip_bad(tmp_path):
+    for name in ("a.sto", "b.sto"):
+        (tmp_path / name).write_text(SMALL.read_text())
+    result = run(["prepare", "shards", "--pfam", tmp_path / "a.sto", "--pfam", tmp_path / "b.sto",
+                  "--out", tmp_path / "ds", "-q", "--pairs-per-family", 4])
+    assert result.exit_code == 0, result.output
+    assert "left out 1 duplicate family" in result.output and "--skip-bad" not in result.output
+
+
+def test_a_stockholm_file_with_a_byte_order_mark_is_read(tmp_path):
+    from pfamalign.pipelines.stockholm import expand_inputs, read_families
+
+    bom = tmp_path / "family.txt"  # no Stockholm suffix: a directory input sniffs its header
+    bom.write_bytes(b"\xef\xbb\xbf" + SMALL.read_bytes())
+    assert expand_inputs([tmp_path])[0] == [bom]
+    assert [f.rows for f in read_families(bom)] == [f.rows for f in read_families(SMALL)]
+
+
+def test_a_row_length_error_blames_the_odd_row_even_when_it_comes_first(tmp_path):
+    from pfamalign.pipelines.stockholm import StockholmError, read_families
+
+    sto = tmp_path / "odd.sto"
+    sto.write_text("# STOCKHOLM 1.0\n#=GF AC PF99999.1\nodd/1-4 ACDE\nb/1-5 ACDEF\n"
+                   "c/1-5 ACDEG\n//\n")
+    with pytest.raises(StockholmError, match=r"odd.sto:3: sequence 'odd/1-4' has 4 alignment "
+                                             r"columns but 'b/1-5' has 5 \(2 of 3 rows\)"):
+        list(read_families(sto))

@@ -6,6 +6,7 @@ import math
 import os
 
 import click
+from click.core import ParameterSource
 
 
 def _floats(text: str, name: str, n: int | None = None, *,
@@ -94,8 +95,9 @@ def prepare():
 @click.option("--splits", "split_text", default="0.8,0.1,0.1", show_default=True,
               help="train,val,test fractions (by family).")
 @click.option("--fold", "fold_text", default=None, metavar="K/N",
-              help="Cross-validation fold K of N (0-based), instead of --splits: test = the "
-                   "families of fold K, val = about 10 % of the others, train = the rest.")
+              help="Cross-validation fold K of N (0-based), instead of --splits (not with "
+                   "it): test = the families of fold K, val = about 10 % of the others, "
+                   "train = the rest.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the family split and the pair sampling.")
 @click.option("--skip-bad", is_flag=True,
@@ -146,6 +148,10 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     from pfamalign.pipelines.progress import render_summary
     from pfamalign.pipelines.stockholm import StockholmError
 
+    splits_given = click.get_current_context().get_parameter_source("split_text")
+    if fold_text is not None and splits_given is not ParameterSource.DEFAULT:
+        raise click.UsageError("--fold K/N and --splits both choose the splits; give one of them "
+                               "(a fold's val and test do not use the --splits fractions)")
     if layer is not None:
         if embedder.strip().startswith("builtin"):
             raise click.BadParameter(f"--layer picks a layer of an ESM-2 embedder; {embedder} has "
@@ -179,11 +185,14 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
         raise click.ClickException(str(err)) from err
     for warning in result.summary.get("warnings", []):  # even with --quiet: act on it now
         click.echo(f"Warning: {warning}", err=True)
-    malformed = len(result.summary.get("errors", []))
-    if malformed:  # even with --quiet: the dataset lacks these families
-        click.echo(f"Warning: --skip-bad left out {malformed} malformed "
-                   f"famil{'y' if malformed == 1 else 'ies'} (file:line in {out}/families.tsv)",
-                   err=True)
+    left_out = result.summary["skipped"]["families"]
+    malformed = left_out.get("malformed Stockholm", 0)  # only with --skip-bad, else an error
+    duplicates = left_out.get("duplicate family key", 0)  # always: the first copy is kept
+    for count, what in ((malformed, "--skip-bad left out {} malformed"),
+                        (duplicates, "left out {} duplicate")):
+        if count:  # even with --quiet: the dataset lacks these families
+            click.echo(f"Warning: {what.format(count)} famil{'y' if count == 1 else 'ies'} "
+                       f"(file:line in {out}/families.tsv)", err=True)
     if not quiet:
         from rich.console import Console
 

@@ -6,7 +6,7 @@ import inspect
 
 import click
 
-from pfamalign.commands._common import DatasetDirectory
+from pfamalign.commands._common import DatasetDirectory, Number
 from pfamalign.config_table import CONFIG_NAMES, CONFIGS
 
 _ATTENTION = {"softmax": "softmax attention", "ceta": "CETA attention",
@@ -118,7 +118,8 @@ def summary_line(result, total_steps: int) -> str:
 @click.option("--steps", type=int, default=None, help="Optimiser steps  [config: 2000]")
 @click.option("--batch-size", type=int, default=None,
               help="Global batch, divisible by the device count  [config: 64]")
-@click.option("--lr", type=float, default=None, help="Peak learning rate  [config: 1e-3]")
+@click.option("--lr", type=Number(min=0, min_open=True), default=None,
+              help="Peak learning rate  [config: 1e-3]")
 @click.option("--eval-every", type=int, default=None,
               help="Validation every N steps, 0 = never  [config: 200]")
 @click.option("--ckpt-every", type=int, default=None,

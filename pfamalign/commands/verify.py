@@ -17,7 +17,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
     from pfamalign.checkpoint import CHECKSUMS, verify_checksums
-    from pfamalign.pipelines.reader import shard_problems
+    from pfamalign.pipelines.reader import dataset_problems
 
     checked, problems = [], []
     manifest = directory / "manifest.json"
@@ -26,7 +26,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             data = json.loads(manifest.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as err:
             return [], [f"{manifest}: unreadable ({err})"]
-        problems += [f"{directory}: {p}" for p in shard_problems(directory, data, full=True)]
+        problems += [f"{directory}: {p}" for p in dataset_problems(directory, data, full=True)]
         checked.append(f"dataset {directory}: {len(data.get('shards', []))} shards")
     models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
     if ensemble.is_ensemble(directory):

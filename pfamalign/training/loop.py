@@ -267,26 +267,30 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                                       f"{batch_size / dt:.1f} ex/s")
             if saved_step != step:
                 save(step)
-            if interrupted:
-                name = signal.Signals(stop.signal).name if stop.signal else "signal"
-                progress.log(f"{name}: saved a checkpoint at step {step} in {manager_dir}; "
-                             "re-run the same command to resume")
-            elif step == start_step and (record := ckpt.read_training_record(out_dir / "model")):
-                # a re-run of a finished run: its model, decoder and record stand (training.json
-                # is written last, so a run killed while finishing is finished again below)
-                model_dir, decoder = out_dir / "model", record.get("decoder")
-                progress.log(f"{model_dir} is already finished (delete it to export and tune it again)")
-            else:
-                model_dir = out_dir / "model"
-                model = nnx.merge(state.graphdef, local_params(state.params))
-                ckpt.save_model(model_dir, model, cfg.model, params=state.params)
-                if jax.process_index() == 0:
-                    progress.log(f"choosing the decoder on up to {tune_pairs} val pairs"
-                                 if tune_pairs else "recording the model's data")
-                    decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
-                                           seed=cfg.train.data.seed)
-                    writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})
-                    progress.log(tuning.describe(decoder))
+            interrupted = stop.stop_requested()  # also a signal during that last save
+        # Finishing runs under the command's own handlers: a signal now unwinds at once (exit
+        # 128 + signal) and the re-run finishes again, as training.json is written last.
+        if interrupted:
+            name = signal.Signals(stop.signal).name if stop.signal else "signal"
+            progress.log(f"{name}: saved a checkpoint at step {step} in {manager_dir}; "
+                         "re-run the same command to resume")
+        elif step == start_step and (record := ckpt.read_training_record(out_dir / "model")):
+            # a re-run of a finished run: its model, decoder and record stand
+            model_dir, decoder = out_dir / "model", record.get("decoder")
+            progress.log(f"{model_dir} is already finished (delete it to export and tune it again)")
+        else:
+            model_dir = out_dir / "model"
+            if jax.process_index() == 0:  # a model being replaced is not finished until the end
+                (model_dir / ckpt.TRAINING_RECORD).unlink(missing_ok=True)
+            model = nnx.merge(state.graphdef, local_params(state.params))
+            ckpt.save_model(model_dir, model, cfg.model, params=state.params)
+            if jax.process_index() == 0:
+                progress.log(f"choosing the decoder on up to {tune_pairs} val pairs"
+                             if tune_pairs else "recording the model's data")
+                decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
+                                       seed=cfg.train.data.seed)
+                writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})
+                progress.log(tuning.describe(decoder))
     finally:
         progress.close()
         writer.close()

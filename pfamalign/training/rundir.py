@@ -27,9 +27,19 @@ from pfamalign.training.errors import OptionsError, TrainingError
 
 
 def read_saved(out_dir: str | os.PathLike) -> dict | None:
-    """The run directory's ``config.json``, or None for a new run."""
+    """The run directory's ``config.json``, or None for a new run; TrainingError naming the
+    file when it is unreadable (a torn copy, an edit gone wrong)."""
     path = pathlib.Path(out_dir) / "config.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise TrainingError(f"{path} is damaged ({err}): restore it from a copy to resume this "
+                            "run, or give a new --out") from None
+    return saved
 
 
 def run_config(data_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None, *,
