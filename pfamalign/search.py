@@ -13,10 +13,10 @@ are aligned by the model. The transport plan does not enter the score: its log-o
 plan pair-HMM separate homologs no better than chance (``docs/design.md``, search).
 
 Prefilter. A database of more than ``max_candidates`` sequences (``--max-candidates``,
-default ``DEFAULT_MAX_CANDIDATES``) is first ranked for each query by BLAST's ungapped stage
-(``alignment.prefilter``: neighbourhood-word hits, each extended without gaps by X-drop;
-about 0.2 s for 10,000 subjects) and only the ``max_candidates`` best are scored by the
-forward pass; the others are not reported. E-values still count all ``N`` sequences, so a
+default ``DEFAULT_MAX_CANDIDATES``) is first ranked for each query in two stages
+(``alignment.prefilter``: BLAST's ungapped stage, neighbourhood-word hits extended without
+gaps by X-drop, about 0.2 s for 10,000 subjects; then a banded gapped score for the best of
+them) and only the ``max_candidates`` best are scored by the forward pass; the others are not reported. E-values still count all ``N`` sequences, so a
 reported hit has the E-value an exhaustive search gives it.
 
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``

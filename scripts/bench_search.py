@@ -18,6 +18,10 @@ With ``--background N`` the database also holds N sequences of the other splits'
 (unrelated to every query) for every method, and each query is searched against the whole
 database (its own entry left out of the figures): the setting of the search prefilter
 (``--max-candidates``; the share of related pairs among each query's candidates is reported).
+``--background-fasta FILE`` (repeatable) adds every sequence of FILE (a FASTA file, aligned
+or not: gaps are dropped; a family named by the file's stem, which must not be a query
+family) to it, e.g. the ~90,000 Pfam full-alignment domains of ``pfam/full_match_columns``
+(training families) for a database at the scale where the prefilter matters.
 
 Per query: ROC1 (the share of the query's relatives scored above its best-scoring unrelated
 sequence) and average precision; the figures are means over queries with 95 % intervals
@@ -75,6 +79,24 @@ def family_sequences(data: pathlib.Path, split: str, per_family: int | None, max
             for i in sorted(rng.choice(usable, min(per_family or len(usable), len(usable)), replace=False)):
                 chosen.append((base, family.seq_ids[i].replace(" ", "_"), fa.residues[i]))
     return chosen
+
+
+def background_sequences(path: pathlib.Path, max_len: int) -> list[tuple[str, str, str]]:
+    """``(family, id, residues)`` of every distinct sequence of FASTA ``path`` (gaps dropped,
+    upper-cased) of 10 to ``max_len`` residues; the family is the file's stem."""
+    from pfamalign.inputs import BadRecord, fasta_records
+
+    seen, out = set(), []
+    with open(path) as handle:
+        records = list(fasta_records(handle, str(path), validate=False))  # aligned: gaps allowed
+    for rec in records:
+        if isinstance(rec, BadRecord):
+            raise SystemExit(str(rec))
+        seq = rec.seq.replace("-", "").replace(".", "").upper()
+        if 10 <= len(seq) <= max_len and seq not in seen:
+            seen.add(seq)
+            out.append((path.stem, f"{path.stem}_{len(out)}", seq))
+    return out
 
 
 def _fasta(path: pathlib.Path, records) -> None:
@@ -166,6 +188,16 @@ def main(argv=None) -> None:
     parser.add_argument("--background", type=int, default=0,
                         help="add this many sequences of the other splits' families to the database of "
                              "every method (unrelated to every query; default 0)")
+    parser.add_argument("--background-fasta", type=pathlib.Path, action="append", default=[],
+                        help="add every sequence of this FASTA file to the database (repeatable; its "
+                             "family is the file's stem and must not be a query family)")
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help=f"external tools to compare, comma-separated (default {','.join(TOOLS)})")
+    parser.add_argument("--timed-queries", type=int, default=8,
+                        help="queries searched with and without the prefilter for its speed (default 8)")
+    parser.add_argument("--prefilter-pool", type=int, default=None,
+                        help="the prefilter's second stage scores this many times --max-candidates "
+                             "subjects (default: prefilter.POOL; 1: the first stage alone)")
     parser.add_argument("--max-candidates", type=int, default=None,
                         help="pfamalign search's --max-candidates (default: its default; 0: score all)")
     parser.add_argument("--evalue", type=float, default=None,
@@ -193,17 +225,32 @@ def main(argv=None) -> None:
 
     chosen = family_sequences(args.data, args.split, args.per_family, args.max_len, args.seed,
                               args.max_families)
+    tools = [t for t in args.tools.split(",") if t]
+    unknown = set(tools) - set(TOOLS)
+    if unknown:
+        parser.error(f"--tools: unknown {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    n = len(chosen)  # the queries
     if args.background:
         pool = family_sequences(args.data, args.split, None, args.max_len, args.seed, other_splits=True)
         picked = np.random.default_rng(args.seed).choice(len(pool), min(args.background, len(pool)), replace=False)
         chosen += [pool[i] for i in sorted(picked)]
+    query_families = {fam for fam, _, _ in chosen[:n]}
+    for path in args.background_fasta:
+        if path.stem in query_families:
+            parser.error(f"--background-fasta {path}: family {path.stem} is a query family")
+        chosen += background_sequences(path, args.max_len)
+    has_background = len(chosen) > n
     database = [FastaRecord(f"{n}_{sid}", seq, fam) for n, (fam, sid, seq) in enumerate(chosen)]
-    records = database[:len(database) - (len(picked) if args.background else 0)]  # the queries
+    records = database[:n]
     family_of = {r.id: fam for r, (fam, _, _) in zip(database, chosen)}
     index = {r.id: n for n, r in enumerate(database)}
     n, m = len(records), len(database)
     max_candidates = lib.DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates or None
     predictor = Predictor(args.checkpoint)
+    if args.prefilter_pool is not None:
+        from pfamalign.alignment import prefilter
+
+        prefilter.POOL = args.prefilter_pool
     families = sorted({family_of[r.id] for r in records})  # the queries'
     overlap = training_overlap(predictor.path, families) or {}
     config = {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items() if k != "json"}
@@ -221,7 +268,7 @@ def main(argv=None) -> None:
     # without background: all against all; with it, the queries against the database they
     # open (its self-hit left out below)
     for result in lib.search(predictor, records, database, settings, BatchErrors(strict=True),
-                             all_vs_all=not args.background, decoys=args.decoys, seed=args.seed, evalue=args.evalue,
+                             all_vs_all=not has_background, decoys=args.decoys, seed=args.seed, evalue=args.evalue,
                              max_candidates=max_candidates):
         q = index[result.query.id]
         for hit in result.hits:
@@ -240,7 +287,8 @@ def main(argv=None) -> None:
                 if a != b:
                     sw_scores[a, b] = smith_waterman(records[a].seq, database[b].seq).score
         methods["sw"] = ("SW-BLOSUM62", sw_scores, None, time.perf_counter() - start)
-    for key, (label, binary, run) in TOOLS.items():
+    for key in tools:
+        label, binary, run = TOOLS[key]
         if shutil.which(binary) is None:
             report.note(f"{label}: {binary} is not on PATH, skipped")
             continue
@@ -282,7 +330,7 @@ def main(argv=None) -> None:
         calibration = {f"unrelated_hits_E<={x}": int((found[unrelated] <= x).sum()) for x in (0.1, 1, 10)}
         sensitivity = {f"related_found_E<={x:g}": round(float((found[related] <= x).mean()), 4)
                        for x in (1e-3, 0.01, 1, 10)}
-        scored = lib.scored_per_query(m - (0 if args.background else 1), max_candidates)
+        scored = lib.scored_per_query(m - (0 if has_background else 1), max_candidates)
         extra = {"model_pairs_per_s": n * (scored + args.decoys) / model_seconds} if name == "pfamalign" else {}
         report.add(method=f"calibration: {label}", seconds=None, n_queries=n, **calibration,
                    expected_at_most={f"E<={x}": x * n for x in (0.1, 1, 10)}, **sensitivity, **extra)
@@ -296,10 +344,10 @@ def main(argv=None) -> None:
         passed = np.zeros((n, m), bool)
         for q in range(n):
             passed[q, prefilter.candidates(records[q].seq, index_db, max_candidates,
-                                             exclude=None if args.background else q)] = True
+                                             exclude=None if has_background else q)] = True
         share = float(passed[related].mean())
         # speed in this run: the first queries searched with and without the prefilter, alternating
-        timed = records[:8]
+        timed = records[:args.timed_queries]
         seconds = {"exhaustive": 0.0, "prefiltered": 0.0}
         for _ in range(2):
             for name, keep in (("exhaustive", None), ("prefiltered", max_candidates)):
@@ -317,7 +365,7 @@ def main(argv=None) -> None:
                     f"{len(timed)} queries searched in {seconds['prefiltered']:.1f} s against "
                     f"{seconds['exhaustive']:.1f} s exhaustive (mean of two alternating runs)")
     report.note(f"{n} queries from {len(families)} {args.split} families ({', '.join(families)}); "
-                f"database {m} sequences ({m - n} background from the other splits)")
+                f"database {m} sequences ({m - n} background: other splits, --background-fasta)")
     report.finish()
 
 

@@ -2,13 +2,12 @@
 
 Scoring every subject costs a forward pass (about 1 ms for a 300 x 300 pair on one core), so
 a database of 20,000 sequences takes about ten seconds per query on two cores. The prefilter
-ranks the subjects by BLAST's ungapped stage, a score about twenty times cheaper (0.2 s for
-10,000 subjects of 150-450 residues against a 300-residue query, two cores), and ``search``
-scores only the ``keep`` best (``--max-candidates``); the rest are not reported. E-values
-still count the whole database, so a reported hit's E-value is what an exhaustive search
-gives it.
+ranks the subjects in two stages, as BLAST and FASTA do, and ``search`` scores only the
+``keep`` best (``--max-candidates``); the rest are not reported. E-values still count the
+whole database, so a reported hit's E-value is what an exhaustive search gives it.
 
-The prefilter score of a (query, subject) pair, in BLOSUM62 units:
+First stage, every subject (BLAST's ungapped stage; about 20 µs a 300 x 300 pair, 0.2 s for
+10,000 subjects on two cores), in BLOSUM62 units:
 
 - Words: ``WORD`` consecutive residues, all among the 20 standard amino acids (after the
   scoring map, ``U->C``, ``O->K``; words with X, B or Z are not seeds). A *word hit* is a
@@ -21,22 +20,37 @@ The prefilter score of a (query, subject) pair, in BLOSUM62 units:
   left (from ``i - 1``), each run until its running sum falls more than ``X_DROP`` below its
   best (BLAST's ungapped X-drop, 7 bits); the extension ends after the right side's best
   residue.
-- The score is the best extension's (0 without one).
+- The score is the best extension's (0 without one), its diagonal the best extension's (the
+  lowest on a tie; 0 without one). Subjects are ranked by the score less
+  ``ln(subject length) / LAMBDA``, the subject-dependent part of an ungapped bit score
+  (Karlin-Altschul, ``E = K m n e^(-lambda S)``): a long unrelated subject has more
+  diagonals to find a high segment on.
 
-``candidates`` ranks subjects by the score less ``ln(subject length) / LAMBDA``, the
-subject-dependent part of an ungapped bit score (Karlin-Altschul, ``E = K m n e^(-lambda S)``):
-a long unrelated subject has more diagonals to find a high segment on.
+Second stage, the first stage's ``POOL * keep`` best (FASTA's banded ``opt`` score): the best
+local alignment (BLOSUM62, a gap of ``g`` residues costs ``GAP_OPEN + g * GAP_EXTEND``, 11 + g
+as blastp's) within ``BAND`` diagonals of the first stage's best one, ranked by that score less
+``ln(subject length) / GAPPED_LAMBDA``; the ``keep`` best are the candidates. It rescues
+relatives whose best ungapped segment is short but whose alignment holds several, joined by
+gaps. A database of at most ``keep`` subjects is scored in full.
 
-How it was chosen, and what it misses (``docs/design.md`` §8): on the training families
-(60 queries against a database of 1,560 sequences) the share of related pairs among each
-query's ``K`` candidates was 0.906 / 0.928 / 0.967 / 0.994 at K = 50 / 100 / 200 / 500 with
-these settings; two-hit mode, ``T`` = 11 and raw scores each did worse at K >= 200. The pairs
-it loses are short or remote relatives without a strong ungapped segment (two 31-residue
-PPR repeats: best segment 11, forward score 23 bits), which the forward pass finds.
+How it was chosen, and what it misses (``docs/design.md`` §8). First stage, on the training
+families (60 queries against a database of 1,560 sequences): the share of related pairs among
+each query's ``K`` candidates was 0.906 / 0.928 / 0.967 / 0.994 at K = 50 / 100 / 200 / 500
+with these settings; two-hit mode, ``T`` = 11 and raw scores each did worse at K >= 200.
+Second stage, on the training families against 91,000 sequences (65 queries of 11 families,
+their families' sequences and the Pfam full-alignment domains of four other training
+families), K = 2,000: of the related pairs the forward pass finds at E <= 10, the first stage
+alone kept 0.952, both stages with ``POOL`` 5 and ``BAND`` 8 kept 0.960 (at E <= 1: 0.987 and
+0.989), for about 0.06 s more per query; pools of 10-20 and bands of 16-32 kept at most 0.003
+more at two to four times the cost.
 
-``reference_score`` states this per diagonal on the full substitution table (slow, for the
-tests); ``scores`` computes it for a whole database with a numba kernel that scans each
-subject once against the query's table of neighbourhood words.
+The pairs both stages lose are short or remote relatives without a strong segment (two
+31-residue PPR repeats: best segment 11, forward score 23 bits), which the forward pass finds.
+
+``reference_hit`` and ``reference_gapped`` state both stages on the full substitution table
+(slow, for the tests); ``hits`` and ``gapped_scores`` compute them with numba kernels: the
+first scans each subject once against the query's table of neighbourhood words, the second
+runs Gotoh's recursions in band coordinates.
 """
 
 from __future__ import annotations
@@ -55,6 +69,10 @@ WORD = 3  # the kernels read a word as three residues
 NEIGHBOR_SCORE = 10  # T (BLAST's blastp: 11; 10 kept more relatives on the training families)
 X_DROP = 16  # BLOSUM62 units (7 bits, BLAST's ungapped X-drop)
 LAMBDA = 0.3176  # BLOSUM62's ungapped Karlin-Altschul lambda (nats per unit score)
+GAP_OPEN, GAP_EXTEND = 11, 1  # the second stage's gaps (BLAST's blastp defaults)
+GAPPED_LAMBDA = 0.267  # BLOSUM62 11/1 gapped lambda (BLAST's table)
+BAND = 8  # the second stage's half-width around the first stage's best diagonal
+POOL = 5  # the second stage scores this many times ``keep`` subjects
 WORD_LETTERS = 20  # the first 20 letters of BLOSUM62_ALPHABET, the standard amino acids
 SCAN_CHUNK = 256  # subjects per task on the thread pool
 
@@ -126,17 +144,19 @@ def _extend(q, s, i, j, table) -> tuple[int, int]:
     return score + best + left, end
 
 
-def reference_score(query: str, subject: str) -> int:
-    """The prefilter score of one pair, from the module docstring's definition: word hits
-    read off the full ``[Lq, Ls]`` substitution table, diagonal by diagonal."""
+def reference_hit(query: str, subject: str) -> tuple[int, int]:
+    """``(score, diagonal)`` of one pair's best ungapped extension (the first stage's score;
+    its diagonal ``j - i``, the lowest on a tie, 0 without one), from the module docstring's
+    definition: word hits read off the full ``[Lq, Ls]`` substitution table, diagonal by
+    diagonal."""
     q, s = encode(query), encode(subject)
     table = substitution_table()
     if len(q) < WORD or len(s) < WORD:
-        return 0
+        return 0, 0
     sub = table[q[:, None], s[None, :]]
     word_ok_q = np.array([all(c < WORD_LETTERS for c in q[i:i + WORD]) for i in range(len(q) - WORD + 1)])
     word_ok_s = np.array([all(c < WORD_LETTERS for c in s[j:j + WORD]) for j in range(len(s) - WORD + 1)])
-    best = 0
+    best = best_d = 0
     for d in range(-(len(q) - 1), len(s)):
         covered = 0
         for i in range(max(0, -d), min(len(q), len(s) - d) - WORD + 1):
@@ -146,7 +166,32 @@ def reference_score(query: str, subject: str) -> int:
             if i < covered:
                 continue
             score, covered = _extend(q, s, i, j, table)
-            best = max(best, score)
+            if score > best:
+                best, best_d = score, d
+    return best, best_d
+
+
+def reference_gapped(query: str, subject: str, diagonal: int, band: int = BAND) -> int:
+    """The second stage's score of one pair, from its definition: the best local alignment
+    (BLOSUM62, a gap of ``g`` residues costs ``GAP_OPEN + g * GAP_EXTEND``) whose cells all
+    lie within ``band`` of ``diagonal`` (``|j - i - diagonal| <= band``), by Gotoh's
+    recursions on the full matrix with the cells off the band forbidden."""
+    q, s = encode(query), encode(subject)
+    table = substitution_table()
+    never = -(1 << 40)
+    h = np.zeros((len(q) + 1, len(s) + 1), np.int64)
+    e = np.full_like(h, never)  # ends in a gap in the query (a subject residue unaligned)
+    f = np.full_like(h, never)  # ends in a gap in the subject
+    best = 0
+    for i in range(1, len(q) + 1):
+        for j in range(1, len(s) + 1):
+            if abs(j - i - diagonal) > band:
+                h[i, j] = never
+                continue
+            e[i, j] = max(h[i, j - 1] - GAP_OPEN - GAP_EXTEND, e[i, j - 1] - GAP_EXTEND)
+            f[i, j] = max(h[i - 1, j] - GAP_OPEN - GAP_EXTEND, f[i - 1, j] - GAP_EXTEND)
+            h[i, j] = max(0, h[i - 1, j - 1] + int(table[q[i - 1], s[j - 1]]), e[i, j], f[i, j])
+            best = max(best, int(h[i, j]))
     return best
 
 
@@ -187,7 +232,7 @@ def _kernels():
         return counts, positions
 
     @njit()
-    def scan(q, starts, positions, codes, offsets, lo, hi, table, out):
+    def scan(q, starts, positions, codes, offsets, lo, hi, table, out, diagonal):
         lq = len(q)
         longest = 0
         for s in range(lo, hi):
@@ -198,6 +243,7 @@ def _kernels():
             ls = offsets[s + 1] - at
             covered[:ls + lq] = 0
             top = 0
+            top_d = 0
             for j in range(ls - word + 1):
                 a, b, c = codes[at + j], codes[at + j + 1], codes[at + j + 2]
                 if a >= letters or b >= letters or c >= letters:
@@ -234,11 +280,63 @@ def _kernels():
                         p -= 1
                         r -= 1
                     covered[d] = end
-                    if score + best + left > top:
-                        top = score + best + left
+                    total = score + best + left
+                    if total > top or (total == top and j - i < top_d):  # ties: the lowest diagonal
+                        top = total
+                        top_d = j - i
             out[s] = top
+            diagonal[s] = top_d
 
-    return lookup, scan
+    @njit()
+    def gapped(q, codes, offsets, subjects, diagonals, lo, hi, band, table, gap_open, gap_extend, out):
+        """``reference_gapped`` of subjects ``subjects[lo:hi]`` around ``diagonals[lo:hi]``, row
+        by row in band coordinates: slot ``k`` (1..2 band + 1) of row ``i`` is column ``j = i +
+        d - band + k - 1``; slots 0 and 2 band + 2 stand for the forbidden cells beside the band.
+        A cell off the matrix is a boundary (h 0: a local alignment may start after it)."""
+        lq = len(q)
+        width = 2 * band + 1
+        never = -(1 << 40)
+        h_prev = np.empty(width + 2, np.int64)
+        f_prev = np.empty(width + 2, np.int64)
+        h = np.empty(width + 2, np.int64)
+        e = np.empty(width + 2, np.int64)
+        f = np.empty(width + 2, np.int64)
+        opening = gap_open + gap_extend
+        for t in range(lo, hi):
+            sn = subjects[t]
+            at = offsets[sn]
+            ls = offsets[sn + 1] - at
+            d = diagonals[t]
+            h_prev[:] = 0  # the boundary row
+            h_prev[0] = never
+            h_prev[width + 1] = never
+            f_prev[:] = never
+            h[0] = never
+            h[width + 1] = never
+            e[0] = never
+            f[0] = never
+            f[width + 1] = never
+            best = 0
+            for i in range(max(0, -(d + band)), min(lq, ls - d + band)):
+                first = i + d - band - 1  # column of slot 0
+                for k in range(1, width + 1):
+                    j = first + k
+                    if j < 0 or j >= ls:
+                        h[k] = 0
+                        e[k] = never
+                        f[k] = never
+                        continue
+                    e[k] = max(h[k - 1] - opening, e[k - 1] - gap_extend)
+                    f[k] = max(h_prev[k + 1] - opening, f_prev[k + 1] - gap_extend)
+                    cell = max(0, h_prev[k] + table[q[i], codes[at + j]], e[k], f[k])
+                    h[k] = cell
+                    if cell > best:
+                        best = cell
+                h_prev[:] = h
+                f_prev[:] = f
+            out[t] = best
+
+    return lookup, scan, gapped
 
 
 @functools.lru_cache(maxsize=1)
@@ -248,29 +346,53 @@ def _pool():
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="prefilter")
 
 
-def scores(query: str, database: Database) -> np.ndarray:
-    """The prefilter score (``reference_score``) of ``query`` against every subject (int32)."""
-    lookup, scan = _kernels()
+def hits(query: str, database: Database) -> tuple[np.ndarray, np.ndarray]:
+    """``(score, diagonal)`` (``reference_hit``) of ``query`` against every subject (int32)."""
+    lookup, scan, _ = _kernels()
     table = substitution_table()
     q = encode(query)
     out = np.zeros(len(database), np.int32)
+    diagonal = np.zeros(len(database), np.int32)
     if len(q) < WORD or len(database) == 0:
-        return out
+        return out, diagonal
     starts, positions = lookup(q, table)
     chunks = range(0, len(database), SCAN_CHUNK)
     list(_pool().map(lambda lo: scan(q, starts, positions, database.codes, database.offsets, lo,
-                                     min(lo + SCAN_CHUNK, len(database)), table, out), chunks))
+                                     min(lo + SCAN_CHUNK, len(database)), table, out, diagonal), chunks))
+    return out, diagonal
+
+
+def gapped_scores(query: str, database: Database, subjects: np.ndarray, diagonals: np.ndarray,
+                  band: int = BAND) -> np.ndarray:
+    """``reference_gapped`` of ``query`` against each of ``subjects`` around its diagonal."""
+    _, _, gapped = _kernels()
+    q = encode(query)
+    subjects = np.ascontiguousarray(subjects, np.int64)
+    diagonals = np.ascontiguousarray(diagonals, np.int64)
+    out = np.zeros(len(subjects), np.int64)
+    table = substitution_table()
+    chunks = range(0, len(subjects), SCAN_CHUNK)
+    list(_pool().map(lambda lo: gapped(q, database.codes, database.offsets, subjects, diagonals, lo,
+                                       min(lo + SCAN_CHUNK, len(subjects)), band, table, GAP_OPEN,
+                                       GAP_EXTEND, out), chunks))
     return out
 
 
 def candidates(query: str, database: Database, keep: int, *, exclude: int | None = None) -> np.ndarray:
-    """Indices (increasing) of the ``keep`` subjects ranked highest by prefilter score less
-    ``ln(length) / LAMBDA`` (ties: the earlier subject), leaving out subject ``exclude``."""
-    rank = scores(query, database) - np.log(np.maximum(np.diff(database.offsets), 1)) / LAMBDA
+    """Indices (increasing) of the ``keep`` subjects the two stages rank highest, leaving out
+    subject ``exclude``: the first stage's ``POOL * keep`` best by ungapped score less
+    ``ln(length) / LAMBDA``, of those the ``keep`` best by banded gapped score less
+    ``ln(length) / GAPPED_LAMBDA`` (ties, in both: the earlier subject)."""
+    score, diagonal = hits(query, database)
+    log_length = np.log(np.maximum(np.diff(database.offsets), 1))
+    rank = score - log_length / LAMBDA
     if exclude is not None:
         rank[exclude] = -np.inf
-    order = np.argsort(-rank, kind="stable")
-    kept = order[:keep]
+    pool = np.argsort(-rank, kind="stable")[:POOL * keep + 1]
     if exclude is not None:
-        kept = kept[kept != exclude]
-    return np.sort(kept)
+        pool = pool[pool != exclude]
+    pool = pool[:POOL * keep]
+    if len(pool) <= keep:
+        return np.sort(pool)
+    rank = gapped_scores(query, database, pool, diagonal[pool]) - log_length[pool] / GAPPED_LAMBDA
+    return np.sort(pool[np.argsort(-rank, kind="stable")[:keep]])
