@@ -53,7 +53,7 @@ from flax import nnx
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
 from pfamalign.kernels import DustbinTokens, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
-from pfamalign.outputs import staged_directory
+from pfamalign.outputs import inside, staged_directory
 
 ENGINES = ("sinkhorn", "steps", "asap")
 FEATURES = ("rowlse", "norm", "spoke", "max")
@@ -695,13 +695,14 @@ def load_operator(model_dir) -> Operator:
 
 def check_output_dir(source, out, *, replace: bool = False) -> pathlib.Path:
     """``out`` (absolute) if a compiled model can be written there: not the checkpoint
-    ``source`` nor inside it, not an existing path (``replace``: an existing compiled model directory), in
-    an existing directory. Else a ValueError."""
+    ``source`` nor inside it, not an existing path (``replace``: an existing compiled model
+    directory), in an existing directory. Else a ValueError."""
     source, out = pathlib.Path(source).absolute(), pathlib.Path(out).absolute()
     if out == source or (out.exists() and os.path.samefile(out, source)):
         raise ValueError(f"output {out} is the checkpoint itself; write the compiled model elsewhere")
-    if source.resolve() in out.resolve().parents:  # the copy of the checkpoint would hold itself
-        raise ValueError(f"output {out} is inside the checkpoint {source}; write the compiled model elsewhere")
+    if inside(out, source):  # the copy of the checkpoint would hold itself
+        raise ValueError(f"output {out} is inside the checkpoint {source}; write the compiled model "
+                         f"elsewhere")
     if out.exists() and not (replace and (out / OPERATOR_FILE).is_file()):
         raise ValueError(f"output {out} already exists; give a new directory")
     if not out.parent.is_dir():

@@ -41,7 +41,7 @@ import numpy as np
 from pfamalign import jsonio
 from pfamalign.inference import (ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash,
                                  predictor_path)
-from pfamalign.outputs import staged_directory
+from pfamalign.outputs import inside, staged_directory
 from pfamalign.tuning import PLAN_POWERS
 
 # each member's power is chosen on validation pairs from these (the decoder grid's, and the
@@ -223,7 +223,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
             raise ValueError(f"{model} is an ensemble; give its members' directories")
         if not (model / "config.json").is_file():
             raise ValueError(f"{model} is not a model directory (config.json + params/); give RUN/model")
-        if model.resolve() in out.resolve().parents:
+        if inside(out, model):
             raise ValueError(f"--out {out} would be inside the model {model}")
     predictors = [Predictor(m) for m in models]
     if len({p.config.embedder_id for p in predictors}) > 1:

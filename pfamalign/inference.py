@@ -96,7 +96,8 @@ def finished_run_model(path: pathlib.Path) -> pathlib.Path | None:
     from pfamalign.checkpoint import TRAINING_RECORD
 
     model = path / "model"
-    return model if all((model / name).exists() for name in ("config.json", "params", TRAINING_RECORD)) else None
+    finished = all((model / name).exists() for name in ("config.json", "params", TRAINING_RECORD))
+    return model if finished else None
 
 
 DECODERS = ("affine", "mea", "hybrid", "posterior")

@@ -179,19 +179,18 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> FastaPai
     """Pair records of a multi-FASTA file: the first record against each of the others, or
     every pair (i < j) with ``all_pairs``. Bad records are passed on as ``BadRecord``, before
     the pairs, except a bad first record without ``all_pairs``, which raises (another record
-    would silently take its place). Every pair needs the records in memory, so the file is read at the call: one
-    with fewer than two usable records raises then, and ``len()`` is the number of items."""
-    records, bad = [], []
-    for item in read_fasta(path):
-        if not records and not bad:
-            first_is_bad = isinstance(item, BadRecord)
-        (bad if isinstance(item, BadRecord) else records).append(item)
+    would silently take its place). Every pair needs the records in memory, so the file is
+    read at the call: one with fewer than two usable records raises then, and ``len()`` is
+    the number of items."""
+    items = list(read_fasta(path))
+    records = [item for item in items if not isinstance(item, BadRecord)]
+    bad = [item for item in items if isinstance(item, BadRecord)]
     if len(records) < 2:
         skipped = "".join(f"; skipped {b}" for b in bad[:3])
         skipped += f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise ValueError(f"{path}: need at least two usable FASTA records to align, found "
                          f"{len(records)}{skipped}")
-    if first_is_bad and not all_pairs:
+    if isinstance(items[0], BadRecord) and not all_pairs:
         raise ValueError(f"{path}: the first record, which every other one is aligned against, is "
                          f"unusable: {bad[0]}; fix it (or pass --all-pairs to align every pair of the "
                          f"usable records)")
@@ -315,8 +314,9 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int
     for lineno, line in lines:
         if line.startswith(("# STOCKHOLM", ">")):
             kind, instead = (("FASTA", "give a multi-FASTA file as SEQ_A") if line.startswith(">")
-                             else ("Stockholm", "convert it to FASTA (e.g. esl-reformat fasta FILE) and give it "
-                                                "as SEQ_A; certify and barycenter take --stockholm FILE --ids ID_A ID_B"))
+                             else ("Stockholm", "convert it to FASTA (e.g. esl-reformat fasta FILE) "
+                                                "and give it as SEQ_A; certify and barycenter take "
+                                                "--stockholm FILE --ids ID_A ID_B"))
             raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
                              f"--pairs expects {PAIRS_LINES}")
         if _holds_a_pair(line):

@@ -65,6 +65,11 @@ def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
         return False
 
 
+def inside(path: os.PathLike, directory: os.PathLike) -> bool:
+    """Whether ``path`` lies below ``directory`` (after links)."""
+    return pathlib.Path(directory).resolve() in pathlib.Path(path).resolve().parents
+
+
 def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> pathlib.Path:
     """``path`` as a Path after the checks every output gets: it is not one of ``inputs`` and
     replaces no file inside one that is a directory (a dataset, a model: a new file there is
@@ -76,7 +81,7 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
         source = pathlib.Path(source)
         if same_file(path, source):
             raise OutputError(f"output {path} is also an input; write the output to another file")
-        if path.exists() and source.is_dir() and source.resolve() in path.resolve().parents:
+        if path.exists() and source.is_dir() and inside(path, source):
             raise OutputError(f"output {path} would replace a file of the input directory {source} "
                               f"(a dataset's, a model's); write the output elsewhere")
     if path.is_dir():

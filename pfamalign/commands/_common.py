@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import pathlib
+import re
 import sys
 
 import click
@@ -170,23 +171,28 @@ def decoder_options(f):
     return f
 
 
+def _flag(field: str) -> str:
+    """The command-line option of a settings field (``gap_open`` -> ``--gap-open``)."""
+    return "--" + field.replace("_", "-")
+
+
 def decoder_settings(base, options: dict):
     """``base`` (a DecoderSettings) overridden by the ``decoder_options`` the user gave; pops
     them from ``options``. Bad values, and options the decoder in use does not read (they
     would change nothing), exit with their message."""
     given = {k: options.pop(k) for k in DECODER_FIELDS}
     decoder = given["decoder"] or base.decoder
-    reads = ("decoder", "mode", *base.READS[decoder])
-    unread = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None and k not in reads]
+    reads = base.READS[decoder]
+    unread = [_flag(k) for k, v in given.items() if v is not None and k not in ("decoder", "mode", *reads)]
     if unread:
         chosen = "" if given["decoder"] else " (the model's; choose another with --decoder)"
         fail(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to the {decoder} "
-             f"decoder{chosen}, which reads {', '.join('--' + k.replace('_', '-') for k in reads[2:])}")
+             f"decoder{chosen}, which reads {', '.join(map(_flag, reads))}")
     try:
         settings = base.override(**given)
-    except ValueError as err:
-        fail(f"{err} (the {decoder} decoder's values; see --help)".replace("gap_open", "--gap-open")
-             .replace("gap_extend", "--gap-extend").replace("plan_power", "--plan-power"))
+    except ValueError as err:  # its message names fields: say them as the options the user typed
+        message = re.sub(r"\b(" + "|".join(DECODER_FIELDS) + r")\b", lambda m: _flag(m.group(1)), str(err))
+        fail(f"{message} (the {decoder} decoder's values; see --help)")
     if settings.decoder == "mea" and settings.mode == "local" and settings.objective == "accuracy" \
             and settings.min_mass == 0:
         click.echo("Note: --decoder mea --mode local leaves no flank unaligned with --objective accuracy "
