@@ -22,8 +22,9 @@ def test_an_interrupted_batch_exits_128_plus_the_signal_and_leaves_no_temporary(
     out.write_text("previous\n")
     proc = subprocess.Popen([sys.executable, "-m", "pfamalign.cli", "align", "--pairs", str(pairs),
                              "-f", "json", "-o", str(out)], stderr=subprocess.PIPE, text=True,
-                            # as from a terminal, whatever this run inherited (nohup ignores SIGHUP)
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                            # as from a terminal, whatever this run inherited (nohup ignores SIGHUP,
+                            # a shell's background job SIGINT)
+                            preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
     temporaries = lambda: [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     deadline = time.monotonic() + 120
     while not temporaries() and proc.poll() is None and time.monotonic() < deadline:
