@@ -42,11 +42,14 @@ def marginal_error(sums, pot, log_target, has, kappa: float):
     return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
 
 
-# Padded length from which ``impl="auto"`` on GPU takes the kernels instead of dense autodiff
-# ("reference"). UNMEASURED: None keeps the kernels at every size until a GPU run of
-# ``scripts/bench_transport.py --impls reference,xla,pallas`` sets it (no guessed number):
-# the benchmark prints ``dense_crossover`` of its own timings.
-GPU_DENSE_CROSSOVER: int | None = None
+# ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
+# an NVIDIA H100, 2026-11-24; the table is in the README): dense autodiff ("reference") below
+# ``GPU_DENSE_CROSSOVER`` (the benchmark's ``dense crossover`` of the banded XLA path), the
+# banded XLA path (``GPU_BANDED_IMPL``) from it on. The Triton kernels recompute each score tile
+# in every pass (memory O(L W / b) instead of the resident band's O(L W)); on the H100 that
+# costs more than the resident band at every size measured, so they run only when named.
+GPU_DENSE_CROSSOVER: int | None = 8192
+GPU_BANDED_IMPL = "xla"
 
 
 def dense_crossover(timings: dict[int, tuple[float | None, float | None]]) -> int | None:
@@ -81,19 +84,20 @@ def accelerator(platform: str | None = None) -> str:
 
 
 def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None) -> str:
-    """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU and GPU, the banded
-    XLA path on CPU (where Pallas would run in interpret mode). On GPU, problems shorter than
-    ``GPU_DENSE_CROSSOVER`` (when set; ``length`` = the longer sequence) take dense autodiff.
-    Other values pass through. ``platform`` defaults to this host's backend: a config lowered
+    """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
+    on CPU (where Pallas would run in interpret mode). On GPU, ``GPU_BANDED_IMPL``, and dense
+    autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
+    sequence; a None crossover or length keeps the banded path). Other values pass through. ``platform`` defaults to this host's backend: a config lowered
     for another platform from here names its impl explicitly."""
     if impl != "auto":
         return impl
     kind = accelerator(platform)
     if kind == "cpu":
         return "xla"
-    if kind == "gpu" and GPU_DENSE_CROSSOVER is not None and length is not None \
-            and length < GPU_DENSE_CROSSOVER:
-        return "reference"
+    if kind == "gpu":
+        if GPU_DENSE_CROSSOVER is not None and length is not None and length < GPU_DENSE_CROSSOVER:
+            return "reference"
+        return GPU_BANDED_IMPL
     return "pallas"
 
 

@@ -21,6 +21,16 @@ modulated product (d = dv = 64, R = 2: mx = 68 -> 128; 128-wide tiles, 2 stages)
 exactly the 295,424 bytes the H100 refused, where the model says 427,520; over the kernels and
 tilings measured, the model is 1.0-1.6x Triton's figure and never below it. The real figure
 on hardware is XLA's Triton's, checked by ``pytest -m gpu``.
+
+Registers bound the tile edge before shared memory does. On an H100 (2026-11-24, jax 0.11.2,
+``scripts/tune_triton.py``, L = 4096, W = 256, d = m = 64, ms per call, in-graph loop):
+
+    kernel       edge/warps:  32/4    64/4    64/8   128/4   128/8
+    band_lse                 0.059   0.131   0.101   1.49    1.50
+    band_product             0.068   1.90    0.120   5.29      -
+
+A ``[b, b]`` f32 tile takes ``b² / (32 num_warps)`` registers a thread; past ~16 the kernels
+spill (64/4, 128/*). ``MAX_EDGE`` caps the edge at the fastest measured, 32 with 4 warps.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ SMEM_BUDGET = {"h100": 227 * KIB, "a100": 163 * KIB, "consumer": 99 * KIB}
 _CLASS_BY_CC = {"9.0": "h100", "8.0": "a100", "8.7": "a100"}
 MIN_DOT = 16  # smallest tl.dot operand dimension (and so the smallest compiled tile edge)
 STAGES = (2, 1)  # pipeline depths tried, deepest first
+MAX_EDGE = 32  # largest tile edge used: wider tiles spill registers (module docstring)
 
 
 def padded(f: int) -> int:
@@ -92,12 +103,15 @@ def device_budget(device=None) -> int:
     return SMEM_BUDGET[_CLASS_BY_CC.get(cc, "consumer")]
 
 
-def choose(shape: KernelShape, max_block: int, budget: int) -> GpuTiling:
-    """The largest tile edge (a power of two dividing ``max_block``, the band tiling's edge),
-    then the deepest pipeline, whose modelled shared memory fits ``budget``.
+def choose(shape: KernelShape, max_block: int, budget: int, max_edge: int | None = None) -> GpuTiling:
+    """The largest tile edge (a power of two dividing ``max_block``, the band tiling's edge, and
+    at most ``max_edge``, default ``MAX_EDGE``), then the deepest pipeline, whose modelled
+    shared memory fits ``budget``.
 
     Raises ValueError when not even ``MIN_DOT``-wide tiles at one stage fit."""
     block = max_block
+    while block > (MAX_EDGE if max_edge is None else max_edge):
+        block //= 2
     while block >= MIN_DOT:
         for stages in STAGES:
             if smem_bytes(shape, block, stages) <= budget:

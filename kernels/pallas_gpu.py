@@ -46,12 +46,17 @@ def _pad_features(x):
     return x if fp == f else jnp.pad(x, ((0, 0), (0, 0), (0, fp - f)))
 
 
+# Launch settings forced per kernel shape ({KernelShape: GpuTiling}), for the tiling sweep of
+# scripts/tune_triton.py; empty otherwise. Read at trace time.
+FORCED_TILING: dict[KernelShape, GpuTiling] = {}
+
+
 def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTiling]:
     """The band re-tiled for this device's shared memory, and the launch settings. Tiles below
     ``MIN_DOT`` (interpret mode only) are kept as they are."""
     if geom.block < MIN_DOT:
         return geom, GpuTiling(geom.block, gpu_budget.num_warps(geom.block), gpu_budget.STAGES[0])
-    t = gpu_budget.choose(shape, geom.block, gpu_budget.device_budget())
+    t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget())
     return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
 
 

@@ -161,6 +161,14 @@ def run_child(argv: Sequence[str], *, timeout: float) -> dict:
 # ---- output --------------------------------------------------------------------------------
 
 
+def device_name() -> str:
+    """The device a benchmark runs on, in words (``jax.devices()[0]``)."""
+    import jax
+
+    dev = jax.devices()[0]
+    return f"{dev.platform} {dev.device_kind} (x{jax.device_count()})"
+
+
 def environment() -> dict:
     """Recorded with every JSON line: what ran and how loaded the machine was."""
     import jax

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+import _common
 from pfamalign import jsonio
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -97,8 +98,7 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     cfg = configs.get_config(name, embedder_id=embedder, feature_dim=dim,
                              overrides={"encoder": encoder, "train.batch_size": batch})
     mesh = train.make_mesh()
-    dev = jax.devices()[0]
-    print(f"# device: {dev.platform} {dev.device_kind} (x{jax.device_count()})", file=sys.stderr, flush=True)
+    print(f"# device: {_common.device_name()}", file=sys.stderr, flush=True)
     train.check_batch(batch, mesh)
     state = train.init_state(cfg, mesh)
     step = train.make_train_step(cfg, mesh)
@@ -138,7 +138,9 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
         "value_dim": cfg.model.value_dim, "dustbin": cfg.model.transport.dustbin,
         "batch": batch, "T": cfg.model.transport.base_steps, "R": cfg.model.transport.tail_steps,
         "half_band": cfg.model.transport.half_band, "eps": cfg.model.transport.eps,
-        "impl": cfg.model.transport.resolved().impl, "devices": mesh.devices.size,
+        # As the op resolves impl="auto": per padded length (dense autodiff below the GPU crossover).
+        "impl_by_padded_len": {str(n): cfg.model.transport.resolved(length=n).impl for n in per_length},
+        "devices": mesh.devices.size,
         "lengths": source, "pairs": int(len(lengths)),
         "mean_pair_max_len": round(float(lengths.max(axis=1).mean()), 1),
         "batches_per_epoch": len(batches),

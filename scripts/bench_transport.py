@@ -47,14 +47,6 @@ KNOWN_IMPLS = IMPLS + ("pallas",)
 _PARENT_PREALLOCATE = "_BENCH_TRANSPORT_PARENT_PREALLOCATE"
 
 
-def _device() -> str:
-    """The device the benchmark runs on, in words (``jax.devices()[0]``)."""
-    import jax
-
-    dev = jax.devices()[0]
-    return f"{dev.platform} {dev.device_kind} (x{jax.device_count()})"
-
-
 def _child(cfg: dict) -> dict:
     """Runs one configuration in this (fresh) process and returns its measurements."""
     import jax.numpy as jnp
@@ -134,7 +126,7 @@ def main(argv=None):
     impls = [m for m in args.impls.split(",") if m]
     if unknown := sorted(set(impls) - set(KNOWN_IMPLS)):
         ap.error(f"unknown --impls {unknown}; choose from {', '.join(KNOWN_IMPLS)}")
-    device = _device()
+    device = _common.device_name()
     print(f"# device: {device}", file=sys.stderr, flush=True)
     impls = sorted(impls, key=lambda m: m != "reference")  # reference first: the ratios need it
     cols = ["L", "W", "impl", "status", "fwd_bwd_ms", "speedup_vs_ref", "peak_rss_MiB", "rss_vs_ref", "temp_MiB",
@@ -170,35 +162,36 @@ def main(argv=None):
     rep.finish()
 
 
+BANDED = ("xla", "pallas")  # the banded implementations, each against the GPU targets
+
+
 def _targets(rep, results):
     """The targets, stated as PASS / MISS where measured: the CPU ones for xla, issue 11's GPU
-    ones for pallas."""
-    for length, want in ((4096, 4), (16384, 10)):
-        p, ref = results.get((length, "pallas"), {}), results.get((length, "reference"), {})
-        if p.get("status") == "ok" and ref.get("status") == "ok":
-            ratio = ref["fwd_bwd_ms"] / p["fwd_bwd_ms"]
-            rep.note(f"target L={length} W={_w(rep, length)}: pallas {ratio:.1f}x faster than reference "
-                     f"(>= {want}x on GPU): {'PASS' if ratio >= want else 'MISS'}")
-    p, ott = results.get((16384, "pallas"), {}), results.get((16384, "ott"), {})
-    if p.get("status") == "ok" and ott.get("status") == "ok":
-        ratio = ott["fwd_bwd_ms"] / p["fwd_bwd_ms"]
-        rep.note(f"target L=16384: pallas {ratio:.1f}x faster than ott (>= 100x on GPU): "
-                 f"{'PASS' if ratio >= 100 else 'MISS'}")
-    x, ref = results.get((4096, "xla"), {}), results.get((4096, "reference"), {})
-    if x.get("status") == "ok" and ref.get("status") == "ok":
-        ratio = ref["fwd_bwd_ms"] / x["fwd_bwd_ms"]
-        rep.note(f"target L=4096 W={_w(rep, 4096)}: xla {ratio:.1f}x faster than reference (>= 10x): "
+    ones (and the dense crossover that sets ``impl="auto"``) for each banded implementation."""
+    ok = lambda length, impl: results.get((length, impl), {}).get("status") == "ok"
+    ms = lambda length, impl: results[(length, impl)]["fwd_bwd_ms"] if ok(length, impl) else None
+    for impl in BANDED:
+        for length, want in ((4096, 4), (16384, 10)):
+            if ok(length, impl) and ok(length, "reference"):
+                ratio = ms(length, "reference") / ms(length, impl)
+                rep.note(f"target L={length} W={_w(rep, length)}: {impl} {ratio:.1f}x faster than reference "
+                         f"(>= {want}x on GPU): {'PASS' if ratio >= want else 'MISS'}")
+        if ok(16384, impl) and ok(16384, "ott"):
+            ratio = ms(16384, "ott") / ms(16384, impl)
+            rep.note(f"target L=16384: {impl} {ratio:.1f}x faster than ott (>= 100x on GPU): "
+                     f"{'PASS' if ratio >= 100 else 'MISS'}")
+    if ok(4096, "xla") and ok(4096, "reference"):
+        ratio = ms(4096, "reference") / ms(4096, "xla")
+        rep.note(f"target L=4096 W={_w(rep, 4096)}: xla {ratio:.1f}x faster than reference (>= 10x on CPU): "
                  f"{'PASS' if ratio >= 10 else 'MISS'}")
-    timed = lambda length, impl: (results[(length, impl)].get("fwd_bwd_ms")
-                                  if results.get((length, impl), {}).get("status") == "ok" else None)
-    kernel_lengths = sorted({length for length, impl in results if impl == "pallas"})
-    if kernel_lengths and any((n, "reference") in results for n in kernel_lengths):
-        from pfamalign.kernels.config import dense_crossover
+    from pfamalign.kernels.config import dense_crossover
 
-        at = dense_crossover({n: (timed(n, "reference"), timed(n, "pallas")) for n in kernel_lengths})
-        rep.note(f"dense crossover (pallas vs reference on this device, kernels.config.dense_crossover): "
-                 + (f"L = {at}: on a GPU set GPU_DENSE_CROSSOVER = {at} in kernels/config.py"
-                    if at is not None else "none: the kernels do not win at the longest L measured"))
+    for impl in BANDED:
+        lengths = sorted({length for length, i in results if i == impl})
+        if lengths and any((n, "reference") in results for n in lengths):
+            at = dense_crossover({n: (ms(n, "reference"), ms(n, impl)) for n in lengths})
+            rep.note(f"dense crossover ({impl} vs reference on this device, kernels.config.dense_crossover): "
+                     + (f"L = {at}" if at is not None else "none: it does not win at the longest L measured"))
     big = results.get((16384, "xla"), {})
     if big.get("status") == "ok":
         gib = big["peak_rss_MiB"] / 1024

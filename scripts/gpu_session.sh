@@ -8,6 +8,7 @@
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
+#   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
 #
 # Every step installs the wheels and this checkout (offline, editable) first, then writes
 # device.txt (GPU, driver, date, jax) and its own log / JSON lines to $OUT (default
@@ -47,12 +48,15 @@ install() {
 
 case "${1:-}" in
     fetch) fetch ;;
+    # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
-        python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
+        python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
     transport) install
-        python3 scripts/bench_transport.py --impls reference,xla,pallas,ott 2>&1 \
+        python3 scripts/bench_transport.py --impls reference,xla,pallas,ott --mem-budget-gib 40 "${@:2}" 2>&1 \
             | tee "$OUT_DIR/bench_transport.txt" ;;
+    tune) install
+        python3 scripts/tune_triton.py "${@:2}" 2>&1 | tee "$OUT_DIR/tune_triton.jsonl" ;;
     train) install
-        python3 scripts/bench_train.py --pfam .gpu/pfam 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | train" >&2; exit 2 ;;
+        python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | train" >&2; exit 2 ;;
 esac

@@ -185,18 +185,30 @@ def _skip_without_gpu():
         pytest.skip(f"compiled Triton kernels need a GPU backend, have {jax.default_backend()!r}")
 
 
+def _float64_reference(cfg: TransportConfig, q_len, k_len, g, *operands):
+    """Loss and gradient of dense autodiff (``impl="reference"``) in float64, on this device."""
+    with jax.enable_x64(True):
+        f64 = lambda tree: jax.tree.map(lambda x: jnp.asarray(np.asarray(x, np.float64)), tree)
+        ref = TransportConfig(**{**vars(cfg), "impl": "reference"})
+        out = jax.jit(_value_and_grad(ref, q_len, k_len, f64(g)))(*f64(operands))
+        return jax.tree.map(np.asarray, out)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
-def test_compiled_op_matches_reference_on_gpu(dustbin):
-    """The public op through the compiled Triton kernels vs dense autodiff, default settings."""
+def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
+    """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
+    1e-5 absolute + 1e-5 relative. (An absolute 1e-5 alone is below f32's own floor where the
+    gradients are large: in capacity mode, where they reach ~30, dense autodiff in f32 on the
+    CPU is itself 1.1e-5 from float64.) TF32 contractions miss this by two orders."""
     _skip_without_gpu()
     q, k, v, tokens, g = _inputs(LQ, LK)
-    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="pallas")
-    ref_cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="reference")
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl=impl)
     got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
-    want = jax.jit(_value_and_grad(ref_cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
+    want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
-        np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=0)
+        np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=OUT_ATOL)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,7 @@ import pytest
 from pfamalign import configs
 from pfamalign.kernels import TransportConfig, gpu_budget, pallas_gpu, transport
 from pfamalign.kernels.band import make_geometry
-from pfamalign.kernels.gpu_budget import SMEM_BUDGET, KernelShape
+from pfamalign.kernels.gpu_budget import SMEM_BUDGET, GpuTiling, KernelShape
 
 H100_REQUESTED = 295_424  # bytes, "Shared memory size limit exceeded" on main's tiling
 H100_AVAILABLE = 232_448
@@ -54,15 +54,23 @@ def test_model_grows_with_every_argument():
 
 
 def test_choice_keeps_large_tiles_where_they_fit_and_shrinks_where_not():
-    lse = gpu_budget.choose(KernelShape(64), 128, SMEM_BUDGET["h100"])
+    lse = gpu_budget.choose(KernelShape(64), 128, SMEM_BUDGET["h100"], max_edge=128)
     assert (lse.block, lse.num_stages, lse.num_warps) == (128, 2, 8)
-    big = gpu_budget.choose(BENCH_MODULATED, 128, SMEM_BUDGET["h100"])
+    big = gpu_budget.choose(BENCH_MODULATED, 128, SMEM_BUDGET["h100"], max_edge=128)
     assert big.block < 128
     assert gpu_budget.smem_bytes(BENCH_MODULATED, big.block, big.num_stages) <= SMEM_BUDGET["h100"]
     # The next larger tile, or the next deeper pipeline, would not fit.
     assert gpu_budget.smem_bytes(BENCH_MODULATED, 2 * big.block, 1) > SMEM_BUDGET["h100"]
     if big.num_stages < gpu_budget.STAGES[0]:
         assert gpu_budget.smem_bytes(BENCH_MODULATED, big.block, big.num_stages + 1) > SMEM_BUDGET["h100"]
+
+
+@pytest.mark.parametrize("shape", [KernelShape(64), KernelShape(64, 64), KernelShape(64, 1), BENCH_MODULATED])
+def test_choice_caps_the_edge_where_registers_spill(shape):
+    """Shared memory would allow wider tiles on an H100; the register cap (the fastest tiling
+    measured there) keeps 32-wide tiles with 4 warps, and narrower band tilings as they are."""
+    assert gpu_budget.choose(shape, 128, SMEM_BUDGET["h100"]) == GpuTiling(32, 4, 2)
+    assert gpu_budget.choose(shape, 16, SMEM_BUDGET["h100"]).block == 16
 
 
 def test_choice_refuses_when_nothing_fits():
@@ -251,6 +259,8 @@ def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
         return np.asarray(f(q, k, a, c, y, x, z)), np.asarray(g(q, k, c))
 
     monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: 10**9)
+    monkeypatch.setattr(gpu_budget, "MAX_EDGE", 128)
+    assert pallas_gpu.tiling(geom, KernelShape(16, 8, 4))[0].block > 32
     wide = run()
     small = gpu_budget.smem_bytes(KernelShape(16, 8, 4), 32, 2)
     monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: small)

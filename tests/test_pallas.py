@@ -79,19 +79,57 @@ def _all_primitives(ops, p):
     )
 
 
+# Plan products are checked against float64 within a forward-error bound of f32 arithmetic:
+# |got - exact| <= PRODUCT_ULPS * u * Σ_j P_ij (1 + |arg_ij|) (|x|·|z|)_ij |y_j|, u = 2^-24,
+# arg the exponent of P (its rounding error is relative to |arg|). XLA's own f32 products on
+# CPU reach 2.7 units; TF32 operands (2^-11) would miss it by two orders of magnitude.
+PRODUCT_ULPS = 16.0
+F32_UNIT = 2.0 ** -24
+
+
+def _float64_products(p, geom: BandGeometry):
+    """{name: (exact, error scale)} of the four plan products, dense in float64."""
+    f = {name: np.asarray(v, np.float64) for name, v in p.items()}
+    lp = f["q"].shape[1]
+    pos = np.arange(lp)
+    support = ((np.abs(pos[:, None] - pos[None, :]) <= geom.half_band)[None]
+               & np.asarray(p["row_active"])[:, :, None] & np.asarray(p["col_active"])[:, None, :])
+    # The primitives' scores: rescale(scores(q, k, ..., 0.5), 1.4).
+    arg = np.where(support, 0.7 * np.einsum("nid,njd->nij", f["q"], f["k"])
+                   + f["row_pot"][:, :, None] + f["col_pot"][:, None, :], 0.0)
+    plan = np.where(support, np.exp(arg), 0.0)
+    cond = plan * (1.0 + np.abs(arg))
+    mod = np.einsum("nix,njx->nij", f["x"], f["z"])
+    mod_abs = np.einsum("nix,njx->nij", np.abs(f["x"]), np.abs(f["z"]))
+    y, y_abs, t = f["y"], np.abs(f["y"]), lambda a: np.swapaxes(a, 1, 2)
+    return {"plan_rows": (plan @ y, cond @ y_abs), "plan_cols": (t(plan) @ y, t(cond) @ y_abs),
+            "plan_rows_modulated": ((plan * mod) @ y, (cond * mod_abs) @ y_abs),
+            "plan_cols_modulated": (t(plan * mod) @ y, t(cond * mod_abs) @ y_abs)}
+
+
+def _error_units(got, exact, scale):
+    """Largest |got - exact| in units of ``u * scale`` (exact zeros must come out exactly 0)."""
+    err = np.abs(np.asarray(got, np.float64) - exact)
+    assert not np.any(err[scale == 0]), "entries with no support must be exactly 0"
+    return float(np.max(err[scale > 0] / (F32_UNIT * scale[scale > 0]), initial=0.0))
+
+
 @functools.lru_cache(maxsize=None)
 def _primitive_outputs(wrapper: str, interpret, band: str, block: int):
-    """{name: (pallas, xla)} for one tiling: one jit (one compilation) for all six primitives."""
+    """{name: (pallas, xla)} for one tiling: one jit (one compilation) for all six primitives,
+    and under "float64" the exact plan products with their error scales."""
     length = int(2.5 * block)
     geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
     p = _random_problem(geom, length)
     pallas = PallasBandOps(geom, interpret, wrapper=wrapper)
     got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
-    return {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
+    out = {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
+    return {**out, "float64": _float64_products(p, geom)}
 
 
 class _PrimitivesCase:
-    """``PallasBandOps`` primitive by primitive against ``XlaBandOps`` on the same inputs."""
+    """``PallasBandOps`` primitive by primitive against ``XlaBandOps`` on the same inputs (the
+    log-sum-exps) and against float64 (the plan products, where summation order matters)."""
 
     WRAPPER = ""
     INTERPRET = True
@@ -109,15 +147,14 @@ class _PrimitivesCase:
         assert np.isneginf(want[2]).all()  # no active key in problem 2: empty lines are -inf
         np.testing.assert_allclose(got, want, **PRIM_TOL)  # also requires the same -inf pattern
 
-    @pytest.mark.parametrize("name", ["plan_rows", "plan_cols"])
+    @pytest.mark.parametrize("name", ["plan_rows", "plan_cols", "plan_rows_modulated",
+                                      "plan_cols_modulated"])
     def test_plan_products(self, outputs, name):
-        got, want = outputs[name]
-        np.testing.assert_allclose(got, want, **PRIM_TOL)
-
-    @pytest.mark.parametrize("name", ["plan_rows_modulated", "plan_cols_modulated"])
-    def test_modulated_plan_products(self, outputs, name):
-        got, want = outputs[name]
-        np.testing.assert_allclose(got, want, **PRIM_TOL)
+        """Both backends within f32's forward-error bound of the float64 products."""
+        exact, scale = outputs["float64"][name]
+        for backend, value in zip(("pallas", "xla"), outputs[name]):
+            units = _error_units(value, exact, scale)
+            assert units <= PRODUCT_ULPS, f"{backend} {name}: error {units:.1f} u * scale"
 
 
 class TestPrimitivesTPUInterpret(_PrimitivesCase):
@@ -135,6 +172,17 @@ class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
 @pytest.mark.gpu
 class TestPrimitivesGPU(TestPrimitivesGPUInterpret):
     INTERPRET = False
+
+
+def test_product_bound_rejects_tf32_operands():
+    """The plan-product bound is tight enough to catch a TF32 dot: the same products computed
+    from operands rounded to TF32's 10-bit mantissa fail it."""
+    geom = make_geometry(20, 4, 8)
+    p = _random_problem(geom, 20)
+    exact, scale = _float64_products(p, geom)["plan_rows"]
+    tf32 = lambda a: (np.asarray(a, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    rounded = _float64_products({**p, "y": tf32(p["y"])}, geom)["plan_rows"][0]
+    assert _error_units(rounded, exact, scale) > 10 * PRODUCT_ULPS
 
 
 # ---- the public op vs the dense reference -----------------------------------------------------

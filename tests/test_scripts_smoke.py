@@ -260,3 +260,17 @@ def test_crossval_ensemble_of_two_runs_is_tuned_and_scored_on_their_pairs(tmp_pa
     done = [json.loads((tmp_path / w / "fold1" / "result.json").read_text()) for w in ("a", "ens")]
     assert done[0]["evaluation"]["pid"] == done[1]["evaluation"]["pid"]
     assert done[0]["evaluation"]["counts"]["nw"] == done[1]["evaluation"]["counts"]["nw"]
+
+
+def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
+    """The tiling sweep collects every Triton call site of the op (lowered for cuda from this
+    host: the LSE, the plain and ones-vector products and the modulated product) and, with no
+    GPU to time them on, stops with a message instead of timing interpret mode."""
+    module = importlib.import_module("tune_triton")
+    from pfamalign.kernels.gpu_budget import KernelShape
+
+    shapes = module._collect_shapes(256, 32, 16, 2, 2)
+    assert set(shapes) == {KernelShape(16), KernelShape(16, 16), KernelShape(16, 1), KernelShape(16, 16, 20)}
+    assert all(g.length == 256 and g.half_band == 32 for g in shapes.values())
+    with pytest.raises(SystemExit, match="needs a GPU backend"):
+        module.main([])

@@ -373,25 +373,27 @@ def test_auto_impl_is_resolved_by_the_kernels_per_platform():
 
     assert resolve_impl("auto", "cpu") == "xla"
     assert resolve_impl("auto", "tpu") == "pallas"
-    assert resolve_impl("auto", "cuda") == "pallas"
+    assert resolve_impl("auto", "cuda") == "xla"  # the measured-faster banded path on GPU
     assert resolve_impl("reference", "tpu") == "reference"  # explicit choices pass through
     assert TransportConfig(half_band=4).impl == "auto"
     assert TransportConfig(half_band=4).resolved("cpu").impl == "xla"
 
 
-def test_gpu_dense_crossover_is_unset_until_measured(monkeypatch):
-    """The size rule on GPU is a hook: off (kernels at every size) until a GPU benchmark sets
-    ``GPU_DENSE_CROSSOVER``; then dense autodiff below it, on GPU only."""
+def test_gpu_auto_is_dense_below_the_measured_crossover(monkeypatch):
+    """On GPU, dense autodiff below ``GPU_DENSE_CROSSOVER`` and ``GPU_BANDED_IMPL`` from it on
+    (and when the length is unknown or the crossover unset); other platforms ignore it."""
     from pfamalign.kernels import config, resolve_impl
 
-    assert config.GPU_DENSE_CROSSOVER is None
-    assert resolve_impl("auto", "cuda", length=64) == "pallas"
     monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", 4096)
+    monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas")
     assert resolve_impl("auto", "cuda", length=1024) == "reference"
     assert resolve_impl("auto", "cuda", length=4096) == "pallas"
+    assert resolve_impl("auto", "cuda") == "pallas"
     assert resolve_impl("auto", "tpu", length=1024) == "pallas"
     assert resolve_impl("auto", "cpu", length=1024) == "xla"
     assert TransportConfig(half_band=4).resolved("cuda", length=100).impl == "reference"
+    monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", None)
+    assert resolve_impl("auto", "cuda", length=64) == "pallas"
 
 
 def test_dense_crossover_is_where_the_kernels_win_from_then_on():

@@ -1,0 +1,175 @@
+"""Triton tiling sweep of the banded kernels, then the op under the fastest tilings (GPU only).
+
+1. Traces the op (forward + backward, the benchmark's settings) to collect the kernel shapes it
+   launches (``pallas_gpu.tiling``'s ``KernelShape`` and band geometry per call site).
+2. Times each kernel shape alone for every (tile edge, num_warps, num_stages) that compiles:
+   one JSON line per tiling (``ms`` = min over batches of the mean time per call).
+3. Forces the fastest tiling per shape (``pallas_gpu.FORCED_TILING``) and times the whole op
+   against the banded XLA path and dense autodiff in the same process (``speedup_vs_ref``).
+
+    python scripts/tune_triton.py                       # L 4096 W 256 sweep; op at 4096, 16384
+    python scripts/tune_triton.py --op-lengths 1024,4096,16384 --budget-s 240
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import _common  # noqa: F401  (sys.path and the script helpers)
+
+
+def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
+    """Milliseconds per call: min over batches of the batch mean (after a compiling call).
+    Includes Python dispatch (~0.1 ms a call): kernels alone are timed by ``_kernel_call``'s
+    in-graph loop instead."""
+    _common.block(fn(*args))
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            out = fn(*args)
+        _common.block(out)
+        best = min(best, (time.perf_counter() - t0) / per_batch)
+    return 1e3 * best
+
+
+def _collect_shapes(length: int, hb: int, d: int, t: int, r: int):
+    """{KernelShape: BandGeometry} of the op's Triton calls at this size (lowered for cuda)."""
+    import jax
+
+    from pfamalign.kernels import TransportConfig, pallas_gpu, transport
+
+    seen, original = {}, pallas_gpu.tiling
+
+    def spy(geom, shape):
+        seen.setdefault(shape, geom)
+        return original(geom, shape)
+
+    pallas_gpu.tiling = spy
+    try:
+        q, k, v, w = _common.make_problem(1, 1, length, d, d)
+        lens = jax.numpy.array([length])
+        tc = TransportConfig(half_band=hb, base_steps=t, tail_steps=r, impl="pallas", kernel="gpu")
+        fb = _common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, config=tc))
+        fb.trace(q, k, v, w).lower(lowering_platforms=("cuda",))
+    finally:
+        pallas_gpu.tiling = original
+    return seen
+
+
+KERNEL_REPEATS = 50  # kernel calls chained inside one jit: per-call time without dispatch
+
+
+def _kernel_call(shape, geom):
+    """A fresh jit (so a forced tiling is traced anew) that runs the kernel of this shape
+    ``KERNEL_REPEATS`` times in a loop, each call depending on the last; and its inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import pallas_gpu
+
+    n, lp = 1, geom.length
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 8))
+    arr = lambda f: 0.1 * jax.random.normal(next(keys), (n, lp, f), jnp.float32)
+    zeros = jnp.zeros((n, lp), jnp.float32)
+    if shape.m == 0:
+        kernel = lambda q, k, off, *_: pallas_gpu.band_lse.__wrapped__(q, k, off, geom=geom)
+        args = (arr(shape.d), arr(shape.d), zeros)
+    else:
+        kernel = lambda q, k, off, *rest: pallas_gpu.band_product.__wrapped__(q, k, off, off, *rest, geom=geom)
+        xz = (arr(shape.mx), arr(shape.mx)) if shape.mx else ()
+        args = (arr(shape.d), arr(shape.d), zeros, arr(shape.m), *xz)
+
+    def chained(q, k, off, *rest):
+        def body(_, off):  # the next call's offsets depend on this call's output
+            return off + 0.0 * jnp.sum(kernel(q, k, off, *rest))
+        return jax.lax.fori_loop(0, KERNEL_REPEATS, body, off)
+
+    fn = jax.jit(chained)
+    return lambda: fn(*args)
+
+
+def _profile(out_dir: str, name: str, fn, *args) -> None:
+    """A perfetto trace of a few calls of ``fn`` (compiled first) under ``out_dir/name``."""
+    import jax
+
+    _common.block(fn(*args))
+    with jax.profiler.trace(f"{out_dir}/{name}", create_perfetto_trace=True):
+        for _ in range(3):
+            _common.block(fn(*args))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--length", type=int, default=4096, help="L of the sweep (default 4096)")
+    ap.add_argument("--half-band", type=int, default=256)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--base-steps", type=int, default=15)
+    ap.add_argument("--tail-steps", type=int, default=2)
+    ap.add_argument("--blocks", type=_common.int_list, default=[16, 32, 64, 128])
+    ap.add_argument("--warps", type=_common.int_list, default=[2, 4, 8])
+    ap.add_argument("--stages", type=_common.int_list, default=[1, 2, 3])
+    ap.add_argument("--op-lengths", type=_common.int_list, default=[4096, 16384],
+                    help="time the whole op at these L (W 1024 from 16384) after the sweep")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop the sweep after this long")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="also write a perfetto trace of each impl's op under DIR/<impl>_<L>")
+    args = ap.parse_args(argv)
+
+    import jax
+
+    from pfamalign.kernels import TransportConfig, pallas_gpu, transport
+    from pfamalign.kernels.band import make_geometry
+    from pfamalign.kernels.gpu_budget import GpuTiling
+
+    emit = lambda row: print(json.dumps({"script": "tune_triton", "device": _common.device_name(), **row}),
+                             flush=True)
+    if jax.default_backend() != "gpu":
+        sys.exit(f"tune_triton needs a GPU backend, have {jax.default_backend()!r}")
+    shapes = _collect_shapes(args.length, args.half_band, args.dim, args.base_steps, args.tail_steps)
+    start, best = time.perf_counter(), {}
+    for shape, geom in shapes.items():
+        for block, warps, stages in itertools.product(args.blocks, args.warps, args.stages):
+            if geom.block % block or time.perf_counter() - start > args.budget_s:
+                continue
+            tiling = GpuTiling(block, warps, stages)
+            pallas_gpu.FORCED_TILING[shape] = tiling
+            row = {"kernel": "lse" if shape.m == 0 else "product", "shape": vars(shape), "L": args.length,
+                   "W": args.half_band, "block": block, "num_warps": warps, "num_stages": stages}
+            try:
+                ms = _time(_kernel_call(shape, make_geometry(geom.length, geom.half_band, geom.block,
+                                                             pallas=True)), batches=3, per_batch=1)
+                ms /= KERNEL_REPEATS
+                emit({**row, "ms": ms})
+                if ms < best.get(shape, (float("inf"),))[0]:
+                    best[shape] = (ms, tiling)
+            except Exception as err:  # noqa: BLE001  (a tiling that does not compile is a result)
+                emit({**row, "error": f"{type(err).__name__}: {str(err)[:200]}"})
+        pallas_gpu.FORCED_TILING.pop(shape, None)
+    jax.clear_caches()  # the kernels traced while collecting shapes keep their old tiling otherwise
+    for shape, (ms, tiling) in best.items():
+        emit({"best": vars(tiling), "shape": vars(shape), "ms": ms})
+        pallas_gpu.FORCED_TILING[shape] = tiling
+
+    for length in args.op_lengths:
+        hb = 1024 if length >= 16384 else args.half_band
+        q, k, v, w = _common.make_problem(1, 1, length, args.dim, args.dim)
+        lens = jax.numpy.array([length])
+        times = {}
+        for impl in ("reference", "xla", "pallas"):
+            tc = TransportConfig(half_band=hb, base_steps=args.base_steps, tail_steps=args.tail_steps, impl=impl)
+            fb = _common.fwd_bwd(lambda q, k, v, tc=tc: transport(q, k, v, lens, lens, config=tc))
+            times[impl] = _time(fb, q, k, v, w, batches=3, per_batch=3)
+            if args.profile:
+                _profile(args.profile, f"{impl}_{length}", fb, q, k, v, w)
+        for impl, ms in times.items():
+            emit({"op": impl, "L": length, "W": hb, "fwd_bwd_ms": ms, "speedup_vs_ref": times["reference"] / ms,
+                  "tuned": impl == "pallas"})
+
+
+if __name__ == "__main__":
+    main()
