@@ -87,8 +87,9 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
     on CPU (where Pallas would run in interpret mode). On GPU, ``GPU_BANDED_IMPL``, and dense
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
-    sequence; a None crossover or length keeps the banded path). Other values pass through. ``platform`` defaults to this host's backend: a config lowered
-    for another platform from here names its impl explicitly."""
+    sequence; a None crossover or length keeps the banded path). Other values pass through.
+    ``platform`` defaults to this host's backend: a config lowered for another platform from
+    here names its impl explicitly."""
     if impl != "auto":
         return impl
     kind = accelerator(platform)

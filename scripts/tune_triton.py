@@ -19,7 +19,7 @@ import json
 import sys
 import time
 
-import _common  # noqa: F401  (sys.path and the script helpers)
+import _common
 
 
 def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
