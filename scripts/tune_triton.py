@@ -3,7 +3,8 @@
 1. Traces the op (forward + backward, the benchmark's settings) to collect the kernel shapes it
    launches (``pallas_gpu.tiling``'s ``KernelShape`` and band geometry per call site).
 2. Times each kernel shape alone for every (tile edge, num_warps, num_stages) that compiles:
-   one JSON line per tiling (``ms`` = min over batches of the mean time per call).
+   one JSON line per tiling (``ms`` per call: ``KERNEL_REPEATS`` chained calls in one jit, so
+   no per-call Python dispatch, min of 3).
 3. Forces the fastest tiling per shape (``pallas_gpu.FORCED_TILING``) and times the whole op
    against the banded XLA path and dense autodiff in the same process (``speedup_vs_ref``).
 
@@ -20,21 +21,6 @@ import sys
 import time
 
 import _common
-
-
-def _time(fn, *args, batches: int = 5, per_batch: int = 10) -> float:
-    """Milliseconds per call: min over batches of the batch mean (after a compiling call).
-    Includes Python dispatch (~0.1 ms a call): kernels alone are timed by ``_kernel_call``'s
-    in-graph loop instead."""
-    _common.block(fn(*args))
-    best = float("inf")
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(per_batch):
-            out = fn(*args)
-        _common.block(out)
-        best = min(best, (time.perf_counter() - t0) / per_batch)
-    return 1e3 * best
 
 
 def _collect_shapes(length: int, hb: int, d: int, t: int, r: int):
@@ -141,9 +127,8 @@ def main(argv=None):
             row = {"kernel": "lse" if shape.m == 0 else "product", "shape": vars(shape), "L": args.length,
                    "W": args.half_band, "block": block, "num_warps": warps, "num_stages": stages}
             try:
-                ms = _time(_kernel_call(shape, make_geometry(geom.length, geom.half_band, geom.block,
-                                                             pallas=True)), batches=3, per_batch=1)
-                ms /= KERNEL_REPEATS
+                call = _kernel_call(shape, make_geometry(geom.length, geom.half_band, geom.block, pallas=True))
+                ms = 1e3 * _common.time_fn(call)["min_s"] / KERNEL_REPEATS
                 emit({**row, "ms": ms})
                 if ms < best.get(shape, (float("inf"),))[0]:
                     best[shape] = (ms, tiling)
@@ -163,7 +148,7 @@ def main(argv=None):
         for impl in ("reference", "xla", "pallas"):
             tc = TransportConfig(half_band=hb, base_steps=args.base_steps, tail_steps=args.tail_steps, impl=impl)
             fb = _common.fwd_bwd(lambda q, k, v, tc=tc: transport(q, k, v, lens, lens, config=tc))
-            times[impl] = _time(fb, q, k, v, w, batches=3, per_batch=3)
+            times[impl] = 1e3 * _common.time_fn(fb, q, k, v, w, repeats=5)["min_s"]
             if args.profile:
                 _profile(args.profile, f"{impl}_{length}", fb, q, k, v, w)
         for impl, ms in times.items():

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 
@@ -189,7 +190,7 @@ def _float64_reference(cfg: TransportConfig, q_len, k_len, g, *operands):
     """Loss and gradient of dense autodiff (``impl="reference"``) in float64, on this device."""
     with jax.enable_x64(True):
         f64 = lambda tree: jax.tree.map(lambda x: jnp.asarray(np.asarray(x, np.float64)), tree)
-        ref = TransportConfig(**{**vars(cfg), "impl": "reference"})
+        ref = dataclasses.replace(cfg, impl="reference")
         out = jax.jit(_value_and_grad(ref, q_len, k_len, f64(g)))(*f64(operands))
         return jax.tree.map(np.asarray, out)
 

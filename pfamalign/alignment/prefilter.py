@@ -346,6 +346,12 @@ def _pool():
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="prefilter")
 
 
+def _in_chunks(count: int, run) -> None:
+    """``run(lo, hi)`` over ``[0, count)`` in ``SCAN_CHUNK`` pieces on the thread pool (the
+    numba kernels release the GIL and write disjoint slices of their outputs)."""
+    list(_pool().map(lambda lo: run(lo, min(lo + SCAN_CHUNK, count)), range(0, count, SCAN_CHUNK)))
+
+
 def hits(query: str, database: Database) -> tuple[np.ndarray, np.ndarray]:
     """``(score, diagonal)`` (``reference_hit``) of ``query`` against every subject (int32)."""
     lookup, scan, _ = _kernels()
@@ -356,9 +362,8 @@ def hits(query: str, database: Database) -> tuple[np.ndarray, np.ndarray]:
     if len(q) < WORD or len(database) == 0:
         return out, diagonal
     starts, positions = lookup(q, table)
-    chunks = range(0, len(database), SCAN_CHUNK)
-    list(_pool().map(lambda lo: scan(q, starts, positions, database.codes, database.offsets, lo,
-                                     min(lo + SCAN_CHUNK, len(database)), table, out, diagonal), chunks))
+    _in_chunks(len(database), lambda lo, hi: scan(q, starts, positions, database.codes, database.offsets,
+                                                  lo, hi, table, out, diagonal))
     return out, diagonal
 
 
@@ -371,10 +376,8 @@ def gapped_scores(query: str, database: Database, subjects: np.ndarray, diagonal
     diagonals = np.ascontiguousarray(diagonals, np.int64)
     out = np.zeros(len(subjects), np.int64)
     table = substitution_table()
-    chunks = range(0, len(subjects), SCAN_CHUNK)
-    list(_pool().map(lambda lo: gapped(q, database.codes, database.offsets, subjects, diagonals, lo,
-                                       min(lo + SCAN_CHUNK, len(subjects)), band, table, GAP_OPEN,
-                                       GAP_EXTEND, out), chunks))
+    _in_chunks(len(subjects), lambda lo, hi: gapped(q, database.codes, database.offsets, subjects, diagonals,
+                                                    lo, hi, band, table, GAP_OPEN, GAP_EXTEND, out))
     return out
 
 
@@ -385,13 +388,8 @@ def candidates(query: str, database: Database, keep: int, *, exclude: int | None
     ``ln(length) / GAPPED_LAMBDA`` (ties, in both: the earlier subject)."""
     score, diagonal = hits(query, database)
     log_length = np.log(np.maximum(np.diff(database.offsets), 1))
-    rank = score - log_length / LAMBDA
-    if exclude is not None:
-        rank[exclude] = -np.inf
-    pool = np.argsort(-rank, kind="stable")[:POOL * keep + 1]
-    if exclude is not None:
-        pool = pool[pool != exclude]
-    pool = pool[:POOL * keep]
+    order = np.argsort(-(score - log_length / LAMBDA), kind="stable")
+    pool = (order if exclude is None else order[order != exclude])[:POOL * keep]
     if len(pool) <= keep:
         return np.sort(pool)
     rank = gapped_scores(query, database, pool, diagonal[pool]) - log_length[pool] / GAPPED_LAMBDA
