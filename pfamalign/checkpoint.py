@@ -169,7 +169,7 @@ def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[s
     return problems
 
 
-def _read_model_config(path: pathlib.Path) -> AlignerConfig:
+def read_model_config(path: pathlib.Path) -> AlignerConfig:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -227,7 +227,7 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     the saved implementation; any other value forces it.
     """
     config_path, params_path = resolve_model_path(path)
-    config = _read_model_config(config_path)
+    config = read_model_config(config_path)
     if impl is not None and impl != config.transport.impl:
         config = dataclasses.replace(
             config, transport=dataclasses.replace(config.transport, impl=impl))
@@ -358,7 +358,9 @@ class TrainCheckpoints:
             data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)), force=True)
         self._mngr.wait_until_finished()
         if jax.process_index() == 0:
-            write_checksums(self.directory / str(step), ("params", "opt_state"))
+            # the data-iterator state and bookkeeping too: a changed position would resume
+            # on other batches without a word
+            write_checksums(self.directory / str(step), ("params", "opt_state", "data", "meta"))
 
     def restore(self, step: int, *, params, opt_state) -> tuple[Any, Any, dict, dict]:
         """``(params, opt_state, data_state, meta)``; ``params`` / ``opt_state`` are abstract

@@ -280,7 +280,8 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
     Each non-empty line that is not a ``#`` comment holds either ``SEQ_A<TAB>SEQ_B`` (ids
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
     also carries ``where`` (``path:line``), for error messages about that pair; a malformed
-    line comes as a ``BadRecord``. The file must be UTF-8 with lines of at most ``MAX_LINE``
+    line comes as a ``BadRecord``. A first line naming the columns (``query<TAB>target``,
+    ``id_a<TAB>seq_a<TAB>id_b<TAB>seq_b``: see ``_HEADER_WORDS``) is a header, skipped. The file must be UTF-8 with lines of at most ``MAX_LINE``
     characters. The file is read up to its first pair at the call, so that one without pairs,
     or a FASTA or Stockholm file given by mistake, raises once before any work.
     """
@@ -303,7 +304,9 @@ def count_pairs_tsv(path: str | os.PathLike) -> int | None:
         return None
     try:
         with open_text(str(path), "pairs", newline="") as (handle, source):
-            return sum(1 for _, line in _bounded_lines(handle, source) if _holds_a_pair(line))
+            pair_lines = (line for _, line in _bounded_lines(handle, source) if _holds_a_pair(line))
+            first = next(pair_lines, None)
+            return sum(1 for _ in pair_lines) + (first is not None and not _is_header(first))
     except (ValueError, OSError):  # the reader reports it
         return None
 
@@ -320,8 +323,24 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int
             raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
                              f"--pairs expects {PAIRS_LINES}")
         if _holds_a_pair(line):
+            if _is_header(line):  # named columns: skipped, not aligned as a pair of words
+                return _first_pair_line(lines, source)
             return lineno, line
     raise ValueError(f"no pairs in {source}; --pairs expects {PAIRS_LINES}")
+
+
+# Column names a first line may carry. All but a few are made of residue letters ("query",
+# "target"), so without this a header would align as a pair.
+_HEADER_WORDS = frozenset(f"{stem}{tag}" for stem in ("seq", "sequence", "query", "subject",
+                                                      "target", "template", "protein")
+                          for tag in ("", "s", "_a", "_b", "a", "b", "1", "2", "_1", "_2"))
+
+
+def _is_header(line: str) -> bool:
+    """Whether a pairs-file line names its columns (its sequence columns are column names)."""
+    cols = [c.strip().lower() for c in line.split("\t")]
+    seqs = cols if len(cols) == 2 else cols[1::2] if len(cols) == 4 else []
+    return bool(seqs) and all(c in _HEADER_WORDS for c in seqs)
 
 
 def _holds_a_pair(line: str) -> bool:

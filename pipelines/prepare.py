@@ -252,6 +252,12 @@ def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash:
                 "error", "source", "start_line", "seq_skips", "pairs_no_aligned"]
     pd.DataFrame(fin["families"], columns=fam_cols).to_csv(out / "families.tsv", sep="\t",
                                                             index=False)
+    # the tables and lengths are checked like the shards: a changed family split or length
+    # list would silently change what is trained on and evaluated
+    tables = ["shards.tsv", "families.tsv", "embeddings/index.tsv",
+              *(f"{split}/lengths.npy" for split in SPLITS)]
+    table_rows = [{"path": name, "bytes": (out / name).stat().st_size,
+                   "sha256": rec.file_sha256(out / name)} for name in tables]
     splits = {}
     for split in SPLITS:
         splits[split] = {
@@ -273,6 +279,7 @@ def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash:
                        "shards": [str(p.relative_to(out)) for p in fin["emb_files"]],
                        "index": "embeddings/index.tsv"},
         "shards": shard_rows,
+        "tables": table_rows,
         "families_table": "families.tsv",
         # run-independent (a resumed run writes the same manifest as an uninterrupted one)
         "summary": {**{k: v for k, v in summary.items() if k != "out"},

@@ -58,9 +58,10 @@ def dataset_files(manifest: dict) -> list[str]:
 
 
 def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
-    """The files of a dataset that are missing, and the shards that differ from its manifest:
-    by size (cheap, on every open), and by SHA-256 with ``full`` (``pfamalign verify``)."""
-    shards = {row["path"]: row for row in manifest.get("shards", [])}
+    """The files of a dataset that are missing, and the shards and tables that differ from
+    its manifest: by size (cheap, on every open), and by SHA-256 with ``full`` (``pfamalign
+    verify``). Manifests written before the tables were recorded check those for presence."""
+    shards = {row["path"]: row for row in manifest.get("shards", []) + manifest.get("tables", [])}
     problems = []
     for name in dataset_files(manifest):
         file, row = path / name, shards.get(name)

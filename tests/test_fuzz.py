@@ -155,7 +155,7 @@ def test_model_config_loads_or_raises_checkpoint_error(n):
     def prop(obj):
         path = _file(json.dumps(obj).encode(), ".json")
         try:
-            checkpoint._read_model_config(path)
+            checkpoint.read_model_config(path)
         except checkpoint.CheckpointError:
             pass
 

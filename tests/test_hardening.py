@@ -534,6 +534,27 @@ def test_damaged_shards_are_a_clear_error_and_verify_finds_them(dataset, tmp_pat
                        "damaged", shard.name)
 
 
+def test_changed_tables_are_found_by_verify_and_a_truncated_lengths_file_on_open(dataset, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    recorded = {row["path"] for row in json.loads((ds / "manifest.json").read_text())["tables"]}
+    assert {"families.tsv", "shards.tsv", "embeddings/index.tsv", "test/lengths.npy"} <= recorded
+    _flip_a_byte(ds / "families.tsv")  # same size: a changed split table only verify sees
+    assert_clear_error(run(["verify", ds]), "families.tsv fails its SHA-256")
+    lengths = ds / "test" / "lengths.npy"
+    lengths.write_bytes(lengths.read_bytes()[:-8])
+    assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
+                       "damaged", "test/lengths.npy has")
+
+
+@pytest.mark.parametrize("depths", ["", "-1", "0,1,99999", "two"])
+def test_bad_tail_depths_are_refused_naming_the_option(depths):
+    assert_clear_error(run(["certify", PDZ_A, PDZ_B, "--tail-depths", depths]),
+                       "--tail-depths", "from 0 to 1000")
+
+
 # ---- 12: memory ------------------------------------------------------------------------------
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():

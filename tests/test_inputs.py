@@ -24,6 +24,19 @@ def test_pairs_tsv_records_ids_and_lines(tmp_path):
     assert got[1]["where"] == f"{path}:4" and got[1]["target"] is None
 
 
+@pytest.mark.parametrize("header", ["query\ttarget", "Seq_A\tSeq_B", "id_a\tseq_a\tid_b\tseq_b",
+                                    "# comment\nsequence1\tsequence2"])
+def test_a_first_line_of_column_names_is_a_header_not_a_pair(tmp_path, header):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(f"{header}\nMKV\tMKL\nQUERY\tTARGET\n")  # later lines are pairs, words or not
+    got = list(inputs.read_pairs_tsv(path))
+    assert [(p["q_seq"], p["k_seq"]) for p in got] == [("MKV", "MKL"), ("QUERY", "TARGET")]
+    assert inputs.count_pairs_tsv(path) == 2
+    path.write_text(f"{header}\n")
+    with pytest.raises(ValueError, match="no pairs in"):
+        inputs.read_pairs_tsv(path)
+
+
 def test_bad_pairs_tsv_line_is_yielded_as_a_bad_record_and_reading_goes_on(tmp_path):
     path = tmp_path / "bad.tsv"
     path.write_text("MKV\tMKL\nMKV\nAAA\tCCC\n")

@@ -198,6 +198,25 @@ def test_eight_devices_take_the_same_steps_as_one(dataset):
 # Interruptions
 # ---------------------------------------------------------------------------------------------
 
+def test_verify_checks_each_checkpoints_data_state_and_the_model_settings(reference, tmp_path):
+    import shutil
+
+    from pfamalign.commands.verify import verify_directory
+
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    checked, problems = verify_directory(out)
+    assert problems == [] and any(line.startswith(f"{out}/checkpoints/6:") for line in checked)
+    recorded = json.loads((out / "checkpoints/6/checksums.json").read_text())["sha256"]
+    assert {name.split("/")[0] for name in recorded} == {"params", "opt_state", "data", "meta"}
+    data_state = next(p for p in (out / "checkpoints/6/data").rglob("*") if p.is_file())
+    data_state.write_bytes(data_state.read_bytes() + b" ")  # still JSON: only the sum sees it
+    (out / "model" / "decoding.json").write_text('{"gap_open": "three"}')
+    _, problems = verify_directory(out)
+    assert any(p.startswith(str(data_state)) and "checksum mismatch" in p for p in problems), problems
+    assert any("decoding.json" in p and "gap_open" in p for p in problems), problems
+
+
 def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_path,
                                                         monkeypatch):
     out = tmp_path / "run"

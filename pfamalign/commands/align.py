@@ -33,7 +33,8 @@ def _shipped_mix() -> str:
 @click.option("--pairs", "pairs_file",
               type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
               help="Tab-separated file of pairs (SEQ_A SEQ_B, or ID_A SEQ_A ID_B SEQ_B per line; "
-                   "- reads standard input); streamed, the model is loaded once.")
+                   "- reads standard input; a first line of column names such as query/target "
+                   "is skipped); streamed, the model is loaded once.")
 @click.option("--all-pairs", is_flag=True,
               help="With one multi-FASTA SEQ_A: align every pair of records, not only the first "
                    "record against each of the others.")

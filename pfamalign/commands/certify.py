@@ -11,6 +11,9 @@ from pfamalign.commands._common import (Number, check_figure, check_outputs, fai
                                        resolve_pair, sequence_paths)
 
 
+MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond this, hours
+
+
 @click.command()
 @pair_input_options
 @click.option("--tail-depths", default="0,1,2,4", show_default=True,
@@ -62,7 +65,11 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     try:
         depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {tail_depths!r}", param_hint="--tail-depths")
+        depths = ()
+    if not depths or not all(0 <= d <= MAX_TAIL_DEPTH for d in depths):
+        raise click.BadParameter(f"expected comma-separated refinement depths R, integers from 0 "
+                                 f"to {MAX_TAIL_DEPTH} (e.g. 0,1,2,4), got {tail_depths!r}",
+                                 param_hint="--tail-depths")
     from pfamalign.outputs import atomic_path, open_output
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)

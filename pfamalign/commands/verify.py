@@ -40,6 +40,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
                      key=lambda d: int(d.name)) if steps.is_dir() else []
     for d in models:
+        problems += _settings_problems(d)
         if not (d / CHECKSUMS).is_file():
             problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed "
                             "before it was written): cannot be verified")
@@ -49,6 +50,26 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     problems += [f"{p}: temporary file left by an interrupted run (safe to delete)"
                  for p in sorted(directory.rglob(TEMPORARY_GLOB))]
     return checked, problems
+
+
+def _settings_problems(model: pathlib.Path) -> list[str]:
+    """A model's JSON settings files are edited by hand and by tuning, so they are not
+    checksummed: each must parse and pass the same field checks as on load."""
+    from pfamalign.checkpoint import CheckpointError, read_model_config
+    from pfamalign.inference import DecoderSettings
+
+    problems = []
+    if (model / "config.json").is_file():
+        try:
+            read_model_config(model / "config.json")
+        except CheckpointError as err:
+            problems.append(str(err))
+    if (model / "decoding.json").is_file():
+        try:
+            DecoderSettings.load(model)
+        except ValueError as err:
+            problems.append(str(err))
+    return problems
 
 
 @click.command()

@@ -185,6 +185,9 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     progress = ProgressLine(optim.steps, step, quiet=quiet)
     if resume_step is not None:
         progress.log(f"resuming {out_dir} at step {step}")
+        if not (manager_dir / str(resume_step) / ckpt.CHECKSUMS).is_file():
+            progress.log(f"warning: checkpoint {resume_step} has no {ckpt.CHECKSUMS} (saved by an "
+                         "older pfamalign, or killed before it was written): resumed unverified")
         if changed:
             progress.log("with changed settings: " + "; ".join(changed))
             writer.write(step, {"resume/changed": "; ".join(changed)})
