@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import default_pairhmm, log_likelihood_ratio
 from pfamalign.cli import main
+from pfamalign import search as lib
 from pfamalign.search import COLUMNS, Gumbel, hit_columns, shuffled
 
 SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
@@ -154,6 +155,52 @@ def _independent_columns(rec: AlignmentRecord) -> dict:
             "send": len(row_b[: both[-1] + 1].replace("-", ""))}
 
 
+def test_composition_shift_by_hand():
+    null = lib.Gumbel(mu=2.0, lam=0.5)  # mean 2 + 0.5772 / 0.5
+    x = np.array([9.0, 11.0] * 5)  # mean 10, sd (ddof 1) 1.0541, 10 shuffles
+    assert lib.composition_shift(null, x, 100) == pytest.approx(10 - (2 + 2 * 0.5772157) - 3 * 1.0540926 / np.sqrt(10))
+    assert lib.composition_shift(null, x - 7.0, 100) == 0.0  # below the null's mean: nothing charged
+    sloped = lib.Gumbel(mu=2.0, lam=0.5, slope=-0.01, lengths=(50.0, 150.0))  # location at 100: 1
+    assert lib.composition_shift(sloped, x, 100) == pytest.approx(lib.composition_shift(null, x, 100) + 1.0)
+
+
+def test_a_subject_of_the_querys_biased_composition_is_not_reported_as_related():
+    """Two unrelated sequences of the same biased composition (membrane-like: I, L, V, F, A,
+    M, G, W rich) score high against each other where the decoys, shuffles of a database of
+    ordinary composition, do not: without the composition shift the unrelated one looks
+    related (E <= 0.001); with it, it does not (E > 0.1), and a real homolog stays far below.
+    Each E-value is the corrected null's at the score less the subject's shift."""
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    rng = np.random.default_rng(1)
+    letters = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+    biased = np.array([4.0 if a in "ILVFAMGW" else 0.3 for a in letters])
+    biased /= biased.sum()
+
+    def draw(n, p=None):
+        return "".join(rng.choice(letters, n, p=p))
+
+    query = draw(200, biased)
+    homolog = "".join(c if rng.random() > 0.5 else rng.choice(letters, p=biased) for c in query)
+    db = [FastaRecord(f"bg{i}", draw(int(rng.integers(150, 250))), "") for i in range(60)]
+    db += [FastaRecord("unrelated", draw(200, biased), ""), FastaRecord("homolog", homolog, "")]
+    predictor = Predictor()
+    evalues, hits = {}, {}
+    for correct in (False, True):
+        (result,) = lib.search(predictor, [FastaRecord("q", query, "")], db, predictor.decoding, BatchErrors(),
+                               decoys=30, evalue=None, correct_composition=correct)
+        evalues[correct] = {h.columns["sseqid"]: h.columns["evalue"] for h in result.hits}
+        hits[correct] = {h.columns["sseqid"]: h for h in result.hits}
+        for h in result.hits:
+            n = len(h.record.seq_b)
+            assert h.columns["evalue"] == pytest.approx(len(db) * result.null.sf(h.score - h.shift, n), rel=1e-9)
+    assert evalues[False]["unrelated"] <= 1e-3 and evalues[True]["unrelated"] > 0.1, evalues
+    assert evalues[True]["homolog"] < 1e-10
+    assert hits[True]["unrelated"].shift > 0 and not any(h.shift for h in hits[False].values())
+
+
 def test_hit_columns_by_hand():
     # A: MKVLAAGIV, B: WKVLGIVW; pairs K-K V-V L-L | (A,A unaligned) G-G I-I V-V
     rec = AlignmentRecord("MKVLAAGIV", "WKVLGIVW", np.array([[1, 1], [2, 2], [3, 3], [6, 4], [7, 5], [8, 6]]),
@@ -235,6 +282,20 @@ def test_search_writes_the_blast_hit_table(fastas):
             assert 0 <= float(r[2]) <= 100 and 0 <= float(r[12]) <= 1
         # the best hit of a query shares its family (the query itself is in the database)
         assert mine[0][1] == qid and float(mine[0][2]) == 100.0
+
+
+def test_no_composition_shift_is_the_uncorrected_search(fastas):
+    """--no-composition-shift reports the same pairs with the uncorrected E-values (as
+    ``search(correct_composition=False)``); by default some hit is charged a shift."""
+    tmp, _, _ = fastas
+    args = ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10", "--evalue", "1000", "-f", "json"]
+    hits = {}
+    for flag in ("--composition-shift", "--no-composition-shift"):
+        res = CliRunner().invoke(main, args + [flag])
+        assert res.exit_code == 0, res.output
+        hits[flag] = {(h["qseqid"], h["sseqid"]): h["evalue"] for h in map(json.loads, res.stdout.splitlines())}
+    assert hits["--composition-shift"].keys() == hits["--no-composition-shift"].keys()
+    assert hits["--composition-shift"] != hits["--no-composition-shift"]
 
 
 def test_search_json_alignment_matches_its_columns_and_limits_apply(fastas):
@@ -322,7 +383,6 @@ def test_search_usage_errors_need_no_model(fastas):
 def test_search_aligns_only_the_hits_it_reports(fastas):
     """Every subject is scored, but only the hits within --max-hits (and --evalue) go
     through the model; the rest cost a forward pass each."""
-    from pfamalign import search as lib
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor
     from pfamalign.inputs import FastaRecord
@@ -351,7 +411,6 @@ def test_prefilter_scores_its_candidates_only_and_keeps_the_exhaustive_evalues(f
     """With --max-candidates below the database's size, a query's forward passes score the
     prefilter's candidates only: its hits are among them, with the E-values (counted over the
     whole database) and bit scores an exhaustive search gives the same subjects."""
-    from pfamalign import search as lib
     from pfamalign.alignment import prefilter
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor
@@ -394,7 +453,6 @@ def test_prefilter_scores_its_candidates_only_and_keeps_the_exhaustive_evalues(f
 def test_shipped_model_evalues_of_shuffled_sequences_are_calibrated(tmp_path):
     """Real model, real sequences: a query searched against 150 shuffled Pfam sequences (a
     database with no homolog) gets null E-values: about x hits with E <= x."""
-    from pfamalign import search as lib
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor
     from pfamalign.inputs import FastaRecord

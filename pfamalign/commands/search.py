@@ -29,7 +29,13 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               show_default=True,
               help="Against a database larger than this, score only the sequences a BLAST-like "
                    "word prefilter ranks highest, this many per query (0: score every sequence).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the decoys.")
+@click.option("--composition-shift/--no-composition-shift", default=True, show_default=True,
+              help="Charge each hit the score its residue composition alone explains, measured by "
+                   f"{lib.SUBJECT_SHUFFLES} shuffles of it (as BLAST's composition-based statistics; "
+                   "off: more sensitive, E-values optimistic between composition-biased sequences "
+                   "such as two membrane proteins).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the decoys and shuffles.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["tsv", "blast6", "blast7", "json"]), default="tsv",
               show_default=True,
               help="tsv: the hit table below; blast6 / blast7: BLAST+ -outfmt 6 (no comments) / 7 "
@@ -45,7 +51,8 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Skip sequences longer than this (residues).")
 @max_memory_option
 @batch_options
-def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, seed, fmt, out, checkpoint, weights,
+def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, composition_shift, seed, fmt, out,
+           checkpoint, weights,
            engine, steps, max_length, max_memory, strict, quiet, **decoding):
     """Search the sequences of QUERY (FASTA; - reads standard input) against DATABASE (FASTA).
 
@@ -64,8 +71,11 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     score pays for the end gaps); for a database of N sequences
       E-value = N * P(decoy score >= score | subject length),
       bitscore = lambda (score - mu(length)) / ln 2,
-    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail). Hits are ranked
-    by E-value.
+    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail). A subject that
+    may be reported is also shuffled itself: what its composition alone adds to the
+    query's score (a lower bound, never negative) is taken off before the E-value, so two
+    unrelated sequences of the same biased composition are not reported as related
+    (--no-composition-shift: not). Hits are ranked by E-value.
 
     \b
     Output (tsv): after a '# Fields:' line, BLAST tabular columns, best hit first per query,
@@ -132,7 +142,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
                                      decoys=decoys, max_hits=max_hits, evalue=evalue,
                                      max_candidates=max_candidates, seed=seed,
-                                     advance=advance):
+                                     correct_composition=composition_shift, advance=advance):
                 if isinstance(result, inputs.BadRecord):
                     if errors_in_output:
                         sink.write(error_line(result, fmt == "json"))
