@@ -281,7 +281,8 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
     ``pairN_a`` / ``pairN_b`` for line N) or ``ID_A<TAB>SEQ_A<TAB>ID_B<TAB>SEQ_B``. Each record
     also carries ``where`` (``path:line``), for error messages about that pair; a malformed
     line comes as a ``BadRecord``. A first line naming the columns (``query<TAB>target``,
-    ``id_a<TAB>seq_a<TAB>id_b<TAB>seq_b``: see ``_HEADER_WORDS``) is a header, skipped. The file must be UTF-8 with lines of at most ``MAX_LINE``
+    ``id_a<TAB>seq_a<TAB>id_b<TAB>seq_b``: see ``_HEADER_WORDS``) is a header, skipped; the
+    lines after it are pairs whatever they hold. The file must be UTF-8 with lines of at most ``MAX_LINE``
     characters. The file is read up to its first pair at the call, so that one without pairs,
     or a FASTA or Stockholm file given by mistake, raises once before any work.
     """
@@ -311,7 +312,8 @@ def count_pairs_tsv(path: str | os.PathLike) -> int | None:
         return None
 
 
-def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int, str]:
+def _first_pair_line(lines: Iterator[tuple[int, str]], source: str, *, header_seen: bool = False
+                     ) -> tuple[int, str]:
     """The first pair line; a file without one, or one that starts as FASTA or Stockholm
     (one error, not one per line), raises."""
     for lineno, line in lines:
@@ -323,8 +325,8 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int
             raise ValueError(f"{source}:{lineno}: looks like {kind}, not a pairs file ({instead}); "
                              f"--pairs expects {PAIRS_LINES}")
         if _holds_a_pair(line):
-            if _is_header(line):  # named columns: skipped, not aligned as a pair of words
-                return _first_pair_line(lines, source)
+            if not header_seen and _is_header(line):  # named columns: not a pair of words
+                return _first_pair_line(lines, source, header_seen=True)
             return lineno, line
     raise ValueError(f"no pairs in {source}; --pairs expects {PAIRS_LINES}")
 

@@ -43,8 +43,8 @@ the same way.
 Composition shift (``correct_composition``, on by default; the role of BLAST's
 composition-based statistics). Two unrelated sequences of the same biased composition (two
 membrane proteins) score high against each other, where the decoys, shuffles of random
-database sequences, mostly do not: at 92,000 sequences, queries of membrane families got
-three times the unrelated hits their E-values allowed. So each subject that may be reported
+database sequences, mostly do not: at 92,000 sequences, queries of training families with
+membrane proteins among them got up to six times the unrelated hits their E-values allowed. So each subject that may be reported
 is shuffled ``SUBJECT_SHUFFLES`` times and scored against the query: the mean of those
 scores above the decoys' mean at its length, less ``SHIFT_STANDARD_ERRORS`` standard errors
 and never negative (``composition_shift``), is what its composition alone adds, and is taken
@@ -184,7 +184,7 @@ def composition_shift(null: Gumbel, shuffle_scores: np.ndarray, length: int) -> 
     """How much a subject's own composition raises the query's scores, in nats: the mean
     score of the subject's shuffles above the null's mean at its length, less
     ``SHIFT_STANDARD_ERRORS`` standard errors (a lower bound: what the shuffles do not
-    establish is not charged), and never below 0 (the correction only raises E-values)."""
+    establish is not charged), and never below 0 (a shift only lowers a score)."""
     x = np.asarray(shuffle_scores, np.float64)
     excess = x.mean() - (float(null.location(length)) + EULER_GAMMA / null.lam)
     return max(0.0, float(excess - SHIFT_STANDARD_ERRORS * x.std(ddof=1) / math.sqrt(len(x))))
@@ -308,7 +308,7 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         e_values = n_db * null.sf(score, lengths)
         # a subject whose composition resembles the query's (two membrane proteins) scores
         # high against it without homology, where most decoys do not: each subject that may
-        # be reported is charged its own shift (a shift only raises an E-value: the subjects
+        # be reported is charged its own shift (a shift only lowers a score: the subjects
         # past the cutoff stay past it; of the others, the max_hits best before the shift
         # are the ones that may be reported)
         shift = np.zeros(len(subjects))

@@ -32,6 +32,9 @@ def test_a_first_line_of_column_names_is_a_header_not_a_pair(tmp_path, header):
     got = list(inputs.read_pairs_tsv(path))
     assert [(p["q_seq"], p["k_seq"]) for p in got] == [("MKV", "MKL"), ("QUERY", "TARGET")]
     assert inputs.count_pairs_tsv(path) == 2
+    path.write_text(f"{header}\nquery\ttarget\n")  # only the first pair line can be a header
+    assert [(p["q_seq"], p["k_seq"]) for p in inputs.read_pairs_tsv(path)] == [("query", "target")]
+    assert inputs.count_pairs_tsv(path) == 1
     path.write_text(f"{header}\n")
     with pytest.raises(ValueError, match="no pairs in"):
         inputs.read_pairs_tsv(path)
