@@ -312,10 +312,10 @@ def count_pairs_tsv(path: str | os.PathLike) -> int | None:
         return None
 
 
-def _first_pair_line(lines: Iterator[tuple[int, str]], source: str, *, header_seen: bool = False
-                     ) -> tuple[int, str]:
-    """The first pair line; a file without one, or one that starts as FASTA or Stockholm
-    (one error, not one per line), raises."""
+def _first_pair_line(lines: Iterator[tuple[int, str]], source: str) -> tuple[int, str]:
+    """The first pair line (after a header, if the first is one); a file without one, or
+    one that starts as FASTA or Stockholm (one error, not one per line), raises."""
+    header_seen = False
     for lineno, line in lines:
         if line.startswith(("# STOCKHOLM", ">")):
             kind, instead = (("FASTA", "give a multi-FASTA file as SEQ_A") if line.startswith(">")
@@ -326,7 +326,8 @@ def _first_pair_line(lines: Iterator[tuple[int, str]], source: str, *, header_se
                              f"--pairs expects {PAIRS_LINES}")
         if _holds_a_pair(line):
             if not header_seen and _is_header(line):  # named columns: not a pair of words
-                return _first_pair_line(lines, source, header_seen=True)
+                header_seen = True
+                continue
             return lineno, line
     raise ValueError(f"no pairs in {source}; --pairs expects {PAIRS_LINES}")
 

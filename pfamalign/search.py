@@ -318,10 +318,8 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         if correct_composition and len(reportable):
             shift[reportable] = shifts(query, reference, [subjects[i].seq for i in reportable])
         e_values = n_db * null.sf(score - shift, lengths)
-        keep = np.zeros(len(subjects), bool)
-        keep[reportable] = True
-        ranked = [int(i) for i in np.lexsort((-score, e_values))
-                  if keep[i] and (evalue is None or e_values[i] <= evalue)]
+        reranked = reportable[np.lexsort((-score[reportable], e_values[reportable]))]
+        ranked = [int(i) for i in reranked if evalue is None or e_values[i] <= evalue]
         hits = []
         for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked[:max_hits]),
                             settings, errors):

@@ -229,6 +229,11 @@ def _ingest_summary(chunk_paths: list[pathlib.Path]) -> dict:
             "pairs": {s: totals[f"pairs_{s}"] for s in SPLITS}}
 
 
+def _size_and_sha256(path: pathlib.Path) -> dict:
+    """A manifest row's record of a file, checked by ``reader.dataset_problems``."""
+    return {"bytes": path.stat().st_size, "sha256": rec.file_sha256(path)}
+
+
 def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash: str,
               embedder: Embedder, plan: dict, fin: dict, summary: dict,
               input_names: list[list[str]]) -> dict:
@@ -243,9 +248,7 @@ def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash:
         shard_rows.append({"kind": "embeddings", "split": "", "path": str(path.relative_to(out)),
                            "records": plan["counts"][p]})
     for row in shard_rows:
-        full = out / row["path"]
-        row["bytes"] = full.stat().st_size
-        row["sha256"] = rec.file_sha256(full)
+        row.update(_size_and_sha256(out / row["path"]))
     pd.DataFrame(shard_rows, columns=["kind", "split", "path", "records", "bytes", "sha256"]
                  ).to_csv(out / "shards.tsv", sep="\t", index=False)
     fam_cols = ["key", "accession_base", "name", "split", "n_seqs", "n_usable", "n_pairs", "skip",
@@ -256,8 +259,7 @@ def _manifest(cfg: PrepareConfig, out: pathlib.Path, output_config: dict, chash:
     # list would silently change what is trained on and evaluated
     tables = ["shards.tsv", "families.tsv", "embeddings/index.tsv",
               *(f"{split}/lengths.npy" for split in SPLITS)]
-    table_rows = [{"path": name, "bytes": (out / name).stat().st_size,
-                   "sha256": rec.file_sha256(out / name)} for name in tables]
+    table_rows = [{"path": name, **_size_and_sha256(out / name)} for name in tables]
     splits = {}
     for split in SPLITS:
         splits[split] = {
