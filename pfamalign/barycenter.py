@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pfamalign.alignment.metrics import PlanMetrics, barycenters, plan_metrics
-from pfamalign.inference import PairPlan, Predictor
+from pfamalign.inference import Predictor
+from pfamalign.plans import PairPlan
 
 if TYPE_CHECKING:
     import pandas as pd

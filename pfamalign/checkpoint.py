@@ -5,7 +5,7 @@ A **model directory** is what ``align`` / ``eval`` load::
     MODEL/config.json     {"format": "pfamalign-model", "format_version": 1,
                            "model": AlignerConfig (incl. TransportConfig, embedder id and dim)}
     MODEL/params/         the parameters (orbax, a nested dict of arrays: nnx.to_pure_dict)
-    MODEL/decoding.json   the decoder settings (``inference.DecoderSettings``), chosen on the
+    MODEL/decoding.json   the decoder settings (``decoding.DecoderSettings``), chosen on the
                           validation families at the end of ``pfamalign train``
     MODEL/training.json   what the model learnt from: {"dataset": {path, config_hash,
                           embedder_id}, "trained_on": {"split", "families": [accessions]},

@@ -39,8 +39,9 @@ import shutil
 import numpy as np
 
 from pfamalign import jsonio
-from pfamalign.inference import (ENSEMBLE_FILE, DecoderSettings, PairPlan, Predictor, model_content_hash,
-                                 predictor_path)
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import ENSEMBLE_FILE, Predictor, model_content_hash, predictor_path
+from pfamalign.plans import PairPlan
 from pfamalign.outputs import inside, staged_directory
 from pfamalign.tuning import PLAN_POWERS
 

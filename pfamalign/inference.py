@@ -1,5 +1,8 @@
 """Inference: load an aligner, featurize sequences, compute plans in length buckets, decode.
 
+The ``Predictor`` (model, featurizer, plan programs and batching) lives here; how a plan is
+decoded is ``decoding.DecoderSettings``, a plan itself ``plans.PairPlan``.
+
 Shared by every command that aligns (``align``, ``search``, ``eval``, ``barycenter``,
 ``certify``, ``compile``, ``ensemble``), decoder tuning and the Python API: one model load, one
 jit compilation per padded length, many pairs.
@@ -13,21 +16,18 @@ import functools
 import hashlib
 import importlib.resources
 import json
-import math
-import numbers
 import os
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pfamalign import jsonio
 from pfamalign.alignment import numba_jit
-from pfamalign.alignment.decode import MODES, OBJECTIVES, affine_decode, hybrid_decode, mea_decode_many
 from pfamalign.alignment.formats import AlignmentRecord
-from pfamalign.alignment.pairhmm import (AnyPairHMM, default_pairhmm, match_posteriors, model_pairhmm,
-                                         plan_log_odds)
+from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
 from pfamalign.alignment.pairs import PairAlignment
+from pfamalign.decoding import DecoderSettings
+from pfamalign.plans import PairPlan, unpad, unpad_symmetric
 from pfamalign.resources import check_align_memory, padded_length
 
 DEFAULT_MODEL = "default_model"
@@ -100,255 +100,6 @@ def finished_run_model(path: pathlib.Path) -> pathlib.Path | None:
     return model if finished else None
 
 
-DECODERS = ("affine", "mea", "hybrid", "posterior")
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderSettings:
-    """How a plan becomes a discrete alignment.
-
-    ``affine``: Gotoh DP on ``P - threshold`` with gap costs between aligned pairs (plan-mass
-    units); ``mea``: maximum expected accuracy (sum of plan mass, ``gap_cost`` per unaligned
-    residue); ``hybrid``: Gotoh DP on ``BLOSUM62 + plan_weight * P`` with gap costs in BLOSUM
-    units (needs the sequences); ``posterior``: MEA (``gap_cost``, ``min_mass``) on ``alpha * P
-    + (1 - alpha) * P_hmm``, the plan mixed with the pair-HMM's match posteriors (the model
-    directory's ``pairhmm.json``, else the shipped pair-HMM; needs the sequences; ``alpha = 0``
-    is ProbCons-style pair-HMM MEA, ``alpha = 1`` the plan alone).
-    ``plan_power`` (``posterior``, > 0): the plan enters as the match posteriors of the plan
-    pair-HMM instead of as it is: the pair-HMM's gap transitions with the plan's odds raised to
-    this power as match emissions (``pairhmm.plan_log_odds``; no substitution table), so that
-    with ``alpha = 1`` the plan alone carries the alignment through a path-consistent posterior.
-    ``objective`` (``mea`` and ``posterior``): ``accuracy`` maximizes the expected number of
-    right pairs, ``f1`` the expected F1 of the aligned pairs (it leaves out pairs less likely
-    than half the F1 reached; ``alignment.decode``).
-    ``mode``: ``global`` aligns end to end (end gaps charged); ``local`` finds the best-scoring
-    segment (Smith-Waterman ends: flanks stay unaligned for free). A model directory may carry
-    tuned values in ``decoding.json``; ``for_decoder`` gives each decoder's own defaults.
-    """
-
-    decoder: str = "affine"
-    gap_open: float = 3.0  # affine: opening a gap costs three confident pairs' mass
-    gap_extend: float = 0.3
-    threshold: float = 0.05
-    gap_cost: float = 0.0
-    min_mass: float = 0.0
-    plan_weight: float = 5.0  # hybrid: one unit of plan mass is worth 5 BLOSUM62 units
-    mode: str = "global"
-    alpha: float = 0.5  # posterior: the plan's share of the mixed posterior
-    objective: str = "accuracy"  # mea / posterior: "accuracy" or "f1"
-    plan_power: float = 0.0  # posterior: > 0, the plan through the plan pair-HMM; 0, as it is
-
-    def __post_init__(self):
-        if self.decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
-                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
-        if not self.gap_open >= self.gap_extend >= 0:
-            raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
-        if not 0 <= self.alpha <= 1:
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        if self.plan_power < 0:
-            raise ValueError(f"plan_power must be >= 0, got {self.plan_power}")
-
-    @classmethod
-    def for_decoder(cls, decoder: str) -> "DecoderSettings":
-        """The defaults of one decoder (gap costs are in different units per decoder)."""
-        if decoder == "hybrid":  # Needleman-Wunsch's BLOSUM62 gap costs, global
-            return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0)
-        return cls(decoder=decoder)
-
-    def override(self, **changes) -> "DecoderSettings":
-        """These settings with the ``changes`` that are not None. Another ``decoder`` starts
-        from that decoder's defaults (its gap costs are in other units)."""
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise TypeError(f"unknown decoder setting(s) {', '.join(unknown)}; "
-                            f"choose from {', '.join(sorted(names))}")
-        changes = {k: v for k, v in changes.items() if v is not None}
-        decoder = changes.get("decoder", self.decoder)
-        base = self if decoder == self.decoder else self.for_decoder(decoder)
-        return dataclasses.replace(base, **changes)
-
-    @classmethod
-    def load(cls, directory: pathlib.Path) -> "DecoderSettings":
-        path = pathlib.Path(directory) / "decoding.json"
-        if not path.is_file():
-            return cls()
-        try:
-            fields = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: not a readable decoding.json ({err})") from None
-        if isinstance(fields, dict) and "end_gaps" in fields:  # files written before `mode`
-            end_gaps = fields.pop("end_gaps")
-            fields.setdefault("mode", "global" if end_gaps else "local")  # `mode` wins
-        fields = jsonio.check_fields(cls, fields, str(path))
-        try:
-            return cls(**fields)
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
-
-    def save(self, directory: pathlib.Path) -> None:
-        from pfamalign.pipelines.records import write_json  # atomic: a model directory is never torn
-
-        write_json(pathlib.Path(directory) / "decoding.json", dataclasses.asdict(self), indent=2)
-
-    # the settings each decoder reads (``decode_many``); ``decoder`` and ``mode`` are read by all
-    READS = {"affine": ("gap_open", "gap_extend", "threshold", "min_mass"),
-             "mea": ("gap_cost", "min_mass", "objective"),
-             "hybrid": ("plan_weight", "gap_open", "gap_extend", "min_mass"),
-             "posterior": ("gap_cost", "min_mass", "objective", "alpha", "plan_power")}
-
-    def uses_pairhmm(self) -> bool:
-        """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""
-        return self.decoder == "posterior" and self.alpha < 1
-
-    def uses_plan_hmm(self) -> bool:
-        """Whether the plan enters through the plan pair-HMM (``plan_power``)."""
-        return self.decoder == "posterior" and self.alpha > 0 and self.plan_power > 0
-
-    def plan_posteriors(self, pp: "PairPlan", sequences: tuple[str, str], hmm: AnyPairHMM) -> np.ndarray:
-        """The plan pair-HMM's match posteriors of one plan (the reference engine; the
-        ``Predictor`` batches them)."""
-        return match_posteriors(hmm, *sequences, local=self.mode == "local",
-                                log_emissions=plan_log_odds(pp.real, self.plan_power))
-
-    def decode(self, pp: "PairPlan", sequences: tuple[str, str] | None = None, *,
-               hmm_posteriors: np.ndarray | None = None, hmm: AnyPairHMM | None = None,
-               plan_posteriors: np.ndarray | None = None) -> PairAlignment:
-        """The alignment of one plan; ``sequences`` (the two residue strings) for ``hybrid``
-        and ``posterior``; for ``posterior``, ``hmm_posteriors`` (their pair-HMM match
-        posteriors, if already computed, under the model of this ``mode``: local posteriors
-        for local mode), ``plan_posteriors`` (with ``plan_power``: the plan pair-HMM's, if
-        already computed) or ``hmm`` (the parameters; default: the shipped)."""
-        return self.decode_many([pp], [sequences], hmm_posteriors=[hmm_posteriors], hmm=hmm,
-                                plan_posteriors=[plan_posteriors])[0]
-
-    def decode_many(self, plans: Sequence["PairPlan"], sequences: Sequence[tuple[str, str] | None], *,
-                    hmm_posteriors: Sequence[np.ndarray | None] | None = None, hmm: AnyPairHMM | None = None,
-                    plan_posteriors: Sequence[np.ndarray | None] | None = None) -> list[PairAlignment]:
-        """``decode`` of each plan (the lists in step): the MEA decoders (``posterior``,
-        ``mea``) decode them all at once (``mea_decode_many``), the others one by one."""
-        count = len(plans)
-        hmm_posteriors = hmm_posteriors or [None] * count
-        plan_posteriors = plan_posteriors or [None] * count
-        settings = dict(min_mass=self.min_mass, gap_cost=self.gap_cost, mode=self.mode, objective=self.objective)
-        if self.decoder == "posterior":
-            hmm = hmm or default_pairhmm()
-            return mea_decode_many([self._posterior_mix(pp, pair, hmm, post, plan_post) for pp, pair, post, plan_post
-                                    in zip(plans, sequences, hmm_posteriors, plan_posteriors)], **settings)
-        if self.decoder == "mea":
-            return mea_decode_many([pp.real for pp in plans], row_dustbins=[pp.row_dustbin for pp in plans],
-                                   col_dustbins=[pp.col_dustbin for pp in plans], **settings)
-        if self.decoder == "hybrid":
-            if any(pair is None for pair in sequences):
-                raise ValueError("the hybrid decoder needs the two sequences")
-            return [hybrid_decode(pp.real, *pair, plan_weight=self.plan_weight, gap_open=self.gap_open,
-                                  gap_extend=self.gap_extend, min_mass=self.min_mass, mode=self.mode)
-                    for pp, pair in zip(plans, sequences)]
-        return [affine_decode(pp.real, gap_open=self.gap_open, gap_extend=self.gap_extend,
-                              threshold=self.threshold, row_dustbin=pp.row_dustbin,
-                              col_dustbin=pp.col_dustbin, min_mass=self.min_mass, mode=self.mode)
-                for pp in plans]
-
-    def _posterior_mix(self, pp: "PairPlan", sequences: tuple[str, str] | None, hmm: AnyPairHMM,
-                       hmm_posteriors: np.ndarray | None, plan_posteriors: np.ndarray | None) -> np.ndarray:
-        """What the ``posterior`` decoder decodes: ``alpha`` x the plan (or the plan
-        pair-HMM's posteriors) + ``1 - alpha`` x the pair-HMM's, each computed here unless given."""
-        if sequences is None:
-            raise ValueError("the posterior decoder needs the two sequences")
-        if self.uses_plan_hmm() and plan_posteriors is None:
-            plan_posteriors = self.plan_posteriors(pp, sequences, hmm)
-        mixed = self.alpha * (plan_posteriors if self.uses_plan_hmm() else pp.real)
-        if self.uses_pairhmm():
-            if hmm_posteriors is None:
-                hmm_posteriors = match_posteriors(hmm, *sequences, local=self.mode == "local")
-            mixed += (1 - self.alpha) * hmm_posteriors  # in place: the same sum, one array less
-        return mixed
-
-
-# How far a plan's masses may stray from their bounds (``PairPlan.check``): the trained
-# models' 17-step plans stay within 0.05, a solve at eps = 1e-6 reaches rows of mass 2.
-PLAN_TOL = 0.25
-
-
-@dataclasses.dataclass
-class PairPlan:
-    """The dense plan of one pair: ``plan [Lq + 1, Lk + 1]``, last column the rows' dustbin
-    mass, last row the dustbin row (the keys' unaligned mass; zero without a dustbin). In a
-    ``symmetrize``d plan both are the mean of the two directions' dustbin masses."""
-
-    plan: np.ndarray
-
-    @property
-    def real(self) -> np.ndarray:
-        return self.plan[:-1, :-1]
-
-    @property
-    def row_dustbin(self) -> np.ndarray:
-        return self.plan[:-1, -1]
-
-    def check(self, tol: float = PLAN_TOL, *, marginals: bool = True) -> None:
-        """Raises ValueError unless the plan is one (docs/design.md §3.3, §9): finite,
-        non-negative, no entry (a confidence; the dustbin corner is none) above 1 + ``tol``,
-        no query row above ``max(1, r)`` and no key column above ``max(1, 1 / r)`` (times
-        1 + ``tol``), and the mean row mass (real + dustbin) within ``tol`` of
-        [min(1, r), max(1, r)], r = (Lk + 1) / (Lq + 1): with unbalanced targets the rows are
-        off by about the ratio of the totals, and a plan of a fixed number of steps (or the
-        mean of both directions) leaves single rows further off, so only the mean is bounded
-        from below. A broken solve (too small an eps, overflow) is far outside these bounds,
-        and its confidences would be meaningless. ``marginals=False``
-        (``Predictor.checks_marginals``: the plans of a ``steps`` or ``asap`` engine, whose
-        masses are what they approximate, and of a model with a free side): finite,
-        non-negative and entries only."""
-        plan = self.plan
-        if not np.all(np.isfinite(plan)):
-            raise ValueError("the transport plan is not finite (overflow in the solve); "
-                             "the model's transport settings (eps) do not fit this pair")
-        lq, lk = plan.shape[0] - 1, plan.shape[1] - 1
-        ratio = (lk + 1) / (lq + 1)
-        rows, cols = plan[:-1].sum(axis=1), plan[:, :-1].sum(axis=0)
-        low, high = (1 - tol) * min(1.0, ratio), (1 + tol) * max(1.0, ratio)
-        col_high = (1 + tol) * max(1.0, 1 / ratio)
-        mean_row = float(rows.mean()) if len(rows) else 1.0
-        entries = plan.ravel()[:-1]  # all but the dustbin corner (a capacity plan's may be > 1)
-        checks = [("negative mass", plan.min(initial=0.0) < -tol),
-                  (f"an entry of {entries.max(initial=0.0):.3g}", entries.max(initial=0.0) > 1 + tol)]
-        if marginals:
-            checks += [(f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),
-                       (f"a query row of mass {rows.max(initial=0.0):.3g}", rows.max(initial=0.0) > high),
-                       (f"mean query-row mass {mean_row:.3g} (expected {low:.3g} to {high:.3g})",
-                        not low <= mean_row <= high)]
-        bad = [what for what, failed in checks if failed]
-        if bad:
-            raise ValueError(f"the transport plan is not a plan ({'; '.join(bad)}); the solve did "
-                             "not converge with the model's transport settings (eps, steps)")
-
-    @property
-    def col_dustbin(self) -> np.ndarray:
-        return self.plan[-1, :-1]
-
-
-def symmetrize(ab: PairPlan, ba: PairPlan) -> PairPlan:
-    """The mean of a pair's plans in both directions, ``(P_AB + P_BA^T) / 2`` over the full
-    ``[Lq + 1, Lk + 1]`` matrices: the aligner is not symmetric in its two inputs (the query
-    and key projections differ), and a user swapping A and B must get the same alignment,
-    transposed, with the same score. Each direction's dustbin row (the keys' unaligned mass) is
-    the other's dustbin column, transposed."""
-    if ab.plan.shape != ba.plan.shape[::-1]:
-        raise ValueError(f"plans of one pair in both directions must be transposes in shape, got "
-                         f"{ab.plan.shape} and {ba.plan.shape}")
-    mean = ab.plan + ba.plan.T
-    mean *= 0.5  # in place: the same values, one array fewer
-    return PairPlan(mean)
-
-
 def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
     """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
     names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
@@ -370,29 +121,6 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
         digest.update(f"{name}\0{len(data)}\0".encode() + data)  # unambiguous file boundaries
     digest.update(hmm.to_json().encode())
     return "sha256:" + digest.hexdigest()[:16]
-
-
-def _unpad(out: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
-    """The first ``len(lq)`` plans of a padded ``[B, pad + 1, pad + 1]`` batch (real lines,
-    then the dustbin's) at their own sizes."""
-    return [PairPlan(_own_lines(out[n], lq[n], lk[n])) for n in range(len(lq))]
-
-
-def _unpad_symmetric(ab: np.ndarray, ba: np.ndarray, lq: np.ndarray, lk: np.ndarray) -> list[PairPlan]:
-    """``symmetrize`` of each pair's ``_unpad``ed plans of both directions (padded batches
-    ``ab [B, pad + 1, pad + 1]`` and ``ba``, the second with the sides exchanged)."""
-    return [symmetrize(p, q) for p, q in zip(_unpad(ab, lq, lk), _unpad(ba, lk, lq))]
-
-
-def _own_lines(padded: np.ndarray, lq: int, lk: int) -> np.ndarray:
-    """``[lq + 1, lk + 1]`` float64 of a padded ``[pad + 1, pad + 1]`` plan: the real lines
-    and the dustbin's (the last)."""
-    full = np.empty((lq + 1, lk + 1))
-    full[:lq, :lk] = padded[:lq, :lk]
-    full[:lq, lk] = padded[:lq, -1]
-    full[lq, :lk] = padded[-1, :lk]
-    full[lq, lk] = padded[-1, -1]
-    return full
 
 
 class Predictor:
@@ -542,7 +270,7 @@ class Predictor:
         lq, lk = lq_all[: len(batch)], lk_all[: len(batch)]
         if not symmetric:  # jit-compiled per shape
             plan = self.model.plan if self.engine is None else functools.partial(self.engine.plan, self.model)
-            return _unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
+            return unpad(np.asarray(plan(xq, xk, lq_all, lk_all)), lq, lk)
         both = self.programs.plans_both_ways(xq, xk, lq_all, lk_all) if self.programs is not None else None
         if both is None and self.engine is None:  # each sequence encoded once in a process
             encoded = self._encoded(batch, pad=xq.shape[1], size=xq.shape[0])
@@ -550,7 +278,7 @@ class Predictor:
         elif both is None:
             both = self.engine.plans_both_ways(self.model, xq, xk, lq_all, lk_all)
         ab, ba = (np.asarray(x) for x in both)
-        return _unpad_symmetric(ab, ba, lq, lk)
+        return unpad_symmetric(ab, ba, lq, lk)
 
     def _frozen(self):
         """The model's inference programs on its parameters split once (``FrozenAligner``),

@@ -57,7 +57,8 @@ class PairAligner:
                  engine: str = "sinkhorn", steps: int | None = None, max_length: int = 4096,
                  max_memory: int | str | None = None, **decoder):
         from pfamalign import resources
-        from pfamalign.inference import DecoderSettings, Predictor
+        from pfamalign.decoding import DecoderSettings
+        from pfamalign.inference import Predictor
 
         self.predictor = Predictor(model, weights=weights, max_length=max_length,
                                    max_memory=resources.budget(max_memory),

@@ -30,7 +30,7 @@ import numpy as np
 
 from pfamalign.alignment.decode import OBJECTIVES
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference, prf
-from pfamalign.inference import DecoderSettings
+from pfamalign.decoding import DecoderSettings
 
 THRESHOLDS = (0.0, 0.02, 0.05, 0.1)
 GAPS = ((0.5, 0.05), (1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (3.0, 0.1), (5.0, 0.5))

@@ -158,9 +158,9 @@ def _decode(predictor, pp, decoding, pair, engine: str):
 def _pair_plan(head_mean, lq, lk):
     """The pair's plan ``[lq + 1, lk + 1]`` (dustbin row and column) of a padded head-mean
     plan ``[pad + 1, pad + 1]`` (the A -> B direction only: the engines compared as solvers)."""
-    from pfamalign.inference import _unpad
+    from pfamalign.plans import unpad
 
-    return _unpad(head_mean[None], np.array([lq]), np.array([lk]))[0]
+    return unpad(head_mean[None], np.array([lq]), np.array([lk]))[0]
 
 
 def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):

@@ -44,7 +44,8 @@ from pfamalign import jsonio
 from pfamalign.alignment.baselines import needleman_wunsch, smith_waterman
 from pfamalign.alignment.metrics import pair_counts, paired_f1_difference, prf_summary
 from pfamalign.alignment.pairs import pairs_from_target
-from pfamalign.inference import DecoderSettings, Predictor
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import Predictor
 from pfamalign.pipelines.reader import iter_pairs
 from pfamalign.residues import AA_ALPHABET
 

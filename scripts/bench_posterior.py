@@ -26,7 +26,8 @@ from pfamalign import jsonio
 from pfamalign.alignment.baselines import EXTERNAL_ALIGNERS, external_align, needleman_wunsch
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference
 from pfamalign.alignment.pairhmm import default_pairhmm, load, match_posteriors
-from pfamalign.inference import DecoderSettings, Predictor
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import Predictor
 from pfamalign.pipelines import reader
 from pfamalign.tuning import micro_f1
 

@@ -51,7 +51,8 @@ import tune_decoder  # scripts/ is on sys.path (the scripts run as python script
 from pfamalign import ensemble, evaluation, jsonio
 from pfamalign.alignment import pairhmm
 from pfamalign.alignment.metrics import IDENTITY_BINS, paired_f1_difference
-from pfamalign.inference import DecoderSettings, Predictor
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import Predictor
 from pfamalign.pipelines import reader
 from pfamalign.pipelines.records import write_text
 from pfamalign.pipelines.config import PrepareConfig

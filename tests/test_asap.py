@@ -192,7 +192,8 @@ def test_engines_give_both_directions_as_the_model_does():
 def test_predictor_symmetrizes_the_engines_plans(tmp_path):
     """``Predictor(engine=...)``: symmetric plans are the mean of the engine's two directions,
     through the one padding helper (``inference.pad_batch``) both share."""
-    from pfamalign.inference import Predictor, pad_batch, symmetrize, _unpad
+    from pfamalign.inference import Predictor, pad_batch
+    from pfamalign.plans import symmetrize, unpad
 
     src = checkpoint.save_model(tmp_path / "model", _model())
     predictor = Predictor(src, engine="steps", steps=2)
@@ -202,8 +203,8 @@ def test_predictor_symmetrizes_the_engines_plans(tmp_path):
     xq, xk, lq, lk = pad_batch(pairs)
     assert xq.shape[1] == 64 and list(lq) == [a.shape[0] for a, _ in pairs]
     engine = asap.Engine("steps", 2)
-    ab = _unpad(np.asarray(engine.plan(predictor.model, xq, xk, lq, lk)), lq, lk)
-    ba = _unpad(np.asarray(engine.plan(predictor.model, xk, xq, lk, lq)), lk, lq)
+    ab = unpad(np.asarray(engine.plan(predictor.model, xq, xk, lq, lk)), lq, lk)
+    ba = unpad(np.asarray(engine.plan(predictor.model, xk, xq, lk, lq)), lk, lq)
     for g, p, q in zip(got, ab, ba):
         assert g.plan.shape == (p.plan.shape[0], p.plan.shape[1])
         np.testing.assert_allclose(g.plan, symmetrize(p, q).plan, atol=1e-6)
@@ -212,7 +213,7 @@ def test_predictor_symmetrizes_the_engines_plans(tmp_path):
 def test_engine_plans_are_checked_for_overflow_not_for_their_marginals():
     """A few-step or compiled plan's rows are what it approximates (a 1-step row can hold 1.4):
     ``Predictor`` checks such plans for finiteness, sign and entries only."""
-    from pfamalign.inference import PairPlan
+    from pfamalign.plans import PairPlan
 
     plan = np.full((4, 4), 0.1)
     plan[0, :3] = [0.9, 0.4, 0.1]  # a query row of mass 1.4 + dustbin

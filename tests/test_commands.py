@@ -681,7 +681,7 @@ def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
 @pytest.mark.parametrize("fields,mode", [({"end_gaps": True}, "global"), ({"end_gaps": False}, "local"),
                                          ({"end_gaps": True, "mode": "local"}, "local"), ({}, "global")])
 def test_decoding_json_from_before_mode_still_loads(tmp_path, fields, mode):
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     (tmp_path / "decoding.json").write_text(json.dumps({"decoder": "hybrid", "gap_open": 11.0, **fields}))
     loaded = DecoderSettings.load(tmp_path)
@@ -714,7 +714,7 @@ def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, data
         assert best["f1"] == max(r["f1"] for r in scored)
     else:  # the best-scoring challenger lacked evidence (or families): the shipped decoder stays
         assert best["best"] == dataclasses.asdict(tuning.incumbent_settings())
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     assert dataclasses.asdict(DecoderSettings.load(model)) == best["best"]
 

@@ -11,7 +11,8 @@ import numpy as np
 from click.testing import CliRunner
 
 from pfamalign.cli import main
-from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import Predictor, default_model_dir
 
 SEED = pathlib.Path(__file__).resolve().parent / "data" / "pfam_seed"
 

@@ -175,7 +175,8 @@ def test_bad_ensemble_files_are_errors_that_say_what_is_wrong(models, tmp_path, 
 def test_ensemble_without_tuning_decodes_with_the_shipped_decoder(models, dataset, tmp_path):
     """--no-tune writes the shipped model's decoder: an ensemble is never left on the affine
     defaults that a directory without decoding.json would fall back to."""
-    from pfamalign.inference import DecoderSettings, default_model_dir
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.inference import default_model_dir
 
     out = tmp_path / "ens"
     res = run(["ensemble", *models, "--data", dataset, "--max-pairs", "4", "--no-tune", "-o", out])
@@ -187,7 +188,8 @@ def test_ensemble_without_tuning_decodes_with_the_shipped_decoder(models, datase
 def test_an_ensemble_without_decoding_json_falls_back_as_a_model_does(tmp_path):
     """A hand-made ensemble directory without decoding.json decodes with the shipped model's
     decoder, as a model directory without one does, not with the affine defaults."""
-    from pfamalign.inference import DecoderSettings, Predictor, default_model_dir, shipped_model_dir
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.inference import Predictor, default_model_dir, shipped_model_dir
 
     ens = tmp_path / "ens"
     shutil.copytree(shipped_model_dir("ensemble"), ens)

@@ -154,7 +154,8 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
     """A challenger with the higher F1 replaces the incumbent only when the paired bootstrap
     interval of the difference is above zero."""
     from pfamalign import tuning
-    from pfamalign.inference import DecoderSettings, PairPlan
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.plans import PairPlan
 
     n = 8
     def pair(family, shift):  # plan mass 0.3 on the diagonal shifted by `shift`; target: diagonal
@@ -216,7 +217,8 @@ def _calibration_evaluation(baselines=("nw",)):
     """Two pairs of one 8-residue sequence, reference = the diagonal: a plan of mass 0.95 on
     the diagonal (8 right pairs at 0.95) and one of mass 0.35 on the diagonal shifted by one
     (7 wrong pairs at 0.35)."""
-    from pfamalign.inference import DecoderSettings, PairPlan
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.plans import PairPlan
 
     records, plans = [], []
     for family, mass, shift in (("PF00001", 0.95, 0), ("PF00002", 0.35, 1)):

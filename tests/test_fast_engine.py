@@ -155,7 +155,7 @@ PLAN_HMM = {"decoder": "posterior", "alpha": 0.5, "objective": "f1", "plan_power
 @pytest.mark.parametrize("decoding", [None, PLAN_HMM, {**PLAN_HMM, "alpha": 1.0, "mode": "local"}],
                          ids=["model", "plan_hmm", "plan_hmm_only_local"])
 def test_align_records_equal_the_reference_path(predictor, decoding):
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     decoding = decoding and DecoderSettings(**decoding)
     rng = np.random.default_rng(1)
@@ -393,17 +393,17 @@ def test_align_records_equal_the_reference_on_pfam_pairs(predictor, shared_pfam)
 
 
 def test_unpadding_both_directions_at_once_is_symmetrize_bit_for_bit():
-    from pfamalign.inference import _unpad, _unpad_symmetric, symmetrize
+    from pfamalign.plans import symmetrize, unpad, unpad_symmetric
 
     rng = np.random.default_rng(11)
     ab, ba = (rng.random((4, 65, 65)).astype(np.float32) for _ in range(2))
     lq, lk = np.array([64, 1, 30, 64]), np.array([64, 50, 1, 7])
-    fused = _unpad_symmetric(ab, ba, lq, lk)
-    for got, p, q in zip(fused, _unpad(ab, lq, lk), _unpad(ba, lk, lq)):
+    fused = unpad_symmetric(ab, ba, lq, lk)
+    for got, p, q in zip(fused, unpad(ab, lq, lk), unpad(ba, lk, lq)):
         np.testing.assert_array_equal(got.plan, symmetrize(p, q).plan)
         assert got.plan.shape == p.plan.shape and got.plan.dtype == np.float64
     # the dustbin lines are the padded plan's last ones
-    np.testing.assert_array_equal(_unpad(ab, lq, lk)[2].plan[-1], np.r_[ab[2, -1, :1], ab[2, -1, -1]])
+    np.testing.assert_array_equal(unpad(ab, lq, lk)[2].plan[-1], np.r_[ab[2, -1, :1], ab[2, -1, -1]])
 
 
 def test_swapping_the_sequences_transposes_the_alignment(predictor):

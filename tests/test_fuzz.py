@@ -117,7 +117,7 @@ JSON_VALUES = st.recursive(
 
 @pytest.mark.parametrize("n", PROFILES)
 def test_decoding_json_loads_or_raises_valueerror(n):
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     keys = st.sampled_from(["decoder", "mode", "gap_open", "gap_extend", "threshold", "gap_cost",
                             "min_mass", "plan_weight", "alpha", "end_gaps", "extra"])

@@ -133,7 +133,8 @@ def test_meaningless_transport_settings_are_refused(kw):
 
 
 def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
-    from pfamalign.inference import PairPlan, Predictor
+    from pfamalign.inference import Predictor
+    from pfamalign.plans import PairPlan
 
     predictor = Predictor()
     aln, pp = predictor.align(PDZ_A, PDZ_B)
@@ -153,7 +154,8 @@ def test_a_row_softmax_plan_with_a_crowded_key_column_is_decoded():
     plan's dustbin corner may exceed 1 for the same reason (it is no confidence)."""
     import dataclasses
 
-    from pfamalign.inference import PairPlan, Predictor
+    from pfamalign.inference import Predictor
+    from pfamalign.plans import PairPlan
 
     predictor = Predictor()
     cfg = predictor.model.cfg
@@ -183,7 +185,7 @@ def test_a_row_softmax_plan_with_a_crowded_key_column_is_decoded():
                                            ('[1, 2]', "JSON object"),
                                            ('{"gap_open": ', "not a readable")])
 def test_bad_decoding_json_is_a_clear_error(tmp_path, text, fragment):
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     (tmp_path / "decoding.json").write_text(text)
     with pytest.raises(ValueError, match=fragment):

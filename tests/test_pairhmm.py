@@ -17,7 +17,8 @@ import pytest
 
 from pfamalign.alignment import pairhmm
 from pfamalign.alignment.pairhmm import RESIDUES, PairHMM, default_pairhmm, fit, match_posteriors
-from pfamalign.inference import DecoderSettings, PairPlan
+from pfamalign.decoding import DecoderSettings
+from pfamalign.plans import PairPlan
 from test_commands import dataset  # noqa: F401  (the tiny prepared dataset, a fixture)
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
@@ -382,7 +383,8 @@ def test_a_model_directory_uses_its_own_pairhmm(tmp_path):
     import shutil
 
     from pfamalign.alignment import pairhmm
-    from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.inference import Predictor, default_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(default_model_dir(), model)

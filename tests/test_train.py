@@ -19,7 +19,8 @@ from click.testing import CliRunner
 import faultkill
 import meshes
 from pfamalign import checkpoint, evaluation, tuning
-from pfamalign.inference import DecoderSettings, Predictor, default_model_dir
+from pfamalign.decoding import DecoderSettings
+from pfamalign.inference import Predictor, default_model_dir
 from pfamalign.pipelines import reader
 from pfamalign.training import loop as train, rundir, step as train_step
 from pfamalign.cli import main as cli

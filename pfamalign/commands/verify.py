@@ -56,7 +56,7 @@ def _settings_problems(model: pathlib.Path) -> list[str]:
     """A model's JSON settings files are edited by hand and by tuning, so they are not
     checksummed: each must parse and pass the same field checks as on load."""
     from pfamalign.checkpoint import CheckpointError, read_model_config
-    from pfamalign.inference import DecoderSettings
+    from pfamalign.decoding import DecoderSettings
 
     problems = []
     if (model / "config.json").is_file():
