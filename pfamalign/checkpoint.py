@@ -240,6 +240,11 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     cached = _params_cache_file(params_path)
     params = _read_cached_params(cached, abstract) if cached is not None else None
     if params is None:
+        mismatches = param_mismatches(abstract, params_path)
+        if mismatches:  # checked first: a failed orbax restore also prints tracebacks at exit
+            raise CheckpointError(f"{config_path} does not match the parameters in {params_path} "
+                                  f"({'; '.join(mismatches[:3])}); restore the config.json saved "
+                                  "with these parameters")
         try:
             params = _local_checkpointer(_ocp()).restore(params_path, abstract)
         except Exception as err:  # orbax raises several types on foreign / truncated data
@@ -268,6 +273,25 @@ def _params_cache_file(params_path: pathlib.Path) -> pathlib.Path | None:
         return None
     digest = hashlib.sha256(params_path.name.encode() + b"\0" + sums.read_bytes()).hexdigest()
     return directory / "params" / f"{digest}.npz"
+
+
+def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
+    """How the saved parameters (their orbax metadata: names, shapes, dtypes) differ from the
+    tree a config asks for (``abstract_params``); empty when they fit. Reads no array."""
+    try:
+        meta = _local_checkpointer(_ocp()).metadata(pathlib.Path(params_path).absolute())
+    except Exception as err:  # orbax raises several types on foreign / truncated data
+        return [f"no readable parameter metadata ({err})"]
+    saved = dict(_flat_names(getattr(meta, "item_metadata", meta)))
+    wanted = dict(_flat_names(abstract))
+    out = [f"{name} is missing from the parameters" for name in sorted(set(wanted) - set(saved))]
+    out += [f"{name} is in the parameters but not in the model" for name in sorted(set(saved) - set(wanted))]
+    for name in sorted(set(wanted) & set(saved)):
+        have, want = saved[name], wanted[name]
+        if tuple(have.shape) != tuple(want.shape) or np.dtype(have.dtype) != np.dtype(want.dtype):
+            out.append(f"{name} is {tuple(have.shape)} {np.dtype(have.dtype)} in the parameters, "
+                       f"the config asks for {tuple(want.shape)} {np.dtype(want.dtype)}")
+    return out
 
 
 def _flat_names(tree) -> list[tuple[str, Any]]:

@@ -128,9 +128,11 @@ def _user_entries(out: pathlib.Path) -> list[str]:
                   if p.name != LOCK_NAME and not is_temporary(p.name))
 
 
-def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | None:
-    """Returns the manifest if ``out`` already holds this exact dataset; raises when ``out``
-    holds something else (unless ``overwrite``, which replaces only prepare's own files)."""
+def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> tuple[dict | None, dict | None]:
+    """``(done, replaced)``: ``done`` the manifest if ``out`` already holds this exact dataset;
+    ``replaced`` the manifest of a finished dataset of other options that ``overwrite`` will
+    replace (built beside it first: ``_swap_in``). Raises when ``out`` holds something else;
+    ``overwrite`` removes an unfinished run at once (prepare's own files only)."""
     manifest_path = out / "manifest.json"
     work_config = out / "work" / "config.json"
     if manifest_path.exists():
@@ -140,13 +142,13 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | Non
             raise PrepareError(f"{manifest_path} is damaged ({err}); remove {out} or choose "
                                "another --out") from None
         if manifest.get("config_hash") == chash:
-            return manifest
+            return manifest, None
         if not overwrite:
             raise PrepareError(
                 f"{out} already holds a dataset built with a different configuration (config "
                 f"hash {manifest.get('config_hash')}, this run {chash}). Use another --out, or "
                 "pass --overwrite to replace it.")
-        _remove_owned(out, manifest)
+        return None, manifest
     elif work_config.exists():
         try:
             old = json.loads(work_config.read_text()).get("config_hash")
@@ -161,13 +163,47 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> dict | Non
                     "with the original options to finish it, use another --out, or pass "
                     "--overwrite to start over.")
             _remove_owned(out, None)  # a run that stopped on an error is not worth resuming
-    elif out.exists() and set(_user_entries(out)) <= {"work"}:
-        shutil.rmtree(out / "work", ignore_errors=True)  # killed before its config was saved
+    elif out.exists() and set(_user_entries(out)) <= {"work", REPLACEMENT}:
+        for name in ("work", REPLACEMENT):  # killed before its config was saved
+            shutil.rmtree(out / name, ignore_errors=True)
     elif out.exists() and _user_entries(out):
         raise PrepareError(f"{out} is not empty and is not a pfamalign dataset (no manifest.json; "
                            f"it holds {', '.join(_user_entries(out)[:5])}); choose an empty or "
                            "new --out directory. --overwrite replaces only a pfamalign dataset.")
-    return None
+    return None, None
+
+
+# In --out: the new dataset of an --overwrite, built beside the finished one it replaces.
+REPLACEMENT = "replacement"
+
+
+def _swap_in(out: pathlib.Path, staged: pathlib.Path, replaced: dict | None) -> None:
+    """Replaces the dataset in ``out`` by the finished one in ``staged``: the old manifest goes
+    first (``out`` is no longer a finished dataset), then the old files the new one does not
+    name, then the new files, the new manifest last. Safe to run again after a kill at any
+    point (``_run_prepare`` finishes a swap it finds begun): only files still in ``staged``
+    move, and no file the new manifest names is removed."""
+    new = json.loads((staged / "manifest.json").read_text())
+    keep = set(_manifest_files(new))
+    (out / "manifest.json").unlink(missing_ok=True)
+    old = set(_manifest_files(replaced)) if replaced is not None else set()
+    old |= {str(p.relative_to(out)) for pattern in _OUTPUT_PATTERNS for p in out.glob(pattern)}
+    for name in sorted(old - keep):
+        path = (out / name).resolve()
+        if path.is_relative_to(out.resolve()) and path.is_file():
+            path.unlink()
+    shutil.rmtree(out / "work", ignore_errors=True)
+    if (staged / "work").is_dir():  # --keep-work
+        os.replace(staged / "work", out / "work")
+    for name in sorted(keep - {"manifest.json"}):
+        if (staged / name).is_file():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged / name, out / name)
+    os.replace(staged / "manifest.json", out / "manifest.json")
+    shutil.rmtree(staged, ignore_errors=True)
+    for d in sorted({(out / n).parent for n in old - keep}, key=lambda p: -len(p.parts)):
+        if d != out and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
 
 
 # ------------------------------------------------------------------------------------------
@@ -363,8 +399,9 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
             try:
                 return _run_prepare(cfg, quiet=quiet, embedder=embedder)
             except Exception as err:
-                if (out / "work" / "config.json").exists():
-                    rec.write_json(out / "work" / FAILED, {"error": str(err)})
+                for work in (out / "work", out / REPLACEMENT / "work"):
+                    if (work / "config.json").exists():
+                        rec.write_json(work / FAILED, {"error": str(err)})
                 raise
     except LockError as err:
         raise PrepareError(str(err)) from None
@@ -404,7 +441,15 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                            fingerprint=embedder.fingerprint(), dtype=cfg.dtype, out=out)
         except ValueError as err:
             raise PrepareError(str(err)) from err
-    done = _check_out_dir(out, chash, cfg.overwrite)
+    staged = out / REPLACEMENT
+    if (staged / "manifest.json").exists():  # killed while swapping a replacement in: finish
+        _swap_in(out, staged, None)
+    done, replaced = _check_out_dir(out, chash, cfg.overwrite)
+    if replaced is not None:  # --overwrite of a finished dataset: the old one stays until the
+        final, out = out, staged  # new one is finished (a failed run must not cost it)
+        done = _check_out_dir(out, chash, True)[0]
+    elif staged.exists():  # an unfinished replacement the user gave up on
+        shutil.rmtree(staged)
     stages.clean_tmp(out)  # a kill between a temporary file and its rename (manifest.json)
     if done is not None:
         if not cfg.keep_work and (out / "work").exists():  # killed after the manifest
@@ -485,4 +530,12 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
     rec.write_json(out / "manifest.json", manifest)
     if not cfg.keep_work:
         shutil.rmtree(work.root, ignore_errors=True)
+    if replaced is not None:
+        if summary["pairs"]["total"] == 0:
+            shutil.rmtree(out)
+            raise PrepareError(f"no pairs were produced from these inputs (check the skipped table "
+                               f"of a run into a new --out); {final} keeps its dataset")
+        _swap_in(final, out, replaced)
+        out = final
+        summary["out"] = str(out)
     return PrepareResult(out, manifest, summary)

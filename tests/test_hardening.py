@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -256,6 +257,60 @@ def test_overwrite_removes_only_what_prepare_wrote(tmp_path):
         first.manifest["config_hash"]
 
 
+def _files(out, skip=("replacement",)):
+    """Every file of a dataset directory and its bytes (not the lock, not ``skip``)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != ".pfamalign.lock" and p.relative_to(out).parts[0] not in skip}
+
+
+def test_a_failed_overwrite_keeps_the_dataset_it_would_replace(tmp_path):
+    from pfamalign.commands.verify import verify_directory
+    from pfamalign.pipelines.prepare import PrepareError, run_prepare
+    from pfamalign.pipelines.stockholm import StockholmError
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out), quiet=True)
+    before = _files(out)
+    ragged = tmp_path / "ragged.sto"
+    lines = SMALL.read_text().splitlines()
+    row = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    lines[row] = lines[row] + "AAA"  # one row longer than the others
+    ragged.write_text("\n".join(lines) + "\n")
+    with pytest.raises(StockholmError, match="alignment columns"):
+        run_prepare(_prepare_cfg(out, inputs=(ragged,), overwrite=True), quiet=True)
+    assert _files(out) == before
+    assert verify_directory(out)[1] == []  # no problems: still the finished dataset
+    run_prepare(_prepare_cfg(out), quiet=True)  # its options again: complete, as it was
+    single = tmp_path / "single.sto"  # one sequence: no pairs at all
+    single.write_text("# STOCKHOLM 1.0\n#=GF AC PF99999.1\nONLY/1-12 MKVLAAGIVGLL\n//\n")
+    with pytest.raises(PrepareError, match="keeps its dataset"):
+        run_prepare(_prepare_cfg(out, inputs=(single,), overwrite=True), quiet=True)
+    assert _files(out) == before
+    run_prepare(_prepare_cfg(out, seed=7, overwrite=True), quiet=True)  # a good one replaces it
+    assert _files(out) != before and not (out / "replacement").exists()
+    assert verify_directory(out)[1] == []
+
+
+def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_path):
+    from pfamalign.commands.verify import verify_directory
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out, other = tmp_path / "ds", tmp_path / "other"
+    run_prepare(_prepare_cfg(out), quiet=True)
+    run_prepare(_prepare_cfg(other, seed=7), quiet=True)
+    want = _files(other)
+    # the state of a kill part-way through the swap: old manifest gone, some new files moved
+    shutil.copytree(other, out / "replacement")
+    (out / "manifest.json").unlink()
+    moved = sorted(n for n in want if n.endswith(".array_record"))[: len(want) // 2]
+    for name in moved:
+        (out / "replacement" / name).replace(out / name)
+    result = run_prepare(_prepare_cfg(out, seed=7), quiet=True)
+    assert result.already_complete
+    assert _files(out) == want and not (out / "replacement").exists()
+    assert verify_directory(out)[1] == []
+
+
 def test_overwrite_refuses_a_directory_without_a_manifest(tmp_path):
     from pfamalign.pipelines.prepare import PrepareError, run_prepare
 
@@ -432,6 +487,42 @@ def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, t
     assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
 
 
+def test_a_config_that_does_not_fit_its_parameters_is_named_on_load_and_in_verify(saved_model, tmp_path):
+    from pfamalign import checkpoint
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["model"]["heads"] += 2  # a valid config, other shapes: its checksums still pass
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(checkpoint.CheckpointError, match="does not match the parameters.*config asks for"):
+        checkpoint.load_model(model)
+    assert_clear_error(run(["verify", model]), "config.json does not match the parameters")
+    result = run(["align", PDZ_A, PDZ_B, "--checkpoint", model])
+    assert_clear_error(result, "does not match the parameters")
+    assert "Traceback" not in result.output
+
+
+def test_verify_calls_a_runs_model_unfinished_without_its_training_record(saved_model, tmp_path):
+    from pfamalign.commands.verify import verify_directory
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(saved_model, run_dir / "model")
+    (run_dir / "model" / "training.json").unlink()
+    assert_clear_error(run(["verify", run_dir]), "unfinished", "re-run the same `pfamalign train`")
+    shutil.copy(saved_model / "training.json", run_dir / "model" / "training.json")  # finished
+    assert not [p for p in verify_directory(run_dir)[1] if "unfinished" in p]
+
+
+def test_verify_leaves_a_directory_that_is_not_ours_alone(tmp_path):
+    other = tmp_path / "notes" / "deep"
+    other.mkdir(parents=True)
+    (other / ".draft.123.tmp.txt").write_text("someone else's")
+    assert_clear_error(run(["verify", tmp_path / "notes"]), "is not a pfamalign")
+    assert (other / ".draft.123.tmp.txt").read_text() == "someone else's"
+
+
 def params_digest(model):
     import hashlib
 
@@ -549,6 +640,18 @@ def test_changed_tables_are_found_by_verify_and_a_truncated_lengths_file_on_open
     lengths.write_bytes(lengths.read_bytes()[:-8])
     assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
                        "damaged", "test/lengths.npy has")
+
+
+def test_verify_says_which_tables_an_older_manifest_cannot_vouch_for(dataset, tmp_path):
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    del manifest["tables"]  # as written before the tables were recorded
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    result = run(["verify", ds])
+    assert result.exit_code == 0, result.output
+    assert "not verified" in result.output and "families.tsv" in result.output
+    assert "could not be verified" in result.output
 
 
 @pytest.mark.parametrize("depths", ["", "-1", "0,1,99999", "two"])
