@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gzip
+import hashlib
 import io
 import zlib
 import os
@@ -72,8 +73,9 @@ class RawFamily:
 
     @property
     def key(self) -> str:
-        """The family key: ``#=GF AC`` (with version), else a Pfam-like file stem, else ID."""
-        return family_key(self.accession, self.name, self.source, self.index)
+        """The family key: ``#=GF AC`` (with version), else a Pfam-like file stem, else ID,
+        else the file stem, the family's ordinal and a digest of its lines."""
+        return family_key(self.accession, self.name, self.source, self.index, self.lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,8 @@ def accession_base(key: str) -> str:
     return _VERSION.sub("", key)
 
 
-def family_key(accession: str | None, name: str | None, source: str, index: int) -> str:
+def family_key(accession: str | None, name: str | None, source: str, index: int,
+               lines: Sequence[str] = ()) -> str:
     if accession:
         return accession
     stem = _file_stem(source)
@@ -110,7 +113,10 @@ def family_key(accession: str | None, name: str | None, source: str, index: int)
         return stem
     if name:
         return name
-    return f"{stem}#{index}"
+    # nothing names it: two files of one name in two folders hold different families, which
+    # must not be taken for duplicates of each other (the same family twice still is one)
+    digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{stem}#{index}-{digest}"
 
 
 def _file_stem(path: str) -> str:

@@ -311,6 +311,27 @@ def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_
     assert verify_directory(out)[1] == []
 
 
+def _unnamed(text: str) -> str:
+    """A Stockholm family with its #=GF AC and ID lines removed: nothing names it."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("#=GF AC", "#=GF ID"))) + "\n"
+
+
+def test_unnamed_families_in_files_of_one_name_are_not_taken_for_duplicates(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+
+    other = sorted(p for p in SEED.glob("*.sto") if p != SMALL)[0]
+    for folder, source in (("a", SMALL), ("b", other), ("c", SMALL)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "fam.sto").write_text(_unnamed(source.read_text()))
+    result = run_prepare(_prepare_cfg(tmp_path / "ds", inputs=(tmp_path / "a", tmp_path / "b", tmp_path / "c")),
+                         quiet=True)
+    families = (tmp_path / "ds" / "families.tsv").read_text().splitlines()[1:]
+    skips = [row for row in families if "duplicate family key" in row]
+    assert len(families) == 3 and len(skips) == 1  # a and b both kept; c is a's copy
+    assert result.summary["pairs"]["total"] > 0
+
+
 def test_overwrite_refuses_a_directory_without_a_manifest(tmp_path):
     from pfamalign.pipelines.prepare import PrepareError, run_prepare
 

@@ -2,6 +2,7 @@
 
 import gzip
 import pathlib
+import re
 import tracemalloc
 
 import pytest
@@ -92,8 +93,8 @@ def test_multi_family_gz_streams_like_single_files(shared_pfam, tmp_path):
     single = [next(iter(st.read_families(f))) for f in files]
     for i, (a, b) in enumerate(zip(streamed, single)):
         assert a.seq_ids == b.seq_ids and a.rows == b.rows and a.name == b.name
-        if b.key == "PF05371":  # no AC/ID lines: keyed by file stem alone, by position in a stream
-            assert a.key == f"Pfam-A#{i}"
+        if b.key == "PF05371":  # no AC/ID lines: keyed by file stem alone; in a stream by
+            assert re.fullmatch(rf"Pfam-A#{i}-[0-9a-f]{{8}}", a.key)  # position and content
         else:
             assert a.key == b.key
     raws = list(st.iter_raw_families(big))
@@ -172,7 +173,11 @@ def test_family_keys_fall_back_to_stem_id_and_position(tmp_path):
     assert next(st.read_families(p)).key == "PF05371"
     multi = ("# STOCKHOLM 1.0\n#=GF ID fam_a\n" + body + "# STOCKHOLM 1.0\n" + body)
     p = _write(tmp_path, multi, "mixed.sto")
-    assert [f.key for f in st.read_families(p)] == ["fam_a", "mixed#1"]
+    first, second = st.read_families(p)
+    assert first.key == "fam_a" and re.fullmatch(r"mixed#1-[0-9a-f]{8}", second.key)
+    (tmp_path / "other").mkdir()
+    p2 = _write(tmp_path / "other", multi.replace("seqB  ACDE", "seqB  ACDF"), "mixed.sto")
+    assert list(st.read_families(p2))[1].key != second.key  # another family, same file name
     assert st.accession_base("PF00041.24") == "PF00041"
 
 
