@@ -70,6 +70,12 @@ class _LazyGroup(click.Group):
             signum = interrupt.signum if isinstance(interrupt, Terminated) else signal.SIGINT
             click.echo(f"\nInterrupted ({signal.Signals(signum).name}).", err=True)
             ctx.exit(128 + signum)
+        except BrokenPipeError:  # `pfamalign search ... | head`: the reader has what it wanted
+            import os
+            import sys
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+            ctx.exit(128 + signal.SIGPIPE)  # as a shell reports a process that SIGPIPE ended
         except OSError as err:  # a full disk, a read-only file system, a vanished directory
             click.echo(f"Error: {err}", err=True)
             ctx.exit(1)

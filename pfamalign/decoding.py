@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from pfamalign.plans import PairPlan
 
 DECODERS = ("affine", "mea", "hybrid", "posterior")
+# The plan pair-HMM's powers: 0.05-0.2 are chosen in tuning; beyond this the plan's log-odds
+# (a power times up to ~70) leave the range where a forward pass means anything.
+MAX_PLAN_POWER = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +80,11 @@ class DecoderSettings:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
-        if self.plan_power < 0:
-            raise ValueError(f"plan_power must be >= 0, got {self.plan_power}")
+        if not 0 <= self.plan_power <= MAX_PLAN_POWER:
+            raise ValueError(f"plan_power must be from 0 to {MAX_PLAN_POWER:g}, got {self.plan_power}")
+        for name in ("gap_cost", "min_mass", "plan_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def for_decoder(cls, decoder: str) -> "DecoderSettings":

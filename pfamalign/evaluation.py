@@ -264,16 +264,22 @@ def sample_across_families(families: Sequence[str], max_pairs: int, *, seed: int
     return np.sort(order[:max(max_pairs, 0)])
 
 
-def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022, errors=None):
+def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int = 1022, errors=None,
+                      left_out: list[str] | None = None):
     """Pair records sampled from Stockholm files (the same sampler as `prepare`). A malformed
     family raises, or with ``errors`` (a ``batch.BatchErrors``) is reported there (file:line)
-    and skipped."""
+    and skipped; a family that yields no pair (too short, one sequence) is named in
+    ``left_out`` (``file:line: family K: why``)."""
     from pfamalign.inputs import BadRecord
     from pfamalign.pipelines.pairs import SamplingConfig, sample_family
-    from pfamalign.pipelines.stockholm import StockholmError, iter_inputs, parse_family
+    from pfamalign.pipelines.stockholm import StockholmError, expand_inputs, iter_inputs, parse_family
 
+    paths = [str(p) for p in paths]
+    if not expand_inputs(paths)[0]:
+        raise ValueError(f"no Stockholm files in {', '.join(paths)} (a directory contributes its *.sto / "
+                         "*.stockholm files and files starting with a '# STOCKHOLM' line)")
     cfg = SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len)
-    for raw in iter_inputs([str(p) for p in paths], skip_bad=errors is not None):
+    for raw in iter_inputs(paths, skip_bad=errors is not None):
         try:
             family = parse_family(raw)
         except StockholmError as err:
@@ -281,12 +287,18 @@ def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int =
                 raise
             errors.add(BadRecord(f"{err.path}:{err.line}", err.message))
             continue
-        yield from sample_family(family, cfg, seed=seed, split="eval").pairs
+        sampled = sample_family(family, cfg, seed=seed, split="eval")
+        if not sampled.pairs and left_out is not None:  # said, not silently dropped
+            why = sampled.skip or "no pair of its sequences shares enough aligned columns"
+            if sampled.seq_skips:
+                why += " (" + ", ".join(f"{n} {what}" for what, n in sorted(sampled.seq_skips.items())) + ")"
+            left_out.append(f"{raw.source}:{raw.start_line}: family {family.key}: {why}")
+        yield from sampled.pairs
 
 
 def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
                  pairs_per_family: int = 50, seed: int = 0, max_pairs: int | None = None,
-                 embedder_id: str | None = None, errors=None,
+                 embedder_id: str | None = None, errors=None, left_out: list[str] | None = None,
                  shuffle_families: bool = True) -> tuple[Iterable[dict], int, str]:
     """``(records, how many, features)`` of one source: a dataset split (``data``), else
     pairs sampled from the ``stockholm`` files. ``max_pairs`` draws that many across the
@@ -309,7 +321,7 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
                                             shuffle_families=shuffle_families)
         return (source[i] for i in chosen), len(chosen), "records" if same else "featurize"
     records = list(stockholm_records(stockholm, pairs_per_family=pairs_per_family, seed=seed,
-                                     errors=errors))
+                                     errors=errors, left_out=left_out))
     if max_pairs is not None and max_pairs < len(records):
         chosen = sample_across_families([r["family"] for r in records], max_pairs, seed=seed,
                                         shuffle_families=shuffle_families)
@@ -343,15 +355,17 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
     embedder_id = predictor.config.embedder_id if predictor is not None else None
+    left_out: list[str] = []
     records, total, features = pair_records(
         data=data, split=split, stockholm=stockholm, pairs_per_family=pairs_per_family, seed=seed,
-        max_pairs=max_pairs, embedder_id=embedder_id, errors=errors)
+        max_pairs=max_pairs, embedder_id=embedder_id, errors=errors, left_out=left_out)
     with Bars(progress_enabled(quiet)) as bars:
         ev = evaluate(records, predictor=predictor, features=features, baselines=baselines,
                       decoding=decoding, advance=bars.task("scoring pairs", total))
     if not ev.pid:
-        raise ValueError("no pairs to score")
+        raise ValueError("no pairs to score" + (f": {'; '.join(left_out[:3])}" if left_out else ""))
     summary = ev.summary(n_boot=n_boot, seed=seed)
+    summary["left_out"] = left_out
     if errors is not None:
         summary["errors"] = [{"where": e.where, "error": str(e)} for e in errors.records]
     if predictor is not None:

@@ -92,12 +92,28 @@ def budget(value: int | str | None) -> int:
 def check_align_memory(len_a: int, len_b: int, budget: int | None, models: int = 1) -> None:
     """Raises ValueError when aligning sequences of these lengths (with ``models`` plan models)
     would need more than ``budget`` bytes (None or 0: no limit)."""
-    if not budget:
-        return
-    need = estimate_align_bytes(len_a, len_b, models)
-    if need > budget:
+    check_memory(estimate_align_bytes(len_a, len_b, models), budget, f"aligning {len_a} x {len_b} residues")
+
+
+# `certify` solves the pair's dense problem to convergence in float64, several times (the CETA
+# and softmax bounds, the perturbed plans): measured peaks 0.93 / 1.18 / 2.68 GB at 500 / 1000 /
+# 2000 residues (2026-11-25, random sequences), i.e. about 0.85 GB plus 460 bytes per cell.
+CERTIFY_BYTES_PER_CELL = 512
+CERTIFY_FIXED_BYTES = 1 << 30
+
+
+def estimate_certify_bytes(len_a: int, len_b: int) -> int:
+    """Peak bytes of ``pfamalign certify`` on a pair of these lengths."""
+    pad = padded_length(max(len_a, len_b, 1))
+    return CERTIFY_FIXED_BYTES + CERTIFY_BYTES_PER_CELL * pad * pad
+
+
+def check_memory(need: int, budget: int | None, doing: str) -> None:
+    """Raises ValueError when ``doing`` (what the work is, for the message) would need more
+    than ``budget`` bytes (None or 0: no limit), naming the option that lifts it."""
+    if budget and need > budget:
         raise ValueError(
-            f"aligning {len_a} x {len_b} residues needs about {format_size(need)}, over the "
+            f"{doing} needs about {format_size(need)}, over the "
             f"memory budget of {format_size(budget)}; split the sequences into domains, or "
             f"raise the budget with --max-memory (e.g. --max-memory {-(-need >> 30) + 1}G; 0 "
             "lifts the limit)")

@@ -92,6 +92,7 @@ DEFAULT_EVALUE = 10.0  # hits reported up to this E-value, at most DEFAULT_MAX_H
 DEFAULT_MAX_HITS = 500
 DEFAULT_MAX_CANDIDATES = 2000  # subjects the prefilter passes to the forward pass, per query
 MIN_DECOYS = 10  # fewer cannot pin down two parameters
+MAX_DECOYS = 10_000  # with the composition shift each costs 11 forward passes per query
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +255,8 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
     composition shift (``composition_shift``, from ``SUBJECT_SHUFFLES`` shuffles of it; the
     module docstring). ``advance(n)``: n more pairs scored (decoys and database,
     ``decoys + scored_per_query(N, max_candidates)`` per query)."""
-    if decoys < MIN_DECOYS:
-        raise ValueError(f"need at least {MIN_DECOYS} decoys per query for the E-value fit, got {decoys}")
+    if not MIN_DECOYS <= decoys <= MAX_DECOYS:
+        raise ValueError(f"need {MIN_DECOYS} to {MAX_DECOYS} decoys per query for the E-value fit, got {decoys}")
     if not database:
         raise ValueError("the database has no usable sequences")
     local = settings.mode == "local"

@@ -1146,3 +1146,67 @@ def test_a_row_length_error_blames_the_odd_row_even_when_it_comes_first(tmp_path
     with pytest.raises(StockholmError, match=r"odd.sto:3: sequence 'odd/1-4' has 4 alignment "
                                              r"columns but 'b/1-5' has 5 \(2 of 3 rows\)"):
         list(read_families(sto))
+
+
+# ---- options in range, named as typed (fuzzing of 2026-11-25) ----------------------------------
+
+@pytest.mark.parametrize("option, value", [("--min-mass", "-1"), ("--gap-cost", "-1e308"),
+                                           ("--plan-power", "1e308")])
+def test_decoder_values_out_of_range_are_refused_naming_the_option(option, value):
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--decoder", "posterior", option, value]), option)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["certify", PDZ_A, PDZ_B, "--tail-depths", "1,,2"], "--tail-depths"),
+    (["certify", PDZ_A, PDZ_B, "--tol", "inf"], "--tol"),
+    (["certify", PDZ_A, PDZ_B, "--block-rows", "0"], "--block-rows"),
+    (["align", PDZ_A, PDZ_B, "--engine", "steps", "--steps", "100001"], "--steps"),
+    (["search", "-", "--all-vs-all", "--decoys", "1000000"], "--decoys"),
+    (["eval", "--stockholm", SEED, "--no-model", "--pairs-per-family", "0"], "--pairs-per-family"),
+    (["eval", "--stockholm", SEED, "--no-model", "--max-pairs", "-1"], "--max-pairs"),
+])
+def test_options_out_of_range_are_refused_before_any_work(args, fragment):
+    assert_clear_error(run(args, input=""), fragment)
+
+
+def test_the_command_lines_step_limit_is_the_ops():
+    from pfamalign.commands._common import MAX_STEPS
+    from pfamalign.kernels.config import MAX_STEPS as OP_MAX_STEPS
+
+    assert MAX_STEPS == OP_MAX_STEPS
+
+
+def test_certify_refuses_a_pair_over_its_memory_budget_and_takes_max_length(tmp_path):
+    result = run(["certify", "ACDEFGHIKL" * 200, "KLMNPQRSTV" * 200, "--max-memory", "1G"])
+    assert_clear_error(result, "certifying 2000 x 2000 residues", "--max-memory")
+    assert_clear_error(run(["certify", "ACDEFGHIKL" * 50, PDZ_B, "--max-length", "100"]),
+                       "longer than this model accepts (100)", "--max-length")
+    assert_clear_error(run(["barycenter", "ACDEFGHIKL" * 50, PDZ_B, "--max-length", "100"]),
+                       "longer than this model accepts (100)")
+
+
+def test_eval_names_the_families_it_leaves_out(tmp_path):
+    stockholm = tmp_path / "sto"
+    stockholm.mkdir()
+    shutil.copy(SEED / "PF02184.sto", stockholm)
+    (stockholm / "SHORT.sto").write_text("# STOCKHOLM 1.0\n#=GF AC PF99998.1\nA/1-5 MKVLA\nB/1-5 MKVIA\n//\n")
+    result = run(["eval", "--stockholm", stockholm, "--no-model", "--bootstrap", "0", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "left out 1 family" in result.output and "PF99998.1" in result.output
+    assert "shorter than min_len=10" in result.output
+    alone = run(["eval", "--stockholm", stockholm / "SHORT.sto", "--no-model", "--quiet"])
+    assert_clear_error(alone, "no pairs to score", "PF99998.1")
+    (tmp_path / "empty").mkdir()
+    assert_clear_error(run(["eval", "--stockholm", tmp_path / "empty", "--no-model"]), "no Stockholm files")
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{PDZ_A}\t{PDZ_B[:40 + n % 20]}\n" for n in range(150)))
+    proc = subprocess.Popen([sys.executable, "-m", "pfamalign.cli", "align", "--pairs", str(pairs), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()  # what `| head -1` reads, then it closes the pipe
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + 13, err.decode()  # as a shell reports SIGPIPE
+    assert b"Error" not in err and b"Traceback" not in err, err.decode()

@@ -201,15 +201,23 @@ def decoder_settings(base, options: dict):
     return settings
 
 
+MAX_STEPS = 100_000  # kernels.config.MAX_STEPS (not imported: it loads jax; a test checks)
+
+
 def engine_options(f):
     """``--engine`` and ``--steps``: how the plans are computed (``pfamalign.asap.Engine``)."""
-    f = click.option("--steps", type=click.IntRange(min=1), default=None,
+    f = click.option("--steps", type=click.IntRange(min=1, max=MAX_STEPS), default=None,
                      help="With --engine steps: the number of plain Sinkhorn steps.")(f)
     return click.option("--engine", type=click.Choice(["sinkhorn", "steps", "asap"]), default="sinkhorn",
                         show_default=True,
                         help="How the plan is computed: the trained Sinkhorn steps, N plain steps "
                              "(--steps N), or the compiled operator of a model written by "
                              "`pfamalign compile` (asap).")(f)
+
+
+def max_length_option(help: str = "Refuse sequences longer than this (residues)."):
+    return click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
+                        help=help)
 
 
 max_memory_option = click.option(

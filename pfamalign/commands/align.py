@@ -10,7 +10,8 @@ import click
 
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_figure, check_outputs,
                                        checkpoint_option, decoder_options, decoder_settings, engine_options,
-                                       error_line, fail, max_memory_option, sequence_paths)
+                                       error_line, fail, max_length_option, max_memory_option,
+                                       sequence_paths)
 
 # formats.ONE_PAIR's names, written out: the help must not import the formats module (numpy)
 FORMATS = ("text", "emboss", "fasta", "stockholm", "cigar", "json")
@@ -62,8 +63,7 @@ def _shipped_mix() -> str:
                    "compiled (and loaded from the compile cache).")
 @decoder_options
 @engine_options
-@click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="Refuse sequences longer than this (residues).")
+@max_length_option()
 @max_memory_option
 @batch_options
 def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, score_noise, verbose,

@@ -7,8 +7,8 @@ import pathlib
 import click
 import numpy as np
 
-from pfamalign.commands._common import (check_figure, check_outputs, fail, pair_input_options,
-                                       resolve_pair, sequence_paths)
+from pfamalign.commands._common import (check_figure, check_outputs, fail, max_length_option,
+                                       pair_input_options, resolve_pair, sequence_paths)
 
 
 @click.command()
@@ -18,7 +18,8 @@ from pfamalign.commands._common import (check_figure, check_outputs, fail, pair_
                    "against its target column.")
 @click.option("--tsv", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the per-row table as TSV here.")
-def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, plot, tsv):
+@max_length_option()
+def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, plot, tsv, max_length):
     """Row-normalized transport barycenters of a pair against its reference columns.
 
     \b
@@ -47,7 +48,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
-        result = pair_barycenters(Predictor(checkpoint, weights=weights), pair)
+        result = pair_barycenters(Predictor(checkpoint, weights=weights, max_length=max_length), pair)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     table, pm = result.table, result.metrics

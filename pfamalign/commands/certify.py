@@ -7,8 +7,8 @@ import pathlib
 import click
 
 from pfamalign import jsonio
-from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, pair_input_options,
-                                       resolve_pair, sequence_paths)
+from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, max_length_option,
+                                       pair_input_options, resolve_pair, sequence_paths)
 
 
 MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond this, hours
@@ -18,21 +18,27 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
 @pair_input_options
 @click.option("--tail-depths", default="0,1,2,4", show_default=True,
               help="Tail depths R for the bias certificate (comma-separated).")
-@click.option("--tol", type=float, default=1e-5, show_default=True,
+@click.option("--tol", type=Number(min=0, min_open=True), default=1e-5, show_default=True,
               help="Bias tolerance tau: the certified depth is the first R with ||c_R|| <= tau.")
 @click.option("--perturbation", type=Number(min=0, min_open=True), default=1e-2, show_default=True,
               help="Size (sup norm) of the random score perturbation for the stability bounds.")
 @click.option("--score-noise", type=Number(min=0), default=None,
               help="Radius r (gauge-reduced oscillation of a score change): list the aligned pairs "
                    "certified to stay their row's and column's winner under any such change.")
-@click.option("--block-rows", type=int, default=128, show_default=True, help="Rows per contraction block.")
+@click.option("--block-rows", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Rows per contraction block.")
+@max_length_option()
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit; certify "
+                   "solves the dense problem in float64: about 3 GB at 2,000 x 2,000 residues). "
+                   "Default: 80% of this machine's memory (or of its container's limit).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write every certificate (per block, per R) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Figure (format from the extension: .png, .svg, .pdf, ...): contraction per block, bias "
                    "vs R, tail mass per row.")
 def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, tail_depths, tol,
-            perturbation, score_noise, block_rows, json_out, plot):
+            perturbation, score_noise, block_rows, max_length, max_memory, json_out, plot):
     """Certificates of the transport plan of one pair (seed paper §§ 4-5).
 
     \b
@@ -61,10 +67,11 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
 
     from pfamalign.certify import certify_pair, plot_certificates
     from pfamalign.inference import Predictor
+    from pfamalign.resources import budget, check_memory, estimate_certify_bytes
 
     try:
-        depths = tuple(int(x) for x in tail_depths.split(",") if x.strip())
-    except ValueError:
+        depths = tuple(int(x) for x in tail_depths.split(","))
+    except ValueError:  # also an empty item ("1,,2")
         depths = ()
     if not depths or not all(0 <= d <= MAX_TAIL_DEPTH for d in depths):
         raise click.BadParameter(f"expected comma-separated refinement depths R, integers from 0 "
@@ -77,7 +84,11 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
-        result = certify_pair(Predictor(checkpoint, weights=weights), pair, tail_depths=depths,
+        lengths = len(pair["q_seq"]), len(pair["k_seq"])
+        if max(lengths) <= max_length:  # a longer one is refused by its length first
+            check_memory(estimate_certify_bytes(*lengths), budget(max_memory),
+                         f"certifying {lengths[0]} x {lengths[1]} residues")
+        result = certify_pair(Predictor(checkpoint, weights=weights, max_length=max_length), pair, tail_depths=depths,
                               tol=tol, perturbation=perturbation, block_rows=block_rows,
                               score_noise=score_noise)
     except (FileNotFoundError, ValueError) as err:

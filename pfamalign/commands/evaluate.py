@@ -18,7 +18,7 @@ from pfamalign.commands._common import (DatasetDirectory, check_figure, check_ou
               help="Dataset split to score (with --data).")
 @click.option("--stockholm", "stockholm", multiple=True, type=click.Path(exists=True, path_type=pathlib.Path),
               help="Score pairs sampled from these Stockholm files (or directories) instead. Repeatable.")
-@click.option("--pairs-per-family", type=int, default=50, show_default=True,
+@click.option("--pairs-per-family", type=click.IntRange(min=1), default=50, show_default=True,
               help="Pairs sampled per family with --stockholm.")
 @checkpoint_option()
 @click.option("--no-model", is_flag=True, help="Score the baselines only.")
@@ -27,7 +27,7 @@ from pfamalign.commands._common import (DatasetDirectory, check_figure, check_ou
 @click.option("--baselines", default="diagonal,nw,sw", show_default=True,
               help="Comma-separated baselines: diagonal, nw, sw, probcons, muscle (the last two "
                    "run the installed Debian packages; empty for none).")
-@click.option("--max-pairs", type=int, default=None, help="Score at most this many pairs, drawn across the families (seeded by --seed; "
+@click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Score at most this many pairs, drawn across the families (seeded by --seed; "
                    "every family represented when N >= the number of families).")
 @click.option("--bootstrap", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Bootstrap resamples for the CIs (0: no CIs).")
@@ -116,6 +116,11 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
         fail(str(err))
     except evaluation.ExternalAlignerError as err:  # the program failed, not the command line
         fail(str(err), code=1)
+    left_out = summary.get("left_out") or []
+    if left_out:
+        click.echo(f"Warning: left out {len(left_out)} famil{'y' if len(left_out) == 1 else 'ies'} with no "
+                   f"pairs to score: {'; '.join(left_out[:5])}{'; ...' if len(left_out) > 5 else ''}",
+                   err=True)
     overlap = summary.get("training_overlap") or {}
     for key, what in (("trained_on", "trained on"), ("tuned_on", "had its decoder tuned on")):
         if overlap.get(key):

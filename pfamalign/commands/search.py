@@ -10,7 +10,7 @@ from pfamalign import inputs
 from pfamalign import search as lib  # the defaults, one place (numpy: only this command loads it)
 from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, error_line,
-                                       fail, max_memory_option)
+                                       fail, max_length_option, max_memory_option)
 
 
 @click.command()
@@ -22,7 +22,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Report at most this many hits per query (the best).")
 @click.option("--evalue", type=Number(min=0, finite=False), default=lib.DEFAULT_EVALUE, show_default=True,
               help="Report hits with an E-value at most this.")
-@click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS), default=lib.DEFAULT_DECOYS,
+@click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS, max=lib.MAX_DECOYS), default=lib.DEFAULT_DECOYS,
               show_default=True,
               help="Shuffled decoys scored per query for the E-value fit.")
 @click.option("--max-candidates", type=click.IntRange(min=0), default=lib.DEFAULT_MAX_CANDIDATES,
@@ -47,8 +47,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
 @decoder_options
 @engine_options
-@click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="Skip sequences longer than this (residues).")
+@max_length_option("Skip sequences longer than this (residues).")
 @max_memory_option
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, composition_shift, seed, fmt, out,
