@@ -363,7 +363,8 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
         ev = evaluate(records, predictor=predictor, features=features, baselines=baselines,
                       decoding=decoding, advance=bars.task("scoring pairs", total))
     if not ev.pid:
-        raise ValueError("no pairs to score" + (f": {'; '.join(left_out[:3])}" if left_out else ""))
+        why = left_out + [str(e) for e in (errors.records if errors is not None else [])]
+        raise ValueError("no pairs to score" + (f": {'; '.join(why[:3])}" if why else ""))
     summary = ev.summary(n_boot=n_boot, seed=seed)
     summary["left_out"] = left_out
     if errors is not None:

@@ -26,13 +26,14 @@ class OutputError(ValueError):
 
 
 class UnwritableOutput(OSError):
-    """The system refused to create or rename an atomic write's temporary file: the message
-    names the output the user gave (the temporary is an implementation detail) and what to do.
+    """The system refused to create or rename an atomic write's temporary file, or to write
+    to the output (a full disk): the message names the output the user gave (the temporary
+    is an implementation detail) and what to do.
     An OSError, as any other failure to write: a command ends in one ``Error:`` line."""
 
-    def __init__(self, path: pathlib.Path, err: OSError, made: str):
+    def __init__(self, path: pathlib.Path, err: OSError, made: str | None):
         advice = _ADVICE.get(err.errno)
-        super().__init__(f"cannot write {path}: {err.strerror or err} (creating {made})"
+        super().__init__(f"cannot write {path}: {err.strerror or err}" + (f" (creating {made})" if made else "")
                          + (f"; {advice}" if advice else ""))
 
 
@@ -52,9 +53,14 @@ def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iter
     except OSError as err:
         named = [os.path.abspath(f) for f in (err.filename, err.filename2)
                  if isinstance(f, (str, os.PathLike))]
+        if not named and err.errno in _FULL:  # a write error carries no file name: this one's
+            raise UnwritableOutput(path, err, None) from err
         if os.path.abspath(tmp) not in named:
             raise
         raise UnwritableOutput(path, err, f"a {kind} in {tmp.parent}") from err
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # errors of writing, not of naming a file
 
 
 def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
@@ -124,7 +130,8 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
     ``/dev/stdout``) is yielded itself: written in place, never replaced."""
     path = given = check_output_path(path, inputs)
     if path.exists() and not path.is_file():  # a device, a FIFO, /dev/stdout: written in place
-        yield path  # (a rename would put a regular file where /dev/null was)
+        with _named_as(given, path):  # (a rename would put a regular file where /dev/null was)
+            yield path
         return
     if path.is_symlink():
         path = pathlib.Path(os.path.realpath(path))

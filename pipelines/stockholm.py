@@ -302,6 +302,20 @@ def iter_inputs(paths: Sequence[str | os.PathLike], *, skip_bad: bool = False,
         yield from iter_raw_families(path, input_index=i, skip_bad=skip_bad)
 
 
+def _as_typed(text: str) -> str:
+    """The first character of latin-1-decoded ``text`` as the user typed it: a UTF-8
+    character (``É`` read as ``Ã``, ``\x89``) when its bytes start one, else as read."""
+    if text[:1].isascii():
+        return text[:1]
+    head = text[:4].encode("latin-1", "replace")
+    for size in range(2, len(head) + 1):
+        try:
+            return head[:size].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return text[:1]
+
+
 def _show(line: str, width: int = 40) -> str:
     return repr(line if len(line) <= width else line[:width] + "...")
 
@@ -343,7 +357,7 @@ def parse_family(raw: RawFamily) -> Family:
         seq_id, aligned = parts
         bad = first_invalid(aligned, GAP_CHARS)
         if bad is not None:
-            raise StockholmError(source, lineno, f"invalid character {aligned[bad]!r} at column "
+            raise StockholmError(source, lineno, f"invalid character {_as_typed(aligned[bad:])!r} at column "
                                  f"{bad + 1} of sequence {seq_id!r} (allowed: letters, "
                                  "gaps '-', '.', '~')")
         if seq_id in pieces:

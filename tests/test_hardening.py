@@ -1210,3 +1210,16 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + 13, err.decode()  # as a shell reports SIGPIPE
     assert b"Error" not in err and b"Traceback" not in err, err.decode()
+
+
+def test_a_full_device_is_named_as_the_output_that_failed():
+    if not pathlib.Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "-o", "/dev/full"]), "cannot write /dev/full",
+                       "No space left")
+
+
+def test_all_vs_all_of_one_sequence_says_there_is_nothing_to_compare(tmp_path):
+    one = tmp_path / "one.fa"
+    one.write_text(f">a\n{PDZ_A}\n")
+    assert_clear_error(run(["search", one, "--all-vs-all"]), "needs at least two usable sequences")

@@ -243,3 +243,11 @@ def test_stockholm_error_pickles():
     err = st.StockholmError("f.sto", 7, "boom")
     again = pickle.loads(pickle.dumps(err))
     assert (again.path, again.line, again.message, str(again)) == ("f.sto", 7, "boom", str(err))
+
+
+@pytest.mark.parametrize("typed", ["É", "😀", "*"])
+def test_an_invalid_character_is_named_as_typed(tmp_path, typed):
+    path = tmp_path / "u.sto"
+    path.write_bytes(f"# STOCKHOLM 1.0\nA/1-4 MK{typed}V\nB/1-4 MKVV\n//\n".encode("utf-8"))
+    with pytest.raises(st.StockholmError, match=f"invalid character '{re.escape(typed)}' at column 3"):
+        list(st.read_families(path))
