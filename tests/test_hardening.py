@@ -1223,3 +1223,8 @@ def test_all_vs_all_of_one_sequence_says_there_is_nothing_to_compare(tmp_path):
     one = tmp_path / "one.fa"
     one.write_text(f">a\n{PDZ_A}\n")
     assert_clear_error(run(["search", one, "--all-vs-all"]), "needs at least two usable sequences")
+
+
+def test_a_dataset_index_without_a_dataset_is_refused():
+    assert_clear_error(run(["certify", PDZ_A, PDZ_B, "--index", "5"]), "--index", "add --data")
+    assert_clear_error(run(["barycenter", PDZ_A, PDZ_B, "--split", "val"]), "--split", "add --data")

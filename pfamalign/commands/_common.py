@@ -113,6 +113,12 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
                                "SEQ_B, --stockholm FILE with --ids ID_A ID_B, or --data DIR")
     if ids and stockholm is None:
         raise click.UsageError("--ids names rows of --stockholm FILE; add --stockholm")
+    ctx = click.get_current_context(silent=True)
+    typed = [f"--{name}" for name in ("split", "index") if ctx is not None
+             and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if typed and data is None:  # it would be ignored
+        raise click.UsageError(f"{' and '.join(typed)} choose{'s' if len(typed) == 1 else ''} a pair of "
+                               "--data DIR; add --data")
     try:
         if stockholm is not None:
             if not ids:
@@ -120,7 +126,7 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
             return inputs.pair_from_stockholm(stockholm, *ids)
         if data is not None:
             return inputs.pair_from_dataset(data, split, index)
-        if seq_a and seq_b:
+        if seq_a is not None and seq_b is not None:  # an empty one is refused by name there
             return inputs.pair_from_sequences(seq_a, seq_b)
     except (ValueError, IndexError) as err:
         fail(str(err))
