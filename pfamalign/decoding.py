@@ -135,6 +135,12 @@ class DecoderSettings:
              "hybrid": ("plan_weight", "gap_open", "gap_extend", "min_mass"),
              "posterior": ("gap_cost", "min_mass", "objective", "alpha", "plan_power")}
 
+    def unread(self, changes: dict) -> list[str]:
+        """The settings among ``changes`` (those not None) that this decoder does not read:
+        given, they would change nothing (``decoder`` and ``mode`` are read by all)."""
+        reads = ("decoder", "mode", *self.READS[self.decoder])
+        return [k for k, v in changes.items() if v is not None and k not in reads]
+
     def uses_pairhmm(self) -> bool:
         """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""
         return self.decoder == "posterior" and self.alpha < 1

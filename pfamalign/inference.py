@@ -393,7 +393,8 @@ class Predictor:
             return "empty sequence"
         if len(seq) > self.max_length:
             return (f"sequence of {len(seq)} residues is longer than this model accepts "
-                    f"({self.max_length}); split it into domains or raise --max-length")
+                    f"({self.max_length}); split it into domains or raise --max-length "
+                    "(max_length= in Python)")
         return None
 
     def pair_problem(self, seq_a: str, seq_b: str) -> str | None:

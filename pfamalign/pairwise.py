@@ -59,11 +59,30 @@ class PairAligner:
         from pfamalign import resources
         from pfamalign.decoding import DecoderSettings
         from pfamalign.inference import Predictor
+        from pfamalign.kernels.config import MAX_STEPS
 
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model is a directory path or a shipped model's name, got {type(model).__name__}")
+        _check_int("max_length", max_length, 1)
+        if steps is not None:
+            _check_int("steps", steps, 1, MAX_STEPS)
+        if max_memory is not None:
+            if isinstance(max_memory, str):
+                try:
+                    resources.parse_size(max_memory)
+                except ValueError as err:
+                    raise ValueError(f"max_memory: {err}") from None
+            else:
+                _check_int("max_memory", max_memory, 0)
         self.predictor = Predictor(model, weights=weights, max_length=max_length,
                                    max_memory=resources.budget(max_memory),
                                    engine=engine, steps=steps)
         self.decoding: DecoderSettings = self.predictor.decoding.override(**decoder)
+        unread = self.decoding.unread(decoder)
+        if unread:  # as the command line refuses them: they would change nothing
+            raise ValueError(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to the "
+                             f"{self.decoding.decoder} decoder, which reads "
+                             f"{', '.join(self.decoding.READS[self.decoding.decoder])}")
         self.provenance: dict = self.predictor.provenance(self.decoding)
 
     def align(self, seq_a: Sequence, seq_b: Sequence) -> AlignmentRecord:
@@ -86,7 +105,16 @@ class PairAligner:
             (id_a, sa), (id_b, sb) = _side(a, f"pair{n}_a", n), _side(b, f"pair{n}_b", n)
             return {**bare_pair(id_a, sa, id_b, sb), "where": f"pair {n} ({id_a} vs {id_b})"}
 
-        records = (record(n, *pair) for n, pair in enumerate(pairs, start=1))
+        if isinstance(pairs, (str, bytes)):
+            raise TypeError("align_many takes an iterable of (a, b) pairs, got a single string")
+
+        def pair_of(n: int, pair) -> tuple:
+            if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                raise TypeError(f"pair {n}: each item is an (a, b) pair of sequences, got "
+                                f"{type(pair).__name__}" + (f" of length {len(pair)}" if hasattr(pair, "__len__") else ""))
+            return pair
+
+        records = (record(n, *pair_of(n, pair)) for n, pair in enumerate(pairs, start=1))
         # not strict: a bad record comes out in its place, after the pairs read before it
         errors = BatchErrors(stream=io.StringIO())  # raised here, not printed
         for item in aligned(self.predictor, records, self.decoding, errors):
@@ -121,6 +149,9 @@ class PairAligner:
                     raise ValueError(f"{where}: {err}") from None
             return out
 
+        for name, items in (("queries", queries), ("database", database)):
+            if isinstance(items, (str, bytes)):
+                raise TypeError(f"{name} is a list of sequences, got a single string: wrap it in a list")
         errors = BatchErrors(strict=True)  # a bad sequence raises (its BadRecord: a ValueError)
         query_records = search_lib.usable_records(records(queries, "query"), self.predictor, errors)
         db = (query_records if database is None
@@ -134,6 +165,8 @@ class PairAligner:
     def format(self, aln: AlignmentRecord, fmt: str = "text") -> str:
         """``aln`` as ``pfamalign align -f FMT`` writes one pair, with this aligner's provenance
         in the formats that carry it."""
+        if not isinstance(aln, AlignmentRecord):
+            raise TypeError(f"format takes an AlignmentRecord (what align returns), got {type(aln).__name__}")
         return aln.format(fmt, provenance=self.provenance)
 
 
@@ -142,12 +175,26 @@ def _side(item, default_id: str, n: int, *, what: str | None = None) -> tuple[st
     if isinstance(item, str):
         return default_id, item
     if hasattr(item, "id") and hasattr(item, "seq"):  # a Biopython SeqRecord
+        if item.seq is None or isinstance(item.seq, (bytes, bytearray)):
+            raise TypeError(f"{what or f'pair {n}'}: the record's seq is a string or a Bio.Seq, got "
+                            f"{type(item.seq).__name__}")
         return str(item.id), str(item.seq)
     if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
         return item
     kind = "each side" if what is None else "each item"
     raise TypeError(f"{what or f'pair {n}'}: {kind} is a sequence string, an (id, sequence) "
                     f"tuple or a SeqRecord, got {type(item).__name__}")
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+    """``value`` is an integer (not a bool) in [low, high]; else the error names ``name``."""
+    import numbers
+
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise (ValueError if ok or isinstance(value, numbers.Real) else TypeError)(
+            f"{name} must be an integer {bound}, got {value!r}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -116,4 +116,4 @@ def check_memory(need: int, budget: int | None, doing: str) -> None:
             f"{doing} needs about {format_size(need)}, over the "
             f"memory budget of {format_size(budget)}; split the sequences into domains, or "
             f"raise the budget with --max-memory (e.g. --max-memory {-(-need >> 30) + 1}G; 0 "
-            "lifts the limit)")
+            "lifts the limit; max_memory= in Python)")

@@ -69,6 +69,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import numbers
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -236,6 +237,27 @@ SCORE_CHUNK = 512  # subjects scored per call (progress moves per chunk)
 SUBJECT_SHUFFLES = 10  # per subject that may be reported, for its composition shift
 
 
+def _check_options(*, decoys, max_hits, evalue, max_candidates, seed) -> None:
+    """The search options in their ranges (the command line's), named as keywords."""
+    def integer(x) -> bool:
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+    problems = []
+    if not (integer(decoys) and MIN_DECOYS <= decoys <= MAX_DECOYS):
+        problems.append(f"decoys must be an integer from {MIN_DECOYS} to {MAX_DECOYS} (the E-value fit), got {decoys!r}")
+    if max_hits is not None and not (integer(max_hits) and max_hits >= 1):
+        problems.append(f"max_hits must be an integer >= 1 or None, got {max_hits!r}")
+    if evalue is not None and not (isinstance(evalue, numbers.Real) and not isinstance(evalue, bool)
+                                   and evalue >= 0):  # inf: every hit; nan fails this test
+        problems.append(f"evalue must be a number >= 0 or None, got {evalue!r}")
+    if max_candidates is not None and not (integer(max_candidates) and max_candidates >= 0):
+        problems.append(f"max_candidates must be an integer >= 0 (0 or None: every subject), got {max_candidates!r}")
+    if not (integer(seed) and seed >= 0):
+        problems.append(f"seed must be an integer >= 0, got {seed!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def scored_per_query(n_database: int, max_candidates: int | None) -> int:
     """Database sequences a query's forward pass scores: all, or the prefilter's ``max_candidates``."""
     return n_database if max_candidates is None else min(n_database, max_candidates)
@@ -255,8 +277,8 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
     composition shift (``composition_shift``, from ``SUBJECT_SHUFFLES`` shuffles of it; the
     module docstring). ``advance(n)``: n more pairs scored (decoys and database,
     ``decoys + scored_per_query(N, max_candidates)`` per query)."""
-    if not MIN_DECOYS <= decoys <= MAX_DECOYS:
-        raise ValueError(f"need {MIN_DECOYS} to {MAX_DECOYS} decoys per query for the E-value fit, got {decoys}")
+    _check_options(decoys=decoys, max_hits=max_hits, evalue=evalue, max_candidates=max_candidates, seed=seed)
+    max_candidates = max_candidates or None  # 0: every subject, as on the command line
     if not database:
         raise ValueError("the database has no usable sequences")
     local = settings.mode == "local"

@@ -416,6 +416,9 @@ def get_embedder(embedder_id: str, weights: str | os.PathLike | None = None, *,
     """Builds the embedder named by ``embedder_id`` (see the module docstring)."""
     kind, name, layer = parse_embedder_id(embedder_id)
     if kind == "builtin":
+        if weights is not None:  # they would be ignored: a sign of the wrong model or option
+            raise EmbedderError(f"embedder {embedder_id!r} is built in and takes no ESM-2 weights; "
+                                "leave out --weights (weights=)")
         return BuiltinEmbedder(name)
     try:
         import esm  # noqa: F401

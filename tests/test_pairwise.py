@@ -180,3 +180,60 @@ def test_a_shipped_model_is_named_as_on_the_command_line():
     assert ens.provenance["model"].startswith("ensemble of ") and "(shipped)" in ens.provenance["model"]
     assert ens.format(ens.align(SH3_A, SH3_B), "json") == cli(SH3_A, SH3_B, "--checkpoint", "ensemble",
                                                              "-f", "json")
+
+
+# ---- arguments checked as the command line checks them (fuzzing of 2026-11-25) ------------------
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"max_length": 0}, ValueError, "max_length must be an integer >= 1"),
+    ({"max_length": float("nan")}, ValueError, "max_length"),
+    ({"max_length": "abc"}, TypeError, "max_length"),
+    ({"max_memory": float("nan")}, ValueError, "max_memory"),
+    ({"max_memory": -1}, ValueError, "max_memory"),
+    ({"engine": "steps", "steps": 2.5}, ValueError, "steps must be an integer from 1"),
+    ({"threshold": 0.9}, ValueError, "threshold does not apply to the posterior decoder"),
+    ({"decoder": "affine", "alpha": 0.3}, ValueError, "alpha does not apply to the affine decoder"),
+    ({"weights": "/nonexistent"}, ValueError, "takes no ESM-2 weights"),
+    ({"model": 5}, TypeError, "model is a directory path"),
+])
+def test_aligner_arguments_out_of_range_are_refused_by_name(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        pfamalign.PairAligner(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"evalue": -1}, "evalue"), ({"evalue": float("nan")}, "evalue"), ({"max_hits": 0}, "max_hits"),
+    ({"max_hits": 2.5}, "max_hits"), ({"decoys": None}, "decoys"), ({"seed": -1}, "seed"),
+    ({"max_candidates": -1}, "max_candidates"),
+])
+def test_search_options_out_of_range_are_refused_by_name(aligner, kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        list(aligner.search([PDZ_A], [PDZ_B, SH3_A], **kwargs))
+
+
+def test_search_with_max_candidates_0_scores_every_subject(aligner):
+    (result,) = aligner.search([PDZ_A], [PDZ_B, SH3_A], max_candidates=0, evalue=None)
+    assert len(result.hits) == 2  # 0 is the command line's "every subject", not "none"
+
+
+def test_misshapen_inputs_are_type_errors_that_say_what_was_expected(aligner):
+    import types
+
+    with pytest.raises(TypeError, match="queries is a list of sequences"):
+        list(aligner.search(PDZ_A, [PDZ_B]))
+    with pytest.raises(TypeError, match="an AlignmentRecord"):
+        aligner.format("MKV")
+    with pytest.raises(TypeError, match="pair 1: the record's seq"):
+        aligner.align(types.SimpleNamespace(id="x", seq=None), PDZ_B)
+    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) pair"):
+        list(aligner.align_many((PDZ_A, PDZ_B)))
+    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) pair.*length 1"):
+        list(aligner.align_many([(PDZ_A,)]))
+
+
+def test_a_records_arrays_are_read_only(aligner):
+    record = aligner.align(PDZ_A, PDZ_B)
+    with pytest.raises(ValueError, match="read-only"):
+        record.pairs[0] = [5, 5]
+    with pytest.raises(ValueError, match="read-only"):
+        record.confidence[0] = 0.0

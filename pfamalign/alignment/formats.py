@@ -84,9 +84,14 @@ class AlignmentRecord:
             problem = id_problem(getattr(self, name))
             if problem is not None:
                 raise ValueError(f"{name} {problem}")
-        pairs = check_pairs(self.pairs, len(self.seq_a), len(self.seq_b), proper=True)
+        pairs = np.array(check_pairs(self.pairs, len(self.seq_a), len(self.seq_b), proper=True))
+        confidence = check_confidence(self.confidence, len(pairs))
+        confidence = None if confidence is None else np.array(confidence)
+        for array in (pairs, confidence):  # frozen as the record is: checked once, kept so
+            if array is not None:
+                array.flags.writeable = False
         object.__setattr__(self, "pairs", pairs)
-        object.__setattr__(self, "confidence", check_confidence(self.confidence, len(pairs)))
+        object.__setattr__(self, "confidence", confidence)
         if self.score is not None:
             object.__setattr__(self, "score", float(self.score))
 

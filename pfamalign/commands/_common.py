@@ -189,7 +189,7 @@ def decoder_settings(base, options: dict):
     given = {k: options.pop(k) for k in DECODER_FIELDS}
     decoder = given["decoder"] or base.decoder
     reads = base.READS[decoder]
-    unread = [_flag(k) for k, v in given.items() if v is not None and k not in ("decoder", "mode", *reads)]
+    unread = [_flag(k) for k in base.for_decoder(decoder).unread(given)]
     if unread:
         chosen = "" if given["decoder"] else " (the model's; choose another with --decoder)"
         fail(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to the {decoder} "
