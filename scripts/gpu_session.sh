@@ -9,6 +9,7 @@
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
+#   bash scripts/gpu_session.sh profile          # profile_transport: time per kernel, and the HLO
 #
 # Every step installs the wheels and this checkout (offline, editable) first, then writes
 # device.txt (GPU, driver, date, jax) and its own log / JSON lines to $OUT (default
@@ -56,7 +57,9 @@ case "${1:-}" in
             | tee "$OUT_DIR/bench_transport.txt" ;;
     tune) install
         python3 scripts/tune_triton.py "${@:2}" 2>&1 | tee "$OUT_DIR/tune_triton.jsonl" ;;
+    profile) install  # default: the XLA path at 4096 and 8192 (W 256), where 4096 runs slower
+        python3 scripts/profile_transport.py --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/profile_transport.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | profile | train" >&2; exit 2 ;;
 esac

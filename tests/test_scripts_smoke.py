@@ -274,3 +274,22 @@ def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
     assert all(g.length == 256 and g.half_band == 32 for g in shapes.values())
     with pytest.raises(SystemExit, match="needs a GPU backend"):
         module.main([])
+
+
+def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, capsys):
+    import types
+
+    import profile_transport
+
+    ev = lambda name, start, end: types.SimpleNamespace(name=name, start_ns=start, end_ns=end)
+    nested = [ev("while", 0, 100), ev("body_a", 10, 40), ev("body_b", 50, 90), ev("after", 120, 130)]
+    assert [e.name for e in profile_transport._leaves(nested)] == ["body_a", "body_b", "after"]
+    profile_transport.main(["--lengths", "64", "--half-band", "16", "--impls", "xla", "--repeats", "1",
+                            "--top", "5", "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    head, ops = rows[0], rows[1:]
+    assert head["op"] == "(whole call)" and head["ms_per_call"] > 0 and head["ops"] >= len(ops) > 0
+    assert all(r["script"] == "profile_transport" and r["ms"] >= 0 for r in ops)
+    assert sum(r["share"] for r in ops) <= 1 + 1e-9  # innermost events only: shares add up
+    assert [r["ms"] for r in ops] == sorted((r["ms"] for r in ops), reverse=True)
+    assert "HloModule" in pathlib.Path(head["hlo"]).read_text()

@@ -1,0 +1,118 @@
+"""Where the transport op's time goes, kernel by kernel: the profile behind a speed-up.
+
+For each length L and implementation, the op's forward + backward (as ``bench_transport.py``
+times it: d = 64, T = 15, R = 2, one pair) is compiled, its optimized HLO written as text, and
+``--repeats`` calls traced with ``jax.profiler``; the trace is read back here
+(``jax.profiler.ProfileData``, no TensorBoard needed) and every executed op or kernel is
+summed by name: one JSON line per (L, impl, op) with its events and milliseconds in one call
+of the op (``calls``, ``ms``) and its share of the traced time, the largest first, after one
+line for the whole call (``ms_per_call``: the fastest of ``--repeats``, untraced). On a GPU the names are the XLA fusions and
+custom calls (cuBLAS GEMMs, Triton kernels) of the device's streams, so a slow fusion is found
+by name in the dumped HLO (``OUT/hlo/L<L>_<impl>.txt``).
+
+    python scripts/profile_transport.py --lengths 4096,8192 --impls xla          # the 4096 anomaly
+    python scripts/profile_transport.py --lengths 1024 --top 10 --out /tmp/prof  # quick, on a CPU
+    bash scripts/gpu_session.sh profile                                         # on the lent GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+import _common
+
+# Host-side bookkeeping lines of a trace (what dispatches, not what computes).
+_SKIP_LINES = ("python",)
+_SKIP_EVENTS = ("ThunkExecutor::Execute", "ThunkExecutor::Execute (wait for completion)")  # and the
+# "end: ..." markers of a CPU trace
+
+
+def _leaves(events: list) -> list:
+    """The events of one trace line that contain no other (a CPU's while loop holds its body's
+    ops: only the ops are counted, so the times add up)."""
+    events = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
+    leaves = []
+    for n, event in enumerate(events):
+        after = events[n + 1] if n + 1 < len(events) else None
+        if after is None or after.start_ns >= event.end_ns:
+            leaves.append(event)
+    return leaves
+
+
+def op_times(xspace: str) -> tuple[str, collections.Counter, collections.Counter]:
+    """``(which planes, total ns per op name, events per op name)`` of a trace: the device
+    planes when the trace has any (a GPU's kernels), else the host's (a CPU's XLA ops); only
+    innermost events (``_leaves``)."""
+    import jax
+
+    data = jax.profiler.ProfileData.from_file(xspace)
+    planes = [p for p in data.planes if p.name.startswith("/device:")] or \
+             [p for p in data.planes if p.name.startswith("/host:CPU")]
+    total, count = collections.Counter(), collections.Counter()
+    for plane in planes:
+        for line in plane.lines:
+            if line.name in _SKIP_LINES:
+                continue
+            for event in _leaves([e for e in line.events
+                                  if e.name not in _SKIP_EVENTS and not e.name.startswith("end: ")]):
+                total[event.name] += event.duration_ns
+                count[event.name] += 1
+    return ",".join(p.name for p in planes), total, count
+
+
+def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.Path, top: int) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import TransportConfig, transport
+
+    q, k, v, w = _common.make_problem(1, 1, length, 64, 64)
+    lens = jnp.array([length])
+    tc = TransportConfig(half_band=half_band, eps=1.0, base_steps=15, tail_steps=2, impl=impl)
+    fb = jax.jit(_common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, config=tc)))
+    compiled = fb.lower(q, k, v, w).compile()
+    hlo = out / "hlo" / f"L{length}_W{half_band}_{impl}.txt"
+    hlo.parent.mkdir(parents=True, exist_ok=True)
+    hlo.write_text(compiled.as_text())
+    timing = _common.time_fn(compiled, q, k, v, w, repeats=repeats)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(repeats):
+                _common.block(compiled(q, k, v, w))
+        (xspace,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+        planes, total, count = op_times(xspace)
+    head = {"L": length, "W": half_band, "impl": impl, "op": "(whole call)", "calls": 1,
+            "ms_per_call": 1e3 * timing["min_s"], "traced_ms_per_call": sum(total.values()) / 1e6 / repeats,
+            "ops": len(total), "planes": planes, "hlo": str(hlo)}
+    rows = [{"L": length, "W": half_band, "impl": impl, "op": name, "calls": count[name] // repeats,
+             "ms": ns / 1e6 / repeats, "share": ns / max(sum(total.values()), 1)}
+            for name, ns in total.most_common(top)]
+    return [head, *rows]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=_common.int_list, default=[4096, 8192])
+    parser.add_argument("--half-band", type=int, default=256)
+    parser.add_argument("--impls", default="xla", help="comma-separated: reference, xla, pallas")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25, help="ops listed per configuration, the slowest first")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
+                        help="where the HLO text goes (default: $OUT, else /tmp/profile_transport)")
+    args = parser.parse_args(argv)
+    print(f"device: {_common.device_name()}", file=sys.stderr)
+    for length in args.lengths:
+        for impl in args.impls.split(","):
+            for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top):
+                print(json.dumps({**row, "script": "profile_transport", "env": _common.environment()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
