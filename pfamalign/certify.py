@@ -40,10 +40,11 @@ def _scores(model, q_feat, k_feat, q_len, k_len):
 
 def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float = 1e-5,
                  perturbation: float = 1e-2, block_rows: int = 128, seed: int = 0,
-                 score_noise: float | None = None) -> dict:
+                 score_noise: float | None = None, progress=lambda stage: None) -> dict:
     """All certificates of a pair record (``pfamalign.inputs``) under ``predictor``'s model, as a
     JSON-ready dict (see the module docstring); its ``target``, if any, gives the cotangent.
-    ``score_noise``: the gauge-reduced radius r of ``stable_matches`` (None: not computed)."""
+    ``score_noise``: the gauge-reduced radius r of ``stable_matches`` (None: not computed).
+    ``progress(stage)`` is told each stage as it starts (long pairs take minutes)."""
     import jax
     import jax.numpy as jnp
 
@@ -65,6 +66,7 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
         out["encoder"] = {"layers": layer_report(model.encoder, [q_feat, k_feat])}
 
     # projective contraction, per head and block
+    progress("projective contraction per block")
     blocks = []
     for h in range(s.shape[0]):
         for b in cert.block_contraction(s[h], mask=band, block_rows=block_rows):
@@ -78,6 +80,7 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
         "certified_blocks": len(certified), "total_blocks": len(blocks)}
 
     # bias certificate, for the reconstruction cotangent (or a fixed random one without target)
+    progress(f"tail bias at depths {', '.join(map(str, tail_depths))}")
     base = transport_plan(q, k, ql, kl, tokens, config=tcfg)  # [1, H, Lq + 1, Lk + 1]
     v_ext = jnp.concatenate([v, jnp.broadcast_to(tokens.v[None, :, None], v[:, :, :1].shape)], 2) \
         if tokens is not None else jnp.concatenate([v, jnp.zeros_like(v[:, :, :1])], 2)
@@ -96,10 +99,12 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     out["bias"] = {"cotangent": cotangent, "tol": bias.tol, "certified_tail_depth": bias.certified_depth,
                    "rows": [r._asdict() for r in bias.rows]}
 
+    progress("the output plan (float64 solves to convergence)")
     sections, converged = plan_certificates(model, q, k, tokens, lq, lk, base, perturbation=perturbation,
                                             seed=seed)
     out.update(sections)
     if score_noise is not None:
+        progress(f"aligned pairs stable under score noise {score_noise:g}")
         aln, _ = predictor.align(pair["q_seq"], pair["k_seq"])
         ceta = out["ceta"]
         out["stable_matches"] = _stable(all(c["applies"] for c in ceta) and tcfg.marginals == "balanced",

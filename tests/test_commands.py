@@ -952,3 +952,15 @@ def test_messages_say_what_to_fix(tmp_path):
     assert res.exit_code != 0 and "--engine steps needs --steps N" in res.stderr
     res = run(["align", "MKVL", "MKLL", "--steps", 3])
     assert res.exit_code != 0 and "--steps N goes with --engine steps, not --engine sinkhorn" in res.stderr
+
+
+def test_certify_pair_reports_each_stage_as_it_starts(model_dir):
+    from pfamalign.certify import certify_pair
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import pair_from_sequences
+
+    stages = []
+    certify_pair(Predictor(model_dir), pair_from_sequences(PDZ_A[:30], PDZ_B[:28]), tail_depths=(0, 1),
+                 score_noise=1e-3, progress=stages.append)
+    assert [s.split()[0] for s in stages] == ["projective", "tail", "the", "aligned"]
+    assert stages[1] == "tail bias at depths 0, 1"

@@ -88,9 +88,11 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         if max(lengths) <= max_length:  # a longer one is refused by its length first
             check_memory(estimate_certify_bytes(*lengths), budget(max_memory),
                          f"certifying {lengths[0]} x {lengths[1]} residues")
-        result = certify_pair(Predictor(checkpoint, weights=weights, max_length=max_length), pair, tail_depths=depths,
-                              tol=tol, perturbation=perturbation, block_rows=block_rows,
-                              score_noise=score_noise)
+        predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        with Console(stderr=True).status(f"certifying {lengths[0]} x {lengths[1]} residues") as status:
+            result = certify_pair(predictor, pair, tail_depths=depths, tol=tol, perturbation=perturbation,
+                                  block_rows=block_rows, score_noise=score_noise,
+                                  progress=lambda stage: status.update(f"certifying: {stage}"))
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     console = Console()
