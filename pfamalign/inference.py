@@ -159,6 +159,7 @@ class Predictor:
                     else "the package was installed without its default model; reinstall pfamalign "
                          "or pass --checkpoint")
             raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
+        _warn_if_unfinished(path)
         self._read_directory(path)
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
         if engine != "sinkhorn" or steps is not None:
@@ -614,6 +615,19 @@ def _overlap_pool(worker: str):
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pfamalign-{worker}")
+
+
+def _warn_if_unfinished(path: pathlib.Path) -> None:
+    """A run's ``model/`` that training did not finish (no ``training.json``, written last: the
+    run stopped while it tuned the decoder or recorded its data) loads, with a warning: its
+    decoder and pair-HMM may be the defaults, not the model's own."""
+    from pfamalign.checkpoint import TRAINING_RECORD
+
+    if path.name == "model" and (path.parent / "checkpoints").is_dir() and not (path / TRAINING_RECORD).is_file():
+        import sys
+
+        print(f"Warning: {path} is unfinished (no {TRAINING_RECORD}: its decoder may not be tuned); "
+              f"re-run the same `pfamalign train` command to finish it", file=sys.stderr)
 
 
 def predictor_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:

@@ -1228,3 +1228,16 @@ def test_all_vs_all_of_one_sequence_says_there_is_nothing_to_compare(tmp_path):
 def test_a_dataset_index_without_a_dataset_is_refused():
     assert_clear_error(run(["certify", PDZ_A, PDZ_B, "--index", "5"]), "--index", "add --data")
     assert_clear_error(run(["barycenter", PDZ_A, PDZ_B, "--split", "val"]), "--split", "add --data")
+
+
+def test_loading_a_runs_unfinished_model_warns(saved_model, tmp_path, capsys):
+    from pfamalign.inference import Predictor
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(saved_model, run_dir / "model")
+    Predictor(run_dir / "model")
+    assert "Warning:" not in capsys.readouterr().err  # finished: no word
+    (run_dir / "model" / "training.json").unlink()
+    Predictor(run_dir / "model")
+    assert "is unfinished" in capsys.readouterr().err
