@@ -17,9 +17,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
     from pfamalign.checkpoint import CHECKSUMS, verify_checksums
-    from pfamalign.pipelines.reader import dataset_problems
-
-    from pfamalign.pipelines.reader import dataset_files
+    from pfamalign.pipelines.reader import dataset_files, dataset_problems
 
     checked, problems = [], []
     manifest = directory / "manifest.json"
