@@ -621,9 +621,11 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
     """A run's ``model/`` that training did not finish (no ``training.json``, written last: the
     run stopped while it tuned the decoder or recorded its data) loads, with a warning: its
     decoder and pair-HMM may be the defaults, not the model's own."""
+    if path.name != "model" or not (path.parent / "checkpoints").is_dir():
+        return  # not a run's model (checked first: a warm align imports no checkpoint code)
     from pfamalign.checkpoint import TRAINING_RECORD
 
-    if path.name == "model" and (path.parent / "checkpoints").is_dir() and not (path / TRAINING_RECORD).is_file():
+    if not (path / TRAINING_RECORD).is_file():
         import sys
 
         print(f"Warning: {path} is unfinished (no {TRAINING_RECORD}: its decoder may not be tuned); "
