@@ -250,13 +250,16 @@ def test_a_plan_failure_on_the_worker_reaches_the_caller(predictor, monkeypatch)
 
     calls, hmm_work = [], []
     real_posteriors = predictor.hmm_posteriors
+    under_way = threading.Event()
 
     def failing(batch, **kw):
         calls.append(threading.current_thread().name)
+        under_way.wait(30)  # the pair-HMM work has started (else close() may cancel it unstarted)
         raise RuntimeError("plan failed")
 
     def slow_posteriors(seq_pairs, **kw):
         hmm_work.append("started")
+        under_way.set()
         time.sleep(0.5)
         out = real_posteriors(seq_pairs, **kw)
         hmm_work.append("ended")
