@@ -226,10 +226,12 @@ def max_length_option(help: str = "Refuse sequences longer than this (residues).
                         help=help)
 
 
-max_memory_option = click.option(
-    "--max-memory", default=None, metavar="SIZE",
-    help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit). Default: 80% "
-         "of this machine's memory (or of its container's limit).")
+def max_memory_option(note: str = ""):
+    """``--max-memory``; ``note``: what the command's estimate is, for its help."""
+    return click.option(
+        "--max-memory", default=None, metavar="SIZE",
+        help=f"Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit{note}). "
+             "Default: 80% of this machine's memory (or of its container's limit).")
 
 strict_option = click.option("--strict", is_flag=True,
                              help="Stop at the first bad record (default: report it with its "

@@ -64,7 +64,7 @@ def _shipped_mix() -> str:
 @decoder_options
 @engine_options
 @max_length_option()
-@max_memory_option
+@max_memory_option()
 @batch_options
 def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, plot, score_noise, verbose,
           engine, steps, max_length, max_memory, strict, quiet, **decoding):

@@ -8,7 +8,7 @@ import click
 
 from pfamalign import jsonio
 from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, max_length_option,
-                                       pair_input_options, resolve_pair, sequence_paths)
+                                       max_memory_option, pair_input_options, resolve_pair, sequence_paths)
 
 
 MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond this, hours
@@ -28,10 +28,7 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
 @click.option("--block-rows", type=click.IntRange(min=1), default=128, show_default=True,
               help="Rows per contraction block.")
 @max_length_option()
-@click.option("--max-memory", default=None, metavar="SIZE",
-              help="Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit; certify "
-                   "solves the dense problem in float64: about 3 GB at 2,000 x 2,000 residues). "
-                   "Default: 80% of this machine's memory (or of its container's limit).")
+@max_memory_option("; certify solves the dense problem in float64: about 3 GB at 2,000 x 2,000 residues")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write every certificate (per block, per R) as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),

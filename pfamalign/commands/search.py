@@ -48,7 +48,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
 @decoder_options
 @engine_options
 @max_length_option("Skip sequences longer than this (residues).")
-@max_memory_option
+@max_memory_option()
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, composition_shift, seed, fmt, out,
            checkpoint, weights,

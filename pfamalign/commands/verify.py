@@ -46,7 +46,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
                      key=lambda d: int(d.name)) if steps.is_dir() else []
     for d in models:
-        problems += _settings_problems(d) + _model_problems(d)
+        problems += _model_problems(d)
         if not (d / CHECKSUMS).is_file():
             problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed "
                             "before it was written): cannot be verified")
@@ -64,42 +64,33 @@ UNVERIFIED = "not verified: "  # a ``checked`` line naming what has no checksum 
 
 
 def _model_problems(model: pathlib.Path) -> list[str]:
-    """A model directory's parameters against its config.json (names, shapes, dtypes), and,
-    for a training run's ``model/``, whether training finished it (training.json, written last)."""
+    """A model directory's settings and its parameters' shapes. Its JSON settings files are
+    edited by hand and by tuning, so they are not checksummed: each must parse and pass the
+    same field checks as on load, and the parameters' names, shapes and dtypes must be those
+    config.json asks for; a training run's ``model/`` must be finished (training.json,
+    written last)."""
     from pfamalign.checkpoint import (TRAINING_RECORD, CheckpointError, abstract_params,
                                       param_mismatches, read_model_config)
-
-    problems = []
-    if (model / "config.json").is_file() and (model / "params").is_dir():
-        try:
-            mismatches = param_mismatches(abstract_params(read_model_config(model / "config.json"))[1],
-                                          model / "params")
-        except CheckpointError:
-            mismatches = []  # an unreadable config.json is reported by _settings_problems
-        problems += [f"{model}: config.json does not match the parameters: {m}" for m in mismatches[:5]]
-    if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
-        problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
-                        "finished the model); re-run the same `pfamalign train` command to finish it")
-    return problems
-
-
-def _settings_problems(model: pathlib.Path) -> list[str]:
-    """A model's JSON settings files are edited by hand and by tuning, so they are not
-    checksummed: each must parse and pass the same field checks as on load."""
-    from pfamalign.checkpoint import CheckpointError, read_model_config
     from pfamalign.decoding import DecoderSettings
 
     problems = []
     if (model / "config.json").is_file():
         try:
-            read_model_config(model / "config.json")
+            config = read_model_config(model / "config.json")
         except CheckpointError as err:
             problems.append(str(err))
+        else:
+            if (model / "params").is_dir():
+                mismatches = param_mismatches(abstract_params(config)[1], model / "params")
+                problems += [f"{model}: config.json does not match the parameters: {m}" for m in mismatches[:5]]
     if (model / "decoding.json").is_file():
         try:
             DecoderSettings.load(model)
         except ValueError as err:
             problems.append(str(err))
+    if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
+        problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
+                        "finished the model); re-run the same `pfamalign train` command to finish it")
     return problems
 
 
