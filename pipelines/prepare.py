@@ -433,17 +433,17 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                                       embedder_fingerprint=embedder.fingerprint(),
                                       dim=embedder.dim)
     chash = config_hash(output_config)
+    staged = out / REPLACEMENT
+    if (staged / "manifest.json").exists():  # killed while swapping a replacement in: finish
+        _swap_in(out, staged, None)
     cache = None
     if cfg.reuse_embeddings:  # before _check_out_dir: a bad source must not cost --out its dataset
         cache = stages.EmbeddingCache(cfg.reuse_embeddings)
         try:
             cache.validate(embedder_id=embedder.embedder_id,
-                           fingerprint=embedder.fingerprint(), dtype=cfg.dtype, out=out)
+                           fingerprint=embedder.fingerprint(), dtype=cfg.dtype)
         except ValueError as err:
             raise PrepareError(str(err)) from err
-    staged = out / REPLACEMENT
-    if (staged / "manifest.json").exists():  # killed while swapping a replacement in: finish
-        _swap_in(out, staged, None)
     done, replaced = _check_out_dir(out, chash, cfg.overwrite)
     if replaced is not None:  # --overwrite of a finished dataset: the old one stays until the
         final, out = out, staged  # new one is finished (a failed run must not cost it)

@@ -302,16 +302,13 @@ class EmbeddingCache:
         self.datasets = tuple(str(d) for d in datasets)
         self._loaded: list[tuple[str, dict[str, int], object]] | None = None
 
-    def validate(self, *, embedder_id: str, fingerprint: str, dtype: str,
-                 out: os.PathLike) -> None:
-        """Raises ValueError naming the first dataset that cannot serve this run (``out``,
-        the dataset being written, never can: ``--overwrite`` would remove what it reads)."""
+    def validate(self, *, embedder_id: str, fingerprint: str, dtype: str) -> None:
+        """Raises ValueError naming the first dataset that cannot serve this run. The dataset
+        an ``--overwrite`` replaces may serve it: the replacement is built beside it and swapped
+        in after the embeddings are copied (``prepare._swap_in``)."""
         from pfamalign.pipelines.reader import PairDataset
 
         for d in self.datasets:
-            if pathlib.Path(d).resolve() == pathlib.Path(out).resolve():
-                raise ValueError(f"--reuse-embeddings {d} is the --out directory; give an "
-                                 "earlier dataset (or a copy of this one) as the source")
             try:  # a finished dataset of this format, its shards of the recorded sizes
                 emb = PairDataset(d).manifest["embedder"]
             except (OSError, ValueError, KeyError, TypeError) as err:

@@ -1006,8 +1006,26 @@ def test_a_bad_reuse_source_leaves_the_overwritten_dataset_intact(tmp_path):
              "--overwrite", "--reuse-embeddings"]
     assert_clear_error(run(again + [b62]), f"--reuse-embeddings {b62}",
                        "'id': 'builtin/onehot+blosum62'", "this --embedder")
-    assert_clear_error(run(again + [f"{out}/."]), "is the --out directory")
     assert _tree_bytes(out) == before
+
+
+def test_an_overwrite_may_reuse_the_embeddings_of_the_dataset_it_replaces(tmp_path):
+    """The replacement is built beside the old dataset, so the old one can serve its own
+    --overwrite: every sequence both runs sample is copied, and the bytes are those of a run
+    that embedded everything."""
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out, fresh = tmp_path / "ds", tmp_path / "fresh"
+    run_prepare(_prepare_cfg(out), quiet=True)
+    old_manifest = (out / "manifest.json").read_text()
+    result = run_prepare(_prepare_cfg(out, seed=1, overwrite=True, reuse_embeddings=(f"{out}/.",)),
+                         quiet=True)
+    emb = result.summary["embeddings"]
+    assert emb["from_cache"] > 0
+    assert emb["from_cache"] + emb["computed_this_run"] == emb["count"]
+    assert (out / "manifest.json").read_text() != old_manifest
+    run_prepare(_prepare_cfg(fresh, seed=1), quiet=True)
+    assert _tree_bytes(out) == _tree_bytes(fresh)
 
 
 def _reuse_source(dataset, tmp_path) -> pathlib.Path:

@@ -116,7 +116,9 @@ def prepare():
               help="Sequences per unit of embedding work (resume granularity).")
 @click.option("--reuse-embeddings", "reuse", multiple=True, type=click.Path(exists=True,
               file_okay=False), help="A finished dataset with the same embedder, weights and "
-              "dtype whose embeddings are copied instead of recomputed (repeatable).")
+              "dtype whose embeddings are copied instead of recomputed (repeatable). With "
+              "--overwrite it may be --out itself: the new dataset is built beside the old "
+              "one, which is replaced only when the new one is finished.")
 @click.option("--keep-work", is_flag=True, help="Keep OUT/work (intermediate files).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a dataset built with other options in --out (only the files "
