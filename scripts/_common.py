@@ -174,7 +174,8 @@ def environment() -> dict:
     import jax
 
     return {"jax": jax.__version__, "backend": jax.default_backend(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
+            "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}  # they change what XLA compiles
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, repeats: int | None = 3) -> None:

@@ -10,6 +10,8 @@
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
 #   bash scripts/gpu_session.sh profile          # profile_transport: time per kernel, and the HLO
+#   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla) under each of
+#                                                # XLA_FLAG_SETS: loop unrolling, command buffers
 #
 # Every step installs the wheels and this checkout (offline, editable) first, then writes
 # device.txt (GPU, driver, date, jax) and its own log / JSON lines to $OUT (default
@@ -47,6 +49,16 @@ install() {
     export PYTHONUNBUFFERED=1
 }
 
+# XLA GPU settings that cut the per-iteration launch and loop overhead of the Sinkhorn scans,
+# tried one at a time by `flags` (each JSON line records its XLA_FLAGS): the XLA path loses
+# to dense autodiff below L 8192 on the H100 with a few microseconds of work per kernel.
+XLA_FLAG_SETS=(
+    ""
+    "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
+    "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
+    "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
+)
+
 case "${1:-}" in
     fetch) fetch ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
@@ -59,7 +71,13 @@ case "${1:-}" in
         python3 scripts/tune_triton.py "${@:2}" 2>&1 | tee "$OUT_DIR/tune_triton.jsonl" ;;
     profile) install  # default: the XLA path at 4096 and 8192 (W 256), where 4096 runs slower
         python3 scripts/profile_transport.py --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/profile_transport.jsonl" ;;
+    flags) install  # default: L 1024, 4096, 8192 (W 256), where the XLA path is launch-bound
+        for flags in "${XLA_FLAG_SETS[@]}"; do
+            echo "# XLA_FLAGS=$flags" >&2
+            XLA_FLAGS="$flags" python3 scripts/bench_transport.py --impls reference,xla --json \
+                --lengths 1024,4096,8192 --timeout 240 "${@:2}" || echo "# failed: XLA_FLAGS=$flags" >&2
+        done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | profile | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | profile | flags | train" >&2; exit 2 ;;
 esac
