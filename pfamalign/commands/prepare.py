@@ -93,7 +93,10 @@ def prepare():
               help="Lower-case (insert-state) residues: never aligned (Pfam convention) or "
                    "aligned by column like match states.")
 @click.option("--splits", "split_text", default="0.8,0.1,0.1", show_default=True,
-              help="train,val,test fractions (by family).")
+              help="train,val,test shares of the families (summing to 1): each family goes "
+                   "to one split, drawn from its key and --seed with these probabilities, so a "
+                   "family keeps its split when others are added, and a few families may split "
+                   "unevenly.")
 @click.option("--fold", "fold_text", default=None, metavar="K/N",
               help="Cross-validation fold K of N (0-based), instead of --splits (not with "
                    "it): test = the families of fold K, val = about 10 % of the others, "
