@@ -56,7 +56,8 @@ the cutoff before its shift misses it after; those are not shuffled.
 Hit table: BLAST tabular columns (``COLUMNS``) over the aligned region, the stretch from the
 first to the last aligned pair (end gaps of a global alignment are not part of it), 1-based
 inclusive coordinates; ``length`` counts the region's columns (pairs and gap columns),
-``pident`` is 100 x identical pairs / ``length``, ``mismatch`` the non-identical pairs,
+``pident`` is 100 x identical pairs / ``length`` (``residues.identical_pairs``: X-X is no
+identity, where BLAST+ counts it), ``mismatch`` the non-identical pairs,
 ``gapopen`` the gap runs (between two pairs, ``seq_a``'s unaligned residues form one run and
 ``seq_b``'s another, as every output of the package prints them); plus ``mean_confidence``,
 the mean of the aligned pairs' confidences (the decoder's posterior of each pair, as
@@ -399,13 +400,13 @@ def blast_evalue(evalue: float) -> str:
 
 
 def blast_bits(bits: float) -> str:
-    """A bit score as BLAST+ prints it: 1 decimal up to 99.9, the integer part above (BLAST
-    truncates), three-decimal scientific above 99999; never ``-0.0``."""
+    """A bit score as BLAST+ prints it: 1 decimal in four places up to 99.9 (`` 9.2``), the
+    integer part above (BLAST truncates), three-decimal scientific above 99999; never ``-0.0``."""
     if bits > 99999:
         return f"{bits:.3e}"
     if bits > 99.9:
         return str(int(bits))
-    return f"{round(bits, 1) or 0.0:.1f}"  # -0.0 is falsy: a rounded-away tiny loss prints 0.0
+    return f"{round(bits, 1) or 0.0:4.1f}"  # -0.0 is falsy: a rounded-away tiny loss prints 0.0
 
 
 def format_tsv_row(columns: dict, names: Sequence[str] = COLUMNS) -> str:

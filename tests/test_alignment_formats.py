@@ -172,12 +172,12 @@ def test_pair_text_match_line_by_hand():
     lines = text.splitlines()
     k = next(n for n, line in enumerate(lines) if line.startswith("a   "))
     assert lines[k] == "a                  1 MKVWA-      5"
-    assert lines[k + 1] == " " * 21 + "||:."
+    assert lines[k + 1] == " " * 21 + "||:.  "
     assert lines[k + 2] == "b                  1 MKIC-G      5"
     assert lines[k + 3] == "confidence           **50.."
     # EMBOSS's denominators: the 6 columns (gaps included), not the 4 aligned pairs
-    assert "# Identity:   2/6 (33.3%)" in text and "# Similarity: 3/6 (50.0%)" in text
-    assert "# Gaps:       2/6 (33.3%)" in text and "# Aligned_pairs: 4" in text
+    assert "# Identity:       2/6 (33.3%)" in text and "# Similarity:     3/6 (50.0%)" in text
+    assert "# Gaps:           2/6 (33.3%)" in text and "# Aligned_pairs: 4" in text
     assert "# Align_format: srspair" in text and "# Score: 2.5100" in text
     assert rec.identity == 0.5  # the JSON's identity: over aligned pairs
     assert to_cigar(rec) == "4M1D1I"
@@ -190,7 +190,7 @@ def test_unknown_residues_are_never_identical():
 
     rec = AlignmentRecord("MXK", "MXK", [[0, 0], [1, 1], [2, 2]], id_a="a", id_b="b")
     assert match_symbols(rec.seq_a, rec.seq_b, rec.pairs) == ["|", ".", "|"]
-    assert rec.n_identical == 2 and "# Identity:   2/3 (66.7%)" in to_pair_text(rec)
+    assert rec.n_identical == 2 and "# Identity:       2/3 (66.7%)" in to_pair_text(rec)
     cols = hit_columns(rec)
     assert cols["mismatch"] == 1 and cols["pident"] == pytest.approx(200 / 3)
 
@@ -198,7 +198,7 @@ def test_unknown_residues_are_never_identical():
 def test_nothing_aligned_prints_no_nan():
     rec = AlignmentRecord("MKV", "WW", np.zeros((0, 2)), id_a="a", id_b="b")
     text = to_pair_text(rec)
-    assert "nan" not in text and "# Identity:   0/5 (0.0%)" in text
+    assert "nan" not in text and "# Identity:       0/5 ( 0.0%)" in text
 
 
 @pytest.mark.parametrize("ids, names", [
@@ -279,3 +279,33 @@ def test_format_dispatch_and_validation():
         AlignmentRecord("MKV", "MKV", [[0, 0]], confidence=[0.1, 0.2])
     with pytest.raises(ValueError, match="lengths"):
         AlignmentRecord.from_alignment("MKV", "MK", needleman_wunsch("MKV", "MKV"))
+
+
+@pytest.mark.skipif(not __import__("shutil").which("needle"), reason="EMBOSS needle is not installed")
+@pytest.mark.parametrize("seq_a, seq_b", [
+    ("MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"),
+    ("MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAEGGGGGGGWWPLKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE",
+     "MKVLSAGIVGLAQSPDRWKNLSTGYFAEPLKVLAGIVGLLAQSPDRWKNLTGYFHAEK"),
+])
+def test_emboss_output_is_what_needle_writes_for_the_same_alignment(tmp_path, seq_a, seq_b):
+    """-f emboss against EMBOSS itself: needle's alignment, written by to_pair_text(plain=True),
+    gives needle's Length / Identity / Similarity / Gaps lines and its blocks byte for byte
+    (count and percentage padding, match lines with their trailing spaces)."""
+    import subprocess
+
+    for name, seq in (("a", seq_a), ("b", seq_b)):
+        (tmp_path / f"{name}.fa").write_text(f">{name}\n{seq}\n")
+    needle = subprocess.run(["needle", "-asequence", tmp_path / "a.fa", "-bsequence", tmp_path / "b.fa",
+                             "-gapopen", "10", "-gapextend", "0.5", "-outfile", "stdout", "-auto"],
+                            capture_output=True, text=True, check=True).stdout
+    row_a, row_b = (str(r.seq) for r in AlignIO.read(io.StringIO(needle), "emboss"))
+    col_a, col_b = (np.cumsum([c != "-" for c in row]) - 1 for row in (row_a, row_b))
+    both = [n for n in range(len(row_a)) if row_a[n] != "-" and row_b[n] != "-"]
+    rec = AlignmentRecord(seq_a, seq_b, [[col_a[n], col_b[n]] for n in both], id_a="a", id_b="b")
+    ours = to_pair_text(rec, plain=True)
+    assert rec.gapped() == (row_a, row_b)  # the same alignment, laid out the same way
+    keys = ("# Length:", "# Identity:", "# Similarity:", "# Gaps:")
+    assert [x for x in ours.splitlines() if x.startswith(keys)] == \
+        [x for x in needle.splitlines() if x.startswith(keys)]
+    blocks = lambda text: text[text.index("\na ") + 1:text.index("\n#---")]  # noqa: E731
+    assert blocks(ours) == blocks(needle)

@@ -194,8 +194,9 @@ def _column_text(rec: AlignmentRecord, per_pair: list[str], gap: str) -> str:
 
 
 def _pct(num: int, den: int) -> str:
-    """EMBOSS's ``n/N (p%)``; ``den`` is a column count, at least 1 for any alignment."""
-    return f"{num}/{den} ({100.0 * num / den:.1f}%)"
+    """EMBOSS's ``n/N (p%)``, laid out as ``needle`` writes it (the count right-aligned in five
+    places, the percentage in four); ``den`` is a column count, at least 1 for any alignment."""
+    return f"{num:>5}/{den} ({100.0 * num / den:4.1f}%)"
 
 
 def pair_file_header(*, program: str = "pfamalign", provenance: dict | None = None) -> str:
@@ -259,11 +260,11 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
                          f"{done + n_res:>6}")
         done_a += len(chunk_a) - chunk_a.count("-")
         done_b += len(chunk_b) - chunk_b.count("-")
-        block.insert(1, (" " * 21 + markup[start:start + width]).rstrip())
+        block.insert(1, " " * 21 + markup[start:start + width])  # spaces kept, as needle keeps them
         if conf is not None:
             block.append(f"{'confidence':<21}{conf[start:start + width]}")
         lines += block + [""]
-    text = "\n".join(header + lines + [_EMBOSS_END, _EMBOSS_END, ""])
+    text = "\n".join(header + lines + ["", _EMBOSS_END, _EMBOSS_END, ""])  # needle's blank line
     return pair_file_header(program=program, provenance=provenance) + text if file_header else text
 
 

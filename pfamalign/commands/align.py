@@ -44,7 +44,8 @@ def _shipped_mix() -> str:
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="Output format. text: EMBOSS srspair with pfamalign's confidence line and keys; "
-                   "emboss: the same as EMBOSS writes it, without them; json: one object per pair (JSON lines "
+                   "emboss: the same layout as EMBOSS needle writes, without them (residues upper-cased, no "
+                   "gap penalty lines); json: one object per pair (JSON lines "
                    "for many pairs); cigar: seq_a the reference (D: its residues opposite a gap, "
                    "I: seq_b's), for many pairs ID_A<TAB>ID_B<TAB>CIGAR lines; fasta: two records "
                    "per pair, pairs one after another.")

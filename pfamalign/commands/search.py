@@ -81,7 +81,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
       qseqid sseqid pident length mismatch gapopen qstart qend sstart send evalue bitscore
     plus mean_confidence (mean confidence of the aligned pairs, as align prints them). Coordinates are 1-based
     inclusive over the aligned region (first to last aligned pair); length counts its
-    columns, gaps included; pident = 100 x identical pairs / length. blast6 and blast7
+    columns, gaps included; pident = 100 x identical pairs / length (an unknown X is never
+    identical, as in align's outputs; BLAST+ counts X-X pairs as identities). blast6 and blast7
     write the first twelve columns as BLAST+ -outfmt 6 and 7 do (blast7: '# Query:',
     '# Database:', '# Fields:' with BLAST's column names and '# N hits found' per query).
 
