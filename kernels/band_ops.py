@@ -28,7 +28,7 @@ class BandOps(Protocol):
     ``-inf`` and plan entry exactly 0; a line with no entry has log-sum-exp ``-inf``.
     """
 
-    # The capability flags: a backend sets both as plain class attributes.
+    # The capability flags: a backend sets both as plain attributes.
     @property
     @abc.abstractmethod
     def resident_band(self) -> bool:
@@ -37,9 +37,11 @@ class BandOps(Protocol):
 
     @property
     @abc.abstractmethod
-    def exact_single_pass_lse(self) -> bool:
-        """``row_lse`` / ``col_lse`` are exact in one pass (an online max): the caller then
-        never passes a ``shift`` and skips the shifted fast path and its fallback."""
+    def takes_shift(self) -> bool:
+        """``row_lse`` / ``col_lse`` take the previous step's value as ``shift`` for one pass,
+        the caller checking the result and falling back to the exact form behind a branch.
+        False: the caller never passes one (the kernels' online max is exact in one pass; the
+        XLA path with ``branch_free`` has no branch to take)."""
 
     @abc.abstractmethod
     def scores(self, q: jax.Array, k: jax.Array, row_active: jax.Array, col_active: jax.Array,

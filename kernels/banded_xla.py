@@ -36,10 +36,11 @@ class XlaBandOps(BandOps):
     """The ``BandOps`` primitives on a resident band of score tiles."""
 
     resident_band = True  # the tiles are in memory: a plan can be kept and reused
-    exact_single_pass_lse = False  # max pass + sum pass, or one pass with the caller's shift
+    takes_shift = True  # one pass with the caller's shift (and its checked fallback) ...
 
-    def __init__(self, geom: BandGeometry):
+    def __init__(self, geom: BandGeometry, *, shifted_lse: bool = True):
         self.g = geom
+        self.takes_shift = shifted_lse  # ... or, False, a max pass and a sum pass
 
     # ---- layout helpers -------------------------------------------------------------------
     def _blocks(self, x):  # [N, Lp, ...] -> [N, nI, b, ...]

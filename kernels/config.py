@@ -167,6 +167,15 @@ class TransportConfig:
         both marginal errors (``marginal_errors``) are <= tol, or ``max_steps`` steps; then
         the R tail steps. Each problem stops on its own (batching does not change a plan).
       max_steps: the base's step limit when ``tol`` is set.
+      branch_free: False (the default, fastest on CPU): the XLA path's steps run in the
+        scaling domain (one multiply-add per band entry and half step, the reference plan
+        rebuilt behind a ``lax.cond`` when the potentials drift) or, where it cannot, in the
+        log domain with one-pass log-sum-exps stabilized by the previous step (the exact form
+        behind a ``lax.cond`` when a line drifted). True: log-domain steps whose log-sum-exps
+        take a max pass and a sum pass, so the fixed-step loop holds no branch: on a GPU every
+        ``lax.cond`` copies its predicate to the host and waits for it, about once per step
+        (``scripts/bench_transport.py --branch-free`` measures both). The same plans either
+        way (to rounding); ``tol`` keeps its data-dependent loop.
     """
 
     half_band: int
@@ -184,6 +193,7 @@ class TransportConfig:
     relax: float | None = None
     tol: float | None = None
     max_steps: int = 1000
+    branch_free: bool = False
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -206,6 +216,8 @@ class TransportConfig:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.marginals not in MARGINALS:
             raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
+        if not isinstance(self.branch_free, bool):
+            raise ValueError(f"branch_free must be True or False, got {self.branch_free!r}")
         if self.relax is not None:
             if self.marginals == "balanced":
                 raise ValueError("relax needs a free side: marginals='rows' or 'cols'")

@@ -76,7 +76,7 @@ class PallasBandOps(BandOps):
     """
 
     resident_band = False  # scores are recomputed inside every kernel: there is no plan to keep
-    exact_single_pass_lse = True  # the kernels' log-sum-exp keeps a running max
+    takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
     def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
         wrapper = wrapper or "auto"
@@ -140,7 +140,7 @@ class PallasBandOps(BandOps):
         return s._replace(scale=s.scale * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
-    # No ``shift`` is ever passed (exact_single_pass_lse): the online max/sum is one exact pass.
+    # No ``shift`` is ever passed (takes_shift is False): the online max/sum is one exact pass.
     def row_lse(self, s: Scores, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift

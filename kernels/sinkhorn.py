@@ -108,7 +108,7 @@ def make_ops(spec: Spec) -> BandOps:
     if spec.cfg.impl == "xla":
         from pfamalign.kernels.banded_xla import XlaBandOps
 
-        return XlaBandOps(spec.geom)
+        return XlaBandOps(spec.geom, shifted_lse=not spec.cfg.branch_free)
     raise ValueError(f"no banded backend for impl={spec.cfg.impl!r}: resolve the config first")
 
 
@@ -183,8 +183,8 @@ _SAFE_LOG = 60.0
 def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
     falls back to the exact two-pass form when any line drifted out of the safe range.
-    Backends whose log-sum-exp is already single-pass and exact (online max) skip all this."""
-    if ops.exact_single_pass_lse or shift is None:
+    Backends that take no shift (``BandOps.takes_shift``) compute the exact form directly."""
+    if not ops.takes_shift or shift is None:
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
     ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
@@ -371,7 +371,7 @@ def solve(spec: Spec, flat: Flat):
         u_hat, u_all, v_all = (jnp.concatenate([hu, u_hat]), jnp.concatenate([hu, u_all]),
                                jnp.concatenate([hv, v_all]))
         t = cfg.max_steps
-    elif ops.resident_band and cfg.eps_schedule is None and t + r > 1:
+    elif ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
         u_hat, u_all, v_all = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros)
     else:
         u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)

@@ -3,6 +3,8 @@
 For each length L (W=256, W=1024 at L=16384 by default; d=64, T=15, R=2, one pair, one head)
 and implementation:
   * ``xla``: the banded op (``impl="xla"``, exact R-step tail adjoint, one reference plan);
+  * ``xla-branch-free``: the banded op with ``branch_free=True`` (log-domain steps, two-pass
+    log-sum-exps, no ``lax.cond`` in the loop: on a GPU each one waits on a host copy);
   * ``pallas``: the same op through the Pallas kernels (``impl="pallas"``; Triton on a GPU,
     Mosaic on a TPU; interpret mode on a CPU, slow: not in the default set);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
@@ -28,6 +30,7 @@ The device it ran on is printed first (stderr) and under the table.
     python scripts/bench_transport.py --quick             # L 512..4096 only, 2 repeats (~2-4 min)
     python scripts/bench_transport.py --lengths 4096 --impls xla,reference
     python scripts/bench_transport.py --impls reference,xla,pallas    # on a GPU or TPU
+    python scripts/bench_transport.py --impls reference,xla,xla-branch-free --lengths 1024,4096
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import sys
 
 import _common
 
-IMPLS = ("reference", "ott", "xla")  # the default set; "pallas" on request
-KNOWN_IMPLS = IMPLS + ("pallas",)
+IMPLS = ("reference", "ott", "xla")  # the default set; "xla-branch-free" and "pallas" on request
+KNOWN_IMPLS = IMPLS + ("xla-branch-free", "pallas")
 # The parent only records the environment (which starts JAX's backend): on a GPU it must not
 # preallocate the memory its children measure with (``_leave_gpu_memory_to_children``).
 _PARENT_PREALLOCATE = "_BENCH_TRANSPORT_PARENT_PREALLOCATE"
@@ -60,12 +63,13 @@ def _child(cfg: dict) -> dict:
     else:
         from pfamalign.kernels import TransportConfig, transport
 
-        tc = TransportConfig(half_band=hb, eps=eps, base_steps=t, tail_steps=r, impl=impl)
+        tc = TransportConfig(half_band=hb, eps=eps, base_steps=t, tail_steps=r,
+                             impl=impl.removesuffix("-branch-free"), branch_free=impl.endswith("-branch-free"))
         op = lambda q, k, v: transport(q, k, v, lens, lens, config=tc)
     fb, mem = _common.compile_with_memory(_common.fwd_bwd(op), q, k, v, w)
     need = mem.get("temp_bytes", 0) + mem.get("argument_bytes", 0) + mem.get("output_bytes", 0)
     out = {"compile_s": mem["compile_s"], "temp_MiB": mem.get("temp_bytes", 0) / _common.MIB}
-    if impl != "xla" and need > cfg["mem_budget_gib"] * 1024**3:
+    if not impl.startswith("xla") and need > cfg["mem_budget_gib"] * 1024**3:
         return {**out, "status": "skipped",
                 "reason": f"compiled memory {need / 1024**3:.1f} GiB > budget {cfg['mem_budget_gib']} GiB"}
     timing = _common.time_fn(fb, q, k, v, w, repeats=cfg["repeats"], budget_s=cfg["time_budget_s"])
@@ -101,7 +105,7 @@ def main(argv=None):
     ap.add_argument("--wide-from", type=int, default=16384,
                     help="use --wide-half-band from this L on (default 16384)")
     ap.add_argument("--wide-half-band", type=int, default=1024, help="default 1024")
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"subset of {','.join(IMPLS)}")
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"subset of {','.join(KNOWN_IMPLS)} (default {','.join(IMPLS)})")
     ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")
     ap.add_argument("--base-steps", type=int, default=15, help="T (default 15)")
     ap.add_argument("--tail-steps", type=int, default=2, help="R (default 2)")
@@ -162,7 +166,7 @@ def main(argv=None):
     rep.finish()
 
 
-BANDED = ("xla", "pallas")  # the banded implementations, each against the GPU targets
+BANDED = ("xla", "xla-branch-free", "pallas")  # the banded implementations, each against the GPU targets
 
 
 def _targets(rep, results):

@@ -10,8 +10,8 @@
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
 #   bash scripts/gpu_session.sh profile          # profile_transport: time per kernel, and the HLO
-#   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla) under each of
-#                                                # XLA_FLAG_SETS: loop unrolling, command buffers
+#   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla, xla-branch-free) under
+#                                                # each of XLA_FLAG_SETS: loop unrolling, command buffers
 #
 # Every step installs the wheels and this checkout (offline, editable) first, then writes
 # device.txt (GPU, driver, date, jax) and its own log / JSON lines to $OUT (default
@@ -65,17 +65,18 @@ case "${1:-}" in
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
     transport) install
-        python3 scripts/bench_transport.py --impls reference,xla,pallas,ott --mem-budget-gib 40 "${@:2}" 2>&1 \
+        python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free,pallas,ott --mem-budget-gib 40 "${@:2}" 2>&1 \
             | tee "$OUT_DIR/bench_transport.txt" ;;
     tune) install
         python3 scripts/tune_triton.py "${@:2}" 2>&1 | tee "$OUT_DIR/tune_triton.jsonl" ;;
-    profile) install  # default: the XLA path at 4096 and 8192 (W 256), where 4096 runs slower
+    profile) install  # default: the XLA path at 4096 and 8192 (W 256), where 4096 runs slower;
+        # --impls xla,xla-branch-free profiles both solves
         python3 scripts/profile_transport.py --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/profile_transport.jsonl" ;;
-    flags) install  # default: L 1024, 4096, 8192 (W 256), where the XLA path is launch-bound
+    flags) install  # default: L 1024 and 4096 (W 256), where the XLA path is launch-bound
         for flags in "${XLA_FLAG_SETS[@]}"; do
             echo "# XLA_FLAGS=$flags" >&2
-            XLA_FLAGS="$flags" python3 scripts/bench_transport.py --impls reference,xla --json \
-                --lengths 1024,4096,8192 --timeout 240 "${@:2}" || echo "# failed: XLA_FLAGS=$flags" >&2
+            XLA_FLAGS="$flags" python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free --json \
+                --lengths 1024,4096 --timeout 240 "${@:2}" || echo "# failed: XLA_FLAGS=$flags" >&2
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;

@@ -195,8 +195,26 @@ def _float64_reference(cfg: TransportConfig, q_len, k_len, g, *operands):
         return jax.tree.map(np.asarray, out)
 
 
+@pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
+def test_a_branch_free_solve_lowers_without_a_conditional(dustbin):
+    """``branch_free=True``: the XLA path's forward and gradient, lowered for ``cuda``, hold no
+    ``lax.cond`` (each would copy its predicate to the host and wait on a GPU); the default
+    config holds some (the scaling domain's reference rebuild, the shifted log-sum-exps'
+    fallback), so the count can fail."""
+    q, k, v, tokens, g = _inputs(LQ, LK)
+    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
+    branches = {}
+    for branch_free in (False, True):
+        cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="xla",
+                              branch_free=branch_free)
+        text = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)).trace(*specs).lower(
+            lowering_platforms=("cuda",)).as_text()
+        branches[branch_free] = text.count("stablehlo.case") + text.count("stablehlo.if")
+    assert branches[True] == 0 and branches[False] >= 2
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "pallas"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
 def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
@@ -205,7 +223,8 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     CPU is itself 1.1e-5 from float64.) TF32 contractions miss this by two orders."""
     _skip_without_gpu()
     q, k, v, tokens, g = _inputs(LQ, LK)
-    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl=impl)
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin,
+                          impl=impl.removesuffix("-branch-free"), branch_free=impl.endswith("-branch-free"))
     got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
     want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):

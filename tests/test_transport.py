@@ -96,6 +96,17 @@ def test_xla_matches_reference(shape, dustbin, adjoint):
     _compare(cfg, lq, lk, ql, kl)
 
 
+@pytest.mark.parametrize("shape, dustbin", [(SHAPES[1], "spoke"), (SHAPES[3], "capacity"),
+                                            pytest.param(SHAPES[2], "none", marks=pytest.mark.slow)])
+def test_branch_free_steps_match_reference(shape, dustbin):
+    """``branch_free=True`` (log-domain steps, two-pass log-sum-exps, no lax.cond): the same
+    outputs and gradients as dense autodiff, as the default steps give."""
+    _, lq, lk, ql, kl, w, block = shape
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, dustbin=dustbin,
+                          impl="xla", blocks=BlockSizes(block), branch_free=True)
+    _compare(cfg, lq, lk, ql, kl)
+
+
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
 @pytest.mark.parametrize("base_steps, tail_steps", [(0, 1), (3, 0), (3, 3), pytest.param(3, 1, marks=pytest.mark.slow),
                                                     pytest.param(0, 3, marks=pytest.mark.slow)])
@@ -269,6 +280,7 @@ def test_active_entry_count_formula():
         (dict(half_band=3, base_steps=-1), "base_steps"),
         (dict(half_band=3, tail_steps=-2), "tail_steps"),
         (dict(half_band=3, dustbin="bucket"), "dustbin"),
+        (dict(half_band=3, branch_free="yes"), "branch_free must be True or False"),
         (dict(half_band=3, base_steps=4, eps=0.5, eps_schedule=((1.0, 2), (0.5, 1))), "sum"),
         (dict(half_band=3, base_steps=2, eps=0.5, eps_schedule=((0.5, 1), (1.0, 1))), "non-increasing"),
     ],
