@@ -71,6 +71,7 @@ import dataclasses
 import hashlib
 import math
 import numbers
+import sys
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -236,6 +237,19 @@ class QueryResult:
 
 SCORE_CHUNK = 512  # subjects scored per call (progress moves per chunk)
 SUBJECT_SHUFFLES = 10  # per subject that may be reported, for its composition shift
+# Shorter queries get a warning: in a search of 1,212 shuffled Pfam sequences (null: every hit
+# false) queries of 1, 3 and 5 residues drew 5.6x, 1.5x and 1.4x the expected false hits at
+# E <= 1 (40 queries each); from 8 residues on the count was as expected or fewer.
+MIN_CALIBRATED_QUERY = 8
+
+
+def short_query_warning(query: FastaRecord) -> str | None:
+    """The warning for a query too short for its E-values to hold (None: long enough)."""
+    if len(query.seq) >= MIN_CALIBRATED_QUERY:
+        return None
+    return (f"Warning: {query.where}: query {query.id!r} has {len(query.seq)} residue(s): the E-values "
+            f"of queries shorter than {MIN_CALIBRATED_QUERY} residues are optimistic (more unrelated "
+            "hits than they promise); read its hits with caution")
 
 
 def _check_options(*, decoys, max_hits, evalue, max_candidates, seed) -> None:
@@ -309,6 +323,9 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         return np.array([composition_shift(null, x, len(s)) for x, s in zip(per_subject, subjects)])
 
     for qn, query in enumerate(queries):
+        warning = short_query_warning(query)
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
         rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
         # a query gets the same decoys, so the same E-values, alone or in any batch
         decoy_seqs = [shuffled(database[n].seq, rng) for n in rng.integers(len(database), size=decoys)]

@@ -558,3 +558,20 @@ def test_search_refuses_a_sequence_over_the_memory_budget_once(tmp_path):
     assert res.output.count("long: aligning 700 x 700 residues needs about") == 2  # stderr + output line
     hits = [line.split("\t")[1] for line in res.stdout.splitlines() if not line.startswith("#")]
     assert hits == ["short"]
+
+
+def test_a_query_too_short_for_calibrated_evalues_is_warned_about(fastas):
+    """Queries under MIN_CALIBRATED_QUERY residues (optimistic E-values in a null search) get a
+    warning on standard error naming them; a query of that length does not."""
+    from pfamalign.search import MIN_CALIBRATED_QUERY
+
+    tmp, _, _ = fastas
+    short, enough = "MKVLAAG"[:MIN_CALIBRATED_QUERY - 1], "MKVLAAGIVG"[:MIN_CALIBRATED_QUERY]
+    q = tmp / "short_q.fasta"
+    q.write_text(f">short\n{short}\n>enough\n{enough}\n")
+    res = CliRunner().invoke(main, ["search", str(q), str(tmp / "db.fasta"), "--decoys", "10"])
+    assert res.exit_code == 0, res.output
+    warned = [x for x in res.stderr.splitlines() if x.startswith("Warning:")]
+    assert warned == [f"Warning: {q}:1: query 'short' has {len(short)} residue(s): the E-values of queries "
+                      f"shorter than {MIN_CALIBRATED_QUERY} residues are optimistic (more unrelated hits "
+                      "than they promise); read its hits with caution"]
