@@ -31,7 +31,7 @@ def pairs_of(predictor, data, split, n, seed):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=None, help="model directory (default: the shipped model)")
-    parser.add_argument("--data", default="/work/data/data_b62_1k")
+    parser.add_argument("--data", default="data_b62_1k")
     parser.add_argument("--split", default="train")
     parser.add_argument("--eval-split", default="test")
     parser.add_argument("--pairs", type=int, default=32)

@@ -218,7 +218,8 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a compiled model directory (`pfamalign compile`)")
-    parser.add_argument("--data", default="/work/data/data_b62_1k", help="dataset of the held-out pairs")
+    parser.add_argument("--data", default="data_b62_1k", help="dataset of the held-out pairs "
+                        "(default: data_b62_1k, built as the shipped model's TRAINING.md says)")
     parser.add_argument("--split", default="test", help="held-out split (families unseen in training)")
     parser.add_argument("--pairs", type=int, default=48, help="held-out pairs for the accuracy lines (0: none)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512], help="speed lengths L")

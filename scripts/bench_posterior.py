@@ -1,7 +1,7 @@
 """Pair-HMM posteriors, the transport plan and their mixture against ProbCons and NW: JSON lines.
 
-    python scripts/bench_posterior.py --data /work/data/data_b62_1k --split val --pairs 500
-    python scripts/bench_posterior.py --data /work/data/data_b62_1k --split test --pairs 800 \\
+    python scripts/bench_posterior.py --data data_b62_1k --split val --pairs 500
+    python scripts/bench_posterior.py --data data_b62_1k --split test --pairs 800 \\
         --alpha 0.5 --gap-cost 0.0
 
 On one seeded sample of pairs of a split (the same pairs for every method), scores by

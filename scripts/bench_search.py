@@ -6,7 +6,8 @@ on PATH).
     python scripts/bench_search.py --per-family 3 --decoys 10  # a quick look
 
 Sequences: ``--per-family`` sequences (seeded draw, at most ``--max-len`` residues) of every
-family of the dataset's ``--split`` (default: the test split of ``/work/data/data_b62_1k``,
+family of the dataset's ``--split`` (default: the test split of ``data_b62_1k``, the dataset
+``pfamalign/assets/default_model/TRAINING.md`` builds,
 families the shipped model never trained on) with at least three usable sequences; a family
 present in two source files is read from the first. Every sequence is a query against all
 the others (``pfamalign.search.search`` with ``all_vs_all``); a hit is relevant when it comes
@@ -50,7 +51,7 @@ import numpy as np
 
 import _common
 
-DEFAULT_DATA = pathlib.Path("/work/data/data_b62_1k")
+DEFAULT_DATA = pathlib.Path("data_b62_1k")  # built as the shipped model's TRAINING.md says
 
 
 def family_sequences(data: pathlib.Path, split: str, per_family: int | None, max_len: int, seed: int,

@@ -2,7 +2,7 @@
 
     python scripts/bench_train.py                         # k2_eps1 (320-d) and align_ce (builtin)
     python scripts/bench_train.py --configs k2_eps1 --reps 3
-    python scripts/bench_train.py --data /work/runs/data_builtin   # lengths of a dataset
+    python scripts/bench_train.py --data data_builtin   # lengths of a dataset
 
 What is timed: the jitted training step (forward, exact tail adjoint, AdamW update) of the
 real ``pfamalign.training.step`` code, global batch 64, T = 15, half band 1024, on the devices JAX

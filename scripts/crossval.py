@@ -73,7 +73,9 @@ FIXED = DecoderSettings.for_decoder("posterior")  # --fixed-decoders: alpha 0.5,
 # this one where nothing was tuned
 PLAN_HMM = DecoderSettings(decoder="posterior", alpha=1.0, objective="f1", plan_power=0.05)
 LABELS = {"model": "pfamalign (tuned decoder)", "model_mea": "pfamalign, plan only (MEA)",
-          "model_plan": "pfamalign, plan only (chosen on val)"}
+          "model_plan": "pfamalign, plan only (plan pair-HMM)"}
+# An ensemble's plan-only row is its best MEA row (plan_only_settings), not the plan pair-HMM
+ENSEMBLE_LABELS = {**LABELS, "model_plan": "pfamalign, plan only (MEA, objective chosen on val)"}
 BINS = ["all"] + [name for name, _, _ in IDENTITY_BINS]
 
 
@@ -236,9 +238,10 @@ def pool(raws: list[dict]) -> evaluation.Evaluation:
     return ev
 
 
-def labelled(summary: dict) -> dict:
+def labelled(summary: dict, *, ensemble: bool = False) -> dict:
+    labels = ENSEMBLE_LABELS if ensemble else LABELS
     for m, entry in summary["methods"].items():
-        entry["label"] = LABELS.get(m, entry["label"])
+        entry["label"] = labels.get(m, entry["label"])
     return summary
 
 
@@ -303,8 +306,8 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
     plan_only = plan_only_settings(fold_dir, ensemble=bool(args.ensemble_of))
     info["plan_only_decoding"] = dataclasses.asdict(plan_only)
     ev = evaluate_fold(records, predictor, () if args.no_baselines else BASELINES, plan_only)
-    result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap,
-                                                                            seed=args.seed))}
+    result = {**info, "evaluation": raw(ev), "summary": labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed),
+                                                                    ensemble=bool(args.ensemble_of))}
     write_text(result_path, jsonio.dumps(result))
     return json.loads(jsonio.dumps(result))  # the same values a resumed run reads back
 
@@ -349,7 +352,8 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
         lines.append(f"| pfamalign − {methods[m]['label']} (CI resampling families) | "
                      + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
     for m, diff in pooled.get("plan_only_minus_by_family", {}).items():
-        lines.append(f"| plan only (chosen on val) − {methods[m]['label']} (CI resampling families) | "
+        plan = methods["model_plan"]["label"].removeprefix("pfamalign, ")
+        lines.append(f"| {plan} − {methods[m]['label']} (CI resampling families) | "
                      + " | ".join(_cell(diff[b], signed=True) for b in BINS) + " | |")
     for m, why in pooled.get("skipped_baselines", {}).items():
         lines.append(f"\n{m} not scored: {why}")
@@ -492,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     ev = pool([r["evaluation"] for r in results])
-    pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed))
+    pooled = labelled(ev.summary(n_boot=args.bootstrap, seed=args.seed), ensemble=bool(args.ensemble_of))
     pooled["plan_only_minus_by_family"] = plan_only_versus(ev, args)
     print(jsonio.dumps_line({"fold": "pooled", "folds": folds, "settings": settings,
                              "f1": headline(pooled), "summary": pooled}), flush=True)

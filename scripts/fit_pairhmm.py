@@ -1,6 +1,6 @@
 """Fit the pair-HMM's parameters by counting on a dataset's training families and write them.
 
-    python scripts/fit_pairhmm.py --data /work/data/data_b62_1k           # the shipped asset
+    python scripts/fit_pairhmm.py --data data_b62_1k           # the shipped asset
     python scripts/fit_pairhmm.py --data DATA --gap-types 1 --identity-edges "" --out hmm.json
 
 Supervised maximum likelihood on the reference alignments of one split (``train`` by default:

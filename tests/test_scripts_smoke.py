@@ -235,6 +235,8 @@ def test_crossval_trains_tunes_and_compares_the_model(tmp_path, capsys):
     assert fold["decoder_chosen_on"] in ("val families of the fold", "train families of the fold")
     assert (tmp_path / "cv" / "fold1" / "run" / "model" / "decoding.json").is_file()
     assert {"model", "model_mea", "model_plan", "nw"} <= set(pooled["f1"])
+    # the row is named by what it is, as the README's tables name it
+    assert pooled["summary"]["methods"]["model_plan"]["label"] == "pfamalign, plan only (plan pair-HMM)"
     diff = pooled["summary"]["model_minus_by_family"]["nw"]["all"]
     assert diff["n_groups"] == len(fold["test_families"]) and diff["low"] <= diff["value"] <= diff["high"]
 
@@ -256,6 +258,8 @@ def test_crossval_ensemble_of_two_runs_is_tuned_and_scored_on_their_pairs(tmp_pa
     assert len(members) == 2 and (model / "decoding.json").is_file()
     assert fold["decoder_chosen_on"] in ("val families of the fold", "train families of the fold")
     assert {"model", "model_mea", "model_plan", "nw"} <= set(pooled["f1"])
+    assert pooled["summary"]["methods"]["model_plan"]["label"] == \
+        "pfamalign, plan only (MEA, objective chosen on val)"  # an ensemble's plan-only row is MEA
     # the members' test pairs, so that the rows compare
     done = [json.loads((tmp_path / w / "fold1" / "result.json").read_text()) for w in ("a", "ens")]
     assert done[0]["evaluation"]["pid"] == done[1]["evaluation"]["pid"]

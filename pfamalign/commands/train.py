@@ -84,8 +84,10 @@ _HELP = """Train an aligner on a prepared dataset.
       gcloud compute tpus tpu-vm ssh NAME --worker=all --command \\
         "pfamalign train --distributed --data /mnt/data --config k2_eps1 --out /mnt/runs/k2"
     --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
-    each process loads only its rows of every global batch. On TPU / GPU the transport op
-    defaults to its Pallas kernels (transport.impl=auto; force one with --set transport.impl=xla).
+    each process loads only its rows of every global batch. The transport op picks its
+    implementation per backend (transport.impl=auto): the Pallas kernels on TPU, on GPU dense
+    autodiff below L 8192 and the banded XLA path above, the XLA path on CPU; force one with
+    --set transport.impl=xla (or reference, pallas).
     """
 _HELP = inspect.cleandoc(_HELP.format(configs=_config_lines()))
 
