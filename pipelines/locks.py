@@ -61,3 +61,28 @@ def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
             os.ftruncate(fd, 0)  # an empty lock file: nobody holds it
     finally:
         os.close(fd)  # releases the lock
+
+
+def holder(directory: os.PathLike) -> str | None:
+    """Who holds the lock of ``directory`` now (the pid, host, start and command it recorded),
+    or None when nobody does (no lock file, or a lock its holder's end released)."""
+    try:
+        fd = os.open(pathlib.Path(directory) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:  # a shared probe: refused while an exclusive holder lives
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+        return None
+    finally:
+        os.close(fd)  # releases the probe
+
+
+def held_here(directory: os.PathLike) -> bool:
+    """Whether this process holds the lock of ``directory`` (its record names this pid)."""
+    found = holder(directory)
+    return found is not None and found.startswith(f"pid {os.getpid()} on {socket.gethostname()},")

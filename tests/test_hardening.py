@@ -1259,3 +1259,35 @@ def test_loading_a_runs_unfinished_model_warns(saved_model, tmp_path, capsys):
     (run_dir / "model" / "training.json").unlink()
     Predictor(run_dir / "model")
     assert "is unfinished" in capsys.readouterr().err
+
+
+def test_a_run_loading_its_own_model_to_tune_it_is_not_called_unfinished(saved_model, tmp_path, capsys):
+    """While `train` holds the run's lock it loads model/ to tune the decoder, before it writes
+    training.json: no warning from the run itself; another process loading the model then is
+    told the run is in progress (and by whom), not that it was left unfinished."""
+    import subprocess
+    import sys
+
+    from pfamalign.inference import Predictor
+    from pfamalign.pipelines.locks import directory_lock, holder
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(saved_model, run_dir / "model")
+    (run_dir / "model" / "training.json").unlink()
+    with directory_lock(run_dir, "training"):
+        Predictor(run_dir / "model")
+        assert "Warning:" not in capsys.readouterr().err
+    assert holder(run_dir) is None  # released
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pfamalign.pipelines.locks import directory_lock\n"
+         f"with directory_lock({str(run_dir)!r}, 'training'):\n print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        Predictor(run_dir / "model")
+        err = capsys.readouterr().err
+        assert "is not finished yet: its run is in progress (pid " in err and f"pid {other.pid} " in err
+    finally:
+        other.communicate("")
+    assert other.returncode == 0 and holder(run_dir) is None
