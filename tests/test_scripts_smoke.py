@@ -64,6 +64,36 @@ def test_script_runs_and_prints_json_lines(name, capsys):
 
 
 
+def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
+    """Issue 11's GPU targets are judged on a GPU only, the CPU's on a CPU: a CPU run must not
+    print 'PASS' against a GPU target."""
+    bench = importlib.import_module("bench_transport")
+
+    class Notes:
+        rows = [{"L": 4096, "W": 256}]
+
+        def __init__(self):
+            self.notes = []
+
+        def note(self, text):
+            self.notes.append(text)
+
+    results = {(4096, impl): {"status": "ok", "fwd_bwd_ms": ms}
+               for impl, ms in (("reference", 40.0), ("xla", 5.0), ("xla-branch-free", 8.0))}
+    said = {}
+    for platform in ("cpu", "gpu"):
+        rep = Notes()
+        bench._targets(rep, results, platform)
+        said[platform] = rep.notes
+    assert [n for n in said["cpu"] if "target" in n] == [
+        "target L=4096 W=256: xla 8.0x faster than reference (>= 10x on CPU): MISS"]
+    assert [n for n in said["gpu"] if "target" in n] == [
+        "target L=4096 W=256: xla 8.0x faster than reference (>= 4x on GPU): PASS",
+        "target L=4096 W=256: xla-branch-free 5.0x faster than reference (>= 4x on GPU): PASS"]
+    assert all(any(n.startswith(f"dense crossover ({impl} ") for n in said[p]) for p in said
+               for impl in ("xla", "xla-branch-free"))
+
+
 def test_r2_memory_figures_of_the_paper():
     """L=16384, W=1024, b=128, d=64: 32.52M active entries, 496.23 vs 124.06 MiB."""
     est = importlib.import_module("estimate_r2_backward_memory")
