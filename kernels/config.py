@@ -174,7 +174,7 @@ class TransportConfig:
         behind a ``lax.cond`` when a line drifted). True: log-domain steps whose log-sum-exps
         take a max pass and a sum pass, so the fixed-step loop holds no branch: on a GPU every
         ``lax.cond`` copies its predicate to the host and waits for it, about once per step
-        (``scripts/bench_transport.py --branch-free`` measures both). The same plans either
+        (``scripts/bench_transport.py --impls xla,xla-branch-free`` measures both). The same plans either
         way (to rounding); ``tol`` keeps its data-dependent loop.
     """
 

@@ -46,8 +46,7 @@ def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
             raise LockError(f"{directory} is in use by another {what} run ({holder}); wait for "
                             "it to finish or stop it, or use another directory") from None
         started = datetime.datetime.now().isoformat(timespec="seconds")
-        holder = (f"pid {os.getpid()} on {socket.gethostname()}, started {started}: "
-                  f"{' '.join(sys.argv)[:300]}")
+        holder = f"{_this_process()}, started {started}: {' '.join(sys.argv)[:300]}"
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode("utf-8", "replace"), 0)
         try:
@@ -85,4 +84,9 @@ def holder(directory: os.PathLike) -> str | None:
 def held_here(directory: os.PathLike) -> bool:
     """Whether this process holds the lock of ``directory`` (its record names this pid)."""
     found = holder(directory)
-    return found is not None and found.startswith(f"pid {os.getpid()} on {socket.gethostname()},")
+    return found is not None and found.startswith(f"{_this_process()},")
+
+
+def _this_process() -> str:
+    """How a lock record names its holder (``directory_lock`` writes it, ``held_here`` reads it)."""
+    return f"pid {os.getpid()} on {socket.gethostname()}"
