@@ -624,7 +624,7 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
     if path.name != "model" or not (path.parent / "checkpoints").is_dir():
         return  # not a run's model (checked first: a warm align imports no checkpoint code)
     from pfamalign.checkpoint import TRAINING_RECORD
-    from pfamalign.pipelines.locks import held_here, holder
+    from pfamalign.pipelines.locks import holder, names_this_process
 
     if not (path / TRAINING_RECORD).is_file():
         import sys
@@ -633,7 +633,7 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
         if running is None:
             print(f"Warning: {path} is unfinished (no {TRAINING_RECORD}: its decoder may not be tuned); "
                   f"re-run the same `pfamalign train` command to finish it", file=sys.stderr)
-        elif not held_here(path.parent):  # this process is the run, loading it to tune its decoder
+        elif not names_this_process(running):  # this process is the run, loading it to tune its decoder
             print(f"Warning: {path} is not finished yet: its run is in progress ({running}); its "
                   "decoder may not be tuned", file=sys.stderr)
 

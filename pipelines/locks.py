@@ -81,12 +81,12 @@ def holder(directory: os.PathLike) -> str | None:
         os.close(fd)  # releases the probe
 
 
-def held_here(directory: os.PathLike) -> bool:
-    """Whether this process holds the lock of ``directory`` (its record names this pid)."""
-    found = holder(directory)
-    return found is not None and found.startswith(f"{_this_process()},")
+def names_this_process(record: str) -> bool:
+    """Whether a lock record (``holder``'s answer) names this process as the holder."""
+    return record.startswith(f"{_this_process()},")
 
 
 def _this_process() -> str:
-    """How a lock record names its holder (``directory_lock`` writes it, ``held_here`` reads it)."""
+    """How a lock record names its holder (``directory_lock`` writes it, ``names_this_process``
+    reads it)."""
     return f"pid {os.getpid()} on {socket.gethostname()}"
