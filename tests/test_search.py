@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import pfamalign
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import default_pairhmm, log_likelihood_ratio
 from pfamalign.cli import main
@@ -514,6 +515,9 @@ def test_blast6_and_blast7_are_read_back_by_a_blast_tabular_parser(fastas):
     parsed = list(SearchIO.parse(str(tmp / "hits.blast7"), "blast-tab", comments=True))
     assert [q.id for q in parsed] == [q for q, _ in queries] and {q.target for q in parsed} == {str(bad_db)}
     assert tables["blast7"].splitlines()[-1] == f"# pfamalign search processed {len(queries)} queries"
+    lines = tables["blast7"].splitlines()  # each block opens with the program line, as BLAST+'s
+    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith("# Query:")] == \
+        [f"# pfamalign search {pfamalign.__version__}"] * len(queries)
 
     none = CliRunner().invoke(main, args[:-1] + ["0", "-f", "blast7"])
     assert none.exit_code == 1

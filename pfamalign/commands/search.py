@@ -83,8 +83,9 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     inclusive over the aligned region (first to last aligned pair); length counts its
     columns, gaps included; pident = 100 x identical pairs / length (an unknown X is never
     identical, as in align's outputs; BLAST+ counts X-X pairs as identities). blast6 and blast7
-    write the first twelve columns as BLAST+ -outfmt 6 and 7 do (blast7: '# Query:',
-    '# Database:', '# Fields:' with BLAST's column names and '# N hits found' per query).
+    write the first twelve columns as BLAST+ -outfmt 6 and 7 do (blast7: per query, the
+    program line '# pfamalign search VERSION', '# Query:', '# Database:', '# Fields:' with
+    BLAST's column names and '# N hits found').
 
     \b
     A bad record (file:line) is reported on standard error and, in tsv and json, in the
