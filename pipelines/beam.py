@@ -23,11 +23,12 @@ from pfamalign.pipelines import stages
 from pfamalign.pipelines.stockholm import RawFamily, check_parses, iter_raw_families
 
 
-def _require_beam():
+def require_beam():
+    """The ``apache_beam`` module; an ImportError saying how to install it where it is missing."""
     try:
         import apache_beam as beam  # noqa: F401
     except ImportError as err:
-        raise RuntimeError("the Beam engine needs Apache Beam: pip install 'pfamalign[beam]' "
+        raise ImportError("the Beam engine needs Apache Beam: pip install 'pfamalign[beam]' "
                            "(or use --engine local)") from err
     return beam
 
@@ -93,7 +94,7 @@ def run_ingest(files: Sequence[pathlib.Path], cfg, work: stages.WorkDir,
 
 
 def _run_ingest(files, cfg, work, opts) -> None:
-    beam = _require_beam()
+    beam = require_beam()
     with beam.Pipeline(options=pipeline_options(cfg.beam_args)) as p:
         _ = (p
              | "inputs" >> beam.Create([(i, str(f)) for i, f in enumerate(files)])
@@ -116,7 +117,7 @@ def _embed_one(part: int, work_root: str, spec: stages.EmbedderSpec, dtype: str,
 def run_embed(parts: Sequence[int], cfg, work: stages.WorkDir, spec: stages.EmbedderSpec,
               cache: stages.EmbeddingCache | None = None) -> int:
     """Stage 3 on Beam: embeds the given parts. (Cache hits are not counted: returns 0.)"""
-    beam = _require_beam()
+    beam = require_beam()
     with beam.Pipeline(options=pipeline_options(cfg.beam_args)) as p:
         _ = (p
              | "parts" >> beam.Create(list(parts))

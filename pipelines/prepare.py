@@ -394,6 +394,13 @@ def run_prepare(cfg: PrepareConfig, *, quiet: bool = False,
     out = pathlib.Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise PrepareError(f"--out {out} is a file; give a directory")
+    if cfg.engine == "beam":  # before --out is made: a missing Beam is a setup error
+        from pfamalign.pipelines.beam import require_beam
+
+        try:
+            require_beam()
+        except ImportError as err:
+            raise PrepareError(str(err)) from None
     try:
         with directory_lock(out, "prepare"):
             try:

@@ -459,6 +459,16 @@ def test_beam_engine_matches_local(reference, tmp_path):
     assert _tree(out) == ref
 
 
+def test_beam_engine_without_beam_is_refused_before_out_is_made(tmp_path, monkeypatch):
+    """--engine beam where Apache Beam is missing: one PrepareError saying how to install it,
+    and no --out directory left behind (a None module makes its import fail)."""
+    monkeypatch.setitem(sys.modules, "apache_beam", None)
+    out = tmp_path / "ds"
+    with pytest.raises(PrepareError, match=r"pip install 'pfamalign\[beam\]'"):
+        run_prepare(_cfg(out, engine="beam"), quiet=True)
+    assert not out.exists()
+
+
 def test_reuse_embeddings_of_an_earlier_dataset(reference, tmp_path):
     from pfamalign.pipelines.embed import get_embedder
 
