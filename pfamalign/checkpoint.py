@@ -365,8 +365,11 @@ class TrainCheckpoints:
     def __init__(self, directory: str | os.PathLike, *, keep: int = 3):
         ocp = _ocp()
         self.directory = pathlib.Path(directory).absolute()
+        # cleanup_tmp_directories: a save killed midway leaves STEP.orbax-checkpoint-tmp*;
+        # a resume removes it (the run's lock keeps any other writer out)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=False)
+                                               enable_async_checkpointing=False,
+                                               cleanup_tmp_directories=True)
         self._mngr = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:

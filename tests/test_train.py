@@ -249,6 +249,40 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     assert not re.search(r"trained \d", text), text
 
 
+def test_a_second_sigint_during_the_save_is_ignored_and_a_torn_save_is_cleared(dataset, tmp_path,
+                                                                             monkeypatch):
+    """Ctrl-C, then a second Ctrl-C while the checkpoint the first asked for is written: the
+    save completes (no KeyboardInterrupt through orbax's writer) and the run stops as after
+    the first. A step left half-written by a killed save (orbax's temporary directory) is
+    removed when the run resumes."""
+    out = tmp_path / "run"
+    prepare, original_save = train._prepare_batch, checkpoint.TrainCheckpoints.save
+    first = []
+
+    def first_sigint(batch, at):
+        if at == 2:
+            first.append(at)
+            os.kill(os.getpid(), signal.SIGINT)
+        return prepare(batch, at)
+
+    def save(self, step, **parts):
+        if first:  # the impatient second Ctrl-C, mid-save
+            os.kill(os.getpid(), signal.SIGINT)
+        return original_save(self, step, **parts)
+
+    monkeypatch.setattr(train, "_prepare_batch", first_sigint)
+    monkeypatch.setattr(checkpoint.TrainCheckpoints, "save", save)
+    stopped = train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert stopped.interrupted and stopped.signal == signal.SIGINT and stopped.step == 3
+    assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
+    assert checkpoint.verify_checksums(out / "checkpoints" / "3") == []
+    monkeypatch.undo()
+    torn = out / "checkpoints" / "5.orbax-checkpoint-tmp"  # a step this run does not save
+    (torn / "params").mkdir(parents=True)
+    resumed = train.run(dataset, out, _cfg(dataset), quiet=True, tune_pairs=None)
+    assert (resumed.start_step, resumed.step) == (3, STEPS) and not torn.exists()
+
+
 _SLOW_TRAIN = """
 import sys, time
 from pfamalign.training import loop as train

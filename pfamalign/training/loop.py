@@ -15,6 +15,7 @@ The end of a finished run: ``RUN/model`` (parameters), its decoder chosen on the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -88,11 +89,14 @@ class TrainResult:
 
 
 class _StopFlag:
-    """SIGTERM / SIGINT set a flag (the loop saves and exits); a second SIGINT aborts."""
+    """SIGTERM / SIGINT set a flag (the loop saves and exits); a second SIGINT aborts, except
+    while a checkpoint is being written (``saving``), where it is ignored: orbax's writer
+    threads interrupted mid-save print tracebacks and leave a half-written step behind."""
 
     def __init__(self):
         self.signal: int | None = None
         self._old = {}
+        self._saving = False
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,8 +108,20 @@ class _StopFlag:
 
     def _handle(self, signum, frame):
         if self.signal is not None and signum == signal.SIGINT:
+            if self._saving:
+                return
             raise KeyboardInterrupt
         self.signal = signum
+
+    @contextlib.contextmanager
+    def saving(self):
+        """A checkpoint write: a second SIGINT during it is ignored, and the run stops after
+        the save as after the first (the checkpoint just written is the one to resume from)."""
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -264,12 +280,14 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                 if loop.eval_every and (step % loop.eval_every == 0 or step == optim.steps):
                     last_eval = run_eval(step)
                 if loop.ckpt_every and step % loop.ckpt_every == 0:
-                    save(step)
+                    with stop.saving():
+                        save(step)
                     saved_step = step
                 progress.update(step, f"loss {float(metrics['loss']):.4f}  "
                                       f"{batch_size / dt:.1f} ex/s")
             if saved_step != step:
-                save(step)
+                with stop.saving():
+                    save(step)
             interrupted = stop.stop_requested()  # also a signal during that last save
         # Finishing runs under the command's own handlers: a signal now unwinds at once (exit
         # 128 + signal) and the re-run finishes again, as training.json is written last.
