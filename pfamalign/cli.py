@@ -68,7 +68,8 @@ class _LazyGroup(click.Group):
             if interrupt is None:
                 raise
             signum = interrupt.signum if isinstance(interrupt, Terminated) else signal.SIGINT
-            click.echo(f"\nInterrupted ({signal.Signals(signum).name}).", err=True)
+            hint = "".join(f" {note}" for note in getattr(interrupt, "__notes__", ()))  # e.g. how to resume
+            click.echo(f"\nInterrupted ({signal.Signals(signum).name}).{hint}", err=True)
             ctx.exit(128 + signum)
         except BrokenPipeError:  # `pfamalign search ... | head`: the reader has what it wanted
             import os

@@ -291,6 +291,35 @@ def test_a_failed_overwrite_keeps_the_dataset_it_would_replace(tmp_path):
     assert verify_directory(out)[1] == []
 
 
+def test_verify_tells_an_interrupted_prepare_from_stray_temporaries(tmp_path):
+    """The temporaries of an interrupted `prepare` (in work/ or replacement/, kept to resume)
+    are a note, not a problem of the intact dataset beside them; one among the dataset's own
+    files is a problem. Ctrl-C during `prepare` says how to resume."""
+    from pfamalign.commands.verify import NOTE, verify_directory
+    from pfamalign.pipelines import prepare
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out), quiet=True)
+    (out / "replacement" / "train").mkdir(parents=True)
+    (out / "replacement" / "train" / ".pairs-00000-of-00001.array_record.tmp").write_bytes(b"partial")
+    checked, problems = verify_directory(out)
+    assert problems == [] and any(line.startswith(f"{NOTE}{out / 'replacement'}") for line in checked)
+    stray = out / "train" / ".pairs-00000-of-00001.array_record.tmp"
+    stray.write_bytes(b"partial")
+    assert [p.split(":")[0] for p in verify_directory(out)[1]] == [str(stray)]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prepare, "run_prepare", interrupted)
+        res = CliRunner().invoke(main, ["prepare", "shards", "--pfam", str(SMALL), "--out", str(out)])
+    assert res.exit_code == 130, res.output
+    assert f"Interrupted (SIGINT). The work done so far is kept in {out}: re-run the same command " \
+           "to resume." in " ".join(res.output.split())
+
+
 def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_path):
     from pfamalign.commands.verify import verify_directory
     from pfamalign.pipelines.prepare import run_prepare

@@ -183,6 +183,9 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                             overwrite=overwrite, device=device, threads=threads, engine=engine,
                             beam_args=tuple(beam_args))
         result = run_prepare(cfg, quiet=quiet)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM: what was done is kept
+        err.add_note(f"The work done so far is kept in {out}: re-run the same command to resume.")
+        raise
     except StockholmError as err:
         raise click.ClickException(f"{err}\nFix the file, or pass --skip-bad to report bad "
                                    "families and continue.") from err

@@ -17,6 +17,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
     from pfamalign.checkpoint import CHECKSUMS, verify_checksums
+    from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import dataset_files, dataset_problems
 
     checked, problems = [], []
@@ -55,12 +56,22 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         checked.append(f"{d}: {len(json.loads((d / CHECKSUMS).read_text())['sha256'])} files")
     if not (checked or problems):  # not one of ours: its temporary files are not ours either
         return [], []
-    problems += [f"{p}: temporary file left by an interrupted run (safe to delete)"
-                 for p in sorted(directory.rglob(TEMPORARY_GLOB))]
+    temporaries = sorted(directory.rglob(TEMPORARY_GLOB))
+    for unfinished in (directory / name for name in ("work", REPLACEMENT)):
+        # an interrupted `prepare` keeps its work here to resume (a replacement is built beside
+        # the dataset it replaces): the dataset is not touched, its files are not stray
+        mine = [p for p in temporaries if p.is_relative_to(unfinished)]
+        if mine:
+            checked.append(f"{NOTE}{unfinished}: the unfinished work of an interrupted `pfamalign prepare` "
+                           f"({len(mine)} temporary file(s)); re-run that command to finish it, or delete "
+                           f"{unfinished.name}/ to give it up")
+            temporaries = [p for p in temporaries if p not in mine]
+    problems += [f"{p}: temporary file left by an interrupted run (safe to delete)" for p in temporaries]
     return checked, problems
 
 
 UNVERIFIED = "not verified: "  # a ``checked`` line naming what has no checksum to check
+NOTE = "note: "  # a ``checked`` line saying something worth knowing that is not a problem
 
 
 def _model_problems(model: pathlib.Path) -> list[str]:
@@ -111,7 +122,7 @@ def verify(directory):
         fail(f"{directory} is not a pfamalign dataset, model, ensemble or run directory")
     unverified = [line for line in checked if line.startswith(UNVERIFIED)]
     for line in checked:
-        click.echo(line if line in unverified else f"checked {line}")
+        click.echo(line if line.startswith((UNVERIFIED, NOTE)) else f"checked {line}")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
     if problems:
