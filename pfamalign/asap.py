@@ -624,9 +624,11 @@ class Engine:
         if self.name not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
         if self.name == "steps" and self.steps is None:
-            raise ValueError("--engine steps needs --steps N (the number of plain Sinkhorn steps)")
+            raise ValueError("engine 'steps' needs a number of plain Sinkhorn steps (--engine steps "
+                             "--steps N; steps=N in Python)")
         if self.name != "steps" and self.steps is not None:
-            raise ValueError(f"--steps N goes with --engine steps, not --engine {self.name}")
+            raise ValueError(f"a number of steps (--steps N; steps=N in Python) goes with engine 'steps', "
+                             f"not engine {self.name!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.name == "asap" and self.operator is None:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PairAligner", "align", "AlignmentRecord"]
 
-Sequence = "str | tuple[str, str] | Bio.SeqRecord.SeqRecord"  # what one side of a pair may be
+Sequence = "str | Bio.Seq.Seq | tuple[str, str] | Bio.SeqRecord.SeqRecord"  # one side of a pair
 
 
 class PairAligner:
@@ -86,10 +86,11 @@ class PairAligner:
         self.provenance: dict = self.predictor.provenance(self.decoding)
 
     def align(self, seq_a: Sequence, seq_b: Sequence) -> AlignmentRecord:
-        """One pair. Each side is a sequence string, an ``(id, sequence)`` tuple or an object
-        with ``id`` and ``seq`` (a Biopython ``SeqRecord``). Raises ValueError naming the pair
-        when it cannot be aligned (not protein, empty, too long, over the memory budget)."""
-        named = [(default, x) if isinstance(x, str) else x
+        """One pair. Each side is a sequence string (or a Biopython ``Seq``), an ``(id,
+        sequence)`` tuple or an object with ``id`` and ``seq`` (a Biopython ``SeqRecord``).
+        Raises ValueError naming the pair when it cannot be aligned (not protein, empty, too
+        long, over the memory budget)."""
+        named = [(default, str(x)) if isinstance(x, str) or _bio_seq(x) else x
                  for default, x in (("seq_a", seq_a), ("seq_b", seq_b))]  # as `pfamalign align A B`
         return next(self.align_many([named]))
 
@@ -158,6 +159,9 @@ class PairAligner:
               else search_lib.usable_records(records(database, "subject"), self.predictor, errors))
         if not query_records:
             raise ValueError("no query sequences")
+        if database is None and len(query_records) < 2:  # as `search --all-vs-all` refuses it
+            raise ValueError("all against all (no database) needs at least two sequences, got one: "
+                             "give a database to search it against")
         yield from search_lib.search(self.predictor, query_records, db, self.decoding, errors,
                               all_vs_all=database is None, decoys=decoys, max_hits=max_hits,
                               evalue=evalue, max_candidates=max_candidates, seed=seed)
@@ -172,8 +176,8 @@ class PairAligner:
 
 def _side(item, default_id: str, n: int, *, what: str | None = None) -> tuple[str, str]:
     """``(id, sequence)`` of one side of pair ``n`` (or of the sequence called ``what``)."""
-    if isinstance(item, str):
-        return default_id, item
+    if isinstance(item, str) or _bio_seq(item):
+        return default_id, str(item)
     if hasattr(item, "id") and hasattr(item, "seq"):  # a Biopython SeqRecord
         if item.seq is None or isinstance(item.seq, (bytes, bytearray)):
             raise TypeError(f"{what or f'pair {n}'}: the record's seq is a string or a Bio.Seq, got "
@@ -182,8 +186,13 @@ def _side(item, default_id: str, n: int, *, what: str | None = None) -> tuple[st
     if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
         return item
     kind = "each side" if what is None else "each item"
-    raise TypeError(f"{what or f'pair {n}'}: {kind} is a sequence string, an (id, sequence) "
-                    f"tuple or a SeqRecord, got {type(item).__name__}")
+    raise TypeError(f"{what or f'pair {n}'}: {kind} is a sequence string (or Bio.Seq), an (id, "
+                    f"sequence) tuple or a SeqRecord, got {type(item).__name__}")
+
+
+def _bio_seq(item) -> bool:
+    """A Biopython ``Seq`` or ``MutableSeq`` (recognized without importing Biopython)."""
+    return type(item).__module__ == "Bio.Seq" and type(item).__name__ in ("Seq", "MutableSeq")
 
 
 def _check_int(name: str, value, low: int, high: int | None = None) -> None:

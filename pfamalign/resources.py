@@ -37,7 +37,11 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+    """``1.5 GiB``, ``640 MiB``, ``1 KiB``, ``512 B``: never a budget of 1K shown as 0 MiB."""
+    for shift, unit, digits in ((30, "GiB", 1), (20, "MiB", 0), (10, "KiB", 0)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.{digits}f} {unit}"
+    return f"{n} B"
 
 
 # A container's memory limit (cgroup v2, then v1): "max" or a huge number means none

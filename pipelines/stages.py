@@ -316,9 +316,11 @@ class EmbeddingCache:
             want = {"id": embedder_id, "fingerprint": fingerprint, "dtype": dtype}
             got = {k: emb.get(k) for k in want}
             if got != want:
-                raise ValueError(f"--reuse-embeddings {d}: its embeddings are {got}, this run "
-                                 f"needs {want}; give a dataset prepared with this --embedder, "
-                                 "--weights and --dtype, or leave it out")
+                differ = ", ".join(k for k in want if got[k] != want[k])
+                describe = lambda e: f"{e['id']} (weights fingerprint {e['fingerprint']}, {e['dtype']})"
+                raise ValueError(f"--reuse-embeddings {d}: its embeddings are {describe(got)}, this run "
+                                 f"needs {describe(want)} (they differ in: {differ}); give a dataset "
+                                 "prepared with this --embedder, --weights and --dtype, or leave it out")
 
     def _load(self):
         if self._loaded is None:

@@ -755,6 +755,9 @@ def test_memory_estimate_and_sizes():
     assert pad == 768
     assert resources.estimate_align_bytes(520, 10) == resources.FIXED_BYTES + resources.BYTES_PER_CELL * pad ** 2
     assert resources.budget(None) == resources.default_budget()
+    # sizes as the errors print them: a budget of 1K is not "0 MiB"
+    assert [resources.format_size(n) for n in (512, 1024, 640 << 20, 3 << 29)] == [
+        "512 B", "1 KiB", "640 MiB", "1.5 GiB"]
 
 
 def test_a_containers_memory_limit_caps_the_default_budget(tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ def test_many_pairs_print_what_a_pairs_file_prints(aligner, tmp_path):
     assert "".join(aligner.format(r, "json") for r in alns) == cli("--pairs", tsv, "-f", "json")
 
 
-def test_sides_may_be_named_tuples_or_seqrecords(aligner):
+def test_sides_may_be_named_tuples_seqrecords_or_seqs(aligner):
     from Bio.Seq import Seq
     from Bio.SeqRecord import SeqRecord
 
@@ -58,6 +58,10 @@ def test_sides_may_be_named_tuples_or_seqrecords(aligner):
     assert (named.id_a, named.id_b) == ("sh3_1", "sh3_2")
     np.testing.assert_array_equal(named.pairs, plain.pairs)
     assert named.gapped() == plain.gapped()
+    bare = aligner.align(Seq(SH3_A), Seq(SH3_B))  # a Bio.Seq is a sequence string
+    assert (bare.id_a, bare.id_b, bare.gapped()) == ("seq_a", "seq_b", plain.gapped())
+    (listed,) = aligner.align_many([(Seq(SH3_A), SH3_B)])
+    assert (listed.id_a, listed.gapped()) == ("pair1_a", plain.gapped())
     with pytest.raises(TypeError, match="pair 1: each side is a sequence string"):
         aligner.align(SH3_A, 42)
 
@@ -173,6 +177,8 @@ def test_search_names_a_bad_sequence_before_any_work(aligner):
         list(aligner.search([("q", "")], [PDZ_B]))
     with pytest.raises(TypeError, match="query 1: each item is a sequence string"):
         list(aligner.search([3], [PDZ_B]))
+    with pytest.raises(ValueError, match="all against all .no database. needs at least two sequences"):
+        list(aligner.search([PDZ_A]))  # as `search --all-vs-all` with one sequence
 
 
 def test_a_shipped_model_is_named_as_on_the_command_line():

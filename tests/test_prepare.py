@@ -496,7 +496,8 @@ def test_reuse_embeddings_of_an_earlier_dataset(reference, tmp_path):
     assert emb["from_cache"] + len(seen) == emb["count"]
     ref = {k: v for k, v in _tree(reference.out).items() if not k.startswith("work/")}
     assert _tree(out) == ref
-    with pytest.raises(PrepareError, match="reuse-embeddings"):
+    with pytest.raises(PrepareError, match=r"reuse-embeddings .*: its embeddings are builtin/onehot \(weights "
+                       r"fingerprint .*, this run needs builtin/onehot\+blosum62 .* differ in: id, fingerprint"):
         run_prepare(_cfg(tmp_path / "other", embedder="builtin/onehot+blosum62",
                          reuse_embeddings=(str(first),)), quiet=True)
 
