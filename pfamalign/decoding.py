@@ -93,9 +93,13 @@ class DecoderSettings:
             return cls(decoder=decoder, gap_open=11.0, gap_extend=1.0)
         return cls(decoder=decoder)
 
+    # Settings that mean the same to every decoder that reads them: another decoder keeps them
+    SHARED = ("mode", "objective", "min_mass")
+
     def override(self, **changes) -> "DecoderSettings":
         """These settings with the ``changes`` that are not None. Another ``decoder`` starts
-        from that decoder's defaults (its gap costs are in other units)."""
+        from that decoder's defaults (its gap costs are in other units), keeping the
+        ``SHARED`` settings it reads (a model's local mode or f1 objective stays)."""
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - names)
         if unknown:
@@ -103,7 +107,11 @@ class DecoderSettings:
                             f"choose from {', '.join(sorted(names))}")
         changes = {k: v for k, v in changes.items() if v is not None}
         decoder = changes.get("decoder", self.decoder)
-        base = self if decoder == self.decoder else self.for_decoder(decoder)
+        base = self
+        if decoder != self.decoder:
+            reads = ("mode", *self.READS[decoder])
+            base = dataclasses.replace(self.for_decoder(decoder),
+                                       **{k: getattr(self, k) for k in self.SHARED if k in reads})
         return dataclasses.replace(base, **changes)
 
     @classmethod

@@ -616,12 +616,15 @@ def test_prepare_help_has_examples():
 def test_align_decoder_options(model_dir):
     from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
     from pfamalign.alignment.pairhmm import match_posteriors, plan_log_odds
+    from pfamalign.decoding import DecoderSettings
     from pfamalign.inference import Predictor
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
     mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
     dustbins = dict(row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin)  # symmetrized plan: both
-    assert mea["pairs"] == mea_decode(pp.real, **dustbins).pairs.tolist()
+    model = Predictor(model_dir).decoding  # mea keeps its mode, objective and min_mass
+    assert mea["pairs"] == mea_decode(pp.real, mode=model.mode, objective=model.objective,
+                                      min_mass=model.min_mass, **dustbins).pairs.tolist()
     aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "affine",
                           "--gap-open", "0.3", "--gap-extend", "0.1", "--threshold", "0.0"]).output)
     expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)
@@ -669,7 +672,7 @@ def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
     assert all(len(flank) <= j < len(flank) + len(PDZ_B) for _, j in out["local"])
     assert out["local"] != out["global"]
     res = run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea",
-               "--gap-cost", "0.01", "--mode", "local"])
+               "--gap-cost", "0.01", "--mode", "local", "--objective", "accuracy"])
     expected = mea_decode(pp.real, row_dustbin=pp.row_dustbin, gap_cost=0.01, mode="local")
     assert json.loads(res.stdout)["pairs"] == expected.pairs.tolist()
     # with --objective accuracy and no --min-mass every pair of plan mass counts: said on stderr

@@ -91,6 +91,24 @@ def test_decoder_settings_override_the_models_and_bad_names_are_refused():
         tight.align(PDZ_A, PDZ_B)
 
 
+def test_another_decoder_keeps_the_models_mode_objective_and_min_mass():
+    """--decoder X starts from X's own gap costs (other units) but keeps what means the same
+    to every decoder reading it: the model's mode, objective and min_mass ("Default: the
+    model's decoding.json"); the options still override them."""
+    from pfamalign.decoding import DecoderSettings
+
+    model = DecoderSettings(decoder="posterior", mode="local", objective="f1", min_mass=0.02,
+                            gap_cost=0.3, alpha=0.25)
+    mea = model.override(decoder="mea")
+    assert (mea.mode, mea.objective, mea.min_mass) == ("local", "f1", 0.02)
+    assert mea.gap_cost == DecoderSettings.for_decoder("mea").gap_cost  # not carried: reset
+    affine = model.override(decoder="affine")  # reads no objective: its default stays
+    assert (affine.mode, affine.min_mass, affine.objective) == ("local", 0.02, "accuracy")
+    assert model.override(decoder="mea", mode="global", objective="accuracy").mode == "global"
+    shipped = pfamalign.PairAligner()
+    assert pfamalign.PairAligner(decoder="mea").decoding.objective == shipped.decoding.objective
+
+
 def test_the_module_level_align_keeps_one_default_aligner():
     first = pfamalign.align(PDZ_A, PDZ_B)
     again = pfamalign.align(PDZ_A, PDZ_B)
