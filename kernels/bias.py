@@ -126,13 +126,13 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
       config: the op's settings; its ``base_steps`` is T, its ``tail_steps`` is ignored (the
         depths come from ``tail_depths``). Constant eps only.
       g_out: ``[B, H, Lq, dv]`` cotangent of the output (e.g. a loss gradient).
-      tail_depths: the R to certify, in the order the certified depth is searched.
+      tail_depths: the R to certify (certified in increasing order, each once).
       tol: the bias tolerance tau.
 
     Returns:
       ``TailBiasCertificate``: per R, ||eta_R||, ||c_R||, ||grad_full - grad_stopped||, the
-      identity residual ||(grad_full - grad_stopped) - c_R|| and ||grad_full||; and the first R
-      in ``tail_depths`` with ``||c_R|| <= tol`` (None if there is none).
+      identity residual ||(grad_full - grad_stopped) - c_R|| and ||grad_full||; and the
+      smallest R with ``||c_R|| <= tol`` (None if there is none).
     """
     if config.eps_schedule is not None:
         raise ValueError(f"the tail bias certificate needs a constant eps (the full unrolled gradient "
@@ -140,6 +140,7 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
     depths = tuple(tail_depths)
     if not depths or any(not isinstance(r, (int, np.integer)) or r < 0 for r in depths):
         raise ValueError(f"tail_depths must be a non-empty sequence of integers >= 0, got {tail_depths!r}")
+    depths = tuple(sorted(set(depths)))  # the certified depth is the smallest that holds
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
     check_inputs(q, k, v, q_len, k_len, tokens, config)

@@ -45,8 +45,8 @@ def contracting_x64():
         q, k, v, _, w = make_inputs(1, 2, 16, 16, 8, 4, seed=2, dtype=jnp.float64, scale=0.5)
         ql = kl = jnp.array([16])
         cfg = TransportConfig(half_band=16, eps=1.0, base_steps=4, blocks=BlockSizes(16))
-        cert = lambda tol: tail_bias_certificate(q, k, v, ql, kl, config=cfg, g_out=w,
-                                                 tail_depths=(1, 2, 4), tol=tol)
+        cert = lambda tol, depths=(1, 2, 4): tail_bias_certificate(q, k, v, ql, kl, config=cfg, g_out=w,
+                                                                   tail_depths=depths, tol=tol)
         return cert, cert(1e-5)
 
 
@@ -78,6 +78,10 @@ def test_certified_depth_follows_tolerance(contracting_x64):
         assert cert_at(np.sqrt(biases[0] * biases[1])).certified_depth == 2  # between R=1 and R=2
         assert cert_at(biases[0] * 1.0001).certified_depth == 1
         assert cert_at(biases[-1] * 0.5).certified_depth is None
+        # depths in any order, repeated: certified in increasing order, each once (the smallest
+        # R that holds, not the first given)
+        shuffled = cert_at(biases[0] * 1.0001, depths=(4, 2, 1, 2))
+        assert [r.tail_steps for r in shuffled.rows] == [1, 2, 4] and shuffled.certified_depth == 1
 
 
 @pytest.mark.parametrize("dustbin", ["spoke", "capacity"])

@@ -17,9 +17,9 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
 @click.command()
 @pair_input_options
 @click.option("--tail-depths", default="0,1,2,4", show_default=True,
-              help="Tail depths R for the bias certificate (comma-separated).")
+              help="Tail depths R for the bias certificate (comma-separated, any order).")
 @click.option("--tol", type=Number(min=0, min_open=True), default=1e-5, show_default=True,
-              help="Bias tolerance tau: the certified depth is the first R with ||c_R|| <= tau.")
+              help="Bias tolerance tau: the certified depth is the smallest R with ||c_R|| <= tau.")
 @click.option("--perturbation", type=Number(min=0, min_open=True), default=1e-2, show_default=True,
               help="Size (sup norm) of the random score perturbation for the stability bounds.")
 @click.option("--score-noise", type=Number(min=0), default=None,
