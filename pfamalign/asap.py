@@ -627,8 +627,8 @@ class Engine:
             raise ValueError("engine 'steps' needs a number of plain Sinkhorn steps (--engine steps "
                              "--steps N; steps=N in Python)")
         if self.name != "steps" and self.steps is not None:
-            raise ValueError(f"a number of steps (--steps N; steps=N in Python) goes with engine 'steps', "
-                             f"not engine {self.name!r}")
+            raise ValueError(f"a number of steps (--steps N; steps=N in Python) goes with engine 'steps' "
+                             f"(--engine steps), not engine {self.name!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.name == "asap" and self.operator is None:
@@ -689,6 +689,11 @@ def load_operator(model_dir) -> Operator:
     if not path.is_file():
         raise CompileError(f"{model_dir} has no compiled operator ({OPERATOR_FILE}); "
                            "make one with `pfamalign compile --checkpoint MODEL -o OUT`")
+    from pfamalign.checkpoint import verify_checksums
+
+    damaged = verify_checksums(model_dir, OPERATOR_FILE)  # none recorded (older compiles): []
+    if damaged:
+        raise CompileError(f"{damaged[0]}; recompile with `pfamalign compile`")
     try:
         return Operator.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -717,10 +722,13 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     settings, training record) plus the operator, built beside OUT and renamed into place
     (never half written). Refuses OUT equal to ``source`` and an existing OUT (``replace``:
     an existing compiled model directory is swapped out, as ``train --compile`` does)."""
+    from pfamalign.checkpoint import write_checksums
     from pfamalign.pipelines.records import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
     with staged_directory(out, replace=True) as staged:  # check_output_dir allowed any replacing
         shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
         write_json(staged / OPERATOR_FILE, op.to_dict(), indent=2)
+        # the operator is fitted numbers, not settings to edit: `verify` checks it as the parameters
+        write_checksums(staged, ("params", OPERATOR_FILE))
     return out

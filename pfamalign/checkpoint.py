@@ -134,15 +134,18 @@ CHECKSUMS = "checksums.json"
 
 
 def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
-    """Records the SHA-256 of every file under ``directory / part`` for each part."""
+    """Records the SHA-256 of every file under ``directory / part`` for each part (a part
+    may be one file)."""
+    files = lambda p: [p] if p.is_file() else sorted(p.rglob("*"))
     sums = {str(f.relative_to(directory)): records.file_sha256(f)
-            for part in parts for f in sorted((directory / part).rglob("*")) if f.is_file()}
+            for part in parts for f in files(directory / part) if f.is_file()}
     records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:
-    """The problems of ``directory`` against its checksums (only files under ``part`` if
-    given): missing, changed or unrecorded files. [] when all match or nothing is recorded."""
+    """The problems of ``directory`` against its checksums (only ``part``, a file or the files
+    under it, if given): missing, changed or unrecorded files. [] when all match or nothing is
+    recorded."""
     directory = pathlib.Path(directory)
     path = directory / CHECKSUMS
     if not path.is_file():
@@ -151,10 +154,9 @@ def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[s
         sums = json.loads(path.read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{path}: unreadable ({err})"]
-    prefix = f"{part}/" if part else ""
     problems = []
     for name, digest in sorted(sums.items()):
-        if not name.startswith(prefix):
+        if part and not (name == part or name.startswith(f"{part}/")):
             continue
         f = directory / name
         if not f.is_file():

@@ -315,6 +315,19 @@ def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp
     assert {r["engine"] for r in rows if r["kind"] == "speed"} == engines
     accuracy = {r["engine"]: r for r in rows if r["kind"] == "accuracy"}
     assert set(accuracy) == engines and accuracy["sinkhorn"]["plan_rel_l2"] == 0.0
+    # `verify` checks the operator as the parameters (fitted numbers): an edit fails its
+    # checksum, an unreadable one is named
+    assert _run(["verify", out]).exit_code == 0
+    op_path = out / asap.OPERATOR_FILE
+    fitted = json.loads(op_path.read_text())
+    fitted["omega"] = (np.asarray(fitted["omega"]) * 50).tolist()  # still an operator
+    op_path.write_text(json.dumps(fitted))
+    res = _run(["verify", out])
+    assert res.exit_code == 1 and f"{op_path}: checksum mismatch" in res.output, res.output
+    op_path.write_text('{"garbage": 1}')
+    (out / checkpoint.CHECKSUMS).unlink()  # no checksum to fail: what it holds is read
+    res = _run(["verify", out])
+    assert res.exit_code == 1 and f"{op_path}: not a compiled ASAP operator" in res.output, res.output
 
 
 # ---- the encoder's CETA layers ------------------------------------------------------------------

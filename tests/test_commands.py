@@ -955,8 +955,8 @@ def test_messages_say_what_to_fix(tmp_path):
     assert res.exit_code != 0 and \
         "engine 'steps' needs a number of plain Sinkhorn steps (--engine steps --steps N" in res.stderr
     res = run(["align", "MKVL", "MKLL", "--steps", 3])
-    assert res.exit_code != 0 and \
-        "(--steps N; steps=N in Python) goes with engine 'steps', not engine 'sinkhorn'" in res.stderr
+    assert res.exit_code != 0 and "(--steps N; steps=N in Python) goes with engine 'steps' " \
+        "(--engine steps), not engine 'sinkhorn'" in res.stderr
 
 
 def test_certify_pair_reports_each_stage_as_it_starts(model_dir):

@@ -47,12 +47,13 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
                      key=lambda d: int(d.name)) if steps.is_dir() else []
     for d in models:
-        problems += _model_problems(d)
         if not (d / CHECKSUMS).is_file():
+            problems += _model_problems(d)
             problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed "
                             "before it was written): cannot be verified")
             continue
-        problems += verify_checksums(d)
+        damaged = verify_checksums(d)  # first: the damage is what to report of a damaged file
+        problems += damaged + _model_problems(d, damaged=damaged)
         checked.append(f"{d}: {len(json.loads((d / CHECKSUMS).read_text())['sha256'])} files")
     if not (checked or problems):  # not one of ours: its temporary files are not ours either
         return [], []
@@ -74,12 +75,16 @@ UNVERIFIED = "not verified: "  # a ``checked`` line naming what has no checksum 
 NOTE = "note: "  # a ``checked`` line saying something worth knowing that is not a problem
 
 
-def _model_problems(model: pathlib.Path) -> list[str]:
+def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str]:
     """A model directory's settings and its parameters' shapes. Its JSON settings files are
     edited by hand and by tuning, so they are not checksummed: each must parse and pass the
     same field checks as on load, and the parameters' names, shapes and dtypes must be those
-    config.json asks for; a training run's ``model/`` must be finished (training.json,
-    written last)."""
+    config.json asks for; a compiled operator (asap.json) must load; a training run's
+    ``model/`` must be finished (training.json, written last). Files named in ``damaged``
+    (checksum problems) are not read: a corrupt parameter file's metadata fails in orbax's
+    threads (tracebacks) and would blame config.json for the damage."""
+    intact = lambda part: not any(p.startswith(str(model / part)) for p in damaged)
+    from pfamalign.asap import OPERATOR_FILE, CompileError, load_operator
     from pfamalign.checkpoint import (TRAINING_RECORD, CheckpointError, abstract_params,
                                       param_mismatches, read_model_config)
     from pfamalign.decoding import DecoderSettings
@@ -91,7 +96,7 @@ def _model_problems(model: pathlib.Path) -> list[str]:
         except CheckpointError as err:
             problems.append(str(err))
         else:
-            if (model / "params").is_dir():
+            if intact("params") and (model / "params").is_dir():
                 mismatches = param_mismatches(abstract_params(config)[1], model / "params")
                 problems += [f"{model}: config.json does not match the parameters: {m}" for m in mismatches[:5]]
     if (model / "decoding.json").is_file():
@@ -99,6 +104,11 @@ def _model_problems(model: pathlib.Path) -> list[str]:
             DecoderSettings.load(model)
         except ValueError as err:
             problems.append(str(err))
+    if (model / OPERATOR_FILE).is_file() and intact(OPERATOR_FILE):
+        try:
+            load_operator(model)
+        except CompileError as err:
+            problems.append(f"{model / OPERATOR_FILE}: {err}")
     if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
         problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
                         "finished the model); re-run the same `pfamalign train` command to finish it")
