@@ -143,6 +143,22 @@ def test_bench_search_runs_on_a_families_table(tmp_path, capsys):
     assert 0 <= calibration["related_found_E<=1"] <= 1
 
 
+def test_bench_null_search_counts_false_hits_with_and_without_the_tail(tmp_path, capsys):
+    from pfamalign import search
+
+    table = tmp_path / "families.tsv"
+    table.write_text("accession_base\tsplit\tsource\n" + "".join(
+        f"{name}\ttest\t{PFAM_SEED / (name + '.sto')}\n" for name in ("PF00076", "PF02790")))
+    importlib.import_module("bench_null_search").main(
+        ["--data", str(tmp_path), "--queries", "2", "--database", "30", "--decoys", "10", "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["tail"] for r in rows] == [f"from P = {search.TAIL_FROM:g}", "none (plain Gumbel)"]
+    for r in rows:  # counts fall with the E-value; each threshold allows E x the queries
+        counts = [r[f"E<={t:g}"] for t in (10, 1, 0.1, 0.01, 0.001)]
+        assert counts == sorted(counts, reverse=True) and r["allowed"]["E<=1"] == 2
+    assert search.TAIL_FROM is not None  # restored
+
+
 # ---- scripts/bench_local.py ---------------------------------------------------------------------
 
 

@@ -3,9 +3,11 @@ end to end on real Pfam sequences with the shipped model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
@@ -44,6 +46,63 @@ def test_bits_and_evalue_agree_in_the_tail():
     s = np.array([10.0, 15.0, 20.0])
     n = 1000
     np.testing.assert_allclose(n * null.sf(s), n * 2.0 ** -null.bits(s), rtol=1e-4)
+
+
+def test_the_tail_never_falls_faster_than_exp_minus_s():
+    """``tail_from``: past the score s0 where the law leaves ``tail_from`` above it, P(S >= s)
+    is the larger of the law's and tail_from e^-(s - s0) (slope TAIL_LAMBDA = 1 per nat);
+    continuous at s0, the plain law before it, unchanged for lam <= 1; bits and E-values
+    agree in the tail, and a far score has a finite bit score and no warning."""
+    steep, p0 = Gumbel(mu=2.0, lam=2.5, slope=-0.01, lengths=(50.0, 300.0)), lib.TAIL_FROM
+    tailed = dataclasses.replace(steep, tail_from=p0)
+    n = 120
+    s0 = float(steep.location(n)) - math.log(-math.log1p(-p0)) / steep.lam
+    assert float(tailed.sf(s0, n)) == pytest.approx(p0, rel=1e-9)
+    before = np.array([s0 - 3.0, s0 - 0.5, s0])
+    np.testing.assert_allclose(tailed.sf(before, n), steep.sf(before, n), rtol=1e-12)
+    after = s0 + np.array([0.5, 3.0, 20.0, 200.0])
+    np.testing.assert_allclose(tailed.sf(after, n), p0 * np.exp(-lib.TAIL_LAMBDA * (after - s0)), rtol=1e-6)
+    assert np.all(steep.sf(after, n) < tailed.sf(after, n))  # the plain law's tail is the lighter
+    np.testing.assert_allclose(1000 * tailed.sf(after, n), 1000 * 2.0 ** -tailed.bits(after, n), rtol=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        far = tailed.bits(np.array([s0 + 800.0]), n)  # sf underflows: the bits do not
+    assert far[0] == pytest.approx((800.0 - math.log(p0)) / math.log(2), rel=1e-9)
+    flat = Gumbel(mu=2.0, lam=0.6)  # a tail heavier than e^-s already: unchanged
+    x = np.linspace(0, 60, 13)
+    np.testing.assert_array_equal(dataclasses.replace(flat, tail_from=p0).sf(x), flat.sf(x))
+
+
+def test_local_evalues_of_real_forward_scores_hold_in_the_tail():
+    """Local-mode log-odds of real query residues against shuffled Pfam sequences (every hit
+    false; 4 queries, 2,500 subjects; the default composition shift): a Gumbel fitted to 50
+    decoys describes their body, not their exponential tail, and its E-values run far below
+    the truth; with the tail the null hits at E <= 1 and 0.1 stay near what the E-values
+    allow (the seeds are fixed)."""
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+    from pfamalign.pipelines.stockholm import read_families
+
+    seqs = [s.replace("-", "").replace(".", "").upper() for f in read_families(sorted(SEED.glob("*.sto")))
+            for s in f.rows]
+    seqs = [s for s in seqs if 30 <= len(s) <= 200]
+    rng = np.random.default_rng(4)
+    queries = [FastaRecord(f"q{i}", seqs[i], "") for i in rng.choice(len(seqs), 4, replace=False)]
+    db = [FastaRecord(f"s{j}", lib.shuffled(seqs[i], rng), "")
+          for j, i in enumerate(rng.integers(len(seqs), size=2500))]
+    predictor = Predictor()
+    settings = dataclasses.replace(predictor.decoding, mode="local")
+    counts = {}
+    for tail in (lib.TAIL_FROM, None):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lib, "TAIL_FROM", tail)
+            e = [h.columns["evalue"] for r in lib.search(predictor, queries, db, settings, BatchErrors(),
+                                                         evalue=1, max_candidates=0, max_hits=None)
+                 for h in r.hits]
+        counts[tail] = [sum(x <= t for x in e) for t in (1.0, 0.1)]
+    assert counts[lib.TAIL_FROM][0] <= 3 * 4 and counts[lib.TAIL_FROM][1] <= 2, counts  # allowed: 4, 0.4
+    assert counts[None][1] >= 3 * max(counts[lib.TAIL_FROM][1], 2), counts  # the plain law: optimistic
 
 
 @pytest.mark.parametrize("scores", [[1.0], [2.0, 2.0, 2.0], [1.0, float("nan"), 3.0]])

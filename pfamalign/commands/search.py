@@ -70,7 +70,10 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     score pays for the end gaps); for a database of N sequences
       E-value = N * P(decoy score >= score | subject length),
       bitscore = lambda (score - mu(length)) / ln 2,
-    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail). A subject that
+    as SSEARCH does with shuffled sequences (E ~ N 2^-bits in the tail). Beyond the law's
+    top 1 %, P never falls faster than exp(-score) (the exponential tail of scores summed
+    over all alignments; --mode local's E-values need it at scale), and the bit score
+    follows it (-log2 P there). A subject that
     may be reported is also shuffled itself: what its composition alone adds to the
     query's score (a lower bound, never negative) is taken off before the E-value, so two
     unrelated sequences of the same biased composition are not reported as related
