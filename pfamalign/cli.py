@@ -23,24 +23,6 @@ _COMMANDS = {
 }
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a closed terminal) as an exception: a command unwinds as from
-    Ctrl-C, so its atomic writes remove their temporaries (the default action kills the
-    process where it stands)."""
-
-    def __init__(self, signum: int = signal.SIGTERM):
-        super().__init__()
-        self.signum = signum
-
-
-UNWINDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _terminate(signum, frame):
-    signal.signal(signum, signal.SIG_DFL)  # a second one kills at once
-    raise Terminated(signum)
-
-
 def _interrupt(err: BaseException) -> KeyboardInterrupt | None:
     """The interrupt behind ``err``: itself, or one that a compiled (numba) function turned
     into a SystemError ("returned a result with an exception set")."""
@@ -53,24 +35,35 @@ def _interrupt(err: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def _interrupted(ctx, signum: int, notes=()) -> None:
+    hint = "".join(f" {note}" for note in notes)  # e.g. how to resume
+    click.echo(f"\nInterrupted ({signal.Signals(signum).name}).{hint}", err=True)
+    ctx.exit(128 + signum)
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
-        (click would print "Aborted!" and exit 1). `train` installs its own handlers while it
-        trains (it saves a checkpoint first)."""
-        for signum in UNWINDING_SIGNALS:
-            if signal.getsignal(signum) is signal.SIG_DFL:
-                signal.signal(signum, _terminate)
+        (click would print "Aborted!" and exit 1), also one that a garbage-collector callback
+        swallowed (the command ran on: ``interrupts``) or that surfaced as another error."""
+        from pfamalign import interrupts
+
         try:
-            return super().invoke(ctx)
+            with interrupts.handled():
+                result = super().invoke(ctx)
+            if interrupts.received() is not None:  # swallowed: the command ran on (and wrote nothing)
+                _interrupted(ctx, interrupts.received())
+            return result
         except (KeyboardInterrupt, SystemError) as err:
             interrupt = _interrupt(err)
             if interrupt is None:
                 raise
-            signum = interrupt.signum if isinstance(interrupt, Terminated) else signal.SIGINT
-            hint = "".join(f" {note}" for note in getattr(interrupt, "__notes__", ()))  # e.g. how to resume
-            click.echo(f"\nInterrupted ({signal.Signals(signum).name}).{hint}", err=True)
-            ctx.exit(128 + signum)
+            signum = interrupt.signum if isinstance(interrupt, interrupts.Terminated) else signal.SIGINT
+            _interrupted(ctx, signum, getattr(interrupt, "__notes__", ()))
+        except SystemExit as err:  # an error a signal caused (a library interrupted midway)
+            if interrupts.received() is None or err.code in (0, None):
+                raise
+            _interrupted(ctx, interrupts.received())
         except BrokenPipeError:  # `pfamalign search ... | head`: the reader has what it wanted
             import os
             import sys

@@ -20,6 +20,8 @@ import shutil
 import sys
 from typing import IO, Iterable, Iterator
 
+from pfamalign import interrupts
+
 
 class OutputError(ValueError):
     """An output path that cannot be written as asked (the message says how to fix it)."""
@@ -140,6 +142,7 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
     try:
         with _named_as(given, tmp):  # the error names the user's path, not the temporary
             yield tmp
+            interrupts.check()  # a Ctrl-C a library swallowed midway: the output is not whole
             if tmp.exists():
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
@@ -166,6 +169,7 @@ def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pat
     try:
         with _named_as(out, work, "directory"):
             yield work
+            interrupts.check()
             if replace and out.exists():
                 os.replace(out, old)
             os.replace(work, out)

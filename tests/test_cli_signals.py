@@ -63,6 +63,42 @@ def test_an_interrupt_inside_a_compiled_function_is_an_interrupt(monkeypatch):
     assert isinstance(res.exception, SystemError)  # any other SystemError is a bug: not hidden
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop, as staged
+def test_an_interrupt_a_gc_callback_swallowed_still_stops_the_command(tmp_path, monkeypatch):
+    """Python drops an exception raised inside a garbage-collector callback (jax registers
+    one): a Ctrl-C landing there used to vanish, the command finishing with exit 0 and its
+    outputs written. The signal is recorded: no output is committed, exit 130."""
+    import gc
+    import os
+
+    from click.testing import CliRunner
+
+    from pfamalign import batch
+    from pfamalign.cli import main
+
+    real = batch.aligned
+
+    def callback(phase, info):
+        gc.callbacks.remove(callback)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler runs in here, inside the callback: its raise is dropped
+            pass
+
+    def aligned(*args, **kwargs):
+        gc.callbacks.append(callback)
+        gc.collect()
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "aligned", aligned)
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF", "-f", "json", "-o", str(out)])
+    assert res.exit_code == 130 and "Interrupted (SIGINT)" in res.output, res.output
+    assert not out.exists() and not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    again = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF", "-f", "json", "-o", str(out)])
+    assert again.exit_code == 0 and out.exists()  # the next command starts afresh
+
+
 def test_an_output_that_cannot_be_written_is_one_error_line(tmp_path):
     """An OSError of the output (here: a directory squats on the temporary's name) is an
     `Error:` line and exit 1, not a traceback; the previous file stays."""
