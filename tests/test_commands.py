@@ -288,6 +288,11 @@ def test_eval_input_errors(model_dir, dataset):
     res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--baselines", "", "--no-model"])
     assert res.exit_code == 2 and "nothing to score" in res.output and res.exception is not None
     assert isinstance(res.exception, SystemExit)  # a usage message, not a traceback
+    # a model option beside --no-model would change nothing: refused, naming it
+    res = CliRunner().invoke(main, ["eval", "--data", str(dataset), "--no-model", "--checkpoint", str(model_dir),
+                                    "--gap-cost", "0.1"])
+    assert res.exit_code == 2 and "--checkpoint, --gap-cost set up the model, which --no-model leaves out" \
+        in " ".join(res.output.split()), res.output
 
 
 def test_eval_without_baselines_scores_the_model_alone(model_dir, dataset, tmp_path):

@@ -58,7 +58,10 @@ def _shipped_mix() -> str:
 @click.option("--score-noise", type=Number(min=0), default=None, metavar="R",
               help="With -f json: mark each aligned pair `stable` when it is certified to stay its "
                    "row's and column's winner under any score change of gauge-reduced size R "
-                   "(as `certify --score-noise`), with a per-pair `stable_matches` summary.")
+                   "(as `certify --score-noise`), with a per-pair `stable_matches` summary. It "
+                   "applies to a balanced plan solved to convergence (unit rows and columns); "
+                   "the shipped models' dustbin plans are not, and the summary says so "
+                   "(`applies: false`, with the reason).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Report to standard error: pairs, time, the batch shapes run and the programs "
                    "compiled (and loaded from the compile cache).")

@@ -96,6 +96,11 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
     if no_model and not base:
         raise click.UsageError("nothing to score: --no-model with no --baselines; name at least "
                                f"one of {', '.join(evaluation.BASELINES)} or drop --no-model")
+    model_options = ["--" + name.replace("_", "-") for name in ("checkpoint", "weights", "engine", "steps",
+                                                                *decoding) if given(name)]
+    if no_model and model_options:  # they would change nothing: a typo'd intent, not silence
+        raise click.UsageError(f"{', '.join(model_options)} set{'s' if len(model_options) == 1 else ''} up the "
+                               "model, which --no-model leaves out; drop one or the other")
     predictor = settings = None
     if not no_model:
         from pfamalign.inference import Predictor
