@@ -695,8 +695,11 @@ def load_operator(model_dir) -> Operator:
     if damaged:
         raise CompileError(f"{damaged[0]}; recompile with `pfamalign compile`")
     try:
-        return Operator.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object is expected, got {type(data).__name__}")
+        return Operator.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSON, UTF-8, fields, arrays
         raise CompileError(f"cannot read {path}: {err}") from err
 
 

@@ -60,18 +60,21 @@ class _LazyGroup(click.Group):
                 raise
             signum = interrupt.signum if isinstance(interrupt, interrupts.Terminated) else signal.SIGINT
             _interrupted(ctx, signum, getattr(interrupt, "__notes__", ()))
-        except SystemExit as err:  # an error a signal caused (a library interrupted midway)
-            if interrupts.received() is None or err.code in (0, None):
-                raise
-            _interrupted(ctx, interrupts.received())
+        except click.exceptions.Exit:  # a command's (or our own) chosen exit status
+            raise
         except BrokenPipeError:  # `pfamalign search ... | head`: the reader has what it wanted
             import os
             import sys
 
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
             ctx.exit(128 + signal.SIGPIPE)  # as a shell reports a process that SIGPIPE ended
-        except OSError as err:  # a full disk, a read-only file system, a vanished directory
-            click.echo(f"Error: {err}", err=True)
+        except (SystemExit, Exception) as err:
+            failed = not (isinstance(err, SystemExit) and err.code in (0, None))
+            if failed and interrupts.received() is not None:  # an error the signal caused (a library
+                _interrupted(ctx, interrupts.received())        # cut midway): the signal is the news
+            if not isinstance(err, OSError):
+                raise
+            click.echo(f"Error: {err}", err=True)  # a full disk, a read-only file system, a gone directory
             ctx.exit(1)
 
     def list_commands(self, ctx):

@@ -94,7 +94,8 @@ class DecoderSettings:
         return cls(decoder=decoder)
 
     # Settings that mean the same to every decoder that reads them: another decoder keeps them
-    SHARED = ("mode", "objective", "min_mass")
+    # (not min_mass: posterior applies it to the mixed posterior, the others to the plan)
+    SHARED = ("mode", "objective")
 
     def override(self, **changes) -> "DecoderSettings":
         """These settings with the ``changes`` that are not None. Another ``decoder`` starts
@@ -109,9 +110,8 @@ class DecoderSettings:
         decoder = changes.get("decoder", self.decoder)
         base = self
         if decoder != self.decoder:
-            reads = ("mode", *self.READS[decoder])
-            base = dataclasses.replace(self.for_decoder(decoder),
-                                       **{k: getattr(self, k) for k in self.SHARED if k in reads})
+            kept = {k: getattr(self, k) for k in self.SHARED if k in self.reads(decoder)}
+            base = dataclasses.replace(self.for_decoder(decoder), **kept)
         return dataclasses.replace(base, **changes)
 
     @classmethod
@@ -143,11 +143,15 @@ class DecoderSettings:
              "hybrid": ("plan_weight", "gap_open", "gap_extend", "min_mass"),
              "posterior": ("gap_cost", "min_mass", "objective", "alpha", "plan_power")}
 
+    @classmethod
+    def reads(cls, decoder: str) -> tuple[str, ...]:
+        """The settings ``decoder`` reads: ``READS``, and ``decoder`` and ``mode`` (read by all)."""
+        return ("decoder", "mode", *cls.READS[decoder])
+
     def unread(self, changes: dict) -> list[str]:
         """The settings among ``changes`` (those not None) that this decoder does not read:
-        given, they would change nothing (``decoder`` and ``mode`` are read by all)."""
-        reads = ("decoder", "mode", *self.READS[self.decoder])
-        return [k for k, v in changes.items() if v is not None and k not in reads]
+        given, they would change nothing."""
+        return [k for k, v in changes.items() if v is not None and k not in self.reads(self.decoder)]
 
     def uses_pairhmm(self) -> bool:
         """Whether the decoder mixes in the pair-HMM's (substitution-table) posteriors."""

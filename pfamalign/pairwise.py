@@ -159,9 +159,6 @@ class PairAligner:
               else search_lib.usable_records(records(database, "subject"), self.predictor, errors))
         if not query_records:
             raise ValueError("no query sequences")
-        if database is None and len(query_records) < 2:  # as `search --all-vs-all` refuses it
-            raise ValueError("all against all (no database) needs at least two sequences, got one: "
-                             "give a database to search it against")
         yield from search_lib.search(self.predictor, query_records, db, self.decoding, errors,
                               all_vs_all=database is None, decoys=decoys, max_hits=max_hits,
                               evalue=evalue, max_candidates=max_candidates, seed=seed)

@@ -315,6 +315,13 @@ def _check_options(*, decoys, max_hits, evalue, max_candidates, seed) -> None:
         raise ValueError("; ".join(problems))
 
 
+def check_all_vs_all(sequences: Sequence) -> None:
+    """All against all needs two usable sequences: one would be searched against nothing."""
+    if len(sequences) < 2:
+        raise ValueError(f"all against all (--all-vs-all; no database in Python) needs at least two usable "
+                         f"sequences, found {len(sequences)}: give a database to search against")
+
+
 def scored_per_query(n_database: int, max_candidates: int | None) -> int:
     """Database sequences a query's forward pass scores: all, or the prefilter's ``max_candidates``."""
     return n_database if max_candidates is None else min(n_database, max_candidates)
@@ -338,6 +345,8 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
     max_candidates = max_candidates or None  # 0: every subject, as on the command line
     if not database:
         raise ValueError("the database has no usable sequences")
+    if all_vs_all:
+        check_all_vs_all(database)
     local = settings.mode == "local"
     n_db = len(database) - (1 if all_vs_all else 0)
     index = None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from pfamalign import jsonio
+from pfamalign import interrupts, jsonio
 from pfamalign.outputs import temporary_path
 
 MAGIC = b"PFR1"
@@ -97,7 +97,9 @@ def _fsync(path: pathlib.Path) -> None:
 
 
 def commit(tmp: pathlib.Path, path: pathlib.Path) -> None:
-    """Makes ``tmp`` durable and renames it to ``path`` (atomic on POSIX filesystems)."""
+    """Makes ``tmp`` durable and renames it to ``path`` (atomic on POSIX filesystems); not
+    after a Ctrl-C that a library swallowed (``pfamalign.interrupts``)."""
+    interrupts.check()
     _fsync(tmp)
     _fault_point(path)
     os.replace(tmp, path)

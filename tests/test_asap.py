@@ -327,7 +327,13 @@ def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp
     op_path.write_text('{"garbage": 1}')
     (out / checkpoint.CHECKSUMS).unlink()  # no checksum to fail: what it holds is read
     res = _run(["verify", out])
-    assert res.exit_code == 1 and f"{op_path}: not a compiled ASAP operator" in res.output, res.output
+    assert res.exit_code == 1, res.output
+    assert f"cannot read {op_path}: not a compiled ASAP operator" in res.output, res.output
+    for unreadable in (b"[1]", b"null", b"\xff\xfe"):  # not an object, not UTF-8: named, no traceback
+        op_path.write_bytes(unreadable)
+        res = _run(["verify", out])
+        assert res.exit_code == 1 and f"cannot read {op_path}" in res.output and res.exception is not None \
+            and isinstance(res.exception, SystemExit), res.output
 
 
 # ---- the encoder's CETA layers ------------------------------------------------------------------

@@ -627,9 +627,9 @@ def test_align_decoder_options(model_dir):
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
     mea = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "mea"]).output)
     dustbins = dict(row_dustbin=pp.row_dustbin, col_dustbin=pp.col_dustbin)  # symmetrized plan: both
-    model = Predictor(model_dir).decoding  # mea keeps its mode, objective and min_mass
+    model = Predictor(model_dir).decoding  # mea keeps its mode and objective
     assert mea["pairs"] == mea_decode(pp.real, mode=model.mode, objective=model.objective,
-                                      min_mass=model.min_mass, **dustbins).pairs.tolist()
+                                      **dustbins).pairs.tolist()
     aff = json.loads(run(["align", PDZ_A, PDZ_B, "--checkpoint", model_dir, "-f", "json", "--decoder", "affine",
                           "--gap-open", "0.3", "--gap-extend", "0.1", "--threshold", "0.0"]).output)
     expected = affine_decode(pp.real, gap_open=0.3, gap_extend=0.1, threshold=0.0, **dustbins)

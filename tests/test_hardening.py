@@ -1040,7 +1040,7 @@ def test_a_bad_reuse_source_leaves_the_overwritten_dataset_intact(tmp_path):
     again = ["prepare", "shards", "--pfam", SMALL, "--out", out, "--pairs-per-family", 5, "-q",
              "--overwrite", "--reuse-embeddings"]
     assert_clear_error(run(again + [b62]), f"--reuse-embeddings {b62}",
-                       "'id': 'builtin/onehot+blosum62'", "this --embedder")
+                       "its embeddings are builtin/onehot+blosum62 (weights fingerprint", "this --embedder")
     assert _tree_bytes(out) == before
 
 

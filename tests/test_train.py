@@ -249,12 +249,20 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     assert not re.search(r"trained \d", text), text
 
 
-def test_a_second_sigint_during_the_save_is_ignored_and_a_torn_save_is_cleared(dataset, tmp_path,
-                                                                             monkeypatch):
+def _sigint_here() -> None:
+    """Ctrl-C, delivered to this thread now (``os.kill`` may wake another thread, and the
+    handler then runs whenever that one is scheduled)."""
+    import threading
+
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_a_second_sigint_during_the_save_is_held_and_a_torn_save_is_cleared(dataset, tmp_path,
+                                                                          monkeypatch, capsys):
     """Ctrl-C, then a second Ctrl-C while the checkpoint the first asked for is written: the
-    save completes (no KeyboardInterrupt through orbax's writer) and the run stops as after
-    the first. A step left half-written by a killed save (orbax's temporary directory) is
-    removed when the run resumes."""
+    save completes (no KeyboardInterrupt through orbax's writer; a note says a third aborts)
+    and the run stops as after the first. A step left half-written by a killed save (orbax's
+    temporary directory) is removed when the run resumes."""
     out = tmp_path / "run"
     prepare, original_save = train._prepare_batch, checkpoint.TrainCheckpoints.save
     first = []
@@ -262,17 +270,18 @@ def test_a_second_sigint_during_the_save_is_ignored_and_a_torn_save_is_cleared(d
     def first_sigint(batch, at):
         if at == 2:
             first.append(at)
-            os.kill(os.getpid(), signal.SIGINT)
+            _sigint_here()
         return prepare(batch, at)
 
     def save(self, step, **parts):
         if first:  # the impatient second Ctrl-C, mid-save
-            os.kill(os.getpid(), signal.SIGINT)
+            _sigint_here()
         return original_save(self, step, **parts)
 
     monkeypatch.setattr(train, "_prepare_batch", first_sigint)
     monkeypatch.setattr(checkpoint.TrainCheckpoints, "save", save)
     stopped = train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert "the run stops after it (Ctrl-C again aborts now" in capsys.readouterr().err
     assert stopped.interrupted and stopped.signal == signal.SIGINT and stopped.step == 3
     assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
     assert checkpoint.verify_checksums(out / "checkpoints" / "3") == []

@@ -127,9 +127,11 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
         db = queries if all_vs_all else lib.usable_records(db_records, predictor, errors)
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
-        if all_vs_all and len(queries) < 2:
-            raise ValueError(f"{query}: --all-vs-all needs at least two usable sequences, found one "
-                             "(give a database to search it against)")
+        if all_vs_all:
+            try:
+                lib.check_all_vs_all(queries)  # before the output is opened
+            except ValueError as err:
+                raise ValueError(f"{query}: {err}") from None
         max_candidates = max_candidates or None  # 0: every sequence
         per_query = decoys + lib.scored_per_query(len(db) - (1 if all_vs_all else 0), max_candidates)
         provenance = predictor.provenance(settings)

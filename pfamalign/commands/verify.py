@@ -107,8 +107,8 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
     if (model / OPERATOR_FILE).is_file() and intact(OPERATOR_FILE):
         try:
             load_operator(model)
-        except CompileError as err:
-            problems.append(f"{model / OPERATOR_FILE}: {err}")
+        except CompileError as err:  # it names the file
+            problems.append(str(err))
     if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
         problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
                         "finished the model); re-run the same `pfamalign train` command to finish it")

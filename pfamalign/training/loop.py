@@ -20,6 +20,7 @@ import dataclasses
 import os
 import pathlib
 import signal
+import sys
 import time
 
 import jax
@@ -90,13 +91,15 @@ class TrainResult:
 
 class _StopFlag:
     """SIGTERM / SIGINT set a flag (the loop saves and exits); a second SIGINT aborts, except
-    while a checkpoint is being written (``saving``), where it is ignored: orbax's writer
-    threads interrupted mid-save print tracebacks and leave a half-written step behind."""
+    while a checkpoint is being written (``saving``): orbax's writer threads interrupted
+    mid-save print tracebacks and leave a half-written step behind, so the second is noted
+    (the run stops after the save) and only a third aborts (a save that hangs)."""
 
     def __init__(self):
         self.signal: int | None = None
         self._old = {}
         self._saving = False
+        self._noted = False
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,20 +111,24 @@ class _StopFlag:
 
     def _handle(self, signum, frame):
         if self.signal is not None and signum == signal.SIGINT:
-            if self._saving:
+            if self._saving and not self._noted:
+                self._noted = True
+                print("\nwriting the checkpoint; the run stops after it (Ctrl-C again aborts now, without "
+                      "it)", file=sys.stderr, flush=True)
                 return
             raise KeyboardInterrupt
         self.signal = signum
 
     @contextlib.contextmanager
     def saving(self):
-        """A checkpoint write: a second SIGINT during it is ignored, and the run stops after
-        the save as after the first (the checkpoint just written is the one to resume from)."""
+        """A checkpoint write: a second SIGINT during it is noted, and the run stops after the
+        save as after the first (the checkpoint just written is the one to resume from)."""
         self._saving = True
         try:
             yield
         finally:
             self._saving = False
+        self._noted = False
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
