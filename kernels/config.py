@@ -52,6 +52,24 @@ GPU_DENSE_CROSSOVER: int | None = 8192
 GPU_BANDED_IMPL = "xla"
 
 
+# The implementations as benchmarks, profiles and tests name them: an ``impl`` and the settings
+# that make a variant of it (``TransportConfig(**IMPL_VARIANTS[name], ...)``).
+IMPL_VARIANTS = {
+    "reference": {"impl": "reference"},
+    "xla": {"impl": "xla"},
+    "xla-branch-free": {"impl": "xla", "branch_free": True},
+    "pallas": {"impl": "pallas"},
+    "pallas-resident": {"impl": "pallas", "resident_scores": True},
+}
+
+
+def impl_variant(name: str) -> dict:
+    """The ``TransportConfig`` settings of a named implementation variant (``IMPL_VARIANTS``)."""
+    if name not in IMPL_VARIANTS:
+        raise ValueError(f"unknown implementation {name!r}: one of {', '.join(IMPL_VARIANTS)}")
+    return dict(IMPL_VARIANTS[name])
+
+
 def dense_crossover(timings: dict[int, tuple[float | None, float | None]]) -> int | None:
     """``GPU_DENSE_CROSSOVER`` from measured times ``{L: (dense_ms, kernels_ms)}`` (None where
     a side did not run): the shortest measured L at which, and at every longer measured L, the
@@ -176,6 +194,11 @@ class TransportConfig:
         ``lax.cond`` copies its predicate to the host and waits for it, about once per step
         (``scripts/bench_transport.py --impls xla,xla-branch-free`` measures both). The same plans either
         way (to rounding); ``tol`` keeps its data-dependent loop.
+      resident_scores: False (the default): the Pallas kernels recompute every score tile from
+        q and k in each pass (O(L) memory). True (``impl="pallas"``, GPU and interpret mode;
+        not TPU): the masked score band is stored once per call (O(L W) memory, as the XLA
+        path) and the kernels read its tiles: no fp32 matmul per entry and pass. The same
+        plans (to rounding).
     """
 
     half_band: int
@@ -194,6 +217,7 @@ class TransportConfig:
     tol: float | None = None
     max_steps: int = 1000
     branch_free: bool = False
+    resident_scores: bool = False
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -218,6 +242,13 @@ class TransportConfig:
             raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
         if not isinstance(self.branch_free, bool):
             raise ValueError(f"branch_free must be True or False, got {self.branch_free!r}")
+        if not isinstance(self.resident_scores, bool):
+            raise ValueError(f"resident_scores must be True or False, got {self.resident_scores!r}")
+        if self.resident_scores and self.impl != "pallas":
+            raise ValueError(f"resident_scores applies to impl='pallas' (the XLA path always keeps its "
+                             f"band), got impl={self.impl!r}")
+        if self.resident_scores and self.kernel == "tpu":
+            raise ValueError("resident_scores has GPU (Triton) kernels only: use kernel='auto' or 'gpu'")
         if self.relax is not None:
             if self.marginals == "balanced":
                 raise ValueError("relax needs a free side: marginals='rows' or 'cols'")

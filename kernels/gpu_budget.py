@@ -13,6 +13,9 @@ as ``pallas_gpu`` pads them (next power of two, at least 16):
   the plan tile ``[b, b]`` (the A of ``p @ y``), x ``[b, mx]``;
 - one ``[b]`` row of reduction scratch (the LSE's max and sum).
 
+Kernels that read a stored band (``KernelShape.stored`` with d = 0) stage a ``[b, b]`` band
+tile where the others stage k, and may hold one transposed copy of it (the column walk).
+
 It counts every buffer as live at once, so it bounds Triton's allocation from above (Triton
 reuses buffers whose lifetimes do not overlap). Checked against Triton itself: PyPI ``triton``
 3.9 compiles the lowered kernels for sm_90 / sm_80 / sm_86 on a CPU host
@@ -31,6 +34,22 @@ Registers bound the tile edge before shared memory does. On an H100 (2026-11-24,
 
 A ``[b, b]`` f32 tile takes ``b² / (32 num_warps)`` registers a thread; past ~16 the kernels
 spill (64/4, 128/*). ``MAX_EDGE`` caps the edge at the fastest measured, 32 with 4 warps.
+Triton and ptxas on this CPU host (PyPI ``triton`` 3.9, sm_90, ``cuobjdump -res-usage``)
+agree: the same kernels at d = m = 64 use 168 (LSE) and 96 (product) registers at 32/4 with no
+spill, and spill at 128/4 (13 and 20 KB of stack), 128/8 and the product's 64/4.
+
+The stored-band kernels (``KernelShape.stored``) hold a program's row-side operands (x, the
+accumulator) and walked tiles (z, the band, the plan) instead of q and k; at 32/4 their
+modulated product spills once those pass ~64 values a thread (same compiler, sm_90, 32-wide
+tiles, stack bytes at 4 warps / 8 warps; ``live_values`` in brackets, per thread at 4 warps):
+
+    m / mx:   1/0 [20]  64/0 [32]  16/20 [36]  32/36 [56]  64/68 [96]  128/132 [176]
+    4 warps:     0          0          0           0          408         2328
+    8 warps:     0          0          0           0            0            0
+
+so ``num_warps`` gives them 8 warps past ``LIVE_PER_THREAD``. ``tests/test_gpu_budget.py``
+compiles the chosen tiling of every kernel shape the benchmark and the training configurations
+use and fails on any spill (where PyPI ``triton`` is installed).
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ _CLASS_BY_CC = {"9.0": "h100", "8.0": "a100", "8.7": "a100"}
 MIN_DOT = 16  # smallest tl.dot operand dimension (and so the smallest compiled tile edge)
 STAGES = (2, 1)  # pipeline depths tried, deepest first
 MAX_EDGE = 32  # largest tile edge used: wider tiles spill registers (module docstring)
+LIVE_PER_THREAD = 64  # stored-band kernels: more live values a thread at 4 warps spill (docstring)
 
 
 def padded(f: int) -> int:
@@ -66,28 +86,48 @@ class GpuTiling:
 @dataclasses.dataclass(frozen=True)
 class KernelShape:
     """The feature widths of one kernel call (unpadded): d of q and k, m of y (0 for the LSE
-    kernel), mx of x and z (0 when unmodulated)."""
+    kernel), mx of x and z (0 when unmodulated); ``stored``: the scores are read from a stored
+    band (``pallas_gpu.band_scores``) instead of recomputed from q and k (d is then the
+    scores kernel's own, or 0 for the kernels that read the band)."""
 
     d: int
     m: int = 0
     mx: int = 0
+    stored: bool = False
 
 
 def smem_bytes(shape: KernelShape, block: int, num_stages: int, itemsize: int = 4) -> int:
     """Upper bound on the shared memory (bytes) of one program; see the module docstring."""
-    d = padded(shape.d)
+    d = padded(shape.d) if shape.d else 0
     m = padded(shape.m) if shape.m else 0
     mx = padded(shape.mx) if shape.mx else 0
-    staged = block * (d + m + mx + 1)  # k, y, z tiles and the key offsets
-    once = block * d + block * mx + (block * block if m else 0)  # q, x, the plan tile
+    if shape.stored and not d:  # a stored band tile in place of k, and one transposed copy of it
+        staged = block * (block + m + mx + 1)  # band, y, z tiles and the walked lines' offsets
+        once = block * mx + (block * block if m else 0) + block * block  # x, the plan tile, the transpose
+    else:
+        staged = block * (d + m + mx + 1)  # k, y, z tiles and the key offsets
+        once = block * d + block * mx + (block * block if m else 0)  # q, x, the plan tile
     scratch = block  # reduction row
     return itemsize * (num_stages * staged + once + scratch)
 
 
-def num_warps(block: int) -> int:
-    """8 warps for 128-wide tiles (a [128, 128] f32 tile is 64 registers a thread), else 4 (as
-    JAX's Pallas GPU attention)."""
-    return 8 if block >= 128 else 4
+def live_values(shape: KernelShape, block: int) -> int:
+    """Values a program of a stored-band product keeps live (registers, modelled): the
+    accumulator ``[b, m]``, x and one z tile ``[b, mx]``, the plan and modulation tiles."""
+    m = padded(shape.m) if shape.m else 0
+    mx = padded(shape.mx) if shape.mx else 0
+    return block * (m + 2 * mx) + 2 * block * block
+
+
+def num_warps(block: int, shape: KernelShape | None = None) -> int:
+    """8 warps for 128-wide tiles (a [128, 128] f32 tile is 64 registers a thread) and for
+    stored-band kernels past ``LIVE_PER_THREAD`` at 4 warps, else 4 (as JAX's Pallas GPU
+    attention; the fastest measured for the recomputing kernels at 32)."""
+    if block >= 128:
+        return 8
+    if shape is not None and shape.stored and live_values(shape, block) > LIVE_PER_THREAD * 32 * 4:
+        return 8
+    return 4
 
 
 def device_budget(device=None) -> int:
@@ -115,7 +155,7 @@ def choose(shape: KernelShape, max_block: int, budget: int, max_edge: int | None
     while block >= MIN_DOT:
         for stages in STAGES:
             if smem_bytes(shape, block, stages) <= budget:
-                return GpuTiling(block, num_warps(block), stages)
+                return GpuTiling(block, num_warps(block, shape), stages)
         block //= 2
     raise ValueError(f"no Triton tiling of {shape} fits {budget} bytes of shared memory "
                      f"(tile edge at most {max_block})")

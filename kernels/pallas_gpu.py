@@ -10,6 +10,15 @@ least 16 in every dimension: the tile edge must be such a power of two, and feat
 zero-padded to one here (zero features change no inner product; padded output columns are
 cut off).
 
+Scores come from one of two sources (``source``, static): "qk" recomputes each tile as
+``<q_i, k_j>`` (O(L) memory: nothing of the band is stored), "rows" / "cols" read it from a
+band stored once by ``band_scores`` (O(L W) memory, as the XLA path; no matmul per pass: on a
+GPU the recomputation runs at fp32 without tensor cores, 64 FMAs an entry for d = 64, in each
+of ~40 passes). The stored band is ``[N, Lp, n_diag b]``: row i holds its row block's key
+blocks ``I - wb .. I + wb`` side by side (``-inf`` off the band, on inactive lines and on key
+blocks off the problem). "rows" walks a row block's own band row; "cols" walks a key block's
+tiles down the band and transposes each, so that the column primitives run the row kernels.
+
 Shared memory: each call re-tiles the band with the edge, ``num_warps`` and ``num_stages`` that
 ``gpu_budget.choose`` picks for the device's budget (the band tiling's edge divided by a power
 of two; the band mask is exact at any edge). Interpret mode runs the same tiling.
@@ -53,9 +62,17 @@ FORCED_TILING: dict[KernelShape, GpuTiling] = {}
 
 def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTiling]:
     """The band re-tiled for this device's shared memory, and the launch settings. Tiles below
-    ``MIN_DOT`` (interpret mode only) are kept as they are."""
+    ``MIN_DOT`` (interpret mode only) are kept as they are; so is a stored band's tiling
+    (``shape.stored``: only the launch settings are free)."""
     if geom.block < MIN_DOT:
         return geom, GpuTiling(geom.block, gpu_budget.num_warps(geom.block), gpu_budget.STAGES[0])
+    if shape.stored:
+        t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget(),
+                                                          max_edge=geom.block)
+        if t.block != geom.block:
+            raise ValueError(f"a band stored at {geom.block}-wide tiles does not fit this GPU's shared "
+                             f"memory for {shape}: use impl='pallas' without resident_scores")
+        return geom, t
     t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget())
     return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
 
@@ -79,20 +96,35 @@ def _key_range(i_blk, geom: BandGeometry):
     return jnp.maximum(i_blk - geom.wb, 0), jnp.minimum(i_blk + geom.wb + 1, geom.n_blocks)
 
 
-def _tile_logits(q, a, k_ref, c_ref, i_blk, j_blk, geom: BandGeometry):
-    """Masked logits ``[b, b]`` of row block ``i_blk`` (q and a loaded; a may be None) against
-    key block ``j_blk`` (sliced from the refs that hold all keys)."""
+def _source_scores(source: str, ref0, ref1, geom: BandGeometry):
+    """``(i_blk, j_blk) -> [b, b]``: the scores (unmasked) of the program's line block
+    ``i_blk`` against the walked block ``j_blk``, from the source's two refs: "qk": q (this
+    row block, scale applied) and all keys; "rows": this row block's stored band row and the
+    score scale of its lines; "cols": the whole stored band and the scale (the program's lines
+    are keys: each tile is read from the walked row block's band row and transposed)."""
+    b, wb = geom.block, geom.wb
+    if source == "qk":
+        q = ref0[...]  # [b, d]
+        return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :])
+    scale = ref1[...][:, None]  # [b, 1]
+    if source == "rows":
+        return lambda i_blk, j_blk: scale * ref0[:, pl.ds((j_blk - i_blk + wb) * b, b)]
+    return lambda i_blk, j_blk: scale * ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)].T
+
+
+def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry):
+    """Masked logits ``[b, b]`` of line block ``i_blk`` (row offsets ``a [b, 1]`` loaded, or
+    None) against walked block ``j_blk`` (offsets sliced from ``c_ref``, which holds them all)."""
     b = geom.block
-    keys = pl.ds(j_blk * b, b)
-    return tile_math.band_logits(q, k_ref[keys, :], a, c_ref[keys][None, :],
-                                 row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
+    return tile_math.mask_band(scores(i_blk, j_blk), a, c_ref[pl.ds(j_blk * b, b)][None, :],
+                               row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
 
 
 def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, out_shape, interpret,
-          name):
+          name, grid=None):
     return pl.pallas_call(
         kernel,
-        grid=(out_shape.shape[0], geom.n_blocks),
+        grid=grid or (out_shape.shape[0], geom.n_blocks),
         in_specs=in_specs,
         out_specs=out_spec,
         out_shape=out_shape,
@@ -103,19 +135,96 @@ def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, 
     )
 
 
+def _source_operands(source: str, first, second, geom: BandGeometry):
+    """(specs, operands) of a source's two refs: "qk": q and k ``[N, Lp, d]`` (features
+    padded); "rows" / "cols": the stored band ``[N, Lp, n_diag b]`` and the score scale."""
+    lp, b = geom.length, geom.block
+    if source == "qk":
+        q, k = _pad_features(first), _pad_features(second)
+        return [_rows(b, q.shape[-1]), _whole(lp, k.shape[-1])], [q, k]
+    width = geom.n_diag * b
+    band_spec = (pl.BlockSpec((None, b, width), lambda n, i: (n, i, 0)) if source == "rows"
+                 else _whole(lp, width))
+    scale = jnp.broadcast_to(jnp.asarray(second, jnp.float32), first.shape[:2])  # [N, Lp]
+    return [band_spec, _rows(b)], [first, scale]
+
+
+def stored_geometry(geom: BandGeometry) -> BandGeometry:
+    """The tiling a band is stored at for the "rows" / "cols" kernels: edge at most
+    ``gpu_budget.MAX_EDGE`` (the stored band cannot be re-tiled per call)."""
+    edge = min(geom.block, gpu_budget.MAX_EDGE)
+    return geom if edge == geom.block else make_geometry(geom.length, geom.half_band, edge, pallas=True)
+
+
+# ---- the stored band ---------------------------------------------------------------------------
+
+
+def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry):
+    i_blk, kb = pl.program_id(1), pl.program_id(2)
+    j_blk = i_blk + kb - geom.wb
+    b = geom.block
+    x = tile_math.band_logits(q_ref[...], k_ref[...], a_ref[...][:, None], c_ref[...][None, :],
+                              row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
+    # A key block off the problem (its operands are a clipped duplicate) holds no entry.
+    out_ref[...] = jnp.where((j_blk >= 0) & (j_blk < geom.n_blocks), x, -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "interpret"))
+def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False):
+    """The stored band ``[N, Lp, n_diag b]`` of the "rows" / "cols" sources: entry
+    ``(i, kb b + c)`` is ``<q_i, k_j> + a_i + c_j`` for key ``j = (I + kb - wb) b + c`` (I the
+    row block of i) on the band, ``-inf`` elsewhere. q, k ``[N, Lp, d]``; row_off, col_off
+    ``[N, Lp]`` (0 active, -inf inactive). One program per stored tile: grid (N, nI, n_diag).
+    ``geom`` is the stored tiling (``stored_geometry``)."""
+    n, lp, d = q.shape
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(d, stored=True))
+    q, k = _pad_features(q), _pad_features(k)
+    dp, b = q.shape[-1], geom.block
+    key = lambda n, i, kb: (n, jnp.clip(i + kb - geom.wb, 0, geom.n_blocks - 1))
+    return _call(
+        functools.partial(_scores_kernel, geom=geom), geom, launch,
+        grid=(n, geom.n_blocks, geom.n_diag),
+        in_specs=[pl.BlockSpec((None, b, dp), lambda n, i, kb: (n, i, 0)),  # q [b, d']
+                  pl.BlockSpec((None, b, dp), lambda n, i, kb: key(n, i, kb) + (0,)),  # k [b, d']
+                  pl.BlockSpec((None, b), lambda n, i, kb: (n, i)),  # a [b]
+                  pl.BlockSpec((None, b), key)],  # c [b]
+        out_spec=pl.BlockSpec((None, b, b), lambda n, i, kb: (n, i, kb)),  # [b, b]
+        out_shape=jax.ShapeDtypeStruct((n, lp, geom.n_diag * b), jnp.float32),
+        interpret=interpret, name="band_scores",
+    )(q, k, row_off.astype(jnp.float32), col_off.astype(jnp.float32))
+
+
 # ---- band log-sum-exp ------------------------------------------------------------------------
 
 
-def _lse_kernel(q_ref, k_ref, c_ref, out_ref, *, geom: BandGeometry):
+def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
     i_blk = pl.program_id(1)
-    q = q_ref[...]  # [b, d]
+    scores = _source_scores(source, ref0, ref1, geom)
 
     def body(j_blk, carry):
-        return tile_math.lse_update(*carry, _tile_logits(q, None, k_ref, c_ref, i_blk, j_blk, geom))
+        return tile_math.lse_update(*carry, _tile_logits(scores, None, c_ref, i_blk, j_blk, geom))
 
     lo, hi = _key_range(i_blk, geom)
     m, l = jax.lax.fori_loop(lo, hi, body, tile_math.lse_init(geom.block))
     out_ref[...] = tile_math.lse_finalize(m, l)[:, 0]
+
+
+def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
+    n, lp = col_off.shape
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, shape)
+    specs, operands = _source_operands(source, first, second, geom)
+    b = geom.block
+    return _call(
+        functools.partial(_lse_kernel, geom=geom, source=source), geom, launch,
+        in_specs=specs + [_whole(lp)],  # the source's two refs, c [Lp]
+        out_spec=_rows(b),  # [b]
+        out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
+        interpret=interpret, name="band_lse",
+    )(*operands, col_off.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "interpret"))
@@ -125,33 +234,32 @@ def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False):
     Same contract as ``pallas_tpu.band_lse``: q, k ``[N, Lp, d]`` (scale applied to q),
     col_off ``[N, Lp]`` (-inf = inactive key). Returns ``[N, Lp]`` f32.
     """
-    n, lp, d = q.shape
-    if not interpret:
-        check_geometry(geom)
-    geom, launch = tiling(geom, KernelShape(d))
-    q, k = _pad_features(q), _pad_features(k)
-    dp, b = q.shape[-1], geom.block
-    return _call(
-        functools.partial(_lse_kernel, geom=geom), geom, launch,
-        in_specs=[_rows(b, dp), _whole(lp, dp), _whole(lp)],  # q [b, d'], k [Lp, d'], c [Lp]
-        out_spec=_rows(b),  # [b]
-        out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
-        interpret=interpret, name="band_lse",
-    )(q, k, col_off.astype(jnp.float32))
+    return _lse("qk", q, k, col_off, geom, KernelShape(q.shape[-1]), interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
+def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interpret=False):
+    """``band_lse`` on a stored band (``band_scores``): ``out_i = LSE_j (scale S_ij + c_j)``,
+    or with ``transposed`` the columns' ``out_j = LSE_i (scale S_ij + a_i)``; ``off`` holds the
+    walked lines' offsets ``[N, Lp]``, scale is a scalar."""
+    return _lse("cols" if transposed else "rows", band, scale, off, geom, KernelShape(0, stored=True),
+                interpret)
 
 
 # ---- plan products ---------------------------------------------------------------------------
 
 
-def _product_kernel(q_ref, k_ref, a_ref, c_ref, y_ref, *refs, geom: BandGeometry, modulated: bool):
+def _product_kernel(ref0, ref1, a_ref, c_ref, y_ref, *refs, geom: BandGeometry, modulated: bool,
+                    source: str):
     x_ref, z_ref, out_ref = refs if modulated else (None, None) + refs
     i_blk = pl.program_id(1)
     b = geom.block
-    q, a = q_ref[...], a_ref[...][:, None]  # [b, d], [b, 1]
+    scores = _source_scores(source, ref0, ref1, geom)
+    a = a_ref[...][:, None]  # [b, 1]
     x = x_ref[...] if modulated else None  # [b, mx]
 
     def body(j_blk, acc):
-        p = tile_math.plan_tile(_tile_logits(q, a, k_ref, c_ref, i_blk, j_blk, geom))  # [b, b]
+        p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom))  # [b, b]
         keys = pl.ds(j_blk * b, b)
         if modulated:
             p = tile_math.modulate(p, x, z_ref[keys, :])
@@ -159,6 +267,38 @@ def _product_kernel(q_ref, k_ref, a_ref, c_ref, y_ref, *refs, geom: BandGeometry
 
     lo, hi = _key_range(i_blk, geom)
     out_ref[...] = jax.lax.fori_loop(lo, hi, body, jnp.zeros(out_ref.shape, jnp.float32))
+
+
+def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGeometry,
+             shape: KernelShape, interpret):
+    n, lp = row_off.shape
+    m = y.shape[-1]
+    modulated = x is not None
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, shape)
+    specs, operands = _source_operands(source, first, second, geom)
+    y = _pad_features(y)
+    mp, b = y.shape[-1], geom.block
+    # the source's two refs, a [b], c [Lp], y [Lp, m']
+    specs += [_rows(b), _whole(lp), _whole(lp, mp)]
+    operands += [row_off.astype(jnp.float32), col_off.astype(jnp.float32), y]
+    if modulated:
+        x, z = _pad_features(x), _pad_features(z)
+        specs += [_rows(b, x.shape[-1]), _whole(lp, z.shape[-1])]  # x [b, mx'], z [Lp, mx']
+        operands += [x, z]
+    out = _call(
+        functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source), geom, launch,
+        in_specs=specs,
+        out_spec=_rows(b, mp),  # [b, m']
+        out_shape=jax.ShapeDtypeStruct((n, lp, mp), jnp.float32),
+        interpret=interpret, name="band_product",
+    )(*operands)
+    return out[..., :m]
+
+
+def _mx(x):
+    return 0 if x is None else x.shape[-1]
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "interpret"))
@@ -169,26 +309,17 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
     on keys, x ``[N, Lp, mx]`` on rows and z ``[N, Lp, mx]`` on keys (both or neither).
     Returns ``[N, Lp, m]`` f32.
     """
-    n, lp, d = q.shape
-    m = y.shape[-1]
-    modulated = x is not None
-    if not interpret:
-        check_geometry(geom)
-    geom, launch = tiling(geom, KernelShape(d, m, x.shape[-1] if modulated else 0))
-    q, k, y = _pad_features(q), _pad_features(k), _pad_features(y)
-    dp, mp, b = q.shape[-1], y.shape[-1], geom.block
-    # q [b, d'], k [Lp, d'], a [b], c [Lp], y [Lp, m']
-    in_specs = [_rows(b, dp), _whole(lp, dp), _rows(b), _whole(lp), _whole(lp, mp)]
-    operands = [q, k, row_off.astype(jnp.float32), col_off.astype(jnp.float32), y]
-    if modulated:
-        x, z = _pad_features(x), _pad_features(z)
-        in_specs += [_rows(b, x.shape[-1]), _whole(lp, z.shape[-1])]  # x [b, mx'], z [Lp, mx']
-        operands += [x, z]
-    out = _call(
-        functools.partial(_product_kernel, geom=geom, modulated=modulated), geom, launch,
-        in_specs=in_specs,
-        out_spec=_rows(b, mp),  # [b, m']
-        out_shape=jax.ShapeDtypeStruct((n, lp, mp), jnp.float32),
-        interpret=interpret, name="band_product",
-    )(*operands)
-    return out[..., :m]
+    shape = KernelShape(q.shape[-1], y.shape[-1], _mx(x))
+    return _product("qk", q, k, row_off, col_off, y, x, z, geom, shape, interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
+def stored_product(band, scale, line_off, walk_off, y, x=None, z=None, *, geom: BandGeometry,
+                   transposed=False, interpret=False):
+    """``band_product`` on a stored band: ``P = exp(scale S + a ⊕ c)``. Rows: ``out_i = Σ_j
+    P_ij <x_i, z_j> y_j`` with ``line_off`` = a, ``walk_off`` = c. With ``transposed`` the
+    columns: ``out_j = Σ_i P_ij <z_i, x_j> y_i`` with ``line_off`` = c (the program's lines are
+    keys), ``walk_off`` = a, and x on keys, y and z on rows."""
+    shape = KernelShape(0, y.shape[-1], _mx(x), stored=True)
+    return _product("cols" if transposed else "rows", band, scale, line_off, walk_off, y, x, z, geom,
+                    shape, interpret)

@@ -8,6 +8,12 @@ compute primitives:
 - ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
 - ``band_product(q, k, a, c, y, x, z)``: ``Σ_j exp(<q_i, k_j> + a_i + c_j) <x_i, z_j> y_j``.
 
+With ``resident=True`` (``TransportConfig.resident_scores``; Triton and interpret mode only)
+``scores`` stores the masked band once (``pallas_gpu.band_scores``: O(L W) memory, as the
+XLA path) and the same two primitives read its tiles (``stored_lse``, ``stored_product``)
+instead of recomputing ``<q_i, k_j>`` in every pass; the handles stay lazy in the scale and
+the potentials.
+
 Activity masks become ``-inf`` offsets, the score scale is folded into q (one multiply per
 row instead of one per tile entry), and the column primitives are the row kernels on the
 transposed problem: the band ``|i - j| <= W`` is symmetric and the padded problem square, so
@@ -51,10 +57,19 @@ class Scores(NamedTuple):
     scale: jax.Array  # []
 
 
+class StoredScores(NamedTuple):
+    """Resident score handle: ``S_ij = scale * band_ij``, the band stored once at unit scale."""
+
+    band: jax.Array  # [N, Lp, n_diag b]: pallas_gpu.band_scores at the stored tiling
+    row_active: jax.Array  # [N, Lp] bool
+    col_active: jax.Array  # [N, Lp] bool
+    scale: jax.Array  # []
+
+
 class Plan(NamedTuple):
     """Lazy plan handle: ``P_ij = exp(S_ij + row_pot_i + col_pot_j)`` on the support."""
 
-    scores: Scores
+    scores: Scores | StoredScores
     row_pot: jax.Array  # [N, Lp]
     col_pot: jax.Array  # [N, Lp]
 
@@ -73,18 +88,27 @@ class PallasBandOps(BandOps):
         is CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
       wrapper: "tpu" or "gpu" to force a kernel wrapper; "auto" (or None): the lowering
         platform's (``CPU_WRAPPER`` on CPU).
+      resident: store the score band once and read it in every kernel (GPU wrapper only: on
+        a TPU the recomputation runs on the matrix unit; lowering for "tpu" fails).
     """
 
-    resident_band = False  # scores are recomputed inside every kernel: there is no plan to keep
+    # No plan is kept across steps in either mode (every product rebuilds its plan tiles from
+    # the scores), so the scaling-domain solve does not apply.
+    resident_band = False
     takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
+                 resident: bool = False):
         wrapper = wrapper or "auto"
         if wrapper != "auto" and wrapper not in WRAPPERS:
             raise ValueError(f"wrapper must be one of {['auto', *sorted(WRAPPERS)]}, got {wrapper!r}")
+        if resident and wrapper == "tpu":
+            raise ValueError("resident scores have GPU (Triton) kernels only: use wrapper 'gpu' or 'auto'")
         self.g = geom
         self.wrapper = wrapper
         self.interpret = interpret
+        self.resident = resident
+        self.stored_g = pallas_gpu.stored_geometry(geom) if resident else None
 
     def branch(self, platform: str) -> tuple[str, Any] | None:
         """``(wrapper, interpret)`` run when lowering for ``platform``; None when there is none
@@ -93,6 +117,10 @@ class PallasBandOps(BandOps):
         kind = accelerator(platform)
         interpret = (kind == "cpu") if self.interpret is None else self.interpret
         wrapper = self.wrapper if self.wrapper != "auto" else (CPU_WRAPPER if kind == "cpu" else kind)
+        if self.resident:
+            if kind == "tpu" and not interpret:
+                return None
+            wrapper = "gpu"  # the stored-band kernels exist in the Triton wrapper only
         if interpret:
             return wrapper, interpret
         if kind == "cpu":
@@ -104,14 +132,16 @@ class PallasBandOps(BandOps):
                 return None
         return wrapper, interpret
 
-    def _kernel(self, name: str) -> Callable:
-        """Kernel ``name`` ("band_lse" or "band_product") of the lowering platform's wrapper."""
+    def _kernel(self, name: str, **static) -> Callable:
+        """Kernel ``name`` ("band_lse", "band_product"; resident: "band_scores", "stored_lse",
+        "stored_product") of the lowering platform's wrapper, with ``static`` keywords."""
         fns = {}
+        geom = self.stored_g if self.resident else self.g
         for platform in PLATFORMS:
             if (choice := self.branch(platform)) is not None:
                 wrapper, interpret = choice
-                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.g,
-                                                  interpret=interpret)
+                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=geom,
+                                                  interpret=interpret, **static)
         if len({(f.func, repr(f.keywords)) for f in fns.values()}) == 1:
             return next(iter(fns.values()))  # the same kernel everywhere: no dispatch needed
         return lambda *args: jax.lax.platform_dependent(*args, **fns)
@@ -132,38 +162,60 @@ class PallasBandOps(BandOps):
                                             _offsets(k_active, k_pot), y, x, z)
 
     # ---- scores ---------------------------------------------------------------------------
-    def scores(self, q, k, row_active, col_active, scale) -> Scores:
+    def scores(self, q, k, row_active, col_active, scale) -> Scores | StoredScores:
         """Handle for ``scale * <q_i, k_j>`` on the band; q, k ``[N, Lp, d]``, masks ``[N, Lp]``."""
-        return Scores(q, k, row_active, col_active, jnp.asarray(scale, jnp.float32))
+        scale = jnp.asarray(scale, jnp.float32)
+        if self.resident:
+            band = self._kernel("band_scores")(q, k, _offsets(row_active), _offsets(col_active))
+            return StoredScores(band, row_active, col_active, scale)
+        return Scores(q, k, row_active, col_active, scale)
 
-    def rescale(self, s: Scores, factor) -> Scores:
+    def rescale(self, s, factor):
         return s._replace(scale=s.scale * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
     # No ``shift`` is ever passed (takes_shift is False): the online max/sum is one exact pass.
-    def row_lse(self, s: Scores, col_bias, shift=None):
+    def row_lse(self, s, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift
+        if self.resident:
+            lse = self._kernel("stored_lse", transposed=False)(s.band, s.scale, _offsets(s.col_active, col_bias))
+            return lse + _offsets(s.row_active)
         return self._lse(s.q, s.k, s.row_active, s.col_active, s.scale, col_bias)
 
-    def col_lse(self, s: Scores, row_bias, shift=None):
+    def col_lse(self, s, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``: the transposed row LSE."""
         del shift
+        if self.resident:
+            lse = self._kernel("stored_lse", transposed=True)(s.band, s.scale, _offsets(s.row_active, row_bias))
+            return lse + _offsets(s.col_active)
         return self._lse(s.k, s.q, s.col_active, s.row_active, s.scale, row_bias)
 
     # ---- plans and their products ---------------------------------------------------------
-    def plan(self, s: Scores, row_pot, col_pot) -> Plan:
+    def plan(self, s, row_pot, col_pot) -> Plan:
         """Handle for ``exp(S_ij + row_pot_i + col_pot_j)`` on the support (0 outside)."""
         return Plan(s, row_pot, col_pot)
 
+    def _stored_product(self, p: Plan, transposed: bool, y, x, z):
+        if (x is None) != (z is None):
+            raise ValueError("x and z must be given together")
+        s = p.scores
+        rows, cols = _offsets(s.row_active, p.row_pot), _offsets(s.col_active, p.col_pot)
+        line, walk = (cols, rows) if transposed else (rows, cols)
+        return self._kernel("stored_product", transposed=transposed)(s.band, s.scale, line, walk, y, x, z)
+
     def plan_rows(self, p: Plan, y, x=None, z=None):
         """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""
+        if self.resident:
+            return self._stored_product(p, False, y, x, z)
         s = p.scores
         return self._product(s.q, s.k, s.row_active, s.col_active, s.scale, p.row_pot, p.col_pot,
                              y, x, z)
 
     def plan_cols(self, p: Plan, y, x=None, z=None):
         """``out_j = Σ_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` and x on rows, z on columns."""
+        if self.resident:
+            return self._stored_product(p, True, y, z, x)
         s = p.scores
         return self._product(s.k, s.q, s.col_active, s.row_active, s.scale, p.col_pot, p.row_pot,
                              y, z, x)

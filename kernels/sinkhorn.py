@@ -104,7 +104,8 @@ def make_ops(spec: Spec) -> BandOps:
     if spec.cfg.impl == "pallas":
         from pfamalign.kernels.pallas_ops import PallasBandOps
 
-        return PallasBandOps(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel)
+        return PallasBandOps(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel,
+                             resident=spec.cfg.resident_scores)
     if spec.cfg.impl == "xla":
         from pfamalign.kernels.banded_xla import XlaBandOps
 

@@ -46,7 +46,14 @@ def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int):
     Returns:
       ``[b, bk]`` f32 logits.
     """
-    s = dot_nt(q, k)  # [b, bk]
+    return mask_band(dot_nt(q, k), row_off, col_off, row0=row0, col0=col0, half_band=half_band)
+
+
+def mask_band(s, row_off, col_off, *, row0, col0, half_band: int):
+    """``s_ij + a_i + c_j`` on the band ``|i - j| <= W``, ``-inf`` elsewhere: the logits of a
+    tile whose scores ``s [b, bk]`` are given (computed, or read from a stored band). Arguments
+    as ``band_logits``; the band is symmetric, so a transposed tile (keys as its rows) is
+    masked with the keys' index as ``row0``."""
     shape = s.shape
     # i - j from the block offset plus in-tile offsets: small ints, no |.| on vectors needed.
     diff = (row0 - col0) + (jax.lax.broadcasted_iota(jnp.int32, shape, 0)

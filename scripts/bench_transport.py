@@ -7,6 +7,8 @@ and implementation:
     log-sum-exps, no ``lax.cond`` in the loop: on a GPU each one waits on a host copy);
   * ``pallas``: the same op through the Pallas kernels (``impl="pallas"``; Triton on a GPU,
     Mosaic on a TPU; interpret mode on a CPU, slow: not in the default set);
+  * ``pallas-resident``: the Triton kernels reading a score band stored once per call
+    (``resident_scores=True``) instead of recomputing every tile (GPU; interpret mode on a CPU);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
@@ -31,6 +33,7 @@ The device it ran on is printed first (stderr) and under the table.
     python scripts/bench_transport.py --lengths 4096 --impls xla,reference
     python scripts/bench_transport.py --impls reference,xla,pallas    # on a GPU or TPU
     python scripts/bench_transport.py --impls reference,xla,xla-branch-free --lengths 1024,4096
+    python scripts/bench_transport.py --impls reference,xla,pallas,pallas-resident    # on a GPU
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ import sys
 
 import _common
 
-IMPLS = ("reference", "ott", "xla")  # the default set; "xla-branch-free" and "pallas" on request
-KNOWN_IMPLS = IMPLS + ("xla-branch-free", "pallas")
+IMPLS = ("reference", "ott", "xla")  # the default set; the other variants on request
+KNOWN_IMPLS = IMPLS + ("xla-branch-free", "pallas", "pallas-resident")
 # The parent only records the environment (which starts JAX's backend): on a GPU it must not
 # preallocate the memory its children measure with (``_leave_gpu_memory_to_children``).
 _PARENT_PREALLOCATE = "_BENCH_TRANSPORT_PARENT_PREALLOCATE"
@@ -62,9 +65,9 @@ def _child(cfg: dict) -> dict:
         op = _ott_op(length, hb, d, t + r, eps)
     else:
         from pfamalign.kernels import TransportConfig, transport
+        from pfamalign.kernels.config import impl_variant
 
-        tc = TransportConfig(half_band=hb, eps=eps, base_steps=t, tail_steps=r,
-                             impl=impl.removesuffix("-branch-free"), branch_free=impl.endswith("-branch-free"))
+        tc = TransportConfig(half_band=hb, eps=eps, base_steps=t, tail_steps=r, **impl_variant(impl))
         op = lambda q, k, v: transport(q, k, v, lens, lens, config=tc)
     fb, mem = _common.compile_with_memory(_common.fwd_bwd(op), q, k, v, w)
     need = mem.get("temp_bytes", 0) + mem.get("argument_bytes", 0) + mem.get("output_bytes", 0)
@@ -166,7 +169,7 @@ def main(argv=None):
     rep.finish()
 
 
-BANDED = ("xla", "xla-branch-free", "pallas")  # the banded implementations, each against the GPU targets
+BANDED = ("xla", "xla-branch-free", "pallas", "pallas-resident")  # the banded implementations, each against the GPU targets
 
 
 def _targets(rep, results, platform: str):

@@ -72,11 +72,12 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
     import jax.numpy as jnp
 
     from pfamalign.kernels import TransportConfig, transport
+    from pfamalign.kernels.config import impl_variant
 
     q, k, v, w = _common.make_problem(1, 1, length, 64, 64)
     lens = jnp.array([length])
     tc = TransportConfig(half_band=half_band, eps=1.0, base_steps=15, tail_steps=2,
-                         impl=impl.removesuffix("-branch-free"), branch_free=impl.endswith("-branch-free"))
+                         **impl_variant(impl))
     fb = jax.jit(_common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, config=tc)))
     compiled = fb.lower(q, k, v, w).compile()
     hlo = out / "hlo" / f"L{length}_W{half_band}_{impl}.txt"
@@ -102,7 +103,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=_common.int_list, default=[4096, 8192])
     parser.add_argument("--half-band", type=int, default=256)
-    parser.add_argument("--impls", default="xla", help="comma-separated: reference, xla, xla-branch-free, pallas")
+    parser.add_argument("--impls", default="xla", help="comma-separated: reference, xla, xla-branch-free, pallas, pallas-resident")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=25, help="ops listed per configuration, the slowest first")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),

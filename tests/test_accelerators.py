@@ -25,6 +25,7 @@ from jax._src.lib.mlir import ir
 
 from pfamalign.kernels import DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport
 from pfamalign.kernels.band import make_geometry
+from pfamalign.kernels.config import impl_variant
 
 PLATFORMS = ("tpu", "cuda")
 KERNEL_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
@@ -51,7 +52,7 @@ def _value_and_grad(cfg: TransportConfig, q_len, k_len, g):
 @functools.lru_cache(maxsize=None)
 def _lowered(impl: str, dustbin: str, platform: str):
     """The op (forward + gradient) lowered for ``platform`` from this host."""
-    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl=impl)
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, **impl_variant(impl))
     q, k, v, tokens, g = _inputs(LQ, LK)
     specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
     return jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)).trace(*specs).lower(lowering_platforms=(platform,))
@@ -150,6 +151,20 @@ def test_every_kernel_matmul_is_pinned(platform):
     assert unpinned_kernel_dots(_lowered("pallas", "spoke", platform), platform) == []
 
 
+def test_resident_scores_pin_every_dot_and_lower_to_triton_only():
+    """``resident_scores``: the op lowered for cuda computes its band and reads it in Triton
+    kernels whose every matmul (scores, modulation, products) is pinned; a TPU has no such
+    kernels, and lowering for it fails."""
+    lowered = _lowered("pallas-resident", "spoke", "cuda")
+    text = lowered.as_text()
+    assert unpinned_f32_dots(text) == []
+    assert text.count(KERNEL_CALL["cuda"]) >= 4 and KERNEL_CALL["tpu"] not in text
+    assert len(kernel_dots(lowered, "cuda")) >= 3 and unpinned_kernel_dots(lowered, "cuda") == []
+    assert '"band_scores"' in text or "band_scores" in text
+    with pytest.raises(NotImplementedError, match="platform tpu"):
+        _lowered("pallas-resident", "spoke", "tpu")
+
+
 def test_an_unpinned_einsum_is_caught():
     f32 = jax.ShapeDtypeStruct((4, 8), jnp.float32)
     text = jax.jit(lambda a, b: jnp.einsum("id,jd->ij", a, b)).trace(f32, f32).lower(
@@ -214,7 +229,7 @@ def test_a_branch_free_solve_lowers_without_a_conditional(dustbin):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "pallas"])
+@pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "pallas", "pallas-resident"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
 def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
@@ -223,8 +238,7 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     CPU is itself 1.1e-5 from float64.) TF32 contractions miss this by two orders."""
     _skip_without_gpu()
     q, k, v, tokens, g = _inputs(LQ, LK)
-    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin,
-                          impl=impl.removesuffix("-branch-free"), branch_free=impl.endswith("-branch-free"))
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, **impl_variant(impl))
     got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
     want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
@@ -232,7 +246,7 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident"])
 def test_benchmark_shape_runs_exactly_on_gpu(impl):
     """The benchmark's first size (L = 1024, W = 256, d = dv = 64, T = 15, R = 2) compiles within
     the device's shared memory and matches dense autodiff to 1e-5."""
@@ -240,7 +254,7 @@ def test_benchmark_shape_runs_exactly_on_gpu(impl):
     q, k, v, tokens, g = _inputs(1024, 1024, b=1, h=1, d=64, dv=64)
     lens = (1024,)
     run = lambda impl: jax.jit(_value_and_grad(
-        TransportConfig(half_band=256, base_steps=15, tail_steps=2, impl=impl), lens, lens, g))(q, k, v, tokens)
+        TransportConfig(half_band=256, base_steps=15, tail_steps=2, **impl_variant(impl)), lens, lens, g))(q, k, v, tokens)
     got, want = run(impl), run("reference")
     for a, b in zip(jax.tree.leaves(got[1])[:3], jax.tree.leaves(want[1])[:3]):
         np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=0)

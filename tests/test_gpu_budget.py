@@ -14,7 +14,11 @@
 from __future__ import annotations
 
 import functools
+import pathlib
+import re
+import subprocess
 import types
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,9 +121,12 @@ def _trace_shapes(cfg: TransportConfig, *, lq, lk, h, d, dv, monkeypatch) -> set
 
 
 def _bench_cases():
-    """scripts/bench_transport.py: d = dv = 64, T = 15, R = 2, W = 256 (1024 from L = 16384)."""
+    """scripts/bench_transport.py: d = dv = 64, T = 15, R = 2, W = 256 (1024 from L = 16384);
+    the kernels that recompute scores and those that read a stored band."""
     for length, w in ((1024, 256), (16384, 1024)):
-        yield f"bench-L{length}", TransportConfig(half_band=w, tail_steps=2, impl="pallas"), length, 1, 64, 64
+        for resident in (False, True):
+            cfg = TransportConfig(half_band=w, tail_steps=2, impl="pallas", resident_scores=resident)
+            yield f"bench-L{length}" + ("-resident" if resident else ""), cfg, length, 1, 64, 64
 
 
 def _train_cases():
@@ -127,8 +134,10 @@ def _train_cases():
     for name in configs.CONFIG_NAMES:
         run = configs.get_config(name, embedder_id="builtin/onehot+blosum62", feature_dim=50)
         m = run.model
-        cfg = TransportConfig.from_dict({**m.transport.to_dict(), "impl": "pallas"})
-        yield name, cfg, 1024, m.heads, m.head_dim, m.value_dim
+        for resident in (False, True):
+            cfg = TransportConfig.from_dict({**m.transport.to_dict(), "impl": "pallas",
+                                             "resident_scores": resident})
+            yield name + ("-resident" if resident else ""), cfg, 1024, m.heads, m.head_dim, m.value_dim
 
 
 CASES = {name: rest for name, *rest in (*_bench_cases(), *_train_cases())}
@@ -169,19 +178,34 @@ def test_bench_reaches_the_h100_failing_shape(used_shapes):
 # ---- the lowered Triton call carries the choice, and Triton agrees ------------------------------
 
 
-def _lower_triton(shape: KernelShape, geom, n: int = 1):
-    """The Triton kernel for ``shape`` (LSE when ``shape.m == 0``, else a product) lowered for
-    "cuda" on the band tiling ``geom``; returns (StableHLO text, the custom call's config)."""
+def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False):
+    """The Triton kernel for ``shape`` lowered for "cuda" on the band tiling ``geom``: an LSE
+    when ``shape.m == 0``, else a product; with ``shape.stored`` the stored-band kernels (the
+    scores kernel when ``shape.d``; ``transposed``: the column walk) at the stored tiling.
+    Returns (StableHLO text, the custom call's config)."""
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-    lp = geom.length
-    if not shape.m:
+    static = {}
+    if shape.stored:
+        geom = pallas_gpu.stored_geometry(geom)
+        lp, band = geom.length, f32(n, geom.length, geom.n_diag * geom.block)
+        if shape.d:
+            fn, specs = pallas_gpu.band_scores, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2
+        elif not shape.m:
+            fn, specs, static = pallas_gpu.stored_lse, [band, f32(), f32(n, lp)], {"transposed": transposed}
+        else:
+            fn, static = pallas_gpu.stored_product, {"transposed": transposed}
+            specs = [band, f32(), f32(n, lp), f32(n, lp), f32(n, lp, shape.m)]
+            specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
+    elif not shape.m:
+        lp = geom.length
         fn, specs = pallas_gpu.band_lse, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)]
     else:
+        lp = geom.length
         fn = pallas_gpu.band_product
         specs = [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2 + [f32(n, lp, shape.m)]
         specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
     # The undecorated function: a monkeypatched budget must reach a fresh trace.
-    f = functools.partial(fn.__wrapped__, geom=geom, interpret=False)
+    f = functools.partial(fn.__wrapped__, geom=geom, interpret=False, **static)
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
     from test_accelerators import _custom_calls
 
@@ -200,9 +224,17 @@ def test_lowered_triton_call_uses_the_chosen_tiling(device_class, monkeypatch):
     assert f"grid_y = {geom.length // want.block} : i32" in text  # one program per re-tiled row block
 
 
-def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
-    """Shared memory Triton (PyPI ``triton``, on this CPU host) allocates for the lowered kernel
-    when compiling it for ``sm_<cc>`` with the call's own num_warps and num_stages."""
+class Compiled(NamedTuple):
+    """What Triton (PyPI ``triton``, on this CPU host) allocates for a lowered kernel."""
+
+    shared: int  # bytes of shared memory a program asks for
+    registers: int  # a thread's, as ptxas assigned them (cuobjdump -res-usage)
+    stack: int  # bytes of local stack a thread uses: > 0 means spilled registers
+
+
+def _triton_compile(config, cc: int, tmp_path) -> Compiled:
+    """The lowered kernel compiled for ``sm_<cc>`` with the call's own num_warps and
+    num_stages; registers and spills read from the cubin with Triton's own ``cuobjdump``."""
     triton = pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
     from jax._src.lib.mlir import ir
     from jaxlib.triton import dialect
@@ -214,7 +246,18 @@ def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
     path = tmp_path / "kernel.ttir"
     path.write_text(str(module))
     options = {key: ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages")}
-    return triton.compile(str(path), target=GPUTarget("cuda", cc, 32), options=options).metadata.shared
+    kernel = triton.compile(str(path), target=GPUTarget("cuda", cc, 32), options=options)
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
+    field = lambda name: int(re.search(rf"{name}:(\d+)", usage).group(1))
+    return Compiled(kernel.metadata.shared, field("REG"), field("STACK"))
+
+
+def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
+    return _triton_compile(config, cc, tmp_path).shared
 
 
 def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
@@ -240,6 +283,53 @@ def test_triton_allocation_fits_and_is_bounded_by_the_model(shape, device_class,
     _, config = _lower_triton(shape, geom)
     shared = _triton_shared_bytes(config, cc, tmp_path)
     assert 0 < shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages) <= budget
+
+
+@pytest.fixture(scope="module")
+def compiled_sm90(tmp_path_factory):
+    """{(band edge, shape, transposed): Compiled} for sm_90 at the H100 budget, compiled once."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    cache = {}
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    mp.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
+
+    def get(block, shape, transposed=False):
+        key = (block, shape, transposed)
+        if key not in cache:
+            geom = make_geometry(1024, 256, block, pallas=True)
+            _, config = _lower_triton(shape, geom, transposed=transposed)
+            cache[key] = _triton_compile(config, 90, tmp_path_factory.mktemp("triton"))
+        return cache[key]
+
+    yield get
+    mp.undo()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_chosen_tiling_spills_registers(case, used_shapes, compiled_sm90):
+    """Every kernel shape the benchmark and the training configurations use, at the tiling
+    ``gpu_budget`` chooses on an H100, compiled for sm_90: no register spills (a spill cost
+    the recomputing kernels 10-30x on the H100; see the module docstring of gpu_budget). The
+    stored-band kernels are compiled in both walks."""
+    for block, shape in sorted(used_shapes[case], key=str):
+        for transposed in ((False, True) if shape.stored and not shape.d else (False,)):
+            got = compiled_sm90(block, shape, transposed)
+            assert got.stack == 0, (block, shape, transposed, got)
+
+
+@pytest.mark.slow
+def test_four_warps_spill_the_stored_modulated_product(monkeypatch, tmp_path):
+    """The control: at 4 warps (the recomputing kernels' choice) the benchmark's stored-band
+    modulated product spills, which is why ``num_warps`` gives it 8."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    shape = KernelShape(0, 64, 68, stored=True)
+    assert gpu_budget.choose(shape, 32, SMEM_BUDGET["h100"]).num_warps == 8
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setitem(pallas_gpu.FORCED_TILING, shape, GpuTiling(32, 4, 2))
+    _, config = _lower_triton(shape, make_geometry(1024, 256, pallas=True))
+    assert _triton_compile(config, 90, tmp_path).stack > 0
 
 
 def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):

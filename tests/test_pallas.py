@@ -21,10 +21,11 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport
-from pfamalign.kernels import pallas_gpu, pallas_ops, pallas_tpu
+from pfamalign.kernels import gpu_budget, pallas_gpu, pallas_ops, pallas_tpu
 from pfamalign.kernels.band import BandGeometry, make_geometry
 from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.banded_xla import XlaBandOps
+from pfamalign.kernels.config import impl_variant
 from pfamalign.kernels.pallas_ops import PallasBandOps
 from pfamalign.kernels.sinkhorn import Spec, make_ops
 
@@ -115,13 +116,13 @@ def _error_units(got, exact, scale):
 
 
 @functools.lru_cache(maxsize=None)
-def _primitive_outputs(wrapper: str, interpret, band: str, block: int):
+def _primitive_outputs(wrapper: str, interpret, band: str, block: int, resident: bool = False):
     """{name: (pallas, xla)} for one tiling: one jit (one compilation) for all six primitives,
     and under "float64" the exact plan products with their error scales."""
     length = int(2.5 * block)
     geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
     p = _random_problem(geom, length)
-    pallas = PallasBandOps(geom, interpret, wrapper=wrapper)
+    pallas = PallasBandOps(geom, interpret, wrapper=wrapper, resident=resident)
     got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
     out = {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
     return {**out, "float64": _float64_products(p, geom)}
@@ -133,13 +134,14 @@ class _PrimitivesCase:
 
     WRAPPER = ""
     INTERPRET = True
+    RESIDENT = False  # read a stored score band instead of recomputing tiles (GPU wrapper)
 
     @pytest.fixture(scope="class", params=list(HALF_BANDS))
     @classmethod
     def outputs(cls, request):
         _skip_unless_runnable(cls.WRAPPER, cls.INTERPRET)
         block = 8 if cls.INTERPRET else 128  # interpret mode checks no tile legality
-        return _primitive_outputs(cls.WRAPPER, cls.INTERPRET, request.param, block)
+        return _primitive_outputs(cls.WRAPPER, cls.INTERPRET, request.param, block, cls.RESIDENT)
 
     @pytest.mark.parametrize("name", ["row_lse", "col_lse"])
     def test_lse(self, outputs, name):
@@ -171,6 +173,19 @@ class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
 
 @pytest.mark.gpu
 class TestPrimitivesGPU(TestPrimitivesGPUInterpret):
+    INTERPRET = False
+
+
+class TestPrimitivesGPUResidentInterpret(_PrimitivesCase):
+    """The stored band at the kernels' own tiling (8 here; 32 under a compiled 128 band): the
+    column primitives walk it transposed."""
+
+    WRAPPER = "gpu"
+    RESIDENT = True
+
+
+@pytest.mark.gpu
+class TestPrimitivesGPUResident(TestPrimitivesGPUResidentInterpret):
     INTERPRET = False
 
 
@@ -225,6 +240,7 @@ class _TransportCase:
     """``transport(..., impl="pallas")`` vs ``impl="reference"`` autodiff: B=2, H=2, R=2."""
 
     WRAPPER = ""
+    RESIDENT = False
 
     @pytest.fixture(scope="class", params=FAST_MODES)
     @classmethod
@@ -232,8 +248,10 @@ class _TransportCase:
         if jax.default_backend() != "cpu":
             pytest.skip("the wrapper is forced only for CPU interpret mode")
         cfg = TransportConfig(half_band=3, eps=0.7, base_steps=5, tail_steps=2, dustbin=request.param,
-                              impl="pallas", blocks=BlockSizes(8))  # 3 row blocks, 3 diagonals
-        ref = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes()), None)
+                              impl="pallas", blocks=BlockSizes(8),  # 3 row blocks, 3 diagonals
+                              resident_scores=cls.RESIDENT)
+        ref = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes(),
+                                              resident_scores=False), None)
         return _op_results(cfg, cls.WRAPPER), ref
 
     def test_forward_matches_reference(self, results):
@@ -256,6 +274,11 @@ class TestTransportTPUInterpret(_TransportCase):
 
 class TestTransportGPUInterpret(_TransportCase):
     WRAPPER = "gpu"
+
+
+class TestTransportGPUResidentInterpret(_TransportCase):
+    WRAPPER = "gpu"
+    RESIDENT = True
 
 
 @pytest.mark.slow
@@ -347,9 +370,43 @@ def test_dispatch_follows_the_lowering_platform():
         PallasBandOps(geom, wrapper="mosaic")
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_resident_scores_dispatch_to_the_triton_wrapper_only(monkeypatch):
+    """The stored-band kernels exist in the Triton wrapper: interpret mode on CPU runs them
+    whatever ``CPU_WRAPPER`` says, a TPU has no branch, and forcing the TPU wrapper is refused."""
+    monkeypatch.setattr(pallas_ops, "CPU_WRAPPER", "tpu")
+    geom = make_geometry(300, 70, pallas=True)
+    ops = PallasBandOps(geom, resident=True)
+    assert ops.branch("cpu") == ("gpu", True)
+    assert ops.branch("cuda") == ("gpu", False)
+    assert ops.branch("tpu") is None
+    assert ops.stored_g.block == gpu_budget.MAX_EDGE and ops.stored_g.length == geom.length
+    assert PallasBandOps(make_geometry(20, 3, 8), resident=True).stored_g.block == 8  # kept when narrower
+    with pytest.raises(ValueError, match="GPU"):
+        PallasBandOps(geom, wrapper="tpu", resident=True)
+    for bad in (dict(impl="xla"), dict(impl="auto"), dict(impl="pallas", kernel="tpu"), dict(impl="pallas", resident_scores=1)):
+        with pytest.raises(ValueError, match="resident_scores"):
+            TransportConfig(half_band=3, **{"resident_scores": True, **bad})
+
+
+def test_resident_scores_store_one_band():
+    """With ``resident_scores`` the band is stored (once per call: forward and backward each
+    compute it), at the stored tiling's ``[N, Lp, n_diag b]``; without, nothing of size O(L W)."""
+    L, W, d, dv = 400, 100, 4, 3
+    q, k, v, tokens, g = _op_inputs(L, L, b=1, h=1, d=d, dv=dv)
+    ql = kl = jnp.array([L])
+    stored = {}
+    for resident in (False, True):
+        cfg = TransportConfig(half_band=W, base_steps=3, tail_steps=2, impl="pallas", resident_scores=resident)
+        loss = lambda q, k, v: jnp.sum(g * transport(q, k, v, ql, kl, config=cfg))
+        jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v)
+        stored[resident] = _largest_intermediate(jaxpr)
+    sg = pallas_gpu.stored_geometry(make_geometry(L, W, pallas=True))
+    assert stored[True] == sg.length * sg.n_diag * sg.block > stored[False]
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident"])
 def test_every_backend_implements_band_ops(impl):
-    spec = Spec(TransportConfig(half_band=3, impl=impl), make_geometry(20, 3, pallas=True), False, False)
+    spec = Spec(TransportConfig(half_band=3, **impl_variant(impl)), make_geometry(20, 3, pallas=True), False, False)
     ops = make_ops(spec)
     assert isinstance(ops, BandOps)
     assert type(ops.resident_band) is bool and type(ops.takes_shift) is bool
@@ -393,6 +450,32 @@ def test_kernel_lowers_for_its_platform(wrapper, kernel):
     """The real Mosaic / Triton lowering of each kernel at 128-wide tiles."""
     text = _lower(wrapper, kernel, LOWER_GEOM).as_text()
     assert _CUSTOM_CALL[wrapper] in text
+
+
+def _stored_specs(kernel: str, geom: BandGeometry, *, n=2, d=32, m=8, mx=12):
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    lp = geom.length
+    band = f32(n, lp, geom.n_diag * geom.block)
+    product = [band, f32(), f32(n, lp), f32(n, lp), f32(n, lp, m)]  # band, scale, offsets, y
+    return {"band_scores": [f32(n, lp, d), f32(n, lp, d), f32(n, lp), f32(n, lp)],
+            "stored_lse": [band, f32(), f32(n, lp)],
+            "stored_product": product,
+            "stored_product_modulated": product + [f32(n, lp, mx), f32(n, lp, mx)]}[kernel]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("kernel", ["band_scores", "stored_lse", "stored_product", "stored_product_modulated"])
+def test_stored_band_kernels_lower_for_cuda(kernel, transposed):
+    """The Triton lowering of the resident-score kernels at the stored tiling of a 128 band
+    (32-wide tiles), the column walk (transposed) included."""
+    if kernel == "band_scores" and transposed:
+        pytest.skip("the scores kernel has no transposed form")
+    geom = pallas_gpu.stored_geometry(LOWER_GEOM)
+    static = {} if kernel == "band_scores" else {"transposed": transposed}
+    fn = functools.partial(getattr(pallas_gpu, kernel.removesuffix("_modulated")), geom=geom, interpret=False,
+                           **static)
+    text = jax.jit(fn).trace(*_stored_specs(kernel, geom)).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count(_CUSTOM_CALL["gpu"]) == 1
 
 
 @pytest.mark.parametrize("geom", [
