@@ -144,11 +144,12 @@ def support(flat: Flat, spec: Spec) -> Support:
                    log_rows, log_cols, *spec.cfg.damping(), spec.cfg.centered())
 
 
-def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes:
-    n = flat.q.shape[0]
+def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes | None:
+    """The dustbin spokes' scores; None without a dustbin (no spoke: every step, plan and
+    product skips the spoke terms, which would be -inf scores and 0 plan entries, in O(L)
+    passes and reductions that are kernel launches of their own on a GPU)."""
     if not spec.has_dustbin:
-        off = jnp.full(flat.row_active.shape, -jnp.inf, flat.q.dtype)
-        return Spokes(off, off, jnp.full((n,), -jnp.inf, flat.q.dtype))
+        return None
     col = einsum("nid,nd->ni", flat.q, flat.tk) * scale
     row = einsum("nd,njd->nj", flat.tq, flat.k) * scale
     corner = einsum("nd,nd->n", flat.tq, flat.tk) * scale
@@ -192,20 +193,27 @@ def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
 
 
-def _row_lse(ops, band, spk: Spokes, sup: Support, v, shift=None):
+def _with_dustbin_lse(band_lse, to_slot, from_slot, corner, x):
+    """A band log-sum-exp ``[N, Lp]`` of ``S + x`` completed on the extended support ``[N, Lp
+    + 1]``: real line l gains the entry ``to_slot[l] + x[slot]``, and the dustbin line is
+    ``LSE_l (from_slot[l] + x[l])`` with the corner. Spokes None: no dustbin line (-inf)."""
+    if to_slot is None:
+        return jnp.concatenate([band_lse, jnp.full(band_lse.shape[:1] + (1,), -jnp.inf, band_lse.dtype)], -1)
+    real = _logaddexp(band_lse, to_slot + x[:, -1:])
+    db = _logaddexp(_lse_last(from_slot + x[:, :-1]), corner + x[:, -1])
+    return jnp.concatenate([real, db[:, None]], -1)
+
+
+def _row_lse(ops, band, spk: Spokes | None, sup: Support, v, shift=None):
     """LSE_row(S + v) ``[N, Lp + 1]`` on the extended support (-inf on empty rows)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
-    real = _logaddexp(band_lse, spk.col + v[:, -1:])
-    db = _logaddexp(_lse_last(spk.row + v[:, :-1]), spk.corner + v[:, -1])
-    return jnp.concatenate([real, db[:, None]], -1)
+    return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.col, spk.row, spk.corner)), v)
 
 
-def _col_lse(ops, band, spk: Spokes, sup: Support, u, shift=None):
+def _col_lse(ops, band, spk: Spokes | None, sup: Support, u, shift=None):
     """LSE_col(S + u) ``[N, Lp + 1]`` on the extended support (-inf on empty columns)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
-    real = _logaddexp(band_lse, spk.row + u[:, -1:])
-    db = _logaddexp(_lse_last(spk.col + u[:, :-1]), spk.corner + u[:, -1])
-    return jnp.concatenate([real, db[:, None]], -1)
+    return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.row, spk.col, spk.corner)), u)
 
 
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
@@ -305,7 +313,7 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray
         u_c, v_c = carry
         inv_eps, rescale = xs
         band = ops.rescale(dots, inv_eps)
-        spk = Spokes(*(x * inv_eps for x in raw_spk))
+        spk = None if raw_spk is None else Spokes(*(x * inv_eps for x in raw_spk))
         u_hat, u_c, v_c = _full_step(ops, band, spk, sup, v_c * rescale, u_c * rescale)
         return (u_c, v_c), (u_hat, u_c, v_c)
 
@@ -365,7 +373,7 @@ def solve(spec: Spec, flat: Flat):
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
     t, r = cfg.base_steps, cfg.tail_steps
     band = ops.rescale(dots, 1.0 / cfg.eps)
-    spk = Spokes(*(x / cfg.eps for x in raw_spk))
+    spk = None if raw_spk is None else Spokes(*(x / cfg.eps for x in raw_spk))
     if cfg.tol is not None:
         u_b, v_b, steps, (hu, hv) = _base_to_tol(ops, band, spk, sup, cfg.tol, cfg.max_steps, zeros)
         u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b)
@@ -391,10 +399,12 @@ def solve(spec: Spec, flat: Flat):
 
 class _ExtPlan(NamedTuple):
     band: object  # backend plan on the band
-    spk: Spokes  # plan entries on the spokes (0 where inactive)
+    spk: Spokes | None  # plan entries on the spokes (0 where inactive); None: no dustbin
 
 
-def _plan(ops, band, spk: Spokes, u, v) -> _ExtPlan:
+def _plan(ops, band, spk: Spokes | None, u, v) -> _ExtPlan:
+    if spk is None:
+        return _ExtPlan(ops.plan(band, u[:, :-1], v[:, :-1]), None)
     return _ExtPlan(
         ops.plan(band, u[:, :-1], v[:, :-1]),
         Spokes(jnp.exp(spk.col + u[:, :-1] + v[:, -1:]), jnp.exp(spk.row + u[:, -1:] + v[:, :-1]),
@@ -407,9 +417,9 @@ def _real(*xs):
     return tuple(None if a is None else a[:, :-1] for a in xs)
 
 
-def _modulated_spokes(p: _ExtPlan, x, z) -> Spokes:
-    """The spoke plan entries times ``<x_i, z_j>`` (as they are without x and z)."""
-    if x is None:
+def _modulated_spokes(p: _ExtPlan, x, z) -> Spokes | None:
+    """The spoke plan entries times ``<x_i, z_j>`` (as they are without x and z, or spokes)."""
+    if x is None or p.spk is None:
         return p.spk
     inner = lambda a, b: jnp.sum(a * b, -1)
     return Spokes(p.spk.col * inner(x[:, :-1], z[:, -1:]), p.spk.row * inner(x[:, -1:], z[:, :-1]),
@@ -419,7 +429,10 @@ def _modulated_spokes(p: _ExtPlan, x, z) -> Spokes:
 def _with_spokes(real, to_slot, from_slot, corner, y):
     """Completes a band product ``real [N, Lp, m]`` of ``y [N, Lp + 1, m]`` on the extended
     support: real line l gains ``to_slot[l] y[slot]``, and the dustbin line is
-    ``Σ_l from_slot[l] y[l] + corner y[slot]``. Returns ``[N, Lp + 1, m]``."""
+    ``Σ_l from_slot[l] y[l] + corner y[slot]``. Returns ``[N, Lp + 1, m]``. Spokes None (no
+    dustbin): the dustbin line is 0."""
+    if to_slot is None:
+        return jnp.concatenate([real, jnp.zeros_like(real[:, :1])], 1)
     real = real + to_slot[..., None] * y[:, -1:]
     db = einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
     return jnp.concatenate([real, db[:, None]], 1)
@@ -427,14 +440,14 @@ def _with_spokes(real, to_slot, from_slot, corner, y):
 
 def _ext_rows(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_i = Σ_j P_ij <x_i, z_j> y_j`` over the extended support; y, z on columns."""
-    w = _modulated_spokes(p, x, z)
+    w = _modulated_spokes(p, x, z) or Spokes(None, None, None)
     return _with_spokes(ops.plan_rows(p.band, *_real(y, x, z)), w.col, w.row, w.corner, y)
 
 
 def _ext_cols(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows. The row
     product of the transposed plan: the dustbin row and column trade places."""
-    w = _modulated_spokes(p, x, z)
+    w = _modulated_spokes(p, x, z) or Spokes(None, None, None)
     return _with_spokes(ops.plan_cols(p.band, *_real(y, x, z)), w.row, w.col, w.corner, y)
 
 
