@@ -42,16 +42,6 @@ def marginal_error(sums, pot, log_target, has, kappa: float):
     return jnp.max(jnp.where(has, jnp.abs(sums - jnp.exp(log_t)), 0.0), -1)
 
 
-# ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
-# an NVIDIA H100, 2026-11-24; the table is in the README): dense autodiff ("reference") below
-# ``GPU_DENSE_CROSSOVER`` (the benchmark's ``dense crossover`` of the banded XLA path), the
-# banded XLA path (``GPU_BANDED_IMPL``) from it on. The Triton kernels recompute each score tile
-# in every pass (memory O(L W / b) instead of the resident band's O(L W)); on the H100 that
-# costs more than the resident band at every size measured, so they run only when named.
-GPU_DENSE_CROSSOVER: int | None = 8192
-GPU_BANDED_IMPL = "xla"
-
-
 # The implementations as benchmarks, profiles and tests name them: an ``impl`` and the settings
 # that make a variant of it (``TransportConfig(**IMPL_VARIANTS[name], ...)``).
 IMPL_VARIANTS = {
@@ -61,6 +51,17 @@ IMPL_VARIANTS = {
     "pallas": {"impl": "pallas"},
     "pallas-resident": {"impl": "pallas", "resident_scores": True},
 }
+
+# ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
+# an NVIDIA H100, 2026-11-24; the table is in the README): dense autodiff ("reference") below
+# ``GPU_DENSE_CROSSOVER`` (the benchmark's ``dense crossover`` of the banded XLA path), the
+# banded XLA path (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on. The Triton
+# kernels that recompute each score tile in every pass (memory O(L W / b) instead of the
+# resident band's O(L W)) cost more than the resident band at every size measured there, so
+# they run only when named; "pallas-resident" (a stored band read by the kernels) is not yet
+# measured on a GPU (``bash scripts/gpu_session.sh resident``).
+GPU_DENSE_CROSSOVER: int | None = 8192
+GPU_BANDED_IMPL = "xla"
 
 
 def impl_variant(name: str) -> dict:
@@ -107,7 +108,8 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
     sequence; a None crossover or length keeps the banded path). Other values pass through.
     ``platform`` defaults to this host's backend: a config lowered for another platform from
-    here names its impl explicitly."""
+    here names its impl explicitly. Returns a name of ``IMPL_VARIANTS`` (its settings:
+    ``impl_variant``; ``TransportConfig.resolved`` applies them)."""
     if impl != "auto":
         return impl
     kind = accelerator(platform)
@@ -311,7 +313,7 @@ class TransportConfig:
         """This config with ``impl="auto"`` replaced by the implementation that runs it
         (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
         impl = resolve_impl(self.impl, platform, length=length)
-        return self if impl == self.impl else dataclasses.replace(self, impl=impl)
+        return self if impl == self.impl else dataclasses.replace(self, **impl_variant(impl))
 
     def damping(self) -> tuple[float, float]:
         """(kappa_rows, kappa_cols): each half step is ``kappa (log target - LSE)``. 1 on a

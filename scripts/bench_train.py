@@ -54,6 +54,7 @@ def pair_lengths(data: str | None, pairs_per_family: int, pfam: pathlib.Path = S
     from pfamalign.pipelines.config import PrepareConfig
     from pfamalign.pipelines.pairs import SamplingConfig
     from pfamalign.pipelines.prepare import run_prepare
+    from pfamalign.kernels import resolve_impl
     from pfamalign.pipelines import reader
 
     if data:
@@ -138,8 +139,9 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
         "value_dim": cfg.model.value_dim, "dustbin": cfg.model.transport.dustbin,
         "batch": batch, "T": cfg.model.transport.base_steps, "R": cfg.model.transport.tail_steps,
         "half_band": cfg.model.transport.half_band, "eps": cfg.model.transport.eps,
-        # As the op resolves impl="auto": per padded length (dense autodiff below the GPU crossover).
-        "impl_by_padded_len": {str(n): cfg.model.transport.resolved(length=n).impl for n in per_length},
+        # As the op resolves impl="auto" (a kernels.config.IMPL_VARIANTS name): per padded length
+        # (dense autodiff below the GPU crossover).
+        "impl_by_padded_len": {str(n): resolve_impl(cfg.model.transport.impl, length=n) for n in per_length},
         "devices": mesh.devices.size,
         "lengths": source, "pairs": int(len(lengths)),
         "mean_pair_max_len": round(float(lengths.max(axis=1).mean()), 1),

@@ -6,6 +6,8 @@
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
+#   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident (the
+#                                                # stored-band kernels, not yet run on hardware), all sizes
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
@@ -64,6 +66,9 @@ case "${1:-}" in
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
+    resident) install  # first after `tests`: the candidate for GPU_BANDED_IMPL, at every size
+        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident --lengths 1024,4096,8192,16384 \
+            --repeats 5 --json --mem-budget-gib 40 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_resident.jsonl" ;;
     transport) install
         python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free,pallas,ott --mem-budget-gib 40 "${@:2}" 2>&1 \
             | tee "$OUT_DIR/bench_transport.txt" ;;
@@ -80,5 +85,5 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | transport | tune | profile | flags | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
 esac

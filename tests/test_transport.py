@@ -406,6 +406,11 @@ def test_gpu_auto_is_dense_below_the_measured_crossover(monkeypatch):
     assert TransportConfig(half_band=4).resolved("cuda", length=100).impl == "reference"
     monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", None)
     assert resolve_impl("auto", "cuda", length=64) == "pallas"
+    # A variant: the config takes its settings.
+    monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-resident")
+    resolved = TransportConfig(half_band=4, dustbin="spoke").resolved("cuda", length=10_000)
+    assert (resolved.impl, resolved.resident_scores, resolved.dustbin) == ("pallas", True, "spoke")
+    assert TransportConfig(half_band=4).resolved("cpu").resident_scores is False
 
 
 def test_dense_crossover_is_where_the_kernels_win_from_then_on():
