@@ -204,7 +204,7 @@ def test_product_bound_rejects_tf32_operands():
 
 # (Lq, Lk, q_len, k_len) per dustbin mode: rectangular both ways, ragged within the batch.
 OP_SHAPES = {"none": (21, 17, (21, 15), (17, 11)), "spoke": (13, 19, (13, 8), (19, 16)),
-             "widened": (13, 19, (13, 8), (19, 16))}
+             "widened": (13, 19, (13, 8), (19, 16)), "capacity": (13, 19, (13, 8), (19, 16))}
 FAST_MODES = ("none", "spoke")
 
 
@@ -282,16 +282,19 @@ class TestTransportGPUResidentInterpret(_TransportCase):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dustbin, adjoint, block", [
-    ("widened", "one_reference", None),  # the bridge: dense band through the kernels
-    ("spoke", "four_plan", 8),  # the direct adjoint schedule: unmodulated products only
-    ("none", "one_reference", None),  # default kernel tiles (one 32-wide tile here)
+@pytest.mark.parametrize("dustbin, adjoint, block, resident", [
+    ("widened", "one_reference", None, False),  # the bridge: dense band through the kernels
+    ("spoke", "four_plan", 8, False),  # the direct adjoint schedule: unmodulated products only
+    ("none", "one_reference", None, False),  # default kernel tiles (one 32-wide tile here)
+    ("widened", "one_reference", 8, True),  # a stored band covering the whole problem
+    ("capacity", "four_plan", 8, True),  # stored band, capacity dustbin, every tail plan on its own
 ])
-def test_transport_variants_match_reference(dustbin, adjoint, block):
+def test_transport_variants_match_reference(dustbin, adjoint, block, resident):
     cfg = TransportConfig(half_band=4, eps=0.6, base_steps=6, tail_steps=2, dustbin=dustbin,
-                          adjoint=adjoint, impl="pallas", blocks=BlockSizes(block))
+                          adjoint=adjoint, impl="pallas", blocks=BlockSizes(block), resident_scores=resident)
     out, grads = _op_results(cfg, None)
-    ref, ref_grads = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes()), None)
+    ref, ref_grads = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes(),
+                                                     resident_scores=False), None)
     np.testing.assert_allclose(out, ref, atol=OUT_ATOL, rtol=0)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(got, want, atol=GRAD_ATOL, rtol=0)
