@@ -55,7 +55,9 @@ class BandOps(Protocol):
 
     @abc.abstractmethod
     def row_lse(self, s: BandHandle, col_bias: jax.Array, shift: jax.Array | None = None) -> jax.Array:
-        """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; col_bias ``[N, Lp]``.
+        """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; col_bias ``[N, Lp]``,
+        or an extended potential ``[N, Lp + 1]`` whose last entry (the dustbin slot) is ignored
+        (the caller passes it whole: a slice would be a copy, a kernel launch on a GPU).
 
         ``shift [N, Lp]``, when given, is a per-row stabilizer close to the result (the
         previous step's value) allowing one pass instead of a max pass and a sum pass; the
@@ -63,8 +65,8 @@ class BandOps(Protocol):
 
     @abc.abstractmethod
     def col_lse(self, s: BandHandle, row_bias: jax.Array, shift: jax.Array | None = None) -> jax.Array:
-        """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``; row_bias and
-        shift ``[N, Lp]`` as in ``row_lse``."""
+        """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``; row_bias (``[N,
+        Lp]`` or extended) and shift ``[N, Lp]`` as in ``row_lse``."""
 
     @abc.abstractmethod
     def plan(self, s: BandHandle, row_pot: jax.Array, col_pot: jax.Array) -> PlanHandle:

@@ -98,7 +98,7 @@ class XlaBandOps(BandOps):
     def row_lse(self, band: Band, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)``: a max pass and a sum pass, or the sum pass alone
         stabilized by ``shift``."""
-        x = band.s + self._windows(col_bias)[:, :, :, None, :]
+        x = band.s + self._windows(col_bias[:, : self.g.length])[:, :, :, None, :]
         if shift is None:
             mx = jnp.max(x, axis=(0, 4))  # [N, nI, b]
             shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
@@ -110,7 +110,7 @@ class XlaBandOps(BandOps):
 
     def col_lse(self, band: Band, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)``: as ``row_lse``, the partial sums folded onto key blocks."""
-        x = band.s + self._blocks(row_bias)[None, :, :, :, None]
+        x = band.s + self._blocks(row_bias[:, : self.g.length])[None, :, :, :, None]
         if shift is None:
             mx = self._fold(jnp.max(x, axis=3), jnp.maximum)  # [N, Lp]
             shift = jnp.where(jnp.isfinite(mx), mx, 0.0)

@@ -75,8 +75,8 @@ def _base_state(cfg: TransportConfig, q_len, k_len, inputs):
     ops, sup = sk.make_ops(spec), sk.support(flat, spec)
     dots, raw_spk = sk.extended_scores(ops, spec, flat, 1.0)
     zeros = jnp.zeros((flat.q.shape[0], flat.q.shape[1] + 1), flat.q.dtype)
-    _, u, v = sk.run_steps(ops, dots, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros)
-    return u[-1], v[-1]
+    (u, v), _ = sk.run_steps(ops, dots, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros, keep=0)
+    return u, v
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -100,8 +100,8 @@ def _source_scores(source: str, ref0, ref1, geom: BandGeometry):
     """``(i_blk, j_blk) -> [b, b]``: the scores (unmasked) of the program's line block
     ``i_blk`` against the walked block ``j_blk``, from the source's two refs: "qk": q (this
     row block, scale applied) and all keys; "rows": this row block's stored band row and the
-    score scale of its lines; "cols": the whole stored band and the scale (the program's lines
-    are keys: each tile is read from the walked row block's band row and transposed)."""
+    score scale of its lines; "cols": the whole stored band and the scale of the program's
+    lines (keys: each tile is read from the walked row block's band row and transposed)."""
     b, wb = geom.block, geom.wb
     if source == "qk":
         q = ref0[...]  # [b, d]
@@ -137,7 +137,9 @@ def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, 
 
 def _source_operands(source: str, first, second, geom: BandGeometry):
     """(specs, operands) of a source's two refs: "qk": q and k ``[N, Lp, d]`` (features
-    padded); "rows" / "cols": the stored band ``[N, Lp, n_diag b]`` and the score scale."""
+    padded); "rows" / "cols": the stored band ``[N, Lp, n_diag b]`` and the score scale of each
+    program line ``[N, Lp]`` (a vector, not a broadcast scalar: XLA sinks a broadcast constant
+    into a loop body, where it costs a kernel launch per call on a GPU)."""
     lp, b = geom.length, geom.block
     if source == "qk":
         q, k = _pad_features(first), _pad_features(second)
@@ -145,8 +147,7 @@ def _source_operands(source: str, first, second, geom: BandGeometry):
     width = geom.n_diag * b
     band_spec = (pl.BlockSpec((None, b, width), lambda n, i: (n, i, 0)) if source == "rows"
                  else _whole(lp, width))
-    scale = jnp.broadcast_to(jnp.asarray(second, jnp.float32), first.shape[:2])  # [N, Lp]
-    return [band_spec, _rows(b)], [first, scale]
+    return [band_spec, _rows(b)], [first, second.astype(jnp.float32)]
 
 
 def stored_geometry(geom: BandGeometry) -> BandGeometry:
@@ -212,7 +213,7 @@ def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
 
 
 def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
-    n, lp = col_off.shape
+    n, lp = first.shape[:2]  # col_off may be longer (an extended potential): [0, Lp) is read
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, shape)
@@ -239,9 +240,11 @@ def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False):
 
 @functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
 def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interpret=False):
-    """``band_lse`` on a stored band (``band_scores``): ``out_i = LSE_j (scale S_ij + c_j)``,
-    or with ``transposed`` the columns' ``out_j = LSE_i (scale S_ij + a_i)``; ``off`` holds the
-    walked lines' offsets ``[N, Lp]``, scale is a scalar."""
+    """``band_lse`` on a stored band (``band_scores``): ``out_i = LSE_j (scale_i S_ij + c_j)``,
+    or with ``transposed`` the columns' ``out_j = LSE_i (scale_j S_ij + a_i)``; ``scale`` holds
+    the program lines' score scale and ``off`` the walked lines' offsets, both ``[N, Lp]``.
+    The band's -inf entries mask inactive lines: the offsets need no -inf of their own. ``off``
+    may be longer than Lp (an extended potential): its first Lp entries are read."""
     return _lse("cols" if transposed else "rows", band, scale, off, geom, KernelShape(0, stored=True),
                 interpret)
 
@@ -316,7 +319,8 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
 @functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
 def stored_product(band, scale, line_off, walk_off, y, x=None, z=None, *, geom: BandGeometry,
                    transposed=False, interpret=False):
-    """``band_product`` on a stored band: ``P = exp(scale S + a ⊕ c)``. Rows: ``out_i = Σ_j
+    """``band_product`` on a stored band: ``P = exp(scale S + a ⊕ c)`` (scale ``[N, Lp]`` on
+    the program's lines, as ``stored_lse``). Rows: ``out_i = Σ_j
     P_ij <x_i, z_j> y_j`` with ``line_off`` = a, ``walk_off`` = c. With ``transposed`` the
     columns: ``out_j = Σ_i P_ij <z_i, x_j> y_i`` with ``line_off`` = c (the program's lines are
     keys), ``walk_off`` = a, and x on keys, y and z on rows."""

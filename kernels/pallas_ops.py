@@ -58,12 +58,14 @@ class Scores(NamedTuple):
 
 
 class StoredScores(NamedTuple):
-    """Resident score handle: ``S_ij = scale * band_ij``, the band stored once at unit scale."""
+    """Resident score handle: ``S_ij = scale * band_ij``, the band stored once at unit scale
+    (-inf off the support: the kernels need no activity offsets). The scale is kept per line,
+    on active lines (1 elsewhere, where the band is -inf): a vector computed from the masks,
+    so that XLA cannot sink it into a loop body as a broadcast constant."""
 
     band: jax.Array  # [N, Lp, n_diag b]: pallas_gpu.band_scores at the stored tiling
-    row_active: jax.Array  # [N, Lp] bool
-    col_active: jax.Array  # [N, Lp] bool
-    scale: jax.Array  # []
+    scale_rows: jax.Array  # [N, Lp]
+    scale_cols: jax.Array  # [N, Lp]
 
 
 class Plan(NamedTuple):
@@ -149,7 +151,7 @@ class PallasBandOps(BandOps):
     # ---- kernels on the (possibly transposed) problem ------------------------------------------
     def _lse(self, q, k, q_active, k_active, scale, k_bias):
         """``LSE_j (S_ij + k_bias_j)`` per q-row; -inf for rows with no active entry."""
-        lse = self._kernel("band_lse")(q * scale, k, _offsets(k_active, k_bias))
+        lse = self._kernel("band_lse")(q * scale, k, _offsets(k_active, k_bias[:, : k_active.shape[1]]))
         # A row offset is constant along the reduction: inactive rows get their -inf here, which
         # spares the kernel a [N, Lp, 128] row-vector operand on TPU.
         return lse + _offsets(q_active)
@@ -167,10 +169,12 @@ class PallasBandOps(BandOps):
         scale = jnp.asarray(scale, jnp.float32)
         if self.resident:
             band = self._kernel("band_scores")(q, k, _offsets(row_active), _offsets(col_active))
-            return StoredScores(band, row_active, col_active, scale)
+            return StoredScores(band, jnp.where(row_active, scale, 1.0), jnp.where(col_active, scale, 1.0))
         return Scores(q, k, row_active, col_active, scale)
 
     def rescale(self, s, factor):
+        if self.resident:
+            return s._replace(scale_rows=s.scale_rows * factor, scale_cols=s.scale_cols * factor)
         return s._replace(scale=s.scale * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
@@ -178,17 +182,15 @@ class PallasBandOps(BandOps):
     def row_lse(self, s, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift
-        if self.resident:
-            lse = self._kernel("stored_lse", transposed=False)(s.band, s.scale, _offsets(s.col_active, col_bias))
-            return lse + _offsets(s.row_active)
+        if self.resident:  # an extended bias goes in whole: the kernel reads its first Lp entries
+            return self._kernel("stored_lse", transposed=False)(s.band, s.scale_rows, col_bias)
         return self._lse(s.q, s.k, s.row_active, s.col_active, s.scale, col_bias)
 
     def col_lse(self, s, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``: the transposed row LSE."""
         del shift
         if self.resident:
-            lse = self._kernel("stored_lse", transposed=True)(s.band, s.scale, _offsets(s.row_active, row_bias))
-            return lse + _offsets(s.col_active)
+            return self._kernel("stored_lse", transposed=True)(s.band, s.scale_cols, row_bias)
         return self._lse(s.k, s.q, s.col_active, s.row_active, s.scale, row_bias)
 
     # ---- plans and their products ---------------------------------------------------------
@@ -200,9 +202,9 @@ class PallasBandOps(BandOps):
         if (x is None) != (z is None):
             raise ValueError("x and z must be given together")
         s = p.scores
-        rows, cols = _offsets(s.row_active, p.row_pot), _offsets(s.col_active, p.col_pot)
-        line, walk = (cols, rows) if transposed else (rows, cols)
-        return self._kernel("stored_product", transposed=transposed)(s.band, s.scale, line, walk, y, x, z)
+        scale, line, walk = ((s.scale_cols, p.col_pot, p.row_pot) if transposed
+                             else (s.scale_rows, p.row_pot, p.col_pot))
+        return self._kernel("stored_product", transposed=transposed)(s.band, scale, line, walk, y, x, z)
 
     def plan_rows(self, p: Plan, y, x=None, z=None):
         """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""

@@ -206,13 +206,13 @@ def _with_dustbin_lse(band_lse, to_slot, from_slot, corner, x):
 
 def _row_lse(ops, band, spk: Spokes | None, sup: Support, v, shift=None):
     """LSE_row(S + v) ``[N, Lp + 1]`` on the extended support (-inf on empty rows)."""
-    band_lse = _band_lse(ops, ops.row_lse, band, v[:, :-1], shift, sup.band_rows)
+    band_lse = _band_lse(ops, ops.row_lse, band, v, shift, sup.band_rows)  # v extended: see BandOps
     return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.col, spk.row, spk.corner)), v)
 
 
 def _col_lse(ops, band, spk: Spokes | None, sup: Support, u, shift=None):
     """LSE_col(S + u) ``[N, Lp + 1]`` on the extended support (-inf on empty columns)."""
-    band_lse = _band_lse(ops, ops.col_lse, band, u[:, :-1], shift, sup.band_cols)
+    band_lse = _band_lse(ops, ops.col_lse, band, u, shift, sup.band_cols)
     return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.row, spk.col, spk.corner)), u)
 
 
@@ -301,26 +301,59 @@ def _base_to_tol(ops: BandOps, band, spk: Spokes, sup: Support, tol: float, max_
     return u, v, steps, (jnp.where(done, u, hu), jnp.where(done, v, hv))
 
 
-def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray, u, v):
-    """Full centered steps from (u, v), step t at temperature ``eps[t]``, in one scan.
+def _scan_keeping(step, carry, n: int, keep: int, xs=None):
+    """``step`` run ``n`` times from ``carry`` (``xs`` sliced per step, or None); only the last
+    ``keep`` steps' outputs are stacked (the others run in a carry-only scan: on a GPU each
+    stacked output is a kernel of its own per step). Returns (the carry before the kept
+    steps, their stacked outputs or None, the final carry)."""
+    head = n - keep
+    part = lambda lo, hi: None if xs is None else jax.tree.map(lambda x: x[lo:hi], xs)
+    if head:
+        carry, _ = jax.lax.scan(lambda c, x: (step(c, x)[0], None), carry, part(0, head), length=head)
+    before, out = carry, None
+    if keep:
+        carry, out = jax.lax.scan(step, carry, part(head, n), length=keep)
+    return before, out, carry
+
+
+def _none_kept(u):
+    return tuple(jnp.zeros((0,) + u.shape, u.dtype) for _ in range(3))
+
+
+def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.ndarray, u, v, *,
+              keep: int | None = None):
+    """Full centered steps from (u, v), step t at temperature ``eps[t]``.
 
     ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
-    of eps at fixed eps * potential. Returns the per-step (û, u, v), each ``[len(eps), N, Lp+1]``.
+    of eps at fixed eps * potential. Returns ((u, v) before the kept steps, their (û, u, v),
+    each ``[keep, N, Lp + 1]``): the last ``keep`` steps (None: all; 0: the first element is
+    the final state). At one eps (no schedule) the band is rescaled once, outside the loop.
     """
-    ratio = np.concatenate([[1.0], eps[:-1] / eps[1:]]) if len(eps) else eps
+    n = len(eps)
+    keep = n if keep is None else keep
+    ratio = np.concatenate([[1.0], eps[:-1] / eps[1:]]) if n else eps
+    one_eps = n > 0 and bool(np.all(eps == eps[0]))
 
-    def body(carry, xs):
-        u_c, v_c = carry
-        inv_eps, rescale = xs
-        band = ops.rescale(dots, inv_eps)
+    def at(inv_eps):
         spk = None if raw_spk is None else Spokes(*(x * inv_eps for x in raw_spk))
+        return ops.rescale(dots, inv_eps), spk
+
+    fixed = at(float(1.0 / eps[0])) if one_eps else None
+
+    def step(carry, xs):
+        u_c, v_c = carry
+        if one_eps:
+            (band, spk), rescale = fixed, 1.0
+        else:
+            inv_eps, rescale = xs
+            band, spk = at(inv_eps)
         u_hat, u_c, v_c = _full_step(ops, band, spk, sup, v_c * rescale, u_c * rescale)
         return (u_c, v_c), (u_hat, u_c, v_c)
 
     dtype = u.dtype
-    xs = (jnp.asarray(1.0 / eps, dtype), jnp.asarray(ratio, dtype))
-    _, out = jax.lax.scan(body, (u, v), xs)
-    return out
+    xs = None if one_eps else (jnp.asarray(1.0 / eps, dtype), jnp.asarray(ratio, dtype))
+    before, out, _ = _scan_keeping(step, (u, v), n, keep, xs)
+    return before, _none_kept(u) if out is None else out
 
 
 # Scaling-domain steps rebuild their reference plan once a potential has moved this far from
@@ -329,19 +362,20 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes, sup: Support, eps: np.ndarray
 _ABSORB = 30.0
 
 
-def run_steps_scaling(ops: BandOps, band, spk: Spokes, sup: Support, n_steps: int, u, v):
+def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_steps: int, u, v, *,
+                      keep: int | None = None):
     """``run_steps`` at one eps in the scaling domain: after one exact log-domain step, each
     half step is one product with a resident reference plan ``p0 = exp(S + u0 ⊕ v0)``:
     ``LSE_j(S_ij + v_j) = log (p0 e^{v - v0})_i - u0_i`` — a multiply-add per band entry
     instead of an exponential. The reference is rebuilt (absorbed) when the potentials drift
-    more than ``_ABSORB`` from it. Same steps, same results as the log domain up to rounding.
+    more than ``_ABSORB`` from it. Same steps, same results as the log domain up to rounding;
+    returns as ``run_steps``.
     """
+    keep = n_steps if keep is None else keep
     first = _full_step(ops, band, spk, sup, v, u)
-    if n_steps == 1:
-        return tuple(x[None] for x in first)
     log = lambda x: jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), -jnp.inf)
 
-    def body(carry, _):
+    def step(carry, _):
         u_c, v_c, p, u0, v0 = carry
         rows = _ext_rows(ops, p, jnp.exp(v_c - v0)[..., None])[..., 0]
         u_hat = _potential(sup.log_rows, log(rows) - u0, sup.kappa_rows)
@@ -356,15 +390,20 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes, sup: Support, n_steps: in
 
     _, u1, v1 = first
     init = (u1, v1, _plan(ops, band, spk, u1, v1), u1, v1)
-    _, rest = jax.lax.scan(body, init, None, length=n_steps - 1)
-    return tuple(jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
+    before, rest, _ = _scan_keeping(step, init, n_steps - 1, min(keep, n_steps - 1))
+    if keep == n_steps:  # the first (log-domain) step is kept too
+        rest = tuple(x[None] for x in first) if rest is None else tuple(
+            jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
+        return (u, v), rest
+    return before[:2], _none_kept(u) if rest is None else rest
 
 
 def solve(spec: Spec, flat: Flat):
-    """Base + tail in one scan. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes).
+    """Base + tail. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes).
 
     No gradient is taken through this function on the banded paths (the custom VJP uses only
-    the stored tail potentials), which is what makes the base "stopped".
+    the stored tail potentials), which is what makes the base "stopped". Only the R tail
+    steps' potentials are kept unless the history is asked for.
     """
     ops, cfg = make_ops(spec), spec.cfg
     sup = support(flat, spec)
@@ -374,23 +413,28 @@ def solve(spec: Spec, flat: Flat):
     t, r = cfg.base_steps, cfg.tail_steps
     band = ops.rescale(dots, 1.0 / cfg.eps)
     spk = None if raw_spk is None else Spokes(*(x / cfg.eps for x in raw_spk))
+    keep = None if spec.history else r  # the history needs every step's potentials
     if cfg.tol is not None:
         u_b, v_b, steps, (hu, hv) = _base_to_tol(ops, band, spk, sup, cfg.tol, cfg.max_steps, zeros)
-        u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b)
-        u_hat, u_all, v_all = (jnp.concatenate([hu, u_hat]), jnp.concatenate([hu, u_all]),
-                               jnp.concatenate([hv, v_all]))
-        t = cfg.max_steps
-    elif ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
-        u_hat, u_all, v_all = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros)
+        _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b)
+        base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
-        u_hat, u_all, v_all = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros)
-    v0 = v_all[t - 1] if t else zeros
-    u_final = u_all[-1] if t + r else zeros
-    v_final = v_all[-1] if t + r else zeros
-    if cfg.tol is None:
+        if ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
+            before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep)
+        else:
+            before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep)
+        if keep is None:  # every step kept: the base's, then the tail's
+            base_end = (kept[1][t - 1], kept[2][t - 1]) if t else (zeros, zeros)
+            base_hist, tail = (kept[1][:t], kept[2][:t]), tuple(x[t:] for x in kept)
+        else:
+            base_end, base_hist, tail = before, None, kept
         steps = jnp.full((n,), t, jnp.int32)
-    sol = Solution(v0, u_hat[t:], u_all[t:], v_all[t:], u_final, v_final, steps)
-    history = (u_all, v_all) if spec.history else None  # [T + R, N, Lp + 1]
+    u_hat, u_tail, v_tail = tail
+    u_final, v_final = (u_tail[-1], v_tail[-1]) if r else base_end
+    sol = Solution(base_end[1], u_hat, u_tail, v_tail, u_final, v_final, steps)
+    history = None
+    if spec.history:  # [T + R, N, Lp + 1] (T = max_steps with tol)
+        history = (jnp.concatenate([base_hist[0], u_tail]), jnp.concatenate([base_hist[1], v_tail]))
     return sol, history, band, spk
 
 

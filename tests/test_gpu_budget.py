@@ -192,10 +192,10 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
         if shape.d:
             fn, specs = pallas_gpu.band_scores, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2
         elif not shape.m:
-            fn, specs, static = pallas_gpu.stored_lse, [band, f32(), f32(n, lp)], {"transposed": transposed}
+            fn, specs, static = pallas_gpu.stored_lse, [band, f32(n, lp), f32(n, lp)], {"transposed": transposed}
         else:
             fn, static = pallas_gpu.stored_product, {"transposed": transposed}
-            specs = [band, f32(), f32(n, lp), f32(n, lp), f32(n, lp, shape.m)]
+            specs = [band, f32(n, lp), f32(n, lp), f32(n, lp), f32(n, lp, shape.m)]
             specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
     elif not shape.m:
         lp = geom.length

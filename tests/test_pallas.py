@@ -459,9 +459,9 @@ def _stored_specs(kernel: str, geom: BandGeometry, *, n=2, d=32, m=8, mx=12):
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     lp = geom.length
     band = f32(n, lp, geom.n_diag * geom.block)
-    product = [band, f32(), f32(n, lp), f32(n, lp), f32(n, lp, m)]  # band, scale, offsets, y
+    product = [band, f32(n, lp), f32(n, lp), f32(n, lp), f32(n, lp, m)]  # band, scale, offsets, y
     return {"band_scores": [f32(n, lp, d), f32(n, lp, d), f32(n, lp), f32(n, lp)],
-            "stored_lse": [band, f32(), f32(n, lp)],
+            "stored_lse": [band, f32(n, lp), f32(n, lp)],
             "stored_product": product,
             "stored_product_modulated": product + [f32(n, lp, mx), f32(n, lp, mx)]}[kernel]
 

@@ -343,3 +343,53 @@ def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, caps
     assert sum(r["share"] for r in ops) <= 1 + 1e-9  # innermost events only: shares add up
     assert [r["ms"] for r in ops] == sorted((r["ms"] for r in ops), reverse=True)
     assert "HloModule" in pathlib.Path(head["hlo"]).read_text()
+
+
+# A GPU module as XLA prints it, reduced: a loop of known trip count, one without, a
+# conditional and a called computation.
+_GPU_HLO = """HloModule m
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4]{0} get-tuple-element(%p), index=1
+  %a = f32[4]{0} fusion(%x), kind=kLoop, calls=%f
+  %c = f32[4]{0} custom-call(%a), custom_call_target="__gpu$xla.gpu.triton", backend_config={"x":1}
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  ROOT %lt = pred[] fusion(%p), kind=kLoop, calls=%g
+}
+
+%branch (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  ROOT %y = f32[4]{0} copy(%x)
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %t0 = (s32[], f32[4]{0}) tuple(%z, %x)
+  %w = (s32[], f32[4]{0}, /*index=2*/f32[4]{0}) while(%t0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"15"}}
+  %w2 = (s32[], f32[4]{0}) while(%t0), condition=%cond, body=%body
+  %k = f32[4]{0} conditional(%pr, %x, %x), branch_computations={%branch, %branch}
+  %s = f32[4]{0} call(%x), to_apply=%branch
+  ROOT %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%h
+}
+"""
+
+
+def test_count_gpu_launches_counts_loop_bodies_per_trip():
+    """scripts/count_gpu_launches.py (the kernel launches of an optimized GPU module): a body
+    counts once per known trip; a loop without a known trip count runs its condition on the
+    device and syncs with the host each trip (counted once: its trips are unknown); a
+    conditional syncs and counts both branches; free instructions count nothing."""
+    module = importlib.import_module("count_gpu_launches")
+    kinds, syncs = module.count_launches(_GPU_HLO)
+    # fusions: 15 + 1 (the bodies), 1 (the unknown loop's condition), 1 (the ROOT)
+    assert kinds["fusion"] == 18
+    assert kinds["custom-call __gpu$xla.gpu.triton"] == 16
+    assert kinds["copy"] == 3  # two branches and the called computation
+    assert dict(syncs) == {"while without a known trip count": 1, "conditional": 1}
+    assert sum(kinds.values()) == 37
