@@ -384,8 +384,13 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
         u_c, v_c = _center(sup, u_hat, v_hat)
         drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
                             jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))
-        p, u0, v0 = jax.lax.cond(drift > _ABSORB, lambda: (_plan(ops, band, spk, u_c, v_c), u_c, v_c),
-                                 lambda: (p, u0, v0))
+        # A loop of zero or one trip, not a lax.cond: XLA's GPU compiler gives a cond's untaken
+        # branch a copy of the plan (the whole band, every step: 142 MB at L 16384, W 1024;
+        # scripts/count_gpu_launches.py's module shows it), where a loop updates its carry in
+        # place. The CPU compiler aliased it either way.
+        _, p, u0, v0 = jax.lax.while_loop(
+            lambda c: c[0], lambda c: (False, _plan(ops, band, spk, u_c, v_c), u_c, v_c),
+            (drift > _ABSORB, p, u0, v0))
         return (u_c, v_c, p, u0, v0), (u_hat, u_c, v_c)
 
     _, u1, v1 = first

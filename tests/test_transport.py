@@ -107,6 +107,23 @@ def test_branch_free_steps_match_reference(shape, dustbin):
     _compare(cfg, lq, lk, ql, kl)
 
 
+@pytest.mark.parametrize("absorb", [0.0, float("inf")], ids=["rebuilt every step", "never rebuilt"])
+def test_scaling_steps_match_reference_whether_or_not_the_plan_is_rebuilt(absorb, monkeypatch):
+    """The default XLA solve (scaling domain) rebuilds its reference plan, in a loop of zero or
+    one trip, once the potentials drift past ``_ABSORB``: rebuilt at every step or never, the
+    same outputs and gradients as dense autodiff (a rebuild that lost the new plan, or kept a
+    stale one, would show at absorb 0)."""
+    from pfamalign.kernels import sinkhorn
+
+    monkeypatch.setattr(sinkhorn, "_ABSORB", absorb)
+    jax.clear_caches()  # the threshold is read when the solve is traced
+    _, lq, lk, ql, kl, w, block = SHAPES[1]
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, dustbin="spoke", impl="xla",
+                          blocks=BlockSizes(block))
+    _compare(cfg, lq, lk, ql, kl)
+    jax.clear_caches()
+
+
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
 @pytest.mark.parametrize("base_steps, tail_steps", [(0, 1), (3, 0), (3, 3), pytest.param(3, 1, marks=pytest.mark.slow),
                                                     pytest.param(0, 3, marks=pytest.mark.slow)])
