@@ -17,6 +17,11 @@ memory time, the launch count is the GPU cost this host can measure. Every JSON 
 the launches by kind, the host syncs (conditionals; while loops without a known trip count)
 and ``floor_ms``: launches x ``US_PER_LAUNCH`` (a lower bound: kernels' own time excluded).
 
+The compilation is XLA's own, Triton kernels included (compiled for sm_90 by XLA's Triton):
+the Triton tiling before gpu_budget (128-wide tiles, 2 stages) fails here with the H100's very
+error, ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 295424, available:
+232448``, and today's tilings compile. So a clean run is also a compile check of the GPU path.
+
     pip install jax-cuda13-plugin==$JAXV jax-cuda13-pjrt==$JAXV   # JAXV: this jax's version
     python scripts/count_gpu_launches.py --impls reference,xla,pallas,pallas-resident --lengths 1024,4096
 
