@@ -66,15 +66,14 @@ def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTil
     (``shape.stored``: only the launch settings are free)."""
     if geom.block < MIN_DOT:
         return geom, GpuTiling(geom.block, gpu_budget.num_warps(geom.block), gpu_budget.STAGES[0])
-    if shape.stored:
-        t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget(),
-                                                          max_edge=geom.block)
-        if t.block != geom.block:
-            raise ValueError(f"a band stored at {geom.block}-wide tiles does not fit this GPU's shared "
-                             f"memory for {shape}: use impl='pallas' without resident_scores")
-        return geom, t
-    t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget())
-    return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
+    t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget(),
+                                                      max_edge=geom.block if shape.stored else None)
+    if not shape.stored:
+        return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
+    if t.block != geom.block:
+        raise ValueError(f"a band stored at {geom.block}-wide tiles does not fit this GPU's shared "
+                         f"memory for {shape}: use impl='pallas' without resident_scores")
+    return geom, t
 
 
 def _rows(b: int, f: int | None = None):

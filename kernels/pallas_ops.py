@@ -8,11 +8,11 @@ compute primitives:
 - ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
 - ``band_product(q, k, a, c, y, x, z)``: ``Σ_j exp(<q_i, k_j> + a_i + c_j) <x_i, z_j> y_j``.
 
-With ``resident=True`` (``TransportConfig.resident_scores``; Triton and interpret mode only)
-``scores`` stores the masked band once (``pallas_gpu.band_scores``: O(L W) memory, as the
-XLA path) and the same two primitives read its tiles (``stored_lse``, ``stored_product``)
-instead of recomputing ``<q_i, k_j>`` in every pass; the handles stay lazy in the scale and
-the potentials.
+``StoredBandOps`` (``TransportConfig.resident_scores``; Triton and interpret mode only) is
+the same backend with ``scores`` storing the masked band once (``pallas_gpu.band_scores``:
+O(L W) memory, as the XLA path) and the two primitives reading its tiles (``stored_lse``,
+``stored_product``) instead of recomputing ``<q_i, k_j>`` in every pass; its handles stay
+lazy in the scale and the potentials.
 
 Activity masks become ``-inf`` offsets, the score scale is folded into q (one multiply per
 row instead of one per tile entry), and the column primitives are the row kernels on the
@@ -90,27 +90,25 @@ class PallasBandOps(BandOps):
         is CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
       wrapper: "tpu" or "gpu" to force a kernel wrapper; "auto" (or None): the lowering
         platform's (``CPU_WRAPPER`` on CPU).
-      resident: store the score band once and read it in every kernel (GPU wrapper only: on
-        a TPU the recomputation runs on the matrix unit; lowering for "tpu" fails).
     """
 
-    # No plan is kept across steps in either mode (every product rebuilds its plan tiles from
-    # the scores), so the scaling-domain solve does not apply.
+    # No plan is kept across steps (every product rebuilds its plan tiles from the scores, here
+    # and in StoredBandOps), so the scaling-domain solve does not apply.
     resident_band = False
     takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
-                 resident: bool = False):
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
         wrapper = wrapper or "auto"
         if wrapper != "auto" and wrapper not in WRAPPERS:
             raise ValueError(f"wrapper must be one of {['auto', *sorted(WRAPPERS)]}, got {wrapper!r}")
-        if resident and wrapper == "tpu":
-            raise ValueError("resident scores have GPU (Triton) kernels only: use wrapper 'gpu' or 'auto'")
         self.g = geom
         self.wrapper = wrapper
         self.interpret = interpret
-        self.resident = resident
-        self.stored_g = pallas_gpu.stored_geometry(geom) if resident else None
+
+    @property
+    def kernel_geom(self) -> BandGeometry:
+        """The tiling the kernels are called with."""
+        return self.g
 
     def branch(self, platform: str) -> tuple[str, Any] | None:
         """``(wrapper, interpret)`` run when lowering for ``platform``; None when there is none
@@ -118,31 +116,34 @@ class PallasBandOps(BandOps):
         platform is then left out, and lowering for it fails)."""
         kind = accelerator(platform)
         interpret = (kind == "cpu") if self.interpret is None else self.interpret
-        wrapper = self.wrapper if self.wrapper != "auto" else (CPU_WRAPPER if kind == "cpu" else kind)
-        if self.resident:
-            if kind == "tpu" and not interpret:
-                return None
-            wrapper = "gpu"  # the stored-band kernels exist in the Triton wrapper only
+        wrapper = self._wrapper(kind, interpret)
+        if wrapper is None:
+            return None
         if interpret:
             return wrapper, interpret
         if kind == "cpu":
             return None
         if self.wrapper == "auto":
             try:
-                WRAPPERS[wrapper].check_geometry(self.g)
+                WRAPPERS[wrapper].check_geometry(self.kernel_geom)
             except ValueError:
                 return None
         return wrapper, interpret
 
+    def _wrapper(self, kind: str, interpret) -> str | None:
+        """The kernel wrapper for an accelerator kind (None: no kernels for it)."""
+        del interpret
+        return self.wrapper if self.wrapper != "auto" else (CPU_WRAPPER if kind == "cpu" else kind)
+
     def _kernel(self, name: str, **static) -> Callable:
-        """Kernel ``name`` ("band_lse", "band_product"; resident: "band_scores", "stored_lse",
-        "stored_product") of the lowering platform's wrapper, with ``static`` keywords."""
+        """Kernel ``name`` ("band_lse", "band_product"; StoredBandOps: "band_scores",
+        "stored_lse", "stored_product") of the lowering platform's wrapper, with ``static``
+        keywords."""
         fns = {}
-        geom = self.stored_g if self.resident else self.g
         for platform in PLATFORMS:
             if (choice := self.branch(platform)) is not None:
                 wrapper, interpret = choice
-                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=geom,
+                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.kernel_geom,
                                                   interpret=interpret, **static)
         if len({(f.func, repr(f.keywords)) for f in fns.values()}) == 1:
             return next(iter(fns.values()))  # the same kernel everywhere: no dispatch needed
@@ -164,39 +165,79 @@ class PallasBandOps(BandOps):
                                             _offsets(k_active, k_pot), y, x, z)
 
     # ---- scores ---------------------------------------------------------------------------
-    def scores(self, q, k, row_active, col_active, scale) -> Scores | StoredScores:
+    def scores(self, q, k, row_active, col_active, scale) -> Scores:
         """Handle for ``scale * <q_i, k_j>`` on the band; q, k ``[N, Lp, d]``, masks ``[N, Lp]``."""
-        scale = jnp.asarray(scale, jnp.float32)
-        if self.resident:
-            band = self._kernel("band_scores")(q, k, _offsets(row_active), _offsets(col_active))
-            return StoredScores(band, jnp.where(row_active, scale, 1.0), jnp.where(col_active, scale, 1.0))
-        return Scores(q, k, row_active, col_active, scale)
+        return Scores(q, k, row_active, col_active, jnp.asarray(scale, jnp.float32))
 
-    def rescale(self, s, factor):
-        if self.resident:
-            return s._replace(scale_rows=s.scale_rows * factor, scale_cols=s.scale_cols * factor)
+    def rescale(self, s: Scores, factor) -> Scores:
         return s._replace(scale=s.scale * factor)
 
     # ---- log-sum-exp half steps -----------------------------------------------------------
     # No ``shift`` is ever passed (takes_shift is False): the online max/sum is one exact pass.
-    def row_lse(self, s, col_bias, shift=None):
+    def row_lse(self, s: Scores, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift
-        if self.resident:  # an extended bias goes in whole: the kernel reads its first Lp entries
-            return self._kernel("stored_lse", transposed=False)(s.band, s.scale_rows, col_bias)
         return self._lse(s.q, s.k, s.row_active, s.col_active, s.scale, col_bias)
 
-    def col_lse(self, s, row_bias, shift=None):
+    def col_lse(self, s: Scores, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``: the transposed row LSE."""
         del shift
-        if self.resident:
-            return self._kernel("stored_lse", transposed=True)(s.band, s.scale_cols, row_bias)
         return self._lse(s.k, s.q, s.col_active, s.row_active, s.scale, row_bias)
 
     # ---- plans and their products ---------------------------------------------------------
     def plan(self, s, row_pot, col_pot) -> Plan:
         """Handle for ``exp(S_ij + row_pot_i + col_pot_j)`` on the support (0 outside)."""
         return Plan(s, row_pot, col_pot)
+
+    def plan_rows(self, p: Plan, y, x=None, z=None):
+        """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""
+        s = p.scores
+        return self._product(s.q, s.k, s.row_active, s.col_active, s.scale, p.row_pot, p.col_pot,
+                             y, x, z)
+
+    def plan_cols(self, p: Plan, y, x=None, z=None):
+        """``out_j = Σ_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` and x on rows, z on columns."""
+        s = p.scores
+        return self._product(s.k, s.q, s.col_active, s.row_active, s.scale, p.col_pot, p.row_pot,
+                             y, z, x)
+
+
+class StoredBandOps(PallasBandOps):
+    """``PallasBandOps`` whose kernels read a score band stored once by ``scores`` (at
+    ``pallas_gpu.stored_geometry``) instead of recomputing it. GPU wrapper only: on a TPU the
+    recomputation runs on the matrix unit; there is no TPU branch, and lowering for "tpu"
+    fails. Arguments as ``PallasBandOps``."""
+
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
+        if wrapper == "tpu":
+            raise ValueError("resident scores have GPU (Triton) kernels only: use wrapper 'gpu' or 'auto'")
+        super().__init__(geom, interpret, wrapper=wrapper)
+        self.stored_g = pallas_gpu.stored_geometry(geom)
+
+    @property
+    def kernel_geom(self) -> BandGeometry:
+        return self.stored_g
+
+    def _wrapper(self, kind: str, interpret) -> str | None:
+        """The Triton wrapper (the stored-band kernels exist there only); none for a compiled TPU."""
+        return None if kind == "tpu" and not interpret else "gpu"
+
+    def scores(self, q, k, row_active, col_active, scale) -> StoredScores:
+        scale = jnp.asarray(scale, jnp.float32)
+        band = self._kernel("band_scores")(q, k, _offsets(row_active), _offsets(col_active))
+        return StoredScores(band, jnp.where(row_active, scale, 1.0), jnp.where(col_active, scale, 1.0))
+
+    def rescale(self, s: StoredScores, factor) -> StoredScores:
+        return s._replace(scale_rows=s.scale_rows * factor, scale_cols=s.scale_cols * factor)
+
+    # Extended biases go in whole: the kernels read their first Lp entries.
+    def row_lse(self, s: StoredScores, col_bias, shift=None):
+        del shift
+        return self._kernel("stored_lse", transposed=False)(s.band, s.scale_rows, col_bias)
+
+    def col_lse(self, s: StoredScores, row_bias, shift=None):
+        del shift
+        return self._kernel("stored_lse", transposed=True)(s.band, s.scale_cols, row_bias)
 
     def _stored_product(self, p: Plan, transposed: bool, y, x, z):
         if (x is None) != (z is None):
@@ -207,17 +248,7 @@ class PallasBandOps(BandOps):
         return self._kernel("stored_product", transposed=transposed)(s.band, scale, line, walk, y, x, z)
 
     def plan_rows(self, p: Plan, y, x=None, z=None):
-        """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""
-        if self.resident:
-            return self._stored_product(p, False, y, x, z)
-        s = p.scores
-        return self._product(s.q, s.k, s.row_active, s.col_active, s.scale, p.row_pot, p.col_pot,
-                             y, x, z)
+        return self._stored_product(p, False, y, x, z)
 
     def plan_cols(self, p: Plan, y, x=None, z=None):
-        """``out_j = Σ_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` and x on rows, z on columns."""
-        if self.resident:
-            return self._stored_product(p, True, y, z, x)
-        s = p.scores
-        return self._product(s.k, s.q, s.col_active, s.row_active, s.scale, p.col_pot, p.row_pot,
-                             y, z, x)
+        return self._stored_product(p, True, y, z, x)

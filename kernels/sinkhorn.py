@@ -64,6 +64,9 @@ class Spokes(NamedTuple):
     corner: jax.Array  # [N]   entry (dustbin row, dustbin column)
 
 
+_NO_SPOKES = Spokes(None, None, None)  # no dustbin: the spoke helpers' terms are left out
+
+
 class Support(NamedTuple):
     rows: jax.Array  # [N, Lp + 1] bool: row has at least one entry
     cols: jax.Array  # [N, Lp + 1] bool
@@ -102,10 +105,10 @@ class Spec(NamedTuple):
 def make_ops(spec: Spec) -> BandOps:
     """The backend of a resolved config: ``impl`` "xla" or "pallas" (``TransportConfig.resolved``)."""
     if spec.cfg.impl == "pallas":
-        from pfamalign.kernels.pallas_ops import PallasBandOps
+        from pfamalign.kernels.pallas_ops import PallasBandOps, StoredBandOps
 
-        return PallasBandOps(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel,
-                             resident=spec.cfg.resident_scores)
+        backend = StoredBandOps if spec.cfg.resident_scores else PallasBandOps
+        return backend(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel)
     if spec.cfg.impl == "xla":
         from pfamalign.kernels.banded_xla import XlaBandOps
 
@@ -207,13 +210,15 @@ def _with_dustbin_lse(band_lse, to_slot, from_slot, corner, x):
 def _row_lse(ops, band, spk: Spokes | None, sup: Support, v, shift=None):
     """LSE_row(S + v) ``[N, Lp + 1]`` on the extended support (-inf on empty rows)."""
     band_lse = _band_lse(ops, ops.row_lse, band, v, shift, sup.band_rows)  # v extended: see BandOps
-    return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.col, spk.row, spk.corner)), v)
+    s = spk or _NO_SPOKES
+    return _with_dustbin_lse(band_lse, s.col, s.row, s.corner, v)
 
 
 def _col_lse(ops, band, spk: Spokes | None, sup: Support, u, shift=None):
     """LSE_col(S + u) ``[N, Lp + 1]`` on the extended support (-inf on empty columns)."""
     band_lse = _band_lse(ops, ops.col_lse, band, u, shift, sup.band_cols)
-    return _with_dustbin_lse(band_lse, *((None,) * 3 if spk is None else (spk.row, spk.col, spk.corner)), u)
+    s = spk or _NO_SPOKES
+    return _with_dustbin_lse(band_lse, s.row, s.col, s.corner, u)
 
 
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
@@ -304,20 +309,13 @@ def _base_to_tol(ops: BandOps, band, spk: Spokes, sup: Support, tol: float, max_
 def _scan_keeping(step, carry, n: int, keep: int, xs=None):
     """``step`` run ``n`` times from ``carry`` (``xs`` sliced per step, or None); only the last
     ``keep`` steps' outputs are stacked (the others run in a carry-only scan: on a GPU each
-    stacked output is a kernel of its own per step). Returns (the carry before the kept
-    steps, their stacked outputs or None, the final carry)."""
+    stacked output is a kernel of its own per step). Returns (the carry before the kept steps,
+    their stacked outputs: ``[keep, ...]``, empty for 0)."""
     head = n - keep
     part = lambda lo, hi: None if xs is None else jax.tree.map(lambda x: x[lo:hi], xs)
     if head:
         carry, _ = jax.lax.scan(lambda c, x: (step(c, x)[0], None), carry, part(0, head), length=head)
-    before, out = carry, None
-    if keep:
-        carry, out = jax.lax.scan(step, carry, part(head, n), length=keep)
-    return before, out, carry
-
-
-def _none_kept(u):
-    return tuple(jnp.zeros((0,) + u.shape, u.dtype) for _ in range(3))
+    return carry, jax.lax.scan(step, carry, part(head, n), length=keep)[1]
 
 
 def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.ndarray, u, v, *,
@@ -352,8 +350,7 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.
 
     dtype = u.dtype
     xs = None if one_eps else (jnp.asarray(1.0 / eps, dtype), jnp.asarray(ratio, dtype))
-    before, out, _ = _scan_keeping(step, (u, v), n, keep, xs)
-    return before, _none_kept(u) if out is None else out
+    return _scan_keeping(step, (u, v), n, keep, xs)
 
 
 # Scaling-domain steps rebuild their reference plan once a potential has moved this far from
@@ -395,12 +392,10 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
 
     _, u1, v1 = first
     init = (u1, v1, _plan(ops, band, spk, u1, v1), u1, v1)
-    before, rest, _ = _scan_keeping(step, init, n_steps - 1, min(keep, n_steps - 1))
+    before, rest = _scan_keeping(step, init, n_steps - 1, min(keep, n_steps - 1))
     if keep == n_steps:  # the first (log-domain) step is kept too
-        rest = tuple(x[None] for x in first) if rest is None else tuple(
-            jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
-        return (u, v), rest
-    return before[:2], _none_kept(u) if rest is None else rest
+        return (u, v), tuple(jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
+    return before[:2], rest
 
 
 def solve(spec: Spec, flat: Flat):
@@ -452,13 +447,12 @@ class _ExtPlan(NamedTuple):
 
 
 def _plan(ops, band, spk: Spokes | None, u, v) -> _ExtPlan:
+    band_plan = ops.plan(band, u[:, :-1], v[:, :-1])
     if spk is None:
-        return _ExtPlan(ops.plan(band, u[:, :-1], v[:, :-1]), None)
-    return _ExtPlan(
-        ops.plan(band, u[:, :-1], v[:, :-1]),
-        Spokes(jnp.exp(spk.col + u[:, :-1] + v[:, -1:]), jnp.exp(spk.row + u[:, -1:] + v[:, :-1]),
-               jnp.exp(spk.corner + u[:, -1] + v[:, -1])),
-    )
+        return _ExtPlan(band_plan, None)
+    return _ExtPlan(band_plan, Spokes(jnp.exp(spk.col + u[:, :-1] + v[:, -1:]),
+                                      jnp.exp(spk.row + u[:, -1:] + v[:, :-1]),
+                                      jnp.exp(spk.corner + u[:, -1] + v[:, -1])))
 
 
 def _real(*xs):
@@ -489,14 +483,14 @@ def _with_spokes(real, to_slot, from_slot, corner, y):
 
 def _ext_rows(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_i = Σ_j P_ij <x_i, z_j> y_j`` over the extended support; y, z on columns."""
-    w = _modulated_spokes(p, x, z) or Spokes(None, None, None)
+    w = _modulated_spokes(p, x, z) or _NO_SPOKES
     return _with_spokes(ops.plan_rows(p.band, *_real(y, x, z)), w.col, w.row, w.corner, y)
 
 
 def _ext_cols(ops, p: _ExtPlan, y, x=None, z=None):
     """``out_j = Σ_i P_ij <x_i, z_j> y_i`` over the extended support; y, x on rows. The row
     product of the transposed plan: the dustbin row and column trade places."""
-    w = _modulated_spokes(p, x, z) or Spokes(None, None, None)
+    w = _modulated_spokes(p, x, z) or _NO_SPOKES
     return _with_spokes(ops.plan_cols(p.band, *_real(y, x, z)), w.row, w.col, w.corner, y)
 
 

@@ -186,9 +186,10 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
     Returns (StableHLO text, the custom call's config)."""
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     static = {}
+    geom = pallas_gpu.stored_geometry(geom) if shape.stored else geom
+    lp = geom.length
     if shape.stored:
-        geom = pallas_gpu.stored_geometry(geom)
-        lp, band = geom.length, f32(n, geom.length, geom.n_diag * geom.block)
+        band = f32(n, lp, geom.n_diag * geom.block)
         if shape.d:
             fn, specs = pallas_gpu.band_scores, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2
         elif not shape.m:
@@ -198,10 +199,8 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
             specs = [band, f32(n, lp), f32(n, lp), f32(n, lp), f32(n, lp, shape.m)]
             specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
     elif not shape.m:
-        lp = geom.length
         fn, specs = pallas_gpu.band_lse, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)]
     else:
-        lp = geom.length
         fn = pallas_gpu.band_product
         specs = [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2 + [f32(n, lp, shape.m)]
         specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
@@ -257,10 +256,6 @@ def _triton_compile(config, cc: int, tmp_path) -> Compiled:
     return Compiled(kernel.metadata.shared, field("REG"), field("STACK"))
 
 
-def _triton_shared_bytes(config, cc: int, tmp_path) -> int:
-    return _triton_compile(config, cc, tmp_path).shared
-
-
 @pytest.mark.slow  # ptxas takes ~90 s on this kernel (128-wide tiles spill heavily)
 def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
     """main's fixed tiling (128-wide, 4 warps, 2 stages) of the benchmark's modulated product,
@@ -268,7 +263,7 @@ def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     monkeypatch.setattr(pallas_gpu, "tiling", lambda geom, shape: (geom, gpu_budget.GpuTiling(128, 4, 2)))
     _, config = _lower_triton(BENCH_MODULATED, make_geometry(1024, 256, pallas=True))
-    assert _triton_shared_bytes(config, 90, tmp_path) == H100_REQUESTED
+    assert _triton_compile(config, 90, tmp_path).shared == H100_REQUESTED
 
 
 @pytest.mark.parametrize("device_class, cc", [
@@ -284,7 +279,7 @@ def test_triton_allocation_fits_and_is_bounded_by_the_model(shape, device_class,
     geom = make_geometry(1024, 256, pallas=True)
     chosen = gpu_budget.choose(shape, geom.block, budget)
     _, config = _lower_triton(shape, geom)
-    shared = _triton_shared_bytes(config, cc, tmp_path)
+    shared = _triton_compile(config, cc, tmp_path).shared
     assert 0 < shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages) <= budget
 
 

@@ -26,7 +26,7 @@ from pfamalign.kernels.band import BandGeometry, make_geometry
 from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.banded_xla import XlaBandOps
 from pfamalign.kernels.config import impl_variant
-from pfamalign.kernels.pallas_ops import PallasBandOps
+from pfamalign.kernels.pallas_ops import PallasBandOps, StoredBandOps
 from pfamalign.kernels.sinkhorn import Spec, make_ops
 
 OUT_ATOL = 1e-5  # float32, absolute: the public op's outputs and gradients vs the reference
@@ -122,7 +122,7 @@ def _primitive_outputs(wrapper: str, interpret, band: str, block: int, resident:
     length = int(2.5 * block)
     geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
     p = _random_problem(geom, length)
-    pallas = PallasBandOps(geom, interpret, wrapper=wrapper, resident=resident)
+    pallas = (StoredBandOps if resident else PallasBandOps)(geom, interpret, wrapper=wrapper)
     got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
     out = {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
     return {**out, "float64": _float64_products(p, geom)}
@@ -378,14 +378,14 @@ def test_resident_scores_dispatch_to_the_triton_wrapper_only(monkeypatch):
     whatever ``CPU_WRAPPER`` says, a TPU has no branch, and forcing the TPU wrapper is refused."""
     monkeypatch.setattr(pallas_ops, "CPU_WRAPPER", "tpu")
     geom = make_geometry(300, 70, pallas=True)
-    ops = PallasBandOps(geom, resident=True)
+    ops = StoredBandOps(geom)
     assert ops.branch("cpu") == ("gpu", True)
     assert ops.branch("cuda") == ("gpu", False)
     assert ops.branch("tpu") is None
     assert ops.stored_g.block == gpu_budget.MAX_EDGE and ops.stored_g.length == geom.length
-    assert PallasBandOps(make_geometry(20, 3, 8), resident=True).stored_g.block == 8  # kept when narrower
+    assert StoredBandOps(make_geometry(20, 3, 8)).stored_g.block == 8  # kept when narrower
     with pytest.raises(ValueError, match="GPU"):
-        PallasBandOps(geom, wrapper="tpu", resident=True)
+        StoredBandOps(geom, wrapper="tpu")
     for bad in (dict(impl="xla"), dict(impl="auto"), dict(impl="pallas", kernel="tpu"), dict(impl="pallas", resident_scores=1)):
         with pytest.raises(ValueError, match="resident_scores"):
             TransportConfig(half_band=3, **{"resident_scores": True, **bad})
