@@ -11,6 +11,7 @@
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
+#                                                # (add --impl pallas-resident for the stored-band kernels)
 #   bash scripts/gpu_session.sh profile          # profile_transport: time per kernel, and the HLO
 #   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla, xla-branch-free) under
 #                                                # each of XLA_FLAG_SETS: loop unrolling, command buffers

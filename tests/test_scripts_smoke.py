@@ -312,18 +312,49 @@ def test_crossval_ensemble_of_two_runs_is_tuned_and_scored_on_their_pairs(tmp_pa
     assert done[0]["evaluation"]["counts"]["nw"] == done[1]["evaluation"]["counts"]["nw"]
 
 
+def _tune_triton_calls_lower_for_cuda(module, shapes):
+    """Every shape's timed call lowers for cuda with the swept kernel in its module: once (the
+    band's readers: once per walk, after the kernel that stores the band)."""
+    for shape, geom in shapes.items():
+        fn, args = module._kernel_call(shape, geom)
+        text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        counts = {name: text.count(f'"{name}"') for name in ("band_scores", "band_lse", "band_product")}
+        swept = "band_scores" if shape.stored and shape.d else "band_lse" if shape.m == 0 else "band_product"
+        readers = shape.stored and not shape.d
+        expected = {name: 0 for name in counts} | {swept: 2 if readers else 1}
+        if readers:
+            expected["band_scores"] = 1
+        assert counts == expected, shape
+
+
 def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
     """The tiling sweep collects every Triton call site of the op (lowered for cuda from this
-    host: the LSE, the plain and ones-vector products and the modulated product) and, with no
-    GPU to time them on, stops with a message instead of timing interpret mode."""
+    host: the LSE, the plain and ones-vector products and the modulated product), its timed
+    calls lower for cuda, and with no GPU to time them on it stops with a message instead of
+    timing interpret mode."""
     module = importlib.import_module("tune_triton")
     from pfamalign.kernels.gpu_budget import KernelShape
 
     shapes = module._collect_shapes(256, 32, 16, 2, 2)
     assert set(shapes) == {KernelShape(16), KernelShape(16, 16), KernelShape(16, 1), KernelShape(16, 16, 20)}
     assert all(g.length == 256 and g.half_band == 32 for g in shapes.values())
-    with pytest.raises(SystemExit, match="needs a GPU backend"):
-        module.main([])
+    _tune_triton_calls_lower_for_cuda(module, shapes)
+    for impl in ("pallas", "pallas-resident"):
+        with pytest.raises(SystemExit, match="needs a GPU backend"):
+            module.main(["--impl", impl])
+
+
+def test_tune_triton_sweeps_the_stored_band_kernels():
+    """With resident scores the sweep finds the band's scores kernel and the kernels that read
+    the band (stored shapes, d 0); each one's timed call lowers for cuda."""
+    module = importlib.import_module("tune_triton")
+    from pfamalign.kernels.gpu_budget import KernelShape
+
+    shapes = module._collect_shapes(256, 32, 16, 2, 2, "pallas-resident")
+    assert set(shapes) == {KernelShape(16, stored=True), KernelShape(0, stored=True),
+                           KernelShape(0, 16, stored=True), KernelShape(0, 1, stored=True),
+                           KernelShape(0, 16, 20, stored=True)}
+    _tune_triton_calls_lower_for_cuda(module, shapes)
 
 
 def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, capsys):
