@@ -50,6 +50,8 @@ IMPL_VARIANTS = {
     "xla-branch-free": {"impl": "xla", "branch_free": True},
     "pallas": {"impl": "pallas"},
     "pallas-resident": {"impl": "pallas", "resident_scores": True},
+    "xla-unrolled": {"impl": "xla", "unroll": True},
+    "pallas-resident-unrolled": {"impl": "pallas", "resident_scores": True, "unroll": True},
 }
 
 # ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
@@ -58,8 +60,9 @@ IMPL_VARIANTS = {
 # banded XLA path (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on. The Triton
 # kernels that recompute each score tile in every pass (memory O(L W / b) instead of the
 # resident band's O(L W)) cost more than the resident band at every size measured there, so
-# they run only when named; "pallas-resident" (a stored band read by the kernels) is not yet
-# measured on a GPU (``bash scripts/gpu_session.sh resident``).
+# they run only when named; "pallas-resident" (a stored band read by the kernels) and its
+# straight-line steps ("pallas-resident-unrolled") are not yet measured on a GPU (``bash
+# scripts/gpu_session.sh resident``).
 GPU_DENSE_CROSSOVER: int | None = 8192
 GPU_BANDED_IMPL = "xla"
 
@@ -201,6 +204,12 @@ class TransportConfig:
         not TPU): the masked score band is stored once per call (O(L W) memory, as the XLA
         path) and the kernels read its tiles: no fp32 matmul per entry and pass. The same
         plans (to rounding).
+      unroll: False (the default): the fixed step loops (base, tail, the backward's sweep)
+        are loops. True: straight-line steps. On a GPU a loop trip costs a counter kernel, and
+        the loop keeps XLA from fusing one step's last kernel with the next step's first
+        (``scripts/count_gpu_launches.py`` for an H100 at L 4096: 157 -> 109 launches with
+        resident scores); compile time grows with T + R, for no gain on CPU. The same plans;
+        ``tol``'s data-dependent loop stays a loop.
     """
 
     half_band: int
@@ -220,6 +229,7 @@ class TransportConfig:
     max_steps: int = 1000
     branch_free: bool = False
     resident_scores: bool = False
+    unroll: bool = False
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -244,6 +254,8 @@ class TransportConfig:
             raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
         if not isinstance(self.branch_free, bool):
             raise ValueError(f"branch_free must be True or False, got {self.branch_free!r}")
+        if not isinstance(self.unroll, bool):
+            raise ValueError(f"unroll must be True or False, got {self.unroll!r}")
         if not isinstance(self.resident_scores, bool):
             raise ValueError(f"resident_scores must be True or False, got {self.resident_scores!r}")
         if self.resident_scores and self.impl != "pallas":

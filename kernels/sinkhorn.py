@@ -306,26 +306,29 @@ def _base_to_tol(ops: BandOps, band, spk: Spokes, sup: Support, tol: float, max_
     return u, v, steps, (jnp.where(done, u, hu), jnp.where(done, v, hv))
 
 
-def _scan_keeping(step, carry, n: int, keep: int, xs=None):
+def _scan_keeping(step, carry, n: int, keep: int, xs=None, *, unroll: bool = False):
     """``step`` run ``n`` times from ``carry`` (``xs`` sliced per step, or None); only the last
     ``keep`` steps' outputs are stacked (the others run in a carry-only scan: on a GPU each
-    stacked output is a kernel of its own per step). Returns (the carry before the kept steps,
-    their stacked outputs: ``[keep, ...]``, empty for 0)."""
+    stacked output is a kernel of its own per step). ``unroll``: straight-line steps instead
+    of loops (``TransportConfig.unroll``). Returns (the carry before the kept steps, their
+    stacked outputs: ``[keep, ...]``, empty for 0)."""
     head = n - keep
     part = lambda lo, hi: None if xs is None else jax.tree.map(lambda x: x[lo:hi], xs)
     if head:
-        carry, _ = jax.lax.scan(lambda c, x: (step(c, x)[0], None), carry, part(0, head), length=head)
-    return carry, jax.lax.scan(step, carry, part(head, n), length=keep)[1]
+        carry, _ = jax.lax.scan(lambda c, x: (step(c, x)[0], None), carry, part(0, head), length=head,
+                                unroll=unroll)
+    return carry, jax.lax.scan(step, carry, part(head, n), length=keep, unroll=unroll)[1]
 
 
 def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.ndarray, u, v, *,
-              keep: int | None = None):
+              keep: int | None = None, unroll: bool = False):
     """Full centered steps from (u, v), step t at temperature ``eps[t]``.
 
     ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
     of eps at fixed eps * potential. Returns ((u, v) before the kept steps, their (û, u, v),
     each ``[keep, N, Lp + 1]``): the last ``keep`` steps (None: all; 0: the first element is
     the final state). At one eps (no schedule) the band is rescaled once, outside the loop.
+    ``unroll``: straight-line steps (``TransportConfig.unroll``).
     """
     n = len(eps)
     keep = n if keep is None else keep
@@ -350,7 +353,7 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.
 
     dtype = u.dtype
     xs = None if one_eps else (jnp.asarray(1.0 / eps, dtype), jnp.asarray(ratio, dtype))
-    return _scan_keeping(step, (u, v), n, keep, xs)
+    return _scan_keeping(step, (u, v), n, keep, xs, unroll=unroll)
 
 
 # Scaling-domain steps rebuild their reference plan once a potential has moved this far from
@@ -360,7 +363,7 @@ _ABSORB = 30.0
 
 
 def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_steps: int, u, v, *,
-                      keep: int | None = None):
+                      keep: int | None = None, unroll: bool = False):
     """``run_steps`` at one eps in the scaling domain: after one exact log-domain step, each
     half step is one product with a resident reference plan ``p0 = exp(S + u0 ⊕ v0)``:
     ``LSE_j(S_ij + v_j) = log (p0 e^{v - v0})_i - u0_i`` — a multiply-add per band entry
@@ -392,7 +395,7 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
 
     _, u1, v1 = first
     init = (u1, v1, _plan(ops, band, spk, u1, v1), u1, v1)
-    before, rest = _scan_keeping(step, init, n_steps - 1, min(keep, n_steps - 1))
+    before, rest = _scan_keeping(step, init, n_steps - 1, min(keep, n_steps - 1), unroll=unroll)
     if keep == n_steps:  # the first (log-domain) step is kept too
         return (u, v), tuple(jnp.concatenate([a[None], b], 0) for a, b in zip(first, rest))
     return before[:2], rest
@@ -416,13 +419,15 @@ def solve(spec: Spec, flat: Flat):
     keep = None if spec.history else r  # the history needs every step's potentials
     if cfg.tol is not None:
         u_b, v_b, steps, (hu, hv) = _base_to_tol(ops, band, spk, sup, cfg.tol, cfg.max_steps, zeros)
-        _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b)
+        _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b, unroll=cfg.unroll)
         base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
         if ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
-            before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep)
+            before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep,
+                                             unroll=cfg.unroll)
         else:
-            before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep)
+            before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep,
+                                     unroll=cfg.unroll)
         if keep is None:  # every step kept: the base's, then the tail's
             base_end = (kept[1][t - 1], kept[2][t - 1]) if t else (zeros, zeros)
             base_hist, tail = (kept[1][:t], kept[2][:t]), tuple(x[t:] for x in kept)
@@ -574,10 +579,10 @@ def _half_step_weights(sup: Support, sol: Solution):
     return side(sup.log_rows, sol.u_hat, sup.kappa_rows), side(sup.log_cols, sol.v, sup.kappa_cols)
 
 
-def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products):
+def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products, unroll: bool):
     """The recursion r = R..1 of the module docstring, for either schedule: ``products(xs[r])``
-    gives ``y -> B^r y`` and ``y -> A^{rT} y``. Returns eta (the adjoint of v^0) and the
-    stacked ``α_r / a``, ``β_r / b`` ``[R, N, Lp + 1]``."""
+    gives ``y -> B^r y`` and ``y -> A^{rT} y`` (``unroll``: straight-line steps). Returns eta
+    (the adjoint of v^0) and the stacked ``α_r / a``, ``β_r / b`` ``[R, N, Lp + 1]``."""
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
     # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin; see
@@ -594,11 +599,12 @@ def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products):
         alpha = jnp.where(sup.rows, u_bar + shift, 0.0) - b_rows(beta * inv_b)
         return (jnp.zeros_like(u_bar), -a_cols(alpha * inv_a)), (alpha * inv_a, beta * inv_b)
 
-    (_, eta), (alphas, betas) = jax.lax.scan(step, (seed.u_bar, seed.v_bar), (xs, *weights), reverse=True)
+    (_, eta), (alphas, betas) = jax.lax.scan(step, (seed.u_bar, seed.v_bar), (xs, *weights), reverse=True,
+                                             unroll=unroll)
     return eta, alphas, betas
 
 
-def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext):
+def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext, unroll: bool):
     """The one-reference schedule: ``A^r = diag(eA_u) P diag(eA_v)``, ``B^r = diag(eB_u) P
     diag(eB_v)``, so every product is a product with P and ``dS = P ∘ <X_i, Z_j>``.
 
@@ -611,7 +617,7 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
         ea_u, ea_v, eb_u, eb_v = xs_r
         return (lambda y: eb_u * p_rows(eb_v * y)), (lambda y: ea_v * p_cols(ea_u * y))
 
-    eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products)
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products, unroll)
     # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
     ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
     al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
@@ -620,7 +626,8 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
     return _ext_rows(ops, seed.p, k_ext, x, z), _ext_cols(ops, seed.p, q_ext, x, z), eta
 
 
-def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext):
+def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext,
+                       unroll: bool):
     """The direct baseline: every tail plan exponentiated on its own (2R + 1 exponentials per
     entry), ``dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)]``. Returns as
     ``_one_reference_adjoint``."""
@@ -632,7 +639,7 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         a_plan, b_plan = tail_plans(*xs_r)
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
-    eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products)
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, unroll)
     dq = _ext_rows(ops, seed.p, k_ext, seed.g, seed.v)
     dk = _ext_cols(ops, seed.p, q_ext, seed.g, seed.v)
     for r in range(sol.u.shape[0]):
@@ -672,9 +679,9 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
     seed = _Seed(p, g_ext, v_ext, u_bar, v_bar)
     q_ext, k_ext = _ext(flat.q, flat.tq), _ext(flat.k, flat.tk)
     if spec.cfg.adjoint == "one_reference":
-        dq_ext, dk_ext, eta = _one_reference_adjoint(ops, sup, sol, seed, q_ext, k_ext)
+        dq_ext, dk_ext, eta = _one_reference_adjoint(ops, sup, sol, seed, q_ext, k_ext, spec.cfg.unroll)
     else:
-        dq_ext, dk_ext, eta = _four_plan_adjoint(ops, band, spk, sup, sol, seed, q_ext, k_ext)
+        dq_ext, dk_ext, eta = _four_plan_adjoint(ops, band, spk, sup, sol, seed, q_ext, k_ext, spec.cfg.unroll)
     scale = _scale(flat, spec.cfg.eps)
     dq_ext, dk_ext = scale * dq_ext, scale * dk_ext
     if g_logp is not None:  # the sparse target entries of the score cotangent

@@ -6,14 +6,15 @@
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
-#   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident (the
-#                                                # stored-band kernels, not yet run on hardware), all sizes
+#   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident and its
+#                                                # unrolled steps (the stored-band kernels, not yet run on
+#                                                # hardware), all sizes
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
 #                                                # (add --impl pallas-resident for the stored-band kernels)
 #   bash scripts/gpu_session.sh profile          # profile_transport: time per kernel, and the HLO
-#   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla, xla-branch-free) under
+#   bash scripts/gpu_session.sh flags            # bench_transport (reference, xla, xla-branch-free, -unrolled) under
 #                                                # each of XLA_FLAG_SETS: loop unrolling, command buffers
 #
 # Every step installs the wheels and this checkout (offline, editable) first, then writes
@@ -68,7 +69,8 @@ case "${1:-}" in
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
     resident) install  # first after `tests`: the candidate for GPU_BANDED_IMPL, at every size
-        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident --lengths 1024,4096,8192,16384 \
+        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled \
+            --lengths 1024,4096,8192,16384 \
             --repeats 5 --json --mem-budget-gib 40 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_resident.jsonl" ;;
     transport) install
         python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free,pallas,ott --mem-budget-gib 40 "${@:2}" 2>&1 \
@@ -81,7 +83,7 @@ case "${1:-}" in
     flags) install  # default: L 1024 and 4096 (W 256), where the XLA path is launch-bound
         for flags in "${XLA_FLAG_SETS[@]}"; do
             echo "# XLA_FLAGS=$flags" >&2
-            XLA_FLAGS="$flags" python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free --json \
+            XLA_FLAGS="$flags" python3 scripts/bench_transport.py --impls reference,xla,xla-branch-free,xla-unrolled --json \
                 --lengths 1024,4096 --timeout 240 "${@:2}" || echo "# failed: XLA_FLAGS=$flags" >&2
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install

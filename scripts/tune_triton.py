@@ -27,7 +27,7 @@ import time
 import _common
 
 
-TRITON_VARIANTS = ("pallas", "pallas-resident")  # the IMPL_VARIANTS that run Triton kernels
+TRITON_VARIANTS = ("pallas", "pallas-resident", "pallas-resident-unrolled")  # IMPL_VARIANTS with Triton kernels
 
 
 def _collect_shapes(length: int, hb: int, d: int, t: int, r: int, impl: str = "pallas"):

@@ -228,8 +228,19 @@ def test_a_branch_free_solve_lowers_without_a_conditional(dustbin):
     assert branches[True] == 0 and branches[False] >= 2
 
 
+@pytest.mark.parametrize("dustbin", ["none", "spoke"])
+def test_an_unrolled_solve_lowers_without_a_loop(dustbin):
+    """``unroll=True`` with resident scores: the forward and gradient lowered for ``cuda`` hold
+    no while loop (base, tail and backward sweep are straight-line steps around the Triton
+    calls); the looped config holds one per loop, so the count can fail."""
+    loops = {name: _lowered(name, dustbin, "cuda").as_text().count("stablehlo.while")
+             for name in ("pallas-resident", "pallas-resident-unrolled")}
+    assert loops == {"pallas-resident": 3, "pallas-resident-unrolled": 0}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "pallas", "pallas-resident"])
+@pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "xla-unrolled", "pallas", "pallas-resident",
+                                  "pallas-resident-unrolled"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
 def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
@@ -246,7 +257,7 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident"])
+@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident", "pallas-resident-unrolled"])
 def test_benchmark_shape_runs_exactly_on_gpu(impl):
     """The benchmark's first size (L = 1024, W = 256, d = dv = 64, T = 15, R = 2) compiles within
     the device's shared memory and matches dense autodiff to 1e-5."""

@@ -52,7 +52,7 @@ def _jit_transport(cfg: TransportConfig):
 def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
     q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    ref_cfg = dataclasses.replace(cfg, impl="reference")
+    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False)
     (_, out), grads = _value_and_grad(cfg)(q, k, v, tokens, q_len, k_len, w)
     (_, ref_out), ref_grads = _value_and_grad(ref_cfg)(q, k, v, tokens, q_len, k_len, w)
     np.testing.assert_allclose(out, ref_out, atol=OUT_ATOL, rtol=0)
@@ -107,7 +107,9 @@ def test_branch_free_steps_match_reference(shape, dustbin):
     _compare(cfg, lq, lk, ql, kl)
 
 
-@pytest.mark.parametrize("absorb", [0.0, float("inf")], ids=["rebuilt every step", "never rebuilt"])
+# never rebuilt is also what the default threshold gives these small problems (slow: the control)
+@pytest.mark.parametrize("absorb", [0.0, pytest.param(float("inf"), marks=pytest.mark.slow)],
+                         ids=["rebuilt every step", "never rebuilt"])
 def test_scaling_steps_match_reference_whether_or_not_the_plan_is_rebuilt(absorb, monkeypatch):
     """The default XLA solve (scaling domain) rebuilds its reference plan, in a loop of zero or
     one trip, once the potentials drift past ``_ABSORB``: rebuilt at every step or never, the
@@ -122,6 +124,22 @@ def test_scaling_steps_match_reference_whether_or_not_the_plan_is_rebuilt(absorb
                           blocks=BlockSizes(block))
     _compare(cfg, lq, lk, ql, kl)
     jax.clear_caches()
+
+
+@pytest.mark.parametrize("variant", [
+    dict(impl="xla", dustbin="spoke"),  # the scaling-domain solve, the one-reference adjoint
+    dict(impl="xla", dustbin="capacity", eps_schedule=((1.4, 3), (0.7, 2)), adjoint="four_plan"),  # log domain
+    dict(impl="pallas", dustbin="none", resident_scores=True),  # the stored-band kernels (interpret mode)
+], ids=["scaling", "schedule-four_plan", "pallas-resident"])
+def test_unrolled_steps_match_reference(variant):
+    """``unroll=True`` (base, tail and backward sweep as straight-line steps): the same outputs
+    and gradients as dense autodiff; a flag that is not a bool is refused."""
+    _, lq, lk, ql, kl, w, block = SHAPES[1]
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, unroll=True,
+                          blocks=BlockSizes(block), **variant)
+    _compare(cfg, lq, lk, ql, kl)
+    with pytest.raises(ValueError, match="unroll must be True or False"):
+        dataclasses.replace(cfg, unroll=1)
 
 
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
