@@ -9,6 +9,8 @@ and implementation:
     Mosaic on a TPU; interpret mode on a CPU, slow: not in the default set);
   * ``pallas-resident``: the Triton kernels reading a score band stored once per call
     (``resident_scores=True``) instead of recomputing every tile (GPU; interpret mode on a CPU);
+  * ``xla-unrolled``, ``pallas-resident-unrolled``: those with ``unroll=True`` (straight-line
+    steps: no loop counter, fusion across steps; fewer kernel launches on a GPU);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
@@ -45,9 +47,10 @@ import os
 import sys
 
 import _common
+from pfamalign.kernels.config import IMPL_VARIANTS
 
 IMPLS = ("reference", "ott", "xla")  # the default set; the other variants on request
-KNOWN_IMPLS = IMPLS + ("xla-branch-free", "pallas", "pallas-resident")
+KNOWN_IMPLS = ("ott",) + tuple(IMPL_VARIANTS)
 # The parent only records the environment (which starts JAX's backend): on a GPU it must not
 # preallocate the memory its children measure with (``_leave_gpu_memory_to_children``).
 _PARENT_PREALLOCATE = "_BENCH_TRANSPORT_PARENT_PREALLOCATE"
@@ -169,7 +172,7 @@ def main(argv=None):
     rep.finish()
 
 
-BANDED = ("xla", "xla-branch-free", "pallas", "pallas-resident")  # the banded implementations, each against the GPU targets
+BANDED = tuple(n for n in IMPL_VARIANTS if n != "reference")  # the banded variants, each against the GPU targets
 
 
 def _targets(rep, results, platform: str):
