@@ -25,9 +25,9 @@ import sys
 import time
 
 import _common
+from pfamalign.kernels.config import IMPL_VARIANTS
 
-
-TRITON_VARIANTS = ("pallas", "pallas-resident", "pallas-resident-unrolled")  # IMPL_VARIANTS with Triton kernels
+TRITON_VARIANTS = tuple(name for name, v in IMPL_VARIANTS.items() if v["impl"] == "pallas")  # Triton kernels
 
 
 def _collect_shapes(length: int, hb: int, d: int, t: int, r: int, impl: str = "pallas"):
