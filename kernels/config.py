@@ -205,10 +205,10 @@ class TransportConfig:
         path) and the kernels read its tiles: no fp32 matmul per entry and pass. The same
         plans (to rounding).
       unroll: False (the default): the fixed step loops (base, tail, the backward's sweep)
-        are loops. True: straight-line steps. On a GPU a loop trip costs a counter kernel, and
-        the loop keeps XLA from fusing one step's last kernel with the next step's first
-        (``scripts/count_gpu_launches.py`` for an H100 at L 4096: 157 -> 109 launches with
-        resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
+        are loops. True: straight-line steps. On a GPU every loop trip costs a counter
+        kernel, a loop that stacks its steps' outputs a write kernel per output and trip, and
+        the loop carries copies (``scripts/count_gpu_launches.py`` for an H100 at L 4096:
+        157 -> 109 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
         a CPU gains nothing consistent (two runs at L 1024 and 4096 differed in sign). The
         same plans; ``tol``'s data-dependent loop stays a loop.
     """

@@ -10,7 +10,7 @@ and implementation:
   * ``pallas-resident``: the Triton kernels reading a score band stored once per call
     (``resident_scores=True``) instead of recomputing every tile (GPU; interpret mode on a CPU);
   * ``xla-unrolled``, ``pallas-resident-unrolled``: those with ``unroll=True`` (straight-line
-    steps: no loop counter, fusion across steps; fewer kernel launches on a GPU);
+    steps: no loop counters or per-step output writes; fewer kernel launches on a GPU);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
