@@ -23,7 +23,7 @@ error, ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 295424
 232448``, and today's tilings compile. So a clean run is also a compile check of the GPU path.
 
     pip install jax-cuda13-plugin==$JAXV jax-cuda13-pjrt==$JAXV   # JAXV: this jax's version
-    python scripts/count_gpu_launches.py --impls reference,xla,pallas,pallas-resident --lengths 1024,4096
+    python scripts/count_gpu_launches.py --lengths 1024,4096     # every variant (the README table)
 
 Needs the plugin (no CUDA libraries: the version check is skipped, nothing runs) and ``ptxas``
 on PATH (the CUDA toolkit; XLA compiles the PTX to check it). GEMMs compile as cuBLAS calls
@@ -139,7 +139,7 @@ def _h100():
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impls", default="reference,xla,pallas,pallas-resident",
+    ap.add_argument("--impls", default="reference,xla,xla-unrolled,pallas,pallas-resident,pallas-resident-unrolled",
                     help="comma-separated names of kernels.config.IMPL_VARIANTS")
     ap.add_argument("--lengths", type=_common.int_list, default=[1024, 4096, 16384])
     ap.add_argument("--half-band", type=int, default=256, help="W (1024 from L 16384, as bench_transport)")
