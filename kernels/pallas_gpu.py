@@ -35,6 +35,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pfamalign.kernels import gpu_budget, tile_math
 from pfamalign.kernels.band import BandGeometry, make_geometry
+from pfamalign.kernels.config import damp
 from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
 
 
@@ -123,7 +124,7 @@ def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, 
           name, grid=None):
     return pl.pallas_call(
         kernel,
-        grid=grid or (out_shape.shape[0], geom.n_blocks),
+        grid=grid or (jax.tree.leaves(out_shape)[0].shape[0], geom.n_blocks),
         in_specs=in_specs,
         out_specs=out_spec,
         out_shape=out_shape,
@@ -199,7 +200,9 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False):
 # ---- band log-sum-exp ------------------------------------------------------------------------
 
 
-def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
+def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str):
+    """``[b]`` band log-sum-exp of this program's line block: its tiles walked with an online
+    max and sum, the walked lines' offsets in ``c_ref``."""
     i_blk = pl.program_id(1)
     scores = _source_scores(source, ref0, ref1, geom)
 
@@ -208,7 +211,11 @@ def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
 
     lo, hi = _key_range(i_blk, geom)
     m, l = jax.lax.fori_loop(lo, hi, body, tile_math.lse_init(geom.block))
-    out_ref[...] = tile_math.lse_finalize(m, l)[:, 0]
+    return tile_math.lse_finalize(m, l)[:, 0]
+
+
+def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
+    out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source)
 
 
 def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
@@ -246,6 +253,111 @@ def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interp
     may be longer than Lp (an extended potential): its first Lp entries are read."""
     return _lse("cols" if transposed else "rows", band, scale, off, geom, KernelShape(0, stored=True),
                 interpret)
+
+
+# ---- fused Sinkhorn half steps on a stored band -----------------------------------------------
+# One Sinkhorn step as two kernels, the potentials and the centering computed in them: the
+# unfused step is an LSE kernel, an XLA kernel for the potentials and the centering sum, a
+# second LSE kernel and one more XLA kernel for the centered potentials (four launches).
+
+
+def _half_potential(lse, kappa: float):
+    """A unit-target half step: ``kappa (0 - LSE)`` on lines with entries, 0 elsewhere
+    (``sinkhorn._potential`` with log target 0)."""
+    return jnp.where(jnp.isfinite(lse), damp(-lse, kappa), 0.0)
+
+
+def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool):
+    u_hat = _half_potential(_walk_lse(band_ref, scale_ref, v_ref, geom, "rows"), kappa)
+    if centered:
+        w_ref, u_hat_ref, part_ref = refs
+        part_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)  # this row block's share of c
+    else:
+        (u_hat_ref,) = refs
+    u_hat_ref[...] = u_hat
+
+
+def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
+                     chunk: int):
+    lse = _walk_lse(band_ref, scale_ref, u_hat_ref, geom, "cols")
+    v_hat = _half_potential(lse, kappa)
+    if not centered:
+        (v_ref,) = refs
+        v_ref[...] = v_hat
+        return
+    part_ref, w_ref, v_ref, u_ref = refs
+    n_parts = part_ref.shape[0]
+    c = jax.lax.fori_loop(0, n_parts // chunk,
+                          lambda k, s: s + jnp.sum(part_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
+    b = geom.block
+    # Columns without entries keep 0; this program's line block is also a row block (the
+    # padded problem is square): its centered u.
+    v_ref[...] = jnp.where(jnp.isfinite(lse), v_hat + c, 0.0)
+    u_ref[...] = jnp.where(w_ref[...] > 0, u_hat_ref[pl.ds(pl.program_id(1) * b, b)] - c, 0.0)
+
+
+def _pow2_divisor(n: int, cap: int = 1024) -> int:
+    """The largest power of two dividing ``n``, at most ``cap`` (a Triton load's length)."""
+    return min(n & -n, cap)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
+def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float, centered: bool,
+                    interpret=False):
+    """The row half step of a Sinkhorn step with unit row targets on a stored band:
+    ``û_i = kappa (0 - LSE_j (scale_i S_ij + v_j))`` (0 on rows without entries), and with
+    ``centered`` each row block's share of the centering constant, ``Σ_i weight_i û_i``
+    ``[N, nI]`` (``weight``: 1 / (the number of rows with entries) on those rows, else 0).
+    ``v`` may be longer than Lp (its first Lp entries are read). Returns û ``[N, Lp]`` (and
+    the shares)."""
+    n, lp = band.shape[:2]
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(0, stored=True))
+    specs, operands = _source_operands("rows", band, scale, geom)
+    b = geom.block
+    specs, operands = specs + [_whole(lp)], operands + [v.astype(jnp.float32)]
+    out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
+    if centered:
+        specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
+        out_specs = [out_specs, pl.BlockSpec((None, 1), lambda n, i: (n, i))]
+        out_shape = [out_shape, jax.ShapeDtypeStruct((n, geom.n_blocks), jnp.float32)]
+    return _call(
+        functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered), geom, launch,
+        in_specs=specs, out_spec=out_specs, out_shape=out_shape, interpret=interpret,
+        name="stored_row_half",
+    )(*operands)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
+def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, kappa: float, centered: bool,
+                    interpret=False):
+    """The column half step after ``stored_row_half``: ``v̂_j = kappa (0 - LSE_i (scale_j S_ij
+    + û_i))`` (0 on columns without entries; ``scale`` on the columns). With ``centered``
+    (``parts``, ``weight`` from the row half) the step's centering: ``c = Σ parts``, returns
+    ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
+    (0 elsewhere); without, returns v̂ (û is then the row potential)."""
+    n, lp = band.shape[:2]
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(0, stored=True))
+    specs, operands = _source_operands("cols", band, scale, geom)
+    b = geom.block
+    specs, operands = specs + [_whole(lp)], operands + [u_hat.astype(jnp.float32)]
+    line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
+    if centered:
+        n_parts = parts.shape[-1]
+        specs += [_whole(n_parts), _rows(b)]
+        operands += [parts.astype(jnp.float32), weight.astype(jnp.float32)]
+        out_specs, out_shape = [_rows(b), _rows(b)], [line, line]
+    else:
+        n_parts = 1
+        out_specs, out_shape = _rows(b), line
+    kernel = functools.partial(_col_half_kernel, geom=geom, kappa=kappa, centered=centered,
+                               chunk=_pow2_divisor(n_parts))
+    out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
+                interpret=interpret, name="stored_col_half")(*operands)
+    return (out[1], out[0]) if centered else out
 
 
 # ---- plan products ---------------------------------------------------------------------------

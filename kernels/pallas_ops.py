@@ -239,6 +239,19 @@ class StoredBandOps(PallasBandOps):
         del shift
         return self._kernel("stored_lse", transposed=True)(s.band, s.scale_cols, row_bias)
 
+    # ---- fused half steps (TransportConfig.fused_steps): a Sinkhorn step in two kernels ----------
+    def row_half_step(self, s: StoredScores, v, weight, kappa: float, centered: bool):
+        """``û = kappa (0 - LSE_row(S + v))`` with unit row targets (0 on rows without
+        entries) ``[N, Lp]``, and with ``centered`` each row block's share of the centering
+        constant (``pallas_gpu.stored_row_half``; ``weight``: 1 / (rows with entries) on them)."""
+        return self._kernel("stored_row_half", kappa=kappa, centered=centered)(s.band, s.scale_rows, v, weight)
+
+    def col_half_step(self, s: StoredScores, u_hat, shares, weight, kappa: float, centered: bool):
+        """The column half step after ``row_half_step``: centered, ``(u, v)`` ``[N, Lp]``;
+        else ``v̂`` (``pallas_gpu.stored_col_half``)."""
+        return self._kernel("stored_col_half", kappa=kappa, centered=centered)(
+            s.band, s.scale_cols, u_hat, shares, weight)
+
     def _stored_product(self, p: Plan, transposed: bool, y, x, z):
         if (x is None) != (z is None):
             raise ValueError("x and z must be given together")

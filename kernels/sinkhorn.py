@@ -401,6 +401,33 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
     return before[:2], rest
 
 
+def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
+                    unroll: bool = False):
+    """``run_steps`` at one eps without a dustbin, each step two kernels that compute the
+    potentials and the centering themselves (``TransportConfig.fused_steps``; the stored-band
+    backend's ``row_half_step`` / ``col_half_step``). The carry is ``[N, Lp]``: without a
+    dustbin the extended slot of every potential is 0. Same steps as ``run_steps`` up to
+    rounding (the centering constant is summed per row block); returns as ``run_steps``."""
+    keep = n_steps if keep is None else keep
+    lp = u.shape[-1] - 1
+    rows = sup.rows[:, :lp]
+    weight = jnp.where(rows, 1.0 / jnp.maximum(jnp.sum(rows, -1, keepdims=True), 1), 0.0).astype(u.dtype)
+
+    def step(carry, _):
+        row = ops.row_half_step(band, carry[1], weight, sup.kappa_rows, sup.centered)
+        if sup.centered:  # the row half also gives each row block's share of the constant
+            u_hat, shares = row
+            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True)
+        else:
+            u_hat = u_c = row
+            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False)
+        return (u_c, v_c), (u_hat, u_c, v_c)
+
+    ext = lambda x: jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], -1)
+    before, kept = _scan_keeping(step, (u[..., :lp], v[..., :lp]), n_steps, keep, unroll=unroll)
+    return tuple(map(ext, before)), tuple(map(ext, kept))
+
+
 def solve(spec: Spec, flat: Flat):
     """Base + tail. Returns (Solution, (u_hist, v_hist) or None, band at eps, spokes).
 
@@ -422,7 +449,9 @@ def solve(spec: Spec, flat: Flat):
         _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b, unroll=cfg.unroll)
         base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
-        if ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
+        if cfg.fused_steps and spk is None and cfg.eps_schedule is None:
+            before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll)
+        elif ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
             before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep,
                                              unroll=cfg.unroll)
         else:

@@ -52,7 +52,7 @@ def _jit_transport(cfg: TransportConfig):
 def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
     q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False)
+    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False, fused_steps=False)
     (_, out), grads = _value_and_grad(cfg)(q, k, v, tokens, q_len, k_len, w)
     (_, ref_out), ref_grads = _value_and_grad(ref_cfg)(q, k, v, tokens, q_len, k_len, w)
     np.testing.assert_allclose(out, ref_out, atol=OUT_ATOL, rtol=0)
