@@ -61,9 +61,9 @@ IMPL_VARIANTS = {
 # banded XLA path (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on. The Triton
 # kernels that recompute each score tile in every pass (memory O(L W / b) instead of the
 # resident band's O(L W)) cost more than the resident band at every size measured there, so
-# they run only when named; "pallas-resident" (a stored band read by the kernels) and its
-# straight-line steps ("pallas-resident-unrolled") are not yet measured on a GPU (``bash
-# scripts/gpu_session.sh resident``).
+# they run only when named; "pallas-resident" (a stored band read by the kernels), its
+# straight-line steps ("pallas-resident-unrolled") and its two-kernel steps ("pallas-fused")
+# are not yet measured on a GPU (``bash scripts/gpu_session.sh resident``).
 GPU_DENSE_CROSSOVER: int | None = 8192
 GPU_BANDED_IMPL = "xla"
 
@@ -216,7 +216,7 @@ class TransportConfig:
         at one eps (no ``eps_schedule``, no ``tol``), each Sinkhorn step is two kernels that
         compute the potentials and the centering themselves, instead of two LSE kernels and
         two XLA kernels between them (``scripts/count_gpu_launches.py``, H100, L 4096: 109 ->
-        75 launches with ``unroll``). The same plans up to rounding (the centering constant is
+        74 launches with ``unroll``). The same plans up to rounding (the centering constant is
         summed per row block); other problems take the unfused steps.
     """
 

@@ -11,6 +11,8 @@ and implementation:
     (``resident_scores=True``) instead of recomputing every tile (GPU; interpret mode on a CPU);
   * ``xla-unrolled``, ``pallas-resident-unrolled``: those with ``unroll=True`` (straight-line
     steps: no loop counters or per-step output writes; fewer kernel launches on a GPU);
+  * ``pallas-fused``: ``pallas-resident-unrolled`` with ``fused_steps=True`` (a Sinkhorn step
+    as two kernels that compute the potentials and the centering themselves);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a

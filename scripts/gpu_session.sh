@@ -6,9 +6,9 @@
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
-#   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident and its
-#                                                # unrolled steps (the stored-band kernels, not yet run on
-#                                                # hardware), all sizes
+#   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident, its
+#                                                # unrolled steps and pallas-fused (the stored-band kernels,
+#                                                # not yet run on hardware), all sizes
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
 #   bash scripts/gpu_session.sh tune             # tune_triton: tiling sweep, then the tuned op
@@ -69,7 +69,7 @@ case "${1:-}" in
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
     resident) install  # first after `tests`: the candidate for GPU_BANDED_IMPL, at every size
-        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled \
+        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled,pallas-fused \
             --lengths 1024,4096,8192,16384 \
             --repeats 5 --json --mem-budget-gib 40 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_resident.jsonl" ;;
     transport) install

@@ -356,3 +356,27 @@ def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
     narrow = run()
     np.testing.assert_allclose(narrow[0], wide[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(narrow[1], wide[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["stored_row_half", "stored_col_half"])
+def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, monkeypatch, tmp_path):
+    """``fused_steps``' two kernels (centered: the row block shares, the centering loop) at the
+    benchmark's largest band (L 16384, W 1024, the stored 32-wide tiles), compiled by Triton
+    for sm_90 here: within the H100's shared memory and the stored LSE's model, no spills."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
+    geom = pallas_gpu.stored_geometry(make_geometry(16384, 1024, pallas=True))
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp, band = geom.length, f32(1, geom.length, geom.n_diag * geom.block)
+    specs = {"stored_row_half": [band, f32(1, lp), f32(1, lp), f32(1, lp)],
+             "stored_col_half": [band, f32(1, lp), f32(1, lp), f32(1, geom.n_blocks), f32(1, lp)]}[kernel]
+    f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
+                          interpret=False)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    from test_accelerators import _custom_calls
+
+    (call,) = _custom_calls(lowered)
+    got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
+    chosen = gpu_budget.choose(KernelShape(0, stored=True), geom.block, SMEM_BUDGET["h100"])
+    assert 0 < got.shared <= gpu_budget.smem_bytes(KernelShape(0, stored=True), chosen.block, chosen.num_stages)
+    assert got.stack == 0, got

@@ -189,6 +189,64 @@ class TestPrimitivesGPUResident(TestPrimitivesGPUResidentInterpret):
     INTERPRET = False
 
 
+def _support(p, geom: BandGeometry):
+    """``[N, Lp, Lp]`` bool: the band among active rows and columns."""
+    pos = np.arange(geom.length)
+    return ((np.abs(pos[:, None] - pos[None, :]) <= geom.half_band)[None]
+            & np.asarray(p["row_active"])[:, :, None] & np.asarray(p["col_active"])[:, None, :])
+
+
+def _float64_half_steps(p, geom: BandGeometry, scale: float, kappa: float, centered: bool):
+    """One Sinkhorn step with unit targets from column potential ``bias``, dense in float64:
+    (û, u, v) as ``sinkhorn._full_step`` defines them."""
+    f = {name: np.asarray(v, np.float64) for name, v in p.items()}
+    support = _support(p, geom)
+    s = np.where(support, scale * np.einsum("nid,njd->nij", f["q"], f["k"]), -np.inf)
+
+    def lse(x, axis):
+        m = np.max(x, axis, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        with np.errstate(divide="ignore"):
+            return np.squeeze(np.log(np.sum(np.exp(x - m), axis, keepdims=True)) + m, axis)
+
+    rows, cols = support.any(2), support.any(1)
+    u_hat = np.where(rows, -kappa * lse(s + f["bias"][:, None, :], 2), 0.0)
+    v = np.where(cols, -kappa * lse(s + u_hat[:, :, None], 1), 0.0)
+    if not centered:
+        return u_hat, u_hat, v
+    c = np.sum(u_hat, 1, keepdims=True) / np.maximum(rows.sum(1, keepdims=True), 1)
+    return u_hat, np.where(rows, u_hat - c, 0.0), np.where(cols, v + c, 0.0)
+
+
+@pytest.mark.parametrize("band", ["half_tile", "1.5_tiles", "full"])
+@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
+def test_fused_half_steps_match_dense_float64(band, kappa, centered):
+    """``StoredBandOps.row_half_step`` / ``col_half_step`` (``fused_steps``: the potentials and
+    the centering inside the kernels; interpret mode) against one dense float64 Sinkhorn step,
+    ragged masks and a problem without active keys included."""
+    block = 8
+    length = int(2.5 * block)
+    geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
+    p = _random_problem(geom, length)
+    ops = StoredBandOps(geom, True)
+    s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
+    band_rows = _support(p, geom).any(2)
+    n_rows = np.maximum(band_rows.sum(1, keepdims=True), 1)
+    weight = jnp.asarray(np.where(band_rows, 1.0 / n_rows, 0.0), jnp.float32)
+    row = ops.row_half_step(s, p["bias"], weight, kappa, centered)
+    if centered:
+        u_hat, shares = row
+        u, v = ops.col_half_step(s, u_hat, shares, weight, kappa, True)
+        assert shares.shape == (u_hat.shape[0], geom.n_blocks)
+    else:
+        u_hat = u = row
+        v = ops.col_half_step(s, u_hat, None, weight, kappa, False)
+    want = _float64_half_steps(p, geom, 0.7, kappa, centered)
+    for name, got, exact in zip(("u_hat", "u", "v"), (u_hat, u, v), want):
+        np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert not np.any(np.asarray(u)[2]) and not np.any(np.asarray(v)[2])  # no active key: all 0
+
+
 def test_product_bound_rejects_tf32_operands():
     """The plan-product bound is tight enough to catch a TF32 dot: the same products computed
     from operands rounded to TF32's 10-bit mantissa fail it."""
@@ -463,7 +521,9 @@ def _stored_specs(kernel: str, geom: BandGeometry, *, n=2, d=32, m=8, mx=12):
     return {"band_scores": [f32(n, lp, d), f32(n, lp, d), f32(n, lp), f32(n, lp)],
             "stored_lse": [band, f32(n, lp), f32(n, lp)],
             "stored_product": product,
-            "stored_product_modulated": product + [f32(n, lp, mx), f32(n, lp, mx)]}[kernel]
+            "stored_product_modulated": product + [f32(n, lp, mx), f32(n, lp, mx)],
+            "stored_row_half": [band, f32(n, lp), f32(n, lp), f32(n, lp)],  # band, scale, v, weight
+            "stored_col_half": [band, f32(n, lp), f32(n, lp), f32(n, geom.n_blocks), f32(n, lp)]}[kernel]
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -479,6 +539,20 @@ def test_stored_band_kernels_lower_for_cuda(kernel, transposed):
                            **static)
     text = jax.jit(fn).trace(*_stored_specs(kernel, geom)).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count(_CUSTOM_CALL["gpu"]) == 1
+
+
+@pytest.mark.parametrize("centered", [True, False])
+@pytest.mark.parametrize("kernel", ["stored_row_half", "stored_col_half"])
+def test_fused_half_step_kernels_lower_for_cuda(kernel, centered):
+    """The Triton lowering of ``fused_steps``' two kernels at the stored tiling of a 128 band:
+    one kernel call each, with the row block shares as a second output of the row half."""
+    geom = pallas_gpu.stored_geometry(LOWER_GEOM)
+    fn = functools.partial(getattr(pallas_gpu, kernel), geom=geom, kappa=1.0 if centered else 0.5,
+                           centered=centered, interpret=False)
+    text = jax.jit(fn).trace(*_stored_specs(kernel, geom)).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count(_CUSTOM_CALL["gpu"]) == 1
+    shares = f"tensor<2x{geom.n_blocks}xf32>"
+    assert (shares in text) == centered
 
 
 @pytest.mark.parametrize("geom", [

@@ -142,6 +142,26 @@ def test_unrolled_steps_match_reference(variant):
         dataclasses.replace(cfg, unroll=1)
 
 
+@pytest.mark.parametrize("variant", [
+    dict(marginals="balanced"),  # the centering inside the column kernel
+    dict(marginals="rows", relax=0.5),  # a damped side, no centering
+    pytest.param(dict(dustbin="spoke"), marks=pytest.mark.slow),  # spokes: the unfused steps
+], ids=["balanced", "damped", "spoke"])
+def test_fused_steps_match_reference(variant):
+    """``fused_steps=True`` (two kernels a step on the stored band; interpret mode): the same
+    outputs and gradients as dense autodiff, looped and unrolled; it needs resident scores."""
+    _, lq, lk, ql, kl, w, block = SHAPES[1]
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, impl="pallas", resident_scores=True,
+                          fused_steps=True, blocks=BlockSizes(block), **variant)
+    _compare(cfg, lq, lk, ql, kl)
+    if variant.get("marginals") == "balanced":
+        _compare(dataclasses.replace(cfg, unroll=True), lq, lk, ql, kl)
+    with pytest.raises(ValueError, match="fused_steps needs resident_scores"):
+        dataclasses.replace(cfg, resident_scores=False)
+    with pytest.raises(ValueError, match="fused_steps must be True or False"):
+        dataclasses.replace(cfg, fused_steps=1)
+
+
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
 @pytest.mark.parametrize("base_steps, tail_steps", [(0, 1), (3, 0), (3, 3), pytest.param(3, 1, marks=pytest.mark.slow),
                                                     pytest.param(0, 3, marks=pytest.mark.slow)])
