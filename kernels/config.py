@@ -203,20 +203,20 @@ class TransportConfig:
       resident_scores: False (the default): the Pallas kernels recompute every score tile from
         q and k in each pass (O(L) memory). True (``impl="pallas"``, GPU and interpret mode;
         not TPU): the masked score band is stored once per call (O(L W) memory, as the XLA
-        path) and the kernels read its tiles: no fp32 matmul per entry and pass. The same
-        plans (to rounding).
+        path; the forward's band is kept for the backward) and the kernels read its tiles: no
+        fp32 matmul per entry and pass. The same plans (to rounding).
       unroll: False (the default): the fixed step loops (base, tail, the backward's sweep)
         are loops. True: straight-line steps. On a GPU every loop trip costs a counter
         kernel, a loop that stacks its steps' outputs a write kernel per output and trip, and
         the loop carries copies (``scripts/count_gpu_launches.py`` for an H100 at L 4096:
-        157 -> 109 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
+        156 -> 108 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
         a CPU gains nothing consistent (two runs at L 1024 and 4096 differed in sign). The
         same plans; ``tol``'s data-dependent loop stays a loop.
       fused_steps: False (the default). True (with ``resident_scores``): without a dustbin and
         at one eps (no ``eps_schedule``, no ``tol``), each Sinkhorn step is two kernels that
         compute the potentials and the centering themselves, instead of two LSE kernels and
-        two XLA kernels between them (``scripts/count_gpu_launches.py``, H100, L 4096: 109 ->
-        74 launches with ``unroll``). The same plans up to rounding (the centering constant is
+        two XLA kernels between them (``scripts/count_gpu_launches.py``, H100, L 4096: 108 ->
+        73 launches with ``unroll``). The same plans up to rounding (the centering constant is
         summed per row block); other problems take the unfused steps.
     """
 

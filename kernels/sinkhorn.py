@@ -741,14 +741,17 @@ def _fwd(spec, flat):
     if spec.stats:
         errs = marginal_errors(make_ops(spec), band, spk, support(flat, spec), sol.u_final, sol.v_final)
         stats = (sol.steps, *errs)
-    return (out, logp, hist, stats), (flat, sol, out)
+    # Resident scores keep their stored band for the backward (O(L W) memory until then, which
+    # they hold anyway); the other backends recompute it there (one matmul over the band) and
+    # keep O(L) residuals.
+    kept = (band, spk) if spec.cfg.resident_scores else None
+    return (out, logp, hist, stats), (flat, sol, out, kept)
 
 
 def _bwd(spec, res, cotangents):
-    flat, sol, out = res
+    flat, sol, out, kept = res
     g_out, g_logp, _, _ = cotangents  # the history's and the stats' cotangents are ignored
-    # The score band is recomputed (one matmul over the band) rather than kept from forward.
-    band, spk = extended_scores(make_ops(spec), spec, flat, spec.cfg.eps)
+    band, spk = kept if kept is not None else extended_scores(make_ops(spec), spec, flat, spec.cfg.eps)
     grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)
     return (Flat(*grads, None, None, None),)
 

@@ -449,9 +449,31 @@ def test_resident_scores_dispatch_to_the_triton_wrapper_only(monkeypatch):
             TransportConfig(half_band=3, **{"resident_scores": True, **bad})
 
 
+def _kernel_calls(jaxpr, name: str) -> int:
+    """Pallas calls of kernel ``name`` in a jaxpr (sub-jaxprs included; one per platform branch)."""
+    count = 0
+
+    def visit(jpr):
+        nonlocal count
+        for eqn in jpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                count += str(eqn.params.get("name_and_src_info", eqn.params.get("name"))).split(" ")[0] == name
+                continue
+            for param in eqn.params.values():
+                for sub in (param if isinstance(param, (list, tuple)) else [param]):
+                    if hasattr(sub, "eqns"):
+                        visit(sub)
+                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        visit(sub.jaxpr)
+
+    visit(jaxpr.jaxpr)
+    return count
+
+
 def test_resident_scores_store_one_band():
-    """With ``resident_scores`` the band is stored (once per call: forward and backward each
-    compute it), at the stored tiling's ``[N, Lp, n_diag b]``; without, nothing of size O(L W)."""
+    """With ``resident_scores`` the band is stored once per call (the forward's, kept for the
+    backward: the gradient computes no band of its own) at the stored tiling's ``[N, Lp, n_diag
+    b]``; without, nothing of size O(L W)."""
     L, W, d, dv = 400, 100, 4, 3
     q, k, v, tokens, g = _op_inputs(L, L, b=1, h=1, d=d, dv=dv)
     ql = kl = jnp.array([L])
@@ -463,6 +485,8 @@ def test_resident_scores_store_one_band():
         stored[resident] = _largest_intermediate(jaxpr)
     sg = pallas_gpu.stored_geometry(make_geometry(L, W, pallas=True))
     assert stored[True] == sg.length * sg.n_diag * sg.block > stored[False]
+    forward = _kernel_calls(jax.make_jaxpr(loss)(q, k, v), "band_scores")
+    assert forward >= 1 and _kernel_calls(jaxpr, "band_scores") == forward
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident"])
