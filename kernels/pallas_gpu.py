@@ -301,6 +301,17 @@ def _pow2_divisor(n: int, cap: int = 1024) -> int:
     return min(n & -n, cap)
 
 
+def _stored_walk(source: str, band, scale, off, geom: BandGeometry, interpret):
+    """What every stored-band LSE call starts from: the launch tiling, and the specs and
+    operands of its band walk (the band, the program lines' scale, the walked lines' offsets
+    ``off`` whole). Returns (geom, launch, specs, operands)."""
+    if not interpret:
+        check_geometry(geom)
+    geom, launch = tiling(geom, KernelShape(0, stored=True))
+    specs, operands = _source_operands(source, band, scale, geom)
+    return geom, launch, specs + [_whole(band.shape[1])], operands + [off.astype(jnp.float32)]
+
+
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
 def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float, centered: bool,
                     interpret=False):
@@ -311,12 +322,8 @@ def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float,
     ``v`` may be longer than Lp (its first Lp entries are read). Returns û ``[N, Lp]`` (and
     the shares)."""
     n, lp = band.shape[:2]
-    if not interpret:
-        check_geometry(geom)
-    geom, launch = tiling(geom, KernelShape(0, stored=True))
-    specs, operands = _source_operands("rows", band, scale, geom)
+    geom, launch, specs, operands = _stored_walk("rows", band, scale, v, geom, interpret)
     b = geom.block
-    specs, operands = specs + [_whole(lp)], operands + [v.astype(jnp.float32)]
     out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
@@ -338,12 +345,8 @@ def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, ka
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
     (0 elsewhere); without, returns v̂ (û is then the row potential)."""
     n, lp = band.shape[:2]
-    if not interpret:
-        check_geometry(geom)
-    geom, launch = tiling(geom, KernelShape(0, stored=True))
-    specs, operands = _source_operands("cols", band, scale, geom)
+    geom, launch, specs, operands = _stored_walk("cols", band, scale, u_hat, geom, interpret)
     b = geom.block
-    specs, operands = specs + [_whole(lp)], operands + [u_hat.astype(jnp.float32)]
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         n_parts = parts.shape[-1]

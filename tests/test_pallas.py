@@ -361,26 +361,25 @@ def test_transport_variants_match_reference(dustbin, adjoint, block, resident):
 # ---- memory contract, tiles, dispatch --------------------------------------------------------------
 
 
+def _equations(jpr):
+    """Every equation of a jaxpr, sub-jaxprs included, kernel bodies not (a pallas_call's body
+    works on tiles in VMEM / registers)."""
+    for eqn in jpr.eqns:
+        yield eqn
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for param in eqn.params.values():
+            for sub in (param if isinstance(param, (list, tuple)) else [param]):
+                if hasattr(sub, "eqns"):
+                    yield from _equations(sub)
+                elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    yield from _equations(sub.jaxpr)
+
+
 def _largest_intermediate(jaxpr) -> int:
     """Most elements of any value outside kernel bodies (sub-jaxprs included, kernels not)."""
-    largest = 0
-
-    def visit(jpr):
-        nonlocal largest
-        for eqn in jpr.eqns:
-            for var in eqn.outvars:
-                largest = max(largest, int(np.prod(getattr(var.aval, "shape", ()))))
-            if eqn.primitive.name == "pallas_call":
-                continue  # its body works on tiles in VMEM / registers
-            for param in eqn.params.values():
-                for sub in (param if isinstance(param, (list, tuple)) else [param]):
-                    if hasattr(sub, "eqns"):
-                        visit(sub)
-                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                        visit(sub.jaxpr)
-
-    visit(jaxpr.jaxpr)
-    return largest
+    return max((int(np.prod(getattr(var.aval, "shape", ()))) for eqn in _equations(jaxpr.jaxpr)
+                for var in eqn.outvars), default=0)
 
 
 @pytest.mark.parametrize("wrapper", ["tpu", "gpu"])
@@ -451,23 +450,8 @@ def test_resident_scores_dispatch_to_the_triton_wrapper_only(monkeypatch):
 
 def _kernel_calls(jaxpr, name: str) -> int:
     """Pallas calls of kernel ``name`` in a jaxpr (sub-jaxprs included; one per platform branch)."""
-    count = 0
-
-    def visit(jpr):
-        nonlocal count
-        for eqn in jpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                count += str(eqn.params.get("name_and_src_info", eqn.params.get("name"))).split(" ")[0] == name
-                continue
-            for param in eqn.params.values():
-                for sub in (param if isinstance(param, (list, tuple)) else [param]):
-                    if hasattr(sub, "eqns"):
-                        visit(sub)
-                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                        visit(sub.jaxpr)
-
-    visit(jaxpr.jaxpr)
-    return count
+    return sum(str(eqn.params["name"]).split(" ")[0] == name
+               for eqn in _equations(jaxpr.jaxpr) if eqn.primitive.name == "pallas_call")
 
 
 def test_resident_scores_store_one_band():
