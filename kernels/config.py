@@ -31,6 +31,13 @@ def damp(x, kappa: float):
     return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
 
 
+def potential(log_target, lse, kappa: float = 1.0):
+    """A half step's potential: ``kappa (log target - LSE)`` on lines with entries; 0 on lines
+    without (they carry no mass). kappa < 1: a KL-relaxed side; 0: a free side (its potential
+    stays 0). The solve's and the fused kernels' one definition."""
+    return jnp.where(jnp.isfinite(lse), damp(log_target - lse, kappa), 0.0)
+
+
 def marginal_error(sums, pot, log_target, has, kappa: float):
     """Max over supported lines (``has``, last axis) of ``|sum - target|``: a constrained side's
     target is prescribed, a damped side's is its fixed point ``exp(log_target - pot (1 - kappa)

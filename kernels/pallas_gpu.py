@@ -35,7 +35,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pfamalign.kernels import gpu_budget, tile_math
 from pfamalign.kernels.band import BandGeometry, make_geometry
-from pfamalign.kernels.config import damp
+from pfamalign.kernels.config import potential
 from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
 
 
@@ -218,20 +218,27 @@ def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
     out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source)
 
 
-def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
-    n, lp = first.shape[:2]  # col_off may be longer (an extended potential): [0, Lp) is read
+def _walk_operands(source: str, first, second, off, geom: BandGeometry, shape: KernelShape, interpret):
+    """What every band-LSE call starts from: the launch tiling, and the specs and operands of
+    its walk (the source's two refs, then the walked lines' offsets ``off`` whole: it may be
+    longer than Lp, an extended potential, of which [0, Lp) is read). Returns (geom, launch,
+    specs, operands)."""
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, shape)
     specs, operands = _source_operands(source, first, second, geom)
-    b = geom.block
+    return geom, launch, specs + [_whole(first.shape[1])], operands + [off.astype(jnp.float32)]
+
+
+def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
+    n, lp = first.shape[:2]
+    geom, launch, specs, operands = _walk_operands(source, first, second, col_off, geom, shape, interpret)
     return _call(
         functools.partial(_lse_kernel, geom=geom, source=source), geom, launch,
-        in_specs=specs + [_whole(lp)],  # the source's two refs, c [Lp]
-        out_spec=_rows(b),  # [b]
+        in_specs=specs, out_spec=_rows(geom.block),  # [b]
         out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
         interpret=interpret, name="band_lse",
-    )(*operands, col_off.astype(jnp.float32))
+    )(*operands)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "interpret"))
@@ -261,14 +268,8 @@ def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interp
 # second LSE kernel and one more XLA kernel for the centered potentials (four launches).
 
 
-def _half_potential(lse, kappa: float):
-    """A unit-target half step: ``kappa (0 - LSE)`` on lines with entries, 0 elsewhere
-    (``sinkhorn._potential`` with log target 0)."""
-    return jnp.where(jnp.isfinite(lse), damp(-lse, kappa), 0.0)
-
-
 def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool):
-    u_hat = _half_potential(_walk_lse(band_ref, scale_ref, v_ref, geom, "rows"), kappa)
+    u_hat = potential(0.0, _walk_lse(band_ref, scale_ref, v_ref, geom, "rows"), kappa)  # unit targets
     if centered:
         w_ref, u_hat_ref, part_ref = refs
         part_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)  # this row block's share of c
@@ -280,12 +281,12 @@ def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kapp
 def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
                      chunk: int):
     lse = _walk_lse(band_ref, scale_ref, u_hat_ref, geom, "cols")
-    v_hat = _half_potential(lse, kappa)
+    v_hat = potential(0.0, lse, kappa)
     if not centered:
         (v_ref,) = refs
         v_ref[...] = v_hat
         return
-    part_ref, w_ref, v_ref, u_ref = refs
+    part_ref, w_ref, u_ref, v_ref = refs
     n_parts = part_ref.shape[0]
     c = jax.lax.fori_loop(0, n_parts // chunk,
                           lambda k, s: s + jnp.sum(part_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
@@ -301,17 +302,6 @@ def _pow2_divisor(n: int, cap: int = 1024) -> int:
     return min(n & -n, cap)
 
 
-def _stored_walk(source: str, band, scale, off, geom: BandGeometry, interpret):
-    """What every stored-band LSE call starts from: the launch tiling, and the specs and
-    operands of its band walk (the band, the program lines' scale, the walked lines' offsets
-    ``off`` whole). Returns (geom, launch, specs, operands)."""
-    if not interpret:
-        check_geometry(geom)
-    geom, launch = tiling(geom, KernelShape(0, stored=True))
-    specs, operands = _source_operands(source, band, scale, geom)
-    return geom, launch, specs + [_whole(band.shape[1])], operands + [off.astype(jnp.float32)]
-
-
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
 def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float, centered: bool,
                     interpret=False):
@@ -322,7 +312,8 @@ def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float,
     ``v`` may be longer than Lp (its first Lp entries are read). Returns û ``[N, Lp]`` (and
     the shares)."""
     n, lp = band.shape[:2]
-    geom, launch, specs, operands = _stored_walk("rows", band, scale, v, geom, interpret)
+    geom, launch, specs, operands = _walk_operands("rows", band, scale, v, geom, KernelShape(0, stored=True),
+                                                   interpret)
     b = geom.block
     out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
@@ -345,7 +336,8 @@ def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, ka
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
     (0 elsewhere); without, returns v̂ (û is then the row potential)."""
     n, lp = band.shape[:2]
-    geom, launch, specs, operands = _stored_walk("cols", band, scale, u_hat, geom, interpret)
+    geom, launch, specs, operands = _walk_operands("cols", band, scale, u_hat, geom, KernelShape(0, stored=True),
+                                                   interpret)
     b = geom.block
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
@@ -360,7 +352,7 @@ def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, ka
                                chunk=_pow2_divisor(n_parts))
     out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
                 interpret=interpret, name="stored_col_half")(*operands)
-    return (out[1], out[0]) if centered else out
+    return tuple(out) if centered else out
 
 
 # ---- plan products ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TransportConfig, damp, einsum, marginal_error
+from pfamalign.kernels.config import TransportConfig, einsum, marginal_error, potential
 
 
 class Flat(NamedTuple):
@@ -174,12 +174,6 @@ def _logaddexp(a, b):
     return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
 
 
-def _potential(log_target, lse, kappa: float = 1.0):
-    """``kappa (log target - LSE)`` on lines with entries; 0 on lines without (they carry no
-    mass). kappa < 1: a KL-relaxed side; 0: a free side (its potential stays 0)."""
-    return jnp.where(jnp.isfinite(lse), damp(log_target - lse, kappa), 0.0)
-
-
 # Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
 # [e^-60, e^60], far from float32 overflow and from underflow of its leading terms.
 _SAFE_LOG = 60.0
@@ -223,12 +217,12 @@ def _col_lse(ops, band, spk: Spokes | None, sup: Support, u, shift=None):
 
 def _row_half(ops, band, spk: Spokes, sup: Support, v, shift):
     """û = kappa_a (log a - LSE_row(S + v)) on the extended support (a: row targets)."""
-    return _potential(sup.log_rows, _row_lse(ops, band, spk, sup, v, shift), sup.kappa_rows)
+    return potential(sup.log_rows, _row_lse(ops, band, spk, sup, v, shift), sup.kappa_rows)
 
 
 def _col_half(ops, band, spk: Spokes, sup: Support, u, shift):
     """v̂ = kappa_b (log b - LSE_col(S + u)) on the extended support (b: column targets)."""
-    return _potential(sup.log_cols, _col_lse(ops, band, spk, sup, u, shift), sup.kappa_cols)
+    return potential(sup.log_cols, _col_lse(ops, band, spk, sup, u, shift), sup.kappa_cols)
 
 
 def marginal_errors(ops, band, spk: Spokes, sup: Support, u, v):
@@ -378,9 +372,9 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
     def step(carry, _):
         u_c, v_c, p, u0, v0 = carry
         rows = _ext_rows(ops, p, jnp.exp(v_c - v0)[..., None])[..., 0]
-        u_hat = _potential(sup.log_rows, log(rows) - u0, sup.kappa_rows)
+        u_hat = potential(sup.log_rows, log(rows) - u0, sup.kappa_rows)
         cols = _ext_cols(ops, p, jnp.exp(u_hat - u0)[..., None])[..., 0]
-        v_hat = _potential(sup.log_cols, log(cols) - v0, sup.kappa_cols)
+        v_hat = potential(sup.log_cols, log(cols) - v0, sup.kappa_cols)
         u_c, v_c = _center(sup, u_hat, v_hat)
         drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
                             jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))
