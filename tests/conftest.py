@@ -1,4 +1,5 @@
-"""Test-session setup: 8 simulated CPU devices, the --full flag for slow cases."""
+"""Test-session setup: 8 simulated CPU devices, the --full flag for slow cases, and worker
+processes where pytest-xdist is installed."""
 
 import os
 import pathlib
@@ -18,6 +19,32 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / 
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", help="also run the cases marked slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Run on worker processes (``-n auto``: up to MAX_WORKERS) unless told otherwise (``-n 0``:
+    one process), when pytest-xdist (the test extra) is installed: most of a case's time is
+    single-threaded XLA compilation, so two workers on two cores take about 2/3 of the time.
+    A GPU run (``-m gpu``) stays in one process: each would claim most of the GPU's memory."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return  # no xdist, or this is a worker (its numprocesses is None too)
+    if config.option.numprocesses is not None:
+        return
+    if "gpu" in (config.option.markexpr or "") or config.option.usepdb:
+        return
+    config.option.numprocesses = "auto"
+    if config.option.dist == "no":
+        config.option.dist = "loadfile"  # a module's cases share its fixtures and compiled programs
+
+
+MAX_WORKERS = 4  # each worker holds its own 8 CPU devices and compiled programs (1-3 GB)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it
+def pytest_xdist_auto_num_workers(config):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(MAX_WORKERS, cores)
 
 
 def pytest_collection_modifyitems(config, items):
