@@ -3,6 +3,7 @@ processes where pytest-xdist is installed."""
 
 import os
 import pathlib
+import signal
 
 # Must happen before JAX starts its backend: every test sees 8 CPU devices.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -54,6 +55,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def foreground_sigint():
+    """Python's own SIGINT handler in place, as in a shell's foreground job, for a test that
+    delivers a Ctrl-C in this process: a background job (``pytest ... &``, ``nohup``) starts
+    with SIGINT ignored, Python keeps it so, and so does the command line (``interrupts``)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

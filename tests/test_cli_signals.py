@@ -63,7 +63,7 @@ def test_an_interrupt_inside_a_compiled_function_is_an_interrupt(monkeypatch):
     assert isinstance(res.exception, SystemError)  # any other SystemError is a bug: not hidden
 
 
-def test_an_interrupt_python_drops_still_stops_the_command(tmp_path, monkeypatch):
+def test_an_interrupt_python_drops_still_stops_the_command(tmp_path, monkeypatch, foreground_sigint):
     """Python drops an exception raised inside a garbage-collector callback (jax registers
     one) or a finalizer ("Exception ignored in ..."): a Ctrl-C landing there used to vanish,
     the command finishing with exit 0 and its outputs written. The signal is recorded: no
@@ -71,8 +71,8 @@ def test_an_interrupt_python_drops_still_stops_the_command(tmp_path, monkeypatch
 
     Staged in a finalizer, which runs on the main thread the moment its object dies: a gc
     callback runs on whichever thread collects, and ``gc.collect()`` returns at once while
-    another thread's collection is under way (xdist's I/O thread), so staging it there missed
-    now and then. Both drop the raise through the same ``sys.unraisablehook``."""
+    another thread's collection is under way (xdist's I/O thread), so staged there it can miss.
+    Both drop the raise through the same ``sys.unraisablehook``."""
     import threading
 
     from click.testing import CliRunner

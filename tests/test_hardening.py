@@ -1114,7 +1114,7 @@ def test_a_dataset_missing_a_file_is_refused_before_training(dataset, tmp_path, 
 
 @pytest.mark.slow  # compiles a train step (15 s)
 def test_a_signal_while_the_run_finishes_exits_128_plus_it_and_the_rerun_finishes(
-        dataset, tmp_path, monkeypatch):
+        dataset, tmp_path, monkeypatch, foreground_sigint):
     import signal
 
     from pfamalign.checkpoint import TRAINING_RECORD
