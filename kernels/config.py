@@ -60,6 +60,8 @@ IMPL_VARIANTS = {
     "xla-unrolled": {"impl": "xla", "unroll": True},
     "pallas-resident-unrolled": {"impl": "pallas", "resident_scores": True, "unroll": True},
     "pallas-fused": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True},
+    "pallas-one-pass": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True,
+                        "one_pass_steps": True},
 }
 
 # ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
@@ -225,6 +227,10 @@ class TransportConfig:
         two XLA kernels between them (``scripts/count_gpu_launches.py``, H100, L 4096: 108 ->
         73 launches with ``unroll``). The same plans up to rounding (the centering constant is
         summed per row block); other problems take the unfused steps.
+      one_pass_steps: False (the default). True (with ``fused_steps``): each of those steps
+        reads the band once instead of twice, a program holding a few rows of it in registers
+        (``pallas_gpu.stored_one_pass_rows``; the column LSE from per-row-group partials).
+        Same plans up to rounding. Not yet measured on a GPU.
     """
 
     half_band: int
@@ -246,6 +252,7 @@ class TransportConfig:
     resident_scores: bool = False
     unroll: bool = False
     fused_steps: bool = False
+    one_pass_steps: bool = False
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -281,6 +288,10 @@ class TransportConfig:
             raise ValueError(f"fused_steps must be True or False, got {self.fused_steps!r}")
         if self.fused_steps and not self.resident_scores:
             raise ValueError("fused_steps needs resident_scores=True (the fused kernels read the stored band)")
+        if not isinstance(self.one_pass_steps, bool):
+            raise ValueError(f"one_pass_steps must be True or False, got {self.one_pass_steps!r}")
+        if self.one_pass_steps and not self.fused_steps:
+            raise ValueError("one_pass_steps needs fused_steps=True (it is a way to run those steps)")
         if self.resident_scores and self.kernel == "tpu":
             raise ValueError("resident_scores has GPU (Triton) kernels only: use kernel='auto' or 'gpu'")
         if self.relax is not None:

@@ -130,6 +130,31 @@ def num_warps(block: int, shape: KernelShape | None = None) -> int:
     return 4
 
 
+# The one-pass step's rows kernel (``pallas_gpu.stored_one_pass_rows``) holds G rows of the
+# stored band, ``[G, n_diag b]``, in registers. Triton 3.9 + ptxas for sm_90 on this host
+# (2026-11-28, L 16384, W 1024: 2,080 values a row, launches forced): G 8 at 4 / 8 / 16 warps
+# used 255 (1,160 B of stack: spilled) / 215 / 98 registers; G 16 spilled at every warp count
+# (at 16 warps, 128 registers and 400 B). So at most ``ONE_PASS_PER_THREAD`` band values a
+# thread (G 8 at 16 warps holds 33), and warps up to 16; tests/test_gpu_budget.py compiles the
+# chosen launch at the benchmark's bands.
+ONE_PASS_PER_THREAD = 40
+ONE_PASS_MAX_WARPS = 16
+
+
+def one_pass_launch(width: int, block: int) -> tuple[int, int]:
+    """(rows a program G, num_warps) of the one-pass rows kernel on a stored band ``width``
+    values a row: the fewest warps that keep ``ONE_PASS_PER_THREAD`` values a thread, at G 8
+    (at most the tile edge), fewer rows where 16 warps would not."""
+    per_program = lambda group: -(-group * width // (32 * ONE_PASS_PER_THREAD))  # warps needed
+    group = min(8, block)
+    while group > 1 and per_program(group) > ONE_PASS_MAX_WARPS:
+        group //= 2
+    warps = 4
+    while warps < min(per_program(group), ONE_PASS_MAX_WARPS):
+        warps *= 2
+    return group, warps
+
+
 def device_budget(device=None) -> int:
     """Shared-memory budget of ``device`` (default: the first local GPU). Without a GPU (for
     instance when lowering for "cuda" from a CPU host) the smallest listed budget, which fits

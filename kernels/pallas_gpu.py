@@ -355,6 +355,144 @@ def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, ka
     return tuple(out) if centered else out
 
 
+# ---- one-pass Sinkhorn steps on a stored band --------------------------------------------------
+# The fused step reads the band twice: the column LSE needs the whole û. Here a program holds G
+# rows of the band in registers (``gpu_budget.one_pass_launch``), computes their û, then each
+# band column's LSE over those G rows (a partial); a second kernel folds a key block's partials
+# (online LSE) into v̂ and centers. HBM a step at L 16384, W 1024: the band once (136 MB) and
+# the partials twice (17 MB each at G 8), against the band twice. The potentials the rows
+# kernel reads are carried padded by ``wb b`` zeros on each side (``one_pass_pad``), so that a
+# band row's keys are one contiguous slice.
+
+
+def one_pass_pad(geom: BandGeometry) -> int:
+    """Zeros on each side of a potential or scale that the one-pass kernels read by band row."""
+    return geom.wb * geom.block
+
+
+def _pow2_pieces(width: int) -> list[tuple[int, int]]:
+    """``[(offset, size)]``: ``width`` as powers of two, largest first (Triton loads)."""
+    out, at = [], 0
+    for bit in reversed(range(width.bit_length())):
+        if width >> bit & 1:
+            out.append((at, 1 << bit))
+            at += 1 << bit
+    return out
+
+
+def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref, part_ref, *refs,
+                          geom: BandGeometry, group: int, kappa: float):
+    b = geom.block
+    start = (pl.program_id(1) * group // b) * b  # the row block's first band key, in the padded v
+    pieces = _pow2_pieces(geom.n_diag * b)
+    tiles = [band_ref[:, pl.ds(o, s)] for o, s in pieces]  # the band slice, read once
+    srow = srow_ref[...][:, None]  # [G, 1]
+    m, l = tile_math.lse_init(group)
+    for (o, s), tile in zip(pieces, tiles):
+        m, l = tile_math.lse_update(m, l, srow * tile + v_ref[pl.ds(start + o, s)][None, :])
+    u_hat = potential(0.0, tile_math.lse_finalize(m, l)[:, 0], kappa)  # [G], unit targets
+    for (o, s), tile in zip(pieces, tiles):  # each band column's LSE over these G rows
+        y = scol_ref[pl.ds(start + o, s)][None, :] * tile + u_hat[:, None]
+        top = jnp.max(y, axis=0)
+        shift = jnp.where(top == -jnp.inf, 0.0, top)
+        part_ref[pl.ds(o, s)] = jnp.log(jnp.sum(jnp.exp(y - shift[None, :]), axis=0)) + shift
+    u_hat_ref[...] = u_hat
+    if refs:  # centered: these rows' share of the centering constant
+        (share_ref,) = refs
+        share_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)
+
+
+def _one_pass_combine_kernel(part_ref, u_hat_ref, w_ref, *refs, geom: BandGeometry, group: int, kappa: float,
+                             centered: bool, chunk: int):
+    b, wb = geom.block, geom.wb
+    j_blk = pl.program_id(1) - wb  # the grid covers the padding's blocks too: they get zeros
+    inside = (j_blk >= 0) & (j_blk < geom.n_blocks)
+    j_blk = jnp.clip(j_blk, 0, geom.n_blocks - 1)
+    per_block = b // group
+
+    def fold(g, carry):  # row group g's partials of key block j_blk
+        return tile_math.lse_update(*carry, part_ref[g, pl.ds((j_blk - g // per_block + wb) * b, b)][:, None])
+
+    lo, hi = _key_range(j_blk, geom)
+    hi = jnp.where(inside, hi, lo)  # a padding block folds nothing
+    lse = tile_math.lse_finalize(*jax.lax.fori_loop(lo * per_block, hi * per_block, fold,
+                                                    tile_math.lse_init(b)))[:, 0]
+    v_hat = potential(0.0, lse, kappa)
+    if centered:
+        share_ref, u_ref, v_ref = refs
+        n_shares = share_ref.shape[0]
+        c = jax.lax.fori_loop(0, n_shares // chunk, lambda k, s: s + jnp.sum(share_ref[pl.ds(k * chunk, chunk)]),
+                              jnp.float32(0.0))
+        # columns without entries keep 0; this line block is also a row block (square problem)
+        v_ref[...] = jnp.where(inside & jnp.isfinite(lse), v_hat + c, 0.0)
+        u_ref[...] = jnp.where(inside & (w_ref[...] > 0), u_hat_ref[...] - c, 0.0)
+    else:
+        (v_ref,) = refs
+        v_ref[...] = jnp.where(inside, v_hat, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
+def stored_one_pass_rows(band, scale_rows, scale_cols, v, weight, *, geom: BandGeometry, kappa: float,
+                         centered: bool, interpret=False):
+    """The rows kernel of a one-pass step: ``û_i = kappa (0 - LSE_j (scale_i S_ij + v_j))``
+    ``[N, Lp]``, each band column's partial ``LSE_{i in g} (scale_j S_ij + û_i)`` over the
+    program's row group g ``[N, Lp / G, n_diag b]``, and with ``centered`` each group's share
+    ``Σ_i weight_i û_i`` ``[N, Lp / G]``. ``scale_cols`` and ``v`` are padded (``one_pass_pad``)."""
+    n, lp, width = band.shape
+    if not interpret:
+        check_geometry(geom)
+    group, warps = gpu_budget.one_pass_launch(width, geom.block)
+    whole = lambda x: pl.BlockSpec((None, x.shape[1]), lambda n, g: (n, 0))
+    rows = lambda size: pl.BlockSpec((None, size), lambda n, g: (n, g))
+    out_specs = [rows(group), pl.BlockSpec((None, None, width), lambda n, g: (n, g, 0))]
+    out_shape = [jax.ShapeDtypeStruct((n, lp), jnp.float32), jax.ShapeDtypeStruct((n, lp // group, width), jnp.float32)]
+    if centered:
+        out_specs.append(rows(1))
+        out_shape.append(jax.ShapeDtypeStruct((n, lp // group), jnp.float32))
+    return pl.pallas_call(
+        functools.partial(_one_pass_rows_kernel, geom=geom, group=group, kappa=kappa),
+        grid=(n, lp // group),
+        in_specs=[pl.BlockSpec((None, group, width), lambda n, g: (n, g, 0)), rows(group), whole(scale_cols),
+                  whole(v), rows(group)],
+        out_specs=out_specs, out_shape=out_shape,
+        compiler_params=pltriton.CompilerParams(num_warps=warps, num_stages=1),
+        interpret=interpret, name="stored_one_pass_rows",
+    )(band, scale_rows.astype(jnp.float32), scale_cols.astype(jnp.float32), v.astype(jnp.float32),
+      weight.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
+def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry, kappa: float, centered: bool,
+                            interpret=False):
+    """The second kernel of a one-pass step: ``v̂_j = kappa (0 - LSE)`` of the folded partials.
+    Centered (``shares`` from the rows kernel): ``(u, v)`` centered; else ``v̂``. Outputs are
+    padded (``one_pass_pad``) with zeros, as the next rows kernel reads them."""
+    n, lp = u_hat.shape
+    b, wb = geom.block, geom.wb
+    group = lp // parts.shape[1]
+    padded = jax.ShapeDtypeStruct((n, lp + 2 * wb * b), jnp.float32)
+    line = lambda n, j: (n, jnp.clip(j - wb, 0, geom.n_blocks - 1))  # the padding's blocks read a neighbour
+    specs = [pl.BlockSpec((None,) + parts.shape[1:], lambda n, j: (n, 0, 0)),
+             pl.BlockSpec((None, b), line), pl.BlockSpec((None, b), line)]
+    operands = [parts, u_hat, weight.astype(jnp.float32)]
+    out = pl.BlockSpec((None, b), lambda n, j: (n, j))
+    if centered:
+        specs.append(pl.BlockSpec((None, shares.shape[1]), lambda n, j: (n, 0)))
+        operands.append(shares)
+    n_shares = shares.shape[1] if centered else 1
+    result = pl.pallas_call(
+        functools.partial(_one_pass_combine_kernel, geom=geom, group=group, kappa=kappa, centered=centered,
+                          chunk=_pow2_divisor(n_shares)),
+        grid=(n, geom.n_blocks + 2 * wb),
+        in_specs=specs,
+        out_specs=[out, out] if centered else out,
+        out_shape=[padded, padded] if centered else padded,
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret, name="stored_one_pass_combine",
+    )(*operands)
+    return tuple(result) if centered else result
+
+
 # ---- plan products ---------------------------------------------------------------------------
 
 

@@ -252,6 +252,26 @@ class StoredBandOps(PallasBandOps):
         return self._kernel("stored_col_half", kappa=kappa, centered=centered)(
             s.band, s.scale_cols, u_hat, shares, weight)
 
+    # ---- one-pass steps (TransportConfig.one_pass_steps): the band read once a step -------------
+    def one_pass_pad(self) -> int:
+        """Zeros on each side of the potentials ``one_pass_step`` carries."""
+        return pallas_gpu.one_pass_pad(self.stored_g)
+
+    def one_pass_step(self, s: StoredScores, v_pad, weight, kappa_rows: float, kappa_cols: float,
+                      centered: bool):
+        """A Sinkhorn step with unit targets in two kernels that read the band once
+        (``pallas_gpu.stored_one_pass_rows`` / ``_combine``): ``(û, u, v)``, û ``[N, Lp]``, u
+        and v padded by ``one_pass_pad`` zeros on each side (v_pad: the previous v so)."""
+        pad = ((0, 0), (self.one_pass_pad(),) * 2)
+        rows = self._kernel("stored_one_pass_rows", kappa=kappa_rows, centered=centered)(
+            s.band, s.scale_rows, jnp.pad(s.scale_cols, pad), v_pad, weight)
+        combine = self._kernel("stored_one_pass_combine", kappa=kappa_cols, centered=centered)
+        if centered:
+            u_hat, parts, shares = rows
+            return (u_hat, *combine(parts, u_hat, shares, weight))
+        u_hat, parts = rows
+        return u_hat, jnp.pad(u_hat, pad), combine(parts, u_hat, None, weight)
+
     def _stored_product(self, p: Plan, transposed: bool, y, x, z):
         if (x is None) != (z is None):
             raise ValueError("x and z must be given together")

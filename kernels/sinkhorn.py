@@ -396,12 +396,14 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
 
 
 def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
-                    unroll: bool = False):
+                    unroll: bool = False, one_pass: bool = False):
     """``run_steps`` at one eps without a dustbin, each step two kernels that compute the
     potentials and the centering themselves (``TransportConfig.fused_steps``; the stored-band
     backend's ``row_half_step`` / ``col_half_step``). The carry is ``[N, Lp]``: without a
     dustbin the extended slot of every potential is 0. Same steps as ``run_steps`` up to
-    rounding (the centering constant is summed per row block); returns as ``run_steps``."""
+    rounding (the centering constant is summed per row block); returns as ``run_steps``.
+    ``one_pass``: each step reads the band once (``one_pass_step``), the carry padded as it
+    reads it (``one_pass_pad`` zeros each side)."""
     keep = n_steps if keep is None else keep
     lp = u.shape[-1] - 1
     rows = sup.rows[:, :lp]
@@ -418,8 +420,19 @@ def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, kee
         return (u_c, v_c), (u_hat, u_c, v_c)
 
     ext = lambda x: jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], -1)
-    before, kept = _scan_keeping(step, (u[..., :lp], v[..., :lp]), n_steps, keep, unroll=unroll)
-    return tuple(map(ext, before)), tuple(map(ext, kept))
+    start, unpad = (u[..., :lp], v[..., :lp]), lambda x: x
+    if one_pass:  # û as before; u and v padded
+        pad = ops.one_pass_pad()
+        unpad = lambda x: x[..., pad:pad + lp]
+
+        def step(carry, _):
+            u_hat, u_c, v_c = ops.one_pass_step(band, carry[1], weight, sup.kappa_rows, sup.kappa_cols,
+                                                sup.centered)
+            return (u_c, v_c), (u_hat, u_c, v_c)
+
+        start = tuple(jnp.pad(x, ((0, 0), (pad, pad))) for x in start)
+    (u_end, v_end), (u_hat, u_kept, v_kept) = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
+    return (ext(unpad(u_end)), ext(unpad(v_end))), (ext(u_hat), ext(unpad(u_kept)), ext(unpad(v_kept)))
 
 
 def solve(spec: Spec, flat: Flat):
@@ -444,7 +457,8 @@ def solve(spec: Spec, flat: Flat):
         base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
         if cfg.fused_steps and spk is None and cfg.eps_schedule is None:
-            before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll)
+            before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
+                                           one_pass=cfg.one_pass_steps)
         elif ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
             before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep,
                                              unroll=cfg.unroll)

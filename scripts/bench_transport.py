@@ -13,6 +13,8 @@ and implementation:
     steps: no loop counters or per-step output writes; fewer kernel launches on a GPU);
   * ``pallas-fused``: ``pallas-resident-unrolled`` with ``fused_steps=True`` (a Sinkhorn step
     as two kernels that compute the potentials and the centering themselves);
+  * ``pallas-one-pass``: ``pallas-fused`` with ``one_pass_steps=True`` (each step reads the
+    band once: a program holds a few rows of it in registers);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a

@@ -140,7 +140,7 @@ def _h100():
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="reference,xla,xla-unrolled,pallas,pallas-resident,pallas-resident-unrolled,"
-                    "pallas-fused",
+                    "pallas-fused,pallas-one-pass",
                     help="comma-separated names of kernels.config.IMPL_VARIANTS")
     ap.add_argument("--lengths", type=_common.int_list, default=[1024, 4096, 16384])
     ap.add_argument("--half-band", type=int, default=256, help="W (1024 from L 16384, as bench_transport)")

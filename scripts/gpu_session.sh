@@ -7,7 +7,7 @@
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
 #   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident, its
-#                                                # unrolled steps and pallas-fused (the stored-band kernels,
+#                                                # unrolled steps, pallas-fused and pallas-one-pass (the stored-band kernels,
 #                                                # not yet run on hardware), all sizes
 #   bash scripts/gpu_session.sh transport        # bench_transport: reference, xla, pallas, ott
 #   bash scripts/gpu_session.sh train            # bench_train: k2_eps1 and align_ce
@@ -69,7 +69,7 @@ case "${1:-}" in
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
     resident) install  # first after `tests`: the candidate for GPU_BANDED_IMPL, at every size
-        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled,pallas-fused \
+        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled,pallas-fused,pallas-one-pass \
             --lengths 1024,4096,8192,16384 \
             --repeats 5 --json --mem-budget-gib 40 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_resident.jsonl" ;;
     transport) install

@@ -238,19 +238,22 @@ def test_an_unrolled_solve_lowers_without_a_loop(dustbin):
     assert loops == {"pallas-resident": 3, "pallas-resident-unrolled": 0}
 
 
+@pytest.mark.parametrize("impl, kernels", [("pallas-fused", ("stored_row_half", "stored_col_half")),
+                                           ("pallas-one-pass", ("stored_one_pass_rows", "stored_one_pass_combine"))])
 @pytest.mark.parametrize("dustbin", ["none", "spoke"])
-def test_fused_steps_lower_to_the_fused_kernels(dustbin):
-    """``fused_steps`` lowered for ``cuda``: without a dustbin the steps call the two fused
-    kernels and no stored-band LSE is left; with spokes (not fused) the reverse."""
-    text = _lowered("pallas-fused", dustbin, "cuda").as_text()
-    fused = all(f"func.func private @{name}(" in text for name in ("stored_row_half", "stored_col_half"))
+def test_fused_steps_lower_to_the_fused_kernels(dustbin, impl, kernels):
+    """``fused_steps`` (and ``one_pass_steps``) lowered for ``cuda``: without a dustbin the
+    steps call their two kernels and no stored-band LSE is left; with spokes (not fused) the
+    reverse."""
+    text = _lowered(impl, dustbin, "cuda").as_text()
+    fused = all(f"func.func private @{name}(" in text for name in kernels)
     assert fused == (dustbin == "none")
     assert ("func.func private @stored_lse(" in text) == (dustbin != "none")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "xla-unrolled", "pallas", "pallas-resident",
-                                  "pallas-resident-unrolled", "pallas-fused"])
+                                  "pallas-resident-unrolled", "pallas-fused", "pallas-one-pass"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
 def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
@@ -267,7 +270,8 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident", "pallas-resident-unrolled", "pallas-fused"])
+@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident", "pallas-resident-unrolled", "pallas-fused",
+                                  "pallas-one-pass"])
 def test_benchmark_shape_runs_exactly_on_gpu(impl):
     """The benchmark's first size (L = 1024, W = 256, d = dv = 64, T = 15, R = 2) compiles within
     the device's shared memory and matches dense autodiff to 1e-5."""

@@ -380,3 +380,45 @@ def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, mo
     chosen = gpu_budget.choose(KernelShape(0, stored=True), geom.block, SMEM_BUDGET["h100"])
     assert 0 < got.shared <= gpu_budget.smem_bytes(KernelShape(0, stored=True), chosen.block, chosen.num_stages)
     assert got.stack == 0, got
+
+
+@pytest.mark.parametrize("kernel", ["stored_one_pass_rows", "stored_one_pass_combine"])
+@pytest.mark.parametrize("length, half_band", [(4096, 256), (16384, 1024)])
+def test_one_pass_step_kernels_compile_without_spills(kernel, length, half_band, monkeypatch, tmp_path):
+    """``one_pass_steps``' two kernels (centered) at the benchmark's bands, compiled by Triton
+    for sm_90 here at ``gpu_budget.one_pass_launch``'s rows and warps: the rows kernel holds
+    its band rows in registers (read once, used by both of its reductions) without spilling."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    geom = pallas_gpu.stored_geometry(make_geometry(length, half_band, pallas=True))
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp, width, pad = geom.length, geom.n_diag * geom.block, pallas_gpu.one_pass_pad(geom)
+    group, warps = gpu_budget.one_pass_launch(width, geom.block)
+    if kernel == "stored_one_pass_rows":
+        specs = [f32(1, lp, width), f32(1, lp), f32(1, lp + 2 * pad), f32(1, lp + 2 * pad), f32(1, lp)]
+    else:
+        specs = [f32(1, lp // group, width), f32(1, lp), f32(1, lp // group), f32(1, lp)]
+    f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
+                          interpret=False)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    from test_accelerators import _custom_calls
+
+    (call,) = _custom_calls(lowered)
+    got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
+    assert got.stack == 0, got
+    assert got.shared <= SMEM_BUDGET["consumer"], got
+    if kernel == "stored_one_pass_rows":
+        from jax._src.lib.mlir import ir
+
+        assert ir.IntegerAttr(call.attributes["mhlo.backend_config"]["num_warps"]).value == warps
+
+
+def test_one_pass_launch_keeps_the_band_rows_within_the_registers_measured():
+    """G 8 rows at the fewest warps that hold at most ONE_PASS_PER_THREAD band values a thread;
+    fewer rows once 16 warps would not (a W 2048 band)."""
+    assert gpu_budget.one_pass_launch(2080, 32) == (8, 16)  # L 16384, W 1024: 33 values a thread
+    assert gpu_budget.one_pass_launch(544, 32) == (8, 4)  # L 4096, W 256
+    assert gpu_budget.one_pass_launch(4128, 32) == (4, 16)
+    assert gpu_budget.one_pass_launch(40, 4)[0] == 4  # interpret mode's small tiles: G divides the edge
+    for width in (16, 544, 2080, 4128, 8224):
+        group, warps = gpu_budget.one_pass_launch(width, 32)
+        assert group * width <= 32 * warps * gpu_budget.ONE_PASS_PER_THREAD and warps in (4, 8, 16)

@@ -247,6 +247,34 @@ def test_fused_half_steps_match_dense_float64(band, kappa, centered):
     assert not np.any(np.asarray(u)[2]) and not np.any(np.asarray(v)[2])  # no active key: all 0
 
 
+@pytest.mark.parametrize("block", [8, 16], ids=["one_group_a_block", "two_groups_a_block"])
+@pytest.mark.parametrize("band", ["half_tile", "1.5_tiles", "full"])
+@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
+def test_one_pass_steps_match_dense_float64(band, kappa, centered, block):
+    """``StoredBandOps.one_pass_step`` (``one_pass_steps``: the band read once, the column LSE
+    folded from 8-row partials; interpret mode) against one dense float64 Sinkhorn step, ragged
+    masks and a problem without active keys included; its padded outputs' padding is 0."""
+    length = int(2.5 * block)
+    geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
+    p = _random_problem(geom, length)
+    ops = StoredBandOps(geom, True)
+    s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
+    band_rows = _support(p, geom).any(2)
+    weight = jnp.asarray(np.where(band_rows, 1.0 / np.maximum(band_rows.sum(1, keepdims=True), 1), 0.0),
+                         jnp.float32)
+    pad = ops.one_pass_pad()
+    bias = jnp.pad(p["bias"][:, :geom.length], ((0, 0), (pad, pad)))
+    u_hat, u, v = ops.one_pass_step(s, bias, weight, kappa, kappa, centered)
+    assert u.shape == v.shape == (u_hat.shape[0], geom.length + 2 * pad)
+    for x in (u, v):
+        assert not np.any(np.asarray(x)[:, :pad]) and not np.any(np.asarray(x)[:, pad + geom.length:])
+    want = _float64_half_steps(p, geom, 0.7, kappa, centered)
+    got = (u_hat, u[:, pad:pad + geom.length], v[:, pad:pad + geom.length])
+    for name, x, exact in zip(("u_hat", "u", "v"), got, want):
+        np.testing.assert_allclose(np.asarray(x, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert not np.any(np.asarray(got[1])[2]) and not np.any(np.asarray(got[2])[2])  # no active key: all 0
+
+
 def test_product_bound_rejects_tf32_operands():
     """The plan-product bound is tight enough to catch a TF32 dot: the same products computed
     from operands rounded to TF32's 10-bit mantissa fail it."""

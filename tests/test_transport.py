@@ -52,7 +52,8 @@ def _jit_transport(cfg: TransportConfig):
 def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
     q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False, fused_steps=False)
+    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False, fused_steps=False,
+                                  one_pass_steps=False)
     (_, out), grads = _value_and_grad(cfg)(q, k, v, tokens, q_len, k_len, w)
     (_, ref_out), ref_grads = _value_and_grad(ref_cfg)(q, k, v, tokens, q_len, k_len, w)
     np.testing.assert_allclose(out, ref_out, atol=OUT_ATOL, rtol=0)
@@ -142,17 +143,19 @@ def test_unrolled_steps_match_reference(variant):
         dataclasses.replace(cfg, unroll=1)
 
 
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
 @pytest.mark.parametrize("variant", [
     dict(marginals="balanced"),  # the centering inside the column kernel
     dict(marginals="rows", relax=0.5),  # a damped side, no centering
     pytest.param(dict(dustbin="spoke"), marks=pytest.mark.slow),  # spokes: the unfused steps
 ], ids=["balanced", "damped", "spoke"])
-def test_fused_steps_match_reference(variant):
-    """``fused_steps=True`` (two kernels a step on the stored band; interpret mode): the same
-    outputs and gradients as dense autodiff, looped and unrolled; it needs resident scores."""
+def test_fused_steps_match_reference(variant, one_pass):
+    """``fused_steps=True`` (two kernels a step on the stored band; interpret mode), reading the
+    band twice a step or once (``one_pass_steps``): the same outputs and gradients as dense
+    autodiff, looped and unrolled; fused steps need resident scores, one pass fused steps."""
     _, lq, lk, ql, kl, w, block = SHAPES[1]
     cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, impl="pallas", resident_scores=True,
-                          fused_steps=True, blocks=BlockSizes(block), **variant)
+                          fused_steps=True, one_pass_steps=one_pass, blocks=BlockSizes(block), **variant)
     _compare(cfg, lq, lk, ql, kl)
     if variant.get("marginals") == "balanced":
         _compare(dataclasses.replace(cfg, unroll=True), lq, lk, ql, kl)
@@ -160,6 +163,10 @@ def test_fused_steps_match_reference(variant):
         dataclasses.replace(cfg, resident_scores=False)
     with pytest.raises(ValueError, match="fused_steps must be True or False"):
         dataclasses.replace(cfg, fused_steps=1)
+    with pytest.raises(ValueError, match="one_pass_steps needs fused_steps"):
+        dataclasses.replace(cfg, fused_steps=False, one_pass_steps=True)
+    with pytest.raises(ValueError, match="one_pass_steps must be True or False"):
+        dataclasses.replace(cfg, one_pass_steps=1)
 
 
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
