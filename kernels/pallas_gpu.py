@@ -442,21 +442,16 @@ def stored_one_pass_rows(band, scale_rows, scale_cols, v, weight, *, geom: BandG
     if not interpret:
         check_geometry(geom)
     group, warps = gpu_budget.one_pass_launch(width, geom.block)
-    whole = lambda x: pl.BlockSpec((None, x.shape[1]), lambda n, g: (n, 0))
-    rows = lambda size: pl.BlockSpec((None, size), lambda n, g: (n, g))
-    out_specs = [rows(group), pl.BlockSpec((None, None, width), lambda n, g: (n, g, 0))]
+    out_specs = [_rows(group), pl.BlockSpec((None, None, width), lambda n, g: (n, g, 0))]
     out_shape = [jax.ShapeDtypeStruct((n, lp), jnp.float32), jax.ShapeDtypeStruct((n, lp // group, width), jnp.float32)]
     if centered:
-        out_specs.append(rows(1))
+        out_specs.append(_rows(1))
         out_shape.append(jax.ShapeDtypeStruct((n, lp // group), jnp.float32))
-    return pl.pallas_call(
-        functools.partial(_one_pass_rows_kernel, geom=geom, group=group, kappa=kappa),
-        grid=(n, lp // group),
-        in_specs=[pl.BlockSpec((None, group, width), lambda n, g: (n, g, 0)), rows(group), whole(scale_cols),
-                  whole(v), rows(group)],
-        out_specs=out_specs, out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=warps, num_stages=1),
-        interpret=interpret, name="stored_one_pass_rows",
+    return _call(
+        functools.partial(_one_pass_rows_kernel, geom=geom, group=group, kappa=kappa), geom,
+        GpuTiling(geom.block, warps, 1), grid=(n, lp // group),
+        in_specs=[_rows(group, width), _rows(group), _whole(scale_cols.shape[1]), _whole(v.shape[1]), _rows(group)],
+        out_spec=out_specs, out_shape=out_shape, interpret=interpret, name="stored_one_pass_rows",
     )(band, scale_rows.astype(jnp.float32), scale_cols.astype(jnp.float32), v.astype(jnp.float32),
       weight.astype(jnp.float32))
 
@@ -472,23 +467,18 @@ def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry,
     group = lp // parts.shape[1]
     padded = jax.ShapeDtypeStruct((n, lp + 2 * wb * b), jnp.float32)
     line = lambda n, j: (n, jnp.clip(j - wb, 0, geom.n_blocks - 1))  # the padding's blocks read a neighbour
-    specs = [pl.BlockSpec((None,) + parts.shape[1:], lambda n, j: (n, 0, 0)),
-             pl.BlockSpec((None, b), line), pl.BlockSpec((None, b), line)]
+    specs = [_whole(*parts.shape[1:]), pl.BlockSpec((None, b), line), pl.BlockSpec((None, b), line)]
     operands = [parts, u_hat, weight.astype(jnp.float32)]
-    out = pl.BlockSpec((None, b), lambda n, j: (n, j))
     if centered:
-        specs.append(pl.BlockSpec((None, shares.shape[1]), lambda n, j: (n, 0)))
+        specs.append(_whole(shares.shape[1]))
         operands.append(shares)
     n_shares = shares.shape[1] if centered else 1
-    result = pl.pallas_call(
+    result = _call(
         functools.partial(_one_pass_combine_kernel, geom=geom, group=group, kappa=kappa, centered=centered,
-                          chunk=_pow2_divisor(n_shares)),
-        grid=(n, geom.n_blocks + 2 * wb),
-        in_specs=specs,
-        out_specs=[out, out] if centered else out,
-        out_shape=[padded, padded] if centered else padded,
-        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
-        interpret=interpret, name="stored_one_pass_combine",
+                          chunk=_pow2_divisor(n_shares)), geom,
+        GpuTiling(b, 4, 1), grid=(n, geom.n_blocks + 2 * wb), in_specs=specs,
+        out_spec=[_rows(b), _rows(b)] if centered else _rows(b),
+        out_shape=[padded, padded] if centered else padded, interpret=interpret, name="stored_one_pass_combine",
     )(*operands)
     return tuple(result) if centered else result
 

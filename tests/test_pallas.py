@@ -218,13 +218,9 @@ def _float64_half_steps(p, geom: BandGeometry, scale: float, kappa: float, cente
     return u_hat, np.where(rows, u_hat - c, 0.0), np.where(cols, v + c, 0.0)
 
 
-@pytest.mark.parametrize("band", ["half_tile", "1.5_tiles", "full"])
-@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
-def test_fused_half_steps_match_dense_float64(band, kappa, centered):
-    """``StoredBandOps.row_half_step`` / ``col_half_step`` (``fused_steps``: the potentials and
-    the centering inside the kernels; interpret mode) against one dense float64 Sinkhorn step,
-    ragged masks and a problem without active keys included."""
-    block = 8
+def _stored_step_problem(band: str, block: int):
+    """A ragged stored-band problem for one Sinkhorn step, and its centering weights (1 / the
+    rows with entries, on those rows): (geom, problem, ops, scores, weight)."""
     length = int(2.5 * block)
     geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
     p = _random_problem(geom, length)
@@ -232,7 +228,16 @@ def test_fused_half_steps_match_dense_float64(band, kappa, centered):
     s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
     band_rows = _support(p, geom).any(2)
     n_rows = np.maximum(band_rows.sum(1, keepdims=True), 1)
-    weight = jnp.asarray(np.where(band_rows, 1.0 / n_rows, 0.0), jnp.float32)
+    return geom, p, ops, s, jnp.asarray(np.where(band_rows, 1.0 / n_rows, 0.0), jnp.float32)
+
+
+@pytest.mark.parametrize("band", ["half_tile", "1.5_tiles", "full"])
+@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
+def test_fused_half_steps_match_dense_float64(band, kappa, centered):
+    """``StoredBandOps.row_half_step`` / ``col_half_step`` (``fused_steps``: the potentials and
+    the centering inside the kernels; interpret mode) against one dense float64 Sinkhorn step,
+    ragged masks and a problem without active keys included."""
+    geom, p, ops, s, weight = _stored_step_problem(band, 8)
     row = ops.row_half_step(s, p["bias"], weight, kappa, centered)
     if centered:
         u_hat, shares = row
@@ -254,14 +259,7 @@ def test_one_pass_steps_match_dense_float64(band, kappa, centered, block):
     """``StoredBandOps.one_pass_step`` (``one_pass_steps``: the band read once, the column LSE
     folded from 8-row partials; interpret mode) against one dense float64 Sinkhorn step, ragged
     masks and a problem without active keys included; its padded outputs' padding is 0."""
-    length = int(2.5 * block)
-    geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
-    p = _random_problem(geom, length)
-    ops = StoredBandOps(geom, True)
-    s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
-    band_rows = _support(p, geom).any(2)
-    weight = jnp.asarray(np.where(band_rows, 1.0 / np.maximum(band_rows.sum(1, keepdims=True), 1), 0.0),
-                         jnp.float32)
+    geom, p, ops, s, weight = _stored_step_problem(band, block)
     pad = ops.one_pass_pad()
     bias = jnp.pad(p["bias"][:, :geom.length], ((0, 0), (pad, pad)))
     u_hat, u, v = ops.one_pass_step(s, bias, weight, kappa, kappa, centered)
