@@ -13,6 +13,9 @@ DUSTBIN_MODES = ("none", "widened", "spoke", "capacity")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas")
 ADJOINTS = ("one_reference", "four_plan")
 KERNELS = ("auto", "tpu", "gpu")
+# How the Triton kernels run their f32 dots: "ieee" (fp32 FMAs, no tensor cores) or "tf32x3"
+# (three TF32 tensor-core products of the operands' high and low parts, fp32 accumulation).
+TRITON_DOTS = ("ieee", "tf32x3")
 MARGINALS = ("balanced", "rows", "cols")
 
 # Every f32 contraction of the op (XLA path, reference, kernels) runs at this precision: the
@@ -62,6 +65,10 @@ IMPL_VARIANTS = {
     "pallas-fused": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True},
     "pallas-one-pass": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True,
                         "one_pass_steps": True},
+    "pallas-fused-tf32x3": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True,
+                            "triton_dots": "tf32x3"},
+    "pallas-one-pass-tf32x3": {"impl": "pallas", "resident_scores": True, "unroll": True, "fused_steps": True,
+                               "one_pass_steps": True, "triton_dots": "tf32x3"},
 }
 
 # ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
@@ -231,6 +238,13 @@ class TransportConfig:
         reads the band once instead of twice, a program holding a few rows of it in registers
         (``pallas_gpu.stored_one_pass_rows``; the column LSE from per-row-group partials).
         Same plans up to rounding. Not yet measured on a GPU.
+      triton_dots: how the Triton kernels compute their f32 dots (the scores, the plan
+        products and their modulations; the XLA path and Mosaic are untouched). "ieee" (the
+        default): fp32 FMAs. "tf32x3": on tensor cores, as three TF32 products of each
+        operand's rounded high part and its remainder (Triton's ``input_precision="tf32x3"``),
+        accumulated in fp32: the dots' error stays at fp32's (tests/test_transport.py checks
+        the op against float64 dense autodiff with the arithmetic emulated in interpret mode).
+        Not yet measured on a GPU.
     """
 
     half_band: int
@@ -253,6 +267,7 @@ class TransportConfig:
     unroll: bool = False
     fused_steps: bool = False
     one_pass_steps: bool = False
+    triton_dots: str = "ieee"
 
     def __post_init__(self):
         if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
@@ -292,6 +307,8 @@ class TransportConfig:
             raise ValueError(f"one_pass_steps must be True or False, got {self.one_pass_steps!r}")
         if self.one_pass_steps and not self.fused_steps:
             raise ValueError("one_pass_steps needs fused_steps=True (it is a way to run those steps)")
+        if self.triton_dots not in TRITON_DOTS:
+            raise ValueError(f"triton_dots must be one of {TRITON_DOTS}, got {self.triton_dots!r}")
         if self.resident_scores and self.kernel == "tpu":
             raise ValueError("resident_scores has GPU (Triton) kernels only: use kernel='auto' or 'gpu'")
         if self.relax is not None:

@@ -19,6 +19,10 @@ blocks ``I - wb .. I + wb`` side by side (``-inf`` off the band, on inactive lin
 blocks off the problem). "rows" walks a row block's own band row; "cols" walks a key block's
 tiles down the band and transposes each, so that the column primitives run the row kernels.
 
+Dots (``dots``, static; ``TransportConfig.triton_dots``): "ieee" fp32 FMAs, or "tf32x3" on
+tensor cores (three TF32 products, f32 accumulation), which interpret mode emulates in f32
+operations (``tile_math.DOTS``) so that CPU tests check its arithmetic.
+
 Shared memory: each call re-tiles the band with the edge, ``num_warps`` and ``num_stages`` that
 ``gpu_budget.choose`` picks for the device's budget (the band tiling's edge divided by a power
 of two; the band mask is exact at any edge). Interpret mode runs the same tiling.
@@ -35,7 +39,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pfamalign.kernels import gpu_budget, tile_math
 from pfamalign.kernels.band import BandGeometry, make_geometry
-from pfamalign.kernels.config import potential
+from pfamalign.kernels.config import TRITON_DOTS, potential
 from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
 
 
@@ -77,6 +81,13 @@ def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTil
     return geom, t
 
 
+def _dot_mode(dots: str, interpret) -> str:
+    """The ``tile_math`` dot arithmetic of a call: interpret mode emulates "tf32x3"."""
+    if dots not in TRITON_DOTS:
+        raise ValueError(f"dots must be one of {TRITON_DOTS}, got {dots!r}")
+    return "tf32x3-emulated" if interpret and dots == "tf32x3" else dots
+
+
 def _rows(b: int, f: int | None = None):
     """Spec of this program's row block of a ``[N, Lp(, f)]`` operand."""
     if f is None:
@@ -96,7 +107,7 @@ def _key_range(i_blk, geom: BandGeometry):
     return jnp.maximum(i_blk - geom.wb, 0), jnp.minimum(i_blk + geom.wb + 1, geom.n_blocks)
 
 
-def _source_scores(source: str, ref0, ref1, geom: BandGeometry):
+def _source_scores(source: str, ref0, ref1, geom: BandGeometry, dots: str = "ieee"):
     """``(i_blk, j_blk) -> [b, b]``: the scores (unmasked) of the program's line block
     ``i_blk`` against the walked block ``j_blk``, from the source's two refs: "qk": q (this
     row block, scale applied) and all keys; "rows": this row block's stored band row and the
@@ -105,7 +116,7 @@ def _source_scores(source: str, ref0, ref1, geom: BandGeometry):
     b, wb = geom.block, geom.wb
     if source == "qk":
         q = ref0[...]  # [b, d]
-        return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :])
+        return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :], dots)
     scale = ref1[...][:, None]  # [b, 1]
     if source == "rows":
         return lambda i_blk, j_blk: scale * ref0[:, pl.ds((j_blk - i_blk + wb) * b, b)]
@@ -160,18 +171,18 @@ def stored_geometry(geom: BandGeometry) -> BandGeometry:
 # ---- the stored band ---------------------------------------------------------------------------
 
 
-def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry):
+def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, dots: str):
     i_blk, kb = pl.program_id(1), pl.program_id(2)
     j_blk = i_blk + kb - geom.wb
     b = geom.block
     x = tile_math.band_logits(q_ref[...], k_ref[...], a_ref[...][:, None], c_ref[...][None, :],
-                              row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
+                              row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band, dots=dots)
     # A key block off the problem (its operands are a clipped duplicate) holds no entry.
     out_ref[...] = jnp.where((j_blk >= 0) & (j_blk < geom.n_blocks), x, -jnp.inf)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "interpret"))
-def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False):
+@functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots"))
+def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, dots="ieee"):
     """The stored band ``[N, Lp, n_diag b]`` of the "rows" / "cols" sources: entry
     ``(i, kb b + c)`` is ``<q_i, k_j> + a_i + c_j`` for key ``j = (I + kb - wb) b + c`` (I the
     row block of i) on the band, ``-inf`` elsewhere. q, k ``[N, Lp, d]``; row_off, col_off
@@ -185,7 +196,7 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False):
     dp, b = q.shape[-1], geom.block
     key = lambda n, i, kb: (n, jnp.clip(i + kb - geom.wb, 0, geom.n_blocks - 1))
     return _call(
-        functools.partial(_scores_kernel, geom=geom), geom, launch,
+        functools.partial(_scores_kernel, geom=geom, dots=_dot_mode(dots, interpret)), geom, launch,
         grid=(n, geom.n_blocks, geom.n_diag),
         in_specs=[pl.BlockSpec((None, b, dp), lambda n, i, kb: (n, i, 0)),  # q [b, d']
                   pl.BlockSpec((None, b, dp), lambda n, i, kb: key(n, i, kb) + (0,)),  # k [b, d']
@@ -200,11 +211,11 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False):
 # ---- band log-sum-exp ------------------------------------------------------------------------
 
 
-def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str):
+def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "ieee"):
     """``[b]`` band log-sum-exp of this program's line block: its tiles walked with an online
     max and sum, the walked lines' offsets in ``c_ref``."""
     i_blk = pl.program_id(1)
-    scores = _source_scores(source, ref0, ref1, geom)
+    scores = _source_scores(source, ref0, ref1, geom, dots)
 
     def body(j_blk, carry):
         return tile_math.lse_update(*carry, _tile_logits(scores, None, c_ref, i_blk, j_blk, geom))
@@ -214,8 +225,8 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str):
     return tile_math.lse_finalize(m, l)[:, 0]
 
 
-def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str):
-    out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source)
+def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str, dots: str):
+    out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source, dots)
 
 
 def _walk_operands(source: str, first, second, off, geom: BandGeometry, shape: KernelShape, interpret):
@@ -230,25 +241,26 @@ def _walk_operands(source: str, first, second, off, geom: BandGeometry, shape: K
     return geom, launch, specs + [_whole(first.shape[1])], operands + [off.astype(jnp.float32)]
 
 
-def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret):
+def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret,
+         dots: str = "ieee"):
     n, lp = first.shape[:2]
     geom, launch, specs, operands = _walk_operands(source, first, second, col_off, geom, shape, interpret)
     return _call(
-        functools.partial(_lse_kernel, geom=geom, source=source), geom, launch,
+        functools.partial(_lse_kernel, geom=geom, source=source, dots=_dot_mode(dots, interpret)), geom, launch,
         in_specs=specs, out_spec=_rows(geom.block),  # [b]
         out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
         interpret=interpret, name="band_lse",
     )(*operands)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "interpret"))
-def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False):
+@functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots"))
+def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False, dots="ieee"):
     """``out_i = LSE_{j: |i-j| <= W} (<q_i, k_j> + c_j)``; -inf where no entry is finite.
 
     Same contract as ``pallas_tpu.band_lse``: q, k ``[N, Lp, d]`` (scale applied to q),
     col_off ``[N, Lp]`` (-inf = inactive key). Returns ``[N, Lp]`` f32.
     """
-    return _lse("qk", q, k, col_off, geom, KernelShape(q.shape[-1]), interpret)
+    return _lse("qk", q, k, col_off, geom, KernelShape(q.shape[-1]), interpret, dots)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
@@ -487,11 +499,11 @@ def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry,
 
 
 def _product_kernel(ref0, ref1, a_ref, c_ref, y_ref, *refs, geom: BandGeometry, modulated: bool,
-                    source: str):
+                    source: str, dots: str):
     x_ref, z_ref, out_ref = refs if modulated else (None, None) + refs
     i_blk = pl.program_id(1)
     b = geom.block
-    scores = _source_scores(source, ref0, ref1, geom)
+    scores = _source_scores(source, ref0, ref1, geom, dots)
     a = a_ref[...][:, None]  # [b, 1]
     x = x_ref[...] if modulated else None  # [b, mx]
 
@@ -499,15 +511,15 @@ def _product_kernel(ref0, ref1, a_ref, c_ref, y_ref, *refs, geom: BandGeometry, 
         p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom))  # [b, b]
         keys = pl.ds(j_blk * b, b)
         if modulated:
-            p = tile_math.modulate(p, x, z_ref[keys, :])
-        return tile_math.accumulate(acc, p, y_ref[keys, :])
+            p = tile_math.modulate(p, x, z_ref[keys, :], dots)
+        return tile_math.accumulate(acc, p, y_ref[keys, :], dots)
 
     lo, hi = _key_range(i_blk, geom)
     out_ref[...] = jax.lax.fori_loop(lo, hi, body, jnp.zeros(out_ref.shape, jnp.float32))
 
 
 def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGeometry,
-             shape: KernelShape, interpret):
+             shape: KernelShape, interpret, dots: str):
     n, lp = row_off.shape
     m = y.shape[-1]
     modulated = x is not None
@@ -525,7 +537,8 @@ def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGe
         specs += [_rows(b, x.shape[-1]), _whole(lp, z.shape[-1])]  # x [b, mx'], z [Lp, mx']
         operands += [x, z]
     out = _call(
-        functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source), geom, launch,
+        functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source,
+                          dots=_dot_mode(dots, interpret)), geom, launch,
         in_specs=specs,
         out_spec=_rows(b, mp),  # [b, m']
         out_shape=jax.ShapeDtypeStruct((n, lp, mp), jnp.float32),
@@ -538,8 +551,9 @@ def _mx(x):
     return 0 if x is None else x.shape[-1]
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "interpret"))
-def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometry, interpret=False):
+@functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots"))
+def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometry, interpret=False,
+                 dots="ieee"):
     """``out_i = Σ_j P_ij <x_i, z_j> y_j`` with ``P_ij = exp(<q_i, k_j> + a_i + c_j)`` on the band.
 
     Same contract as ``pallas_tpu.band_product``: row_off, col_off ``[N, Lp]``, y ``[N, Lp, m]``
@@ -547,12 +561,12 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
     Returns ``[N, Lp, m]`` f32.
     """
     shape = KernelShape(q.shape[-1], y.shape[-1], _mx(x))
-    return _product("qk", q, k, row_off, col_off, y, x, z, geom, shape, interpret)
+    return _product("qk", q, k, row_off, col_off, y, x, z, geom, shape, interpret, dots)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret"))
+@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret", "dots"))
 def stored_product(band, scale, line_off, walk_off, y, x=None, z=None, *, geom: BandGeometry,
-                   transposed=False, interpret=False):
+                   transposed=False, interpret=False, dots="ieee"):
     """``band_product`` on a stored band: ``P = exp(scale S + a ⊕ c)`` (scale ``[N, Lp]`` on
     the program's lines, as ``stored_lse``). Rows: ``out_i = Σ_j
     P_ij <x_i, z_j> y_j`` with ``line_off`` = a, ``walk_off`` = c. With ``transposed`` the
@@ -560,4 +574,4 @@ def stored_product(band, scale, line_off, walk_off, y, x=None, z=None, *, geom: 
     keys), ``walk_off`` = a, and x on keys, y and z on rows."""
     shape = KernelShape(0, y.shape[-1], _mx(x), stored=True)
     return _product("cols" if transposed else "rows", band, scale, line_off, walk_off, y, x, z, geom,
-                    shape, interpret)
+                    shape, interpret, dots)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from pfamalign.kernels import pallas_gpu, pallas_tpu
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import accelerator
+from pfamalign.kernels.config import TRITON_DOTS, accelerator
 
 WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
 PLATFORMS = ("cpu", "tpu", "cuda", "rocm")  # the lowering platforms a kernel call has a branch for
@@ -45,6 +45,9 @@ PLATFORMS = ("cpu", "tpu", "cuda", "rocm")  # the lowering platforms a kernel ca
 # takes n_diag times fewer grid steps (its band loop is inside the kernel) and no pl.when
 # branches, so its interpret mode compiles and runs faster.
 CPU_WRAPPER = "gpu"
+# The Triton kernels that compute dots (the others read a stored band and sum): they take the
+# dot arithmetic (``TransportConfig.triton_dots``).
+DOT_KERNELS = ("band_scores", "band_lse", "band_product", "stored_product")
 
 
 class Scores(NamedTuple):
@@ -90,6 +93,8 @@ class PallasBandOps(BandOps):
         is CPU". A ``pltpu.InterpretParams`` selects the TPU interpreter (TPU wrapper only).
       wrapper: "tpu" or "gpu" to force a kernel wrapper; "auto" (or None): the lowering
         platform's (``CPU_WRAPPER`` on CPU).
+      dots: the Triton kernels' dot arithmetic, "ieee" or "tf32x3" (``TransportConfig.triton_dots``;
+        Mosaic's are fp32 either way).
     """
 
     # No plan is kept across steps (every product rebuilds its plan tiles from the scores, here
@@ -97,13 +102,17 @@ class PallasBandOps(BandOps):
     resident_band = False
     takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
+                 dots: str = "ieee"):
         wrapper = wrapper or "auto"
         if wrapper != "auto" and wrapper not in WRAPPERS:
             raise ValueError(f"wrapper must be one of {['auto', *sorted(WRAPPERS)]}, got {wrapper!r}")
         self.g = geom
         self.wrapper = wrapper
         self.interpret = interpret
+        if dots not in TRITON_DOTS:
+            raise ValueError(f"dots must be one of {TRITON_DOTS}, got {dots!r}")
+        self.dots = dots
 
     @property
     def kernel_geom(self) -> BandGeometry:
@@ -143,8 +152,9 @@ class PallasBandOps(BandOps):
         for platform in PLATFORMS:
             if (choice := self.branch(platform)) is not None:
                 wrapper, interpret = choice
+                dots = {"dots": self.dots} if wrapper == "gpu" and name in DOT_KERNELS else {}
                 fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.kernel_geom,
-                                                  interpret=interpret, **static)
+                                                  interpret=interpret, **dots, **static)
         if len({(f.func, repr(f.keywords)) for f in fns.values()}) == 1:
             return next(iter(fns.values()))  # the same kernel everywhere: no dispatch needed
         return lambda *args: jax.lax.platform_dependent(*args, **fns)
@@ -208,10 +218,11 @@ class StoredBandOps(PallasBandOps):
     recomputation runs on the matrix unit; there is no TPU branch, and lowering for "tpu"
     fails. Arguments as ``PallasBandOps``."""
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto"):
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
+                 dots: str = "ieee"):
         if wrapper == "tpu":
             raise ValueError("resident scores have GPU (Triton) kernels only: use wrapper 'gpu' or 'auto'")
-        super().__init__(geom, interpret, wrapper=wrapper)
+        super().__init__(geom, interpret, wrapper=wrapper, dots=dots)
         self.stored_g = pallas_gpu.stored_geometry(geom)
 
     @property

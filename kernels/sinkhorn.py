@@ -108,7 +108,7 @@ def make_ops(spec: Spec) -> BandOps:
         from pfamalign.kernels.pallas_ops import PallasBandOps, StoredBandOps
 
         backend = StoredBandOps if spec.cfg.resident_scores else PallasBandOps
-        return backend(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel)
+        return backend(spec.geom, interpret=spec.cfg.interpret, wrapper=spec.cfg.kernel, dots=spec.cfg.triton_dots)
     if spec.cfg.impl == "xla":
         from pfamalign.kernels.banded_xla import XlaBandOps
 

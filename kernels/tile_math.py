@@ -21,18 +21,53 @@ from pfamalign.kernels.config import F32_PRECISION as _PRECISION  # Mosaic fp32,
 _NT = (((1,), (1,)), ((), ()))  # contract the feature axis of both operands: a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
 
+# The dot arithmetics (``TransportConfig.triton_dots``; Mosaic always takes "ieee"): "ieee"
+# fp32 products; "tf32x3" Triton's three TF32 tensor-core products; "tf32x3-emulated" the
+# same arithmetic in plain f32 operations, which interpret mode runs in its place.
+DOTS = ("ieee", "tf32x3", "tf32x3-emulated")
+_TF32_KEEP = 0xFFFFE000  # sign, exponent and the 10 mantissa bits a TF32 operand keeps
 
-def dot_nt(a, b):
+
+def _tf32(x, round_nearest: bool):
+    """``x`` as a TF32 value: rounded to nearest, ties away from zero (Triton's ``cvt.rna``), or
+    truncated (what a TF32 tensor core reads of an f32 register)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if round_nearest:
+        bits = bits + jnp.uint32(0x1000)
+    return jax.lax.bitcast_convert_type(bits & jnp.uint32(_TF32_KEEP), jnp.float32)
+
+
+def _tf32x3_emulated(a, b, dims):
+    """Triton's tf32x3 dot: ``a = a_hi + a_lo``, ``b = b_hi + b_lo`` with rounded TF32 high
+    parts; ``a_hi b_hi + (a_lo b_hi + a_hi b_lo)`` (NaNs of the small terms dropped), every
+    product exact in f32 (11-bit by 11-bit significands), sums in f32."""
+    a_hi, b_hi = _tf32(a, True), _tf32(b, True)
+    a_lo, b_lo = _tf32(a - a_hi, False), _tf32(b - b_hi, False)
+    dot = lambda x, y: jax.lax.dot_general(x, y, dims, precision=_PRECISION, preferred_element_type=jnp.float32)
+    small = dot(a_lo, b_hi) + dot(a_hi, b_lo)
+    return dot(a_hi, b_hi) + jnp.where(jnp.isnan(small), 0.0, small)
+
+
+def _dot(a, b, dims, dots: str):
+    if dots == "tf32x3-emulated":
+        return _tf32x3_emulated(a, b, dims)
+    if dots not in DOTS:
+        raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
+    precision = _PRECISION if dots == "ieee" else jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def dot_nt(a, b, dots: str = "ieee"):
     """``a @ b.T`` in f32: a ``[r, f]``, b ``[c, f]`` -> ``[r, c]``."""
-    return jax.lax.dot_general(a, b, _NT, precision=_PRECISION, preferred_element_type=jnp.float32)
+    return _dot(a, b, _NT, dots)
 
 
-def dot_nn(a, b):
+def dot_nn(a, b, dots: str = "ieee"):
     """``a @ b`` in f32: a ``[r, c]``, b ``[c, m]`` -> ``[r, m]``."""
-    return jax.lax.dot_general(a, b, _NN, precision=_PRECISION, preferred_element_type=jnp.float32)
+    return _dot(a, b, _NN, dots)
 
 
-def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int):
+def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int, dots: str = "ieee"):
     """Masked logits of one tile: ``<q_i, k_j> + a_i + c_j`` on the band, ``-inf`` elsewhere.
 
     Args:
@@ -42,11 +77,12 @@ def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int):
       col_off: ``[1, bk]`` additive key offsets (``-inf`` = inactive key).
       row0, col0: global index of the tile's first row / key (traced int32 scalars).
       half_band: W.
+      dots: the dot arithmetic (``DOTS``).
 
     Returns:
       ``[b, bk]`` f32 logits.
     """
-    return mask_band(dot_nt(q, k), row_off, col_off, row0=row0, col0=col0, half_band=half_band)
+    return mask_band(dot_nt(q, k, dots), row_off, col_off, row0=row0, col0=col0, half_band=half_band)
 
 
 def mask_band(s, row_off, col_off, *, row0, col0, half_band: int):
@@ -95,11 +131,11 @@ def plan_tile(logits):
     return jnp.exp(logits)
 
 
-def modulate(p, x, z):
+def modulate(p, x, z, dots: str = "ieee"):
     """``P_ij <x_i, z_j>``: p ``[b, bk]``, x ``[b, mx]`` on rows, z ``[bk, mx]`` on keys."""
-    return p * dot_nt(x, z)
+    return p * dot_nt(x, z, dots)
 
 
-def accumulate(acc, p, y):
+def accumulate(acc, p, y, dots: str = "ieee"):
     """``acc + p @ y``: acc ``[b, m]``, p ``[b, bk]``, y ``[bk, m]`` on keys."""
-    return acc + dot_nn(p, y)
+    return acc + dot_nn(p, y, dots)

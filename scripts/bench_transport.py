@@ -15,6 +15,8 @@ and implementation:
     as two kernels that compute the potentials and the centering themselves);
   * ``pallas-one-pass``: ``pallas-fused`` with ``one_pass_steps=True`` (each step reads the
     band once: a program holds a few rows of it in registers);
+  * ``pallas-fused-tf32x3``, ``pallas-one-pass-tf32x3``: those with ``triton_dots="tf32x3"``
+    (the Triton dots on tensor cores as three TF32 products, f32 accumulation);
   * ``reference``: the same stopped-base surrogate computed densely and differentiated by JAX
     autodiff (``impl="reference"``);
   * ``ott``: ott-jax's dense log-domain Sinkhorn (``ott.solvers.linear.sinkhorn.Sinkhorn`` on a

@@ -6,6 +6,9 @@
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
+#   bash scripts/gpu_session.sh targets          # bench_transport at issue 11's sizes (L 4096, 16384): dense,
+#                                                # ott-jax, xla and the stored-band variants ("ieee" and
+#                                                # tf32x3 dots): the three targets as PASS / MISS, one call
 #   bash scripts/gpu_session.sh resident         # bench_transport: reference, xla, pallas-resident, its
 #                                                # unrolled steps, pallas-fused and pallas-one-pass (the stored-band kernels,
 #                                                # not yet run on hardware), all sizes
@@ -68,8 +71,12 @@ case "${1:-}" in
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
-    resident) install  # first after `tests`: the candidate for GPU_BANDED_IMPL, at every size
-        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled,pallas-fused,pallas-one-pass \
+    targets) install  # issue 11's three targets in one run (ratios in the same run)
+        python3 scripts/bench_transport.py \
+            --impls reference,ott,xla,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3 \
+            --lengths 4096,16384 --repeats 5 --json --mem-budget-gib 60 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_targets.jsonl" ;;
+    resident) install  # the candidate for GPU_BANDED_IMPL, at every size
+        python3 scripts/bench_transport.py --impls reference,xla,pallas-resident,pallas-resident-unrolled,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3 \
             --lengths 1024,4096,8192,16384 \
             --repeats 5 --json --mem-budget-gib 40 "${@:2}" 2>&1 | tee "$OUT_DIR/bench_resident.jsonl" ;;
     transport) install
@@ -88,5 +95,5 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | targets | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
 esac

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from jax._src.lib.mlir import ir
 
-from pfamalign.kernels import DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport
+from pfamalign.kernels import DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport, triton_offline
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import impl_variant
 
@@ -67,28 +67,13 @@ def unpinned_f32_dots(text: str) -> list[str]:
     return [ln for ln in dots if "precision = [HIGHEST, HIGHEST]" not in ln and "algorithm =" not in ln]
 
 
-def _custom_calls(lowered) -> list:
-    found = []
-
-    def walk(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    if inner.name == "stablehlo.custom_call":
-                        found.append(inner)
-                    walk(inner)
-
-    walk(lowered.compiler_ir("stablehlo").operation)
-    return found
-
-
 def kernel_dots(lowered, platform: str) -> list[str]:
     """Every matmul inside the lowered kernels, in generic MLIR form: ``tt.dot`` (Triton) or
     ``tpu.matmul`` (Mosaic)."""
     ctx = ir.Context()
     ctx.allow_unregistered_dialects = True
     bodies = []
-    for call in _custom_calls(lowered):
+    for call in triton_offline.custom_calls(lowered):
         target = ir.StringAttr(call.attributes["call_target_name"]).value
         if platform == "cuda" and target == KERNEL_CALL["cuda"]:
             bodies.append(ir.StringAttr(call.attributes["mhlo.backend_config"]["ir"]).value_bytes)
@@ -163,6 +148,19 @@ def test_resident_scores_pin_every_dot_and_lower_to_triton_only():
     assert "band_scores" in text
     with pytest.raises(NotImplementedError, match="platform tpu"):
         _lowered("pallas-resident", "spoke", "tpu")
+
+
+def test_tf32x3_dots_lower_to_three_tf32_products():
+    """``triton_dots="tf32x3"``: every Triton dot of the op (forward and gradient) lowered for
+    cuda asks Triton for tf32x3 and none for plain TF32; the default's are all ieee."""
+    from jaxlib.triton import dialect
+
+    precision = lambda line: int(line.split("inputPrecision = ")[1].split()[0])
+    for impl, want in (("pallas-one-pass-tf32x3", dialect.InputPrecision.TF32x3),
+                       ("pallas-one-pass", dialect.InputPrecision.IEEE)):
+        dots = kernel_dots(_lowered(impl, "none", "cuda"), "cuda")
+        assert len(dots) >= 3, impl  # the scores, the modulation and the plan products
+        assert {precision(d) for d in dots} == {int(want)}, impl
 
 
 def test_an_unpinned_einsum_is_caught():
@@ -253,13 +251,15 @@ def test_fused_steps_lower_to_the_fused_kernels(dustbin, impl, kernels):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["xla", "xla-branch-free", "xla-unrolled", "pallas", "pallas-resident",
-                                  "pallas-resident-unrolled", "pallas-fused", "pallas-one-pass"])
+                                  "pallas-resident-unrolled", "pallas-fused", "pallas-one-pass",
+                                  "pallas-fused-tf32x3", "pallas-one-pass-tf32x3"])
 @pytest.mark.parametrize("dustbin", ["none", "spoke", "capacity"])
 def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     """The public op on the GPU, default settings, vs dense autodiff in float64: gradients within
     1e-5 absolute + 1e-5 relative. (An absolute 1e-5 alone is below f32's own floor where the
     gradients are large: in capacity mode, where they reach ~30, dense autodiff in f32 on the
-    CPU is itself 1.1e-5 from float64.) TF32 contractions miss this by two orders."""
+    CPU is itself 1.1e-5 from float64.) TF32 contractions miss this by two orders; the
+    ``-tf32x3`` variants (three TF32 products a dot) are held to it too."""
     _skip_without_gpu()
     q, k, v, tokens, g = _inputs(LQ, LK)
     cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, **impl_variant(impl))
@@ -271,7 +271,7 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident", "pallas-resident-unrolled", "pallas-fused",
-                                  "pallas-one-pass"])
+                                  "pallas-one-pass", "pallas-fused-tf32x3", "pallas-one-pass-tf32x3"])
 def test_benchmark_shape_runs_exactly_on_gpu(impl):
     """The benchmark's first size (L = 1024, W = 256, d = dv = 64, T = 15, R = 2) compiles within
     the device's shared memory and matches dense autodiff to 1e-5."""

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import re
-import subprocess
 import types
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +24,7 @@ import numpy as np
 import pytest
 
 from pfamalign import configs
-from pfamalign.kernels import TransportConfig, gpu_budget, pallas_gpu, transport
+from pfamalign.kernels import TransportConfig, gpu_budget, pallas_gpu, pallas_ops, transport, triton_offline
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.gpu_budget import SMEM_BUDGET, GpuTiling, KernelShape
 
@@ -179,11 +176,11 @@ def test_bench_reaches_the_h100_failing_shape(used_shapes):
 # ---- the lowered Triton call carries the choice, and Triton agrees ------------------------------
 
 
-def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False):
+def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False, dots: str = "ieee"):
     """The Triton kernel for ``shape`` lowered for "cuda" on the band tiling ``geom``: an LSE
     when ``shape.m == 0``, else a product; with ``shape.stored`` the stored-band kernels (the
-    scores kernel when ``shape.d``; ``transposed``: the column walk) at the stored tiling.
-    Returns (StableHLO text, the custom call's config)."""
+    scores kernel when ``shape.d``; ``transposed``: the column walk) at the stored tiling;
+    ``dots``: the dots' arithmetic (``TransportConfig.triton_dots``). Returns (StableHLO text, the custom call's config)."""
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     static = {}
     geom = pallas_gpu.stored_geometry(geom) if shape.stored else geom
@@ -205,11 +202,11 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
         specs = [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2 + [f32(n, lp, shape.m)]
         specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
     # The undecorated function: a monkeypatched budget must reach a fresh trace.
+    if fn.__name__ in pallas_ops.DOT_KERNELS:
+        static["dots"] = dots
     f = functools.partial(fn.__wrapped__, geom=geom, interpret=False, **static)
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
-    from test_accelerators import _custom_calls
-
-    (call,) = _custom_calls(lowered)
+    (call,) = triton_offline.custom_calls(lowered)
     return lowered.as_text(), call.attributes["mhlo.backend_config"]
 
 
@@ -224,36 +221,11 @@ def test_lowered_triton_call_uses_the_chosen_tiling(device_class, monkeypatch):
     assert f"grid_y = {geom.length // want.block} : i32" in text  # one program per re-tiled row block
 
 
-class Compiled(NamedTuple):
-    """What Triton (PyPI ``triton``, on this CPU host) allocates for a lowered kernel."""
-
-    shared: int  # bytes of shared memory a program asks for
-    registers: int  # a thread's, as ptxas assigned them (cuobjdump -res-usage)
-    stack: int  # bytes of local stack a thread uses: > 0 means spilled registers
-
-
-def _triton_compile(config, cc: int, tmp_path) -> Compiled:
+def _triton_compile(config, cc: int, tmp_path) -> triton_offline.Compiled:
     """The lowered kernel compiled for ``sm_<cc>`` with the call's own num_warps and
-    num_stages; registers and spills read from the cubin with Triton's own ``cuobjdump``."""
-    triton = pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
-    from jax._src.lib.mlir import ir
-    from jaxlib.triton import dialect
-    from triton.backends.compiler import GPUTarget
-
-    ctx = ir.Context()
-    dialect.register_dialect(ctx)
-    module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes, context=ctx)
-    path = tmp_path / "kernel.ttir"
-    path.write_text(str(module))
-    options = {key: ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages")}
-    kernel = triton.compile(str(path), target=GPUTarget("cuda", cc, 32), options=options)
-    cubin = tmp_path / "kernel.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
-    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True,
-                           check=True).stdout
-    field = lambda name: int(re.search(rf"{name}:(\d+)", usage).group(1))
-    return Compiled(kernel.metadata.shared, field("REG"), field("STACK"))
+    num_stages (``triton_offline.compile_call``): shared memory, registers, spills."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    return triton_offline.compile_call(config, cc, tmp_path)
 
 
 @pytest.mark.slow  # ptxas takes ~90 s on this kernel (128-wide tiles spill heavily)
@@ -373,9 +345,7 @@ def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, mo
     f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
                           interpret=False)
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
-    from test_accelerators import _custom_calls
-
-    (call,) = _custom_calls(lowered)
+    (call,) = triton_offline.custom_calls(lowered)
     got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
     chosen = gpu_budget.choose(KernelShape(0, stored=True), geom.block, SMEM_BUDGET["h100"])
     assert 0 < got.shared <= gpu_budget.smem_bytes(KernelShape(0, stored=True), chosen.block, chosen.num_stages)
@@ -400,9 +370,7 @@ def test_one_pass_step_kernels_compile_without_spills(kernel, length, half_band,
     f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
                           interpret=False)
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
-    from test_accelerators import _custom_calls
-
-    (call,) = _custom_calls(lowered)
+    (call,) = triton_offline.custom_calls(lowered)
     got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
     assert got.stack == 0, got
     assert got.shared <= SMEM_BUDGET["consumer"], got
@@ -422,3 +390,78 @@ def test_one_pass_launch_keeps_the_band_rows_within_the_registers_measured():
     for width in (16, 544, 2080, 4128, 8224):
         group, warps = gpu_budget.one_pass_launch(width, 32)
         assert group * width <= 32 * warps * gpu_budget.ONE_PASS_PER_THREAD and warps in (4, 8, 16)
+
+
+@pytest.mark.parametrize("shape", [KernelShape(64, stored=True), KernelShape(0, 64, stored=True),
+                                   KernelShape(0, 64, 68, stored=True)], ids=str)
+def test_tf32x3_kernels_run_on_tensor_cores_without_spills(shape, monkeypatch, tmp_path):
+    """``triton_dots="tf32x3"``: the stored band's scores kernel and plan products at the
+    benchmark's largest band (L 16384, W 1024), compiled for sm_90 here: tensor-core (HMMA)
+    instructions where the "ieee" kernels have none, shared memory within the model, no
+    spills."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
+    geom = make_geometry(16384, 1024, pallas=True)
+    chosen = gpu_budget.choose(shape, pallas_gpu.stored_geometry(geom).block, SMEM_BUDGET["h100"])
+    hmma = {}
+    for dots in ("ieee", "tf32x3"):
+        _, config = _lower_triton(shape, geom, dots=dots)
+        (tmp_path / dots).mkdir()
+        got = _triton_compile(config, 90, tmp_path / dots)
+        assert got.stack == 0, (dots, got.registers)
+        assert 0 < got.shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages), dots
+        work = triton_offline.sass_work(got.sass)
+        hmma[dots] = sum(n for op, n in (work.body + work.rest).items() if op.startswith("HMMA"))
+    assert hmma["ieee"] == 0 < hmma["tf32x3"]
+
+
+# ---- the SASS's static work (scripts/triton_static_cost.py) ------------------------------------
+
+_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDS.128 R4, [R2] ;
+        /*0020*/                   FFMA R8, R4, R5, R8 ;
+        /*0030*/                   LDSM.16.M88.4 R12, [R3] ;
+        /*0040*/                   HMMA.1688.F32.TF32 R16, R12, R14, R16 ;
+        /*0050*/                   MUFU.EX2 R9, R9 ;
+        /*0060*/               @!P2 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+        /*0080*/                   BRA 0x80;
+        /*0090*/                   NOP;
+"""
+
+
+def test_sass_work_splits_the_main_loop_from_the_rest():
+    work = triton_offline.sass_work(_SASS)
+    assert work.has_loop
+    assert work.body == {"LDS.128": 1, "FFMA": 1, "LDSM.16.M88.4": 1, "HMMA.1688.F32.TF32": 1, "MUFU.EX2": 1, "BRA": 1}
+    assert work.rest == {"MOV": 1, "EXIT": 1}  # the final self-branch and NOPs are not work
+    assert not triton_offline.sass_work(_SASS.replace("@!P2 BRA 0x10", "@!P2 BRA 0x70")).has_loop
+
+
+def test_pipe_cycles_of_a_warp_program():
+    work = triton_offline.sass_work(_SASS)
+    cycles = triton_offline.pipe_cycles(work.body, num_warps=4, hmma_cycles=8.0)
+    # 6 instructions x 4 warps over 4 schedulers; LDS.128 = 512 bytes (4 cycles) + ldmatrix x4
+    # (4 cycles) a warp; one MUFU (2 cycles) and one HMMA (8 cycles on a quarter) a warp.
+    assert cycles == {"issue": 6.0, "smem": 32.0, "mufu": 8.0, "hmma": 8.0}
+
+
+def test_static_cost_bounds_the_measured_h100_kernels():
+    """scripts/triton_static_cost.py on the recomputing kernels (``pallas``) at the benchmark's
+    largest band: the 42 Triton calls the H100 ran on 2026-11-24, and a bound below the 47.6 ms
+    they took there, within the calibration the script applies."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import triton_static_cost as cost
+
+    cfg = TransportConfig(half_band=1024, base_steps=15, tail_steps=2, impl="pallas", kernel="gpu", interpret=False)
+    rows = cost.kernel_costs(cfg, 16384, None)
+    assert sum(r["calls"] for r in rows) == 42
+    bound_ms = sum(r["calls"] * r["bound_us"] for r in rows) / 1e3
+    measured = cost.MEASURED_PALLAS_KERNEL_MS[16384]
+    assert bound_ms < measured <= cost.CALIBRATION * bound_ms * 1.01

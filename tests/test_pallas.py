@@ -116,13 +116,13 @@ def _error_units(got, exact, scale):
 
 
 @functools.lru_cache(maxsize=None)
-def _primitive_outputs(wrapper: str, interpret, band: str, block: int, resident: bool = False):
+def _primitive_outputs(wrapper: str, interpret, band: str, block: int, resident: bool = False, dots: str = "ieee"):
     """{name: (pallas, xla)} for one tiling: one jit (one compilation) for all six primitives,
     and under "float64" the exact plan products with their error scales."""
     length = int(2.5 * block)
     geom = make_geometry(length, int(HALF_BANDS[band] * block), block)
     p = _random_problem(geom, length)
-    pallas = (StoredBandOps if resident else PallasBandOps)(geom, interpret, wrapper=wrapper)
+    pallas = (StoredBandOps if resident else PallasBandOps)(geom, interpret, wrapper=wrapper, dots=dots)
     got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
     out = {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
     return {**out, "float64": _float64_products(p, geom)}
@@ -135,13 +135,14 @@ class _PrimitivesCase:
     WRAPPER = ""
     INTERPRET = True
     RESIDENT = False  # read a stored score band instead of recomputing tiles (GPU wrapper)
+    DOTS = "ieee"  # the Triton dots' arithmetic (TransportConfig.triton_dots)
 
     @pytest.fixture(scope="class", params=list(HALF_BANDS))
     @classmethod
     def outputs(cls, request):
         _skip_unless_runnable(cls.WRAPPER, cls.INTERPRET)
         block = 8 if cls.INTERPRET else 128  # interpret mode checks no tile legality
-        return _primitive_outputs(cls.WRAPPER, cls.INTERPRET, request.param, block, cls.RESIDENT)
+        return _primitive_outputs(cls.WRAPPER, cls.INTERPRET, request.param, block, cls.RESIDENT, cls.DOTS)
 
     @pytest.mark.parametrize("name", ["row_lse", "col_lse"])
     def test_lse(self, outputs, name):
@@ -186,6 +187,38 @@ class TestPrimitivesGPUResidentInterpret(_PrimitivesCase):
 
 @pytest.mark.gpu
 class TestPrimitivesGPUResident(TestPrimitivesGPUResidentInterpret):
+    INTERPRET = False
+
+
+class _TF32x3Case(_PrimitivesCase):
+    """``dots="tf32x3"``: three TF32 tensor-core products a dot (interpret mode emulates their
+    arithmetic), held to the same f32 bounds as the "ieee" dots; plain TF32 operands miss them
+    (``test_product_bound_rejects_tf32_operands``)."""
+
+    WRAPPER = "gpu"
+    DOTS = "tf32x3"
+
+    def test_is_not_the_ieee_arithmetic(self, outputs):
+        """Some product differs from the "ieee" kernels' on the same problem: the tf32x3 path
+        (emulated here) really ran."""
+        block = 8 if self.INTERPRET else 128
+        band = next(b for b in HALF_BANDS if outputs is _primitive_outputs(
+            self.WRAPPER, self.INTERPRET, b, block, self.RESIDENT, self.DOTS))
+        ieee = _primitive_outputs(self.WRAPPER, self.INTERPRET, band, block, self.RESIDENT)
+        names = ("plan_rows", "plan_cols", "plan_rows_modulated", "plan_cols_modulated")
+        assert any(not np.array_equal(outputs[n][0], ieee[n][0]) for n in names)
+
+
+class TestPrimitivesGPUTF32x3Interpret(_TF32x3Case):
+    pass
+
+
+class TestPrimitivesGPUResidentTF32x3Interpret(_TF32x3Case):
+    RESIDENT = True
+
+
+@pytest.mark.gpu
+class TestPrimitivesGPUResidentTF32x3(TestPrimitivesGPUResidentTF32x3Interpret):
     INTERPRET = False
 
 

@@ -169,6 +169,27 @@ def test_fused_steps_match_reference(variant, one_pass):
         dataclasses.replace(cfg, one_pass_steps=1)
 
 
+@pytest.mark.parametrize("variant", [
+    dict(resident_scores=True, fused_steps=True, one_pass_steps=True),  # scores kernel, stored products
+    dict(dustbin="spoke"),  # score tiles recomputed in every log-sum-exp and product
+], ids=["one_pass", "recomputed-spoke"])
+def test_tf32x3_dots_match_reference(variant):
+    """``triton_dots="tf32x3"`` (the Triton dots as three TF32 products; interpret mode emulates
+    their arithmetic): the same outputs and gradients as dense autodiff within the op's 1e-5,
+    at d = 64 (the benchmark's); the gradients are not the "ieee" kernels' bit for bit (the
+    emulation ran); another name is refused."""
+    _, lq, lk, ql, kl, w, block = SHAPES[1]
+    cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, impl="pallas", triton_dots="tf32x3",
+                          blocks=BlockSizes(block), **variant)
+    grads = _compare(cfg, lq, lk, ql, kl, d=64)
+    q, k, v, tokens, w_out = make_inputs(2, 2, lq, lk, 64, 4, 0)
+    ieee = _value_and_grad(dataclasses.replace(cfg, triton_dots="ieee"))(
+        q, k, v, tokens, jnp.asarray(ql), jnp.asarray(kl), w_out)[1]
+    assert not np.array_equal(grads[0], ieee[0])
+    with pytest.raises(ValueError, match="triton_dots must be one of"):
+        dataclasses.replace(cfg, triton_dots="tf32")
+
+
 # (0, 0) is no plan at all: TransportConfig refuses it (test_hardening's invalid configurations)
 @pytest.mark.parametrize("base_steps, tail_steps", [(0, 1), (3, 0), (3, 3), pytest.param(3, 1, marks=pytest.mark.slow),
                                                     pytest.param(0, 3, marks=pytest.mark.slow)])

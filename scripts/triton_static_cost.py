@@ -1,0 +1,218 @@
+"""Static cost of the transport op's Triton kernels on an H100, read from their SASS on a host
+without a GPU.
+
+The op's forward + backward (``bench_transport``'s problem: one pair, d = dv = 64, T 15, R 2)
+is traced with every ``pallas_gpu`` kernel call recorded (kernel, settings, operand shapes).
+Each distinct call is lowered for "cuda" alone and compiled for sm_90 by PyPI ``triton``
+(``kernels.triton_offline``); its SASS gives the warp instructions a program issues (its main
+loop's body once per trip, the rest once). On each SM pipe that can bound it (instruction
+issue, shared memory, MUFU, tensor cores: ``triton_offline.pipe_cycles``) that work takes
+``cycles``; a kernel cannot take less than its busiest pipe's total over the SMs its programs
+occupy, nor less than its operands' bytes over HBM bandwidth:
+
+    compute = busiest pipe's cycles / min(programs, SMs) / clock,   memory = bytes / bandwidth
+    bound = max(compute, memory)
+
+A lower bound: latency, occupancy, bank conflicts and the launch are not in it. On the one
+Triton measurement there is (the recomputing ``pallas`` kernels on an H100, 2026-11-24, all of
+them compute-bound here: 42 calls, 47.6 ms of the 48.9 ms call at L 16384, W 1024, the rest
+launches), the kernels took 4.9 times their bound (2.7x and 4.3x at L 4096 and 1024, where the
+launch share is less certain; ``--calibrate`` prints these). So the estimate of a kernel is
+``max(CALIBRATION x compute, memory / HBM_EFFICIENCY)``: the measured slowdown applied to the
+work that showed it, streaming at 80 % of the bandwidth. Each JSON line gives a kernel's calls,
+work, busiest pipe, bound and estimate; the last line per variant the sums, and with
+``--launches`` (``count_gpu_launches``' counts) ``estimate_ms`` adds the other launches at
+5.83 us (that script's fit).
+
+    python scripts/triton_static_cost.py --impls pallas,pallas-one-pass,pallas-one-pass-tf32x3
+    python scripts/triton_static_cost.py --impls pallas --lengths 1024,4096,16384 --calibrate
+
+Needs PyPI ``triton`` (the test extra); the tensor cores' rate is an assumption
+(``HMMA_CYCLES``: mma.sync at half of Hopper's dense TF32 peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+
+import _common
+
+SMS, CLOCK_GHZ, HBM_GBS = 132, 1.98, 3352.0  # the H100 as XLA describes it (count_gpu_launches)
+HMMA_CYCLES = 8.0  # an HMMA.1688 (m16n8k8, TF32: 2,048 flops) on one sub-partition
+US_PER_LAUNCH = 5.83  # count_gpu_launches' fit on the 2026-11-24 H100 figures
+# Measured H100 time over the static bound of the recomputing Triton kernels (``pallas``), at
+# L 16384, W 1024 (2026-11-24: 48.9 ms a call, of which 269 - 42 = 227 launches outside the
+# Triton kernels at 5.83 us: 47.6 ms of kernels). Printed by --calibrate; see the README.
+CALIBRATION = 4.9
+HBM_EFFICIENCY = 0.8  # an assumption: streaming kernels' share of the peak bandwidth
+MEASURED_PALLAS_KERNEL_MS = {1024: 3.99 - 249 * 5.83e-3, 4096: 3.68 - 325 * 5.83e-3, 16384: 48.9 - 227 * 5.83e-3}
+
+
+def _record_calls(cfg, length: int) -> collections.Counter:
+    """{(kernel name, settings, operand shapes): calls} of the op's forward + gradient, traced
+    with the Triton wrapper forced (the calls the "cuda" lowering makes) and every ``lax.scan``
+    (the solve's and the backward sweep's step loops) run as a Python loop, so that a step's
+    kernels are recorded once per step."""
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import pallas_gpu, transport
+
+    calls = collections.Counter()
+    names = ("band_scores", "band_lse", "band_product", "stored_lse", "stored_product", "stored_row_half",
+             "stored_col_half", "stored_one_pass_rows", "stored_one_pass_combine")
+    real = {name: getattr(pallas_gpu, name) for name in names}
+
+    def recorder(name):
+        def call(*args, **static):
+            shapes = tuple(None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
+            calls[name, tuple(sorted((k, v) for k, v in static.items() if k != "interpret")), shapes] += 1
+            return real[name](*args, **static)
+        return call
+
+    for name in names:
+        setattr(pallas_gpu, name, recorder(name))
+    try:
+        spec = jax.ShapeDtypeStruct((1, 1, length, 64), jnp.float32)
+        lens = jnp.array([length])
+        op = lambda q, k, v: transport(q, k, v, lens, lens, config=cfg)
+        scan, jax.lax.scan = jax.lax.scan, _python_scan
+        try:
+            jax.eval_shape(_common.fwd_bwd(op), spec, spec, spec, spec)
+        finally:
+            jax.lax.scan = scan
+    finally:
+        for name in names:
+            setattr(pallas_gpu, name, real[name])
+    return calls
+
+
+def _python_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **unused):
+    """``jax.lax.scan``'s semantics as a Python loop (each trip traced on its own)."""
+    import jax
+    import jax.numpy as jnp
+
+    del unroll, unused
+    n = length if xs is None else jax.tree.leaves(xs)[0].shape[0]
+    carry, ys = init, []
+    for i in (reversed(range(n)) if reverse else range(n)):
+        carry, y = f(carry, None if xs is None else jax.tree.map(lambda a: a[i], xs))
+        ys.append(y)
+    ys = ys[::-1] if reverse else ys
+    return carry, (jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else None)
+
+
+def _trips(name: str, group: int, launch_geom, programs: int) -> float:
+    """Main-loop trips over all programs: a walk's key blocks; the one-pass combine's row groups."""
+    from pfamalign.kernels.pallas_gpu import _key_range
+
+    g = launch_geom
+    blocks = sum(int(hi - lo) for lo, hi in (_key_range(i, g) for i in range(g.n_blocks)))
+    if name in ("band_scores", "stored_one_pass_rows"):
+        return 0.0
+    if name == "stored_one_pass_combine":
+        return blocks * g.block / group * (programs / (g.n_blocks + 2 * g.wb))
+    return blocks * programs / g.n_blocks
+
+
+def kernel_costs(cfg, length: int, workdir) -> list[dict]:
+    """One dict per distinct Triton call of the op: calls, SASS work, pipe cycles and bound."""
+    import jax
+    from jax._src.lib.mlir import ir
+
+    from pfamalign.kernels import gpu_budget, pallas_gpu, triton_offline
+    from pfamalign.kernels.gpu_budget import KernelShape
+
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"
+    out = []
+    for i, ((name, static, shapes), n_calls) in enumerate(sorted(_record_calls(cfg, length).items(), key=str)):
+        static = dict(static)
+        fn = getattr(pallas_gpu, name).__wrapped__
+        lowered = jax.jit(functools.partial(fn, interpret=False, **static)).trace(*shapes).lower(
+            lowering_platforms=("cuda",))
+        (call,) = triton_offline.custom_calls(lowered)
+        config = call.attributes["mhlo.backend_config"]
+        programs = 1
+        for axis in ("grid_x", "grid_y", "grid_z"):
+            programs *= ir.IntegerAttr(config[axis]).value
+        compiled = triton_offline.compile_call(config, 90, workdir and workdir / f"L{length}-{i}")
+        work = triton_offline.sass_work(compiled.sass)
+        geom = static["geom"]
+        if name in ("band_lse", "band_product"):  # the recomputing kernels re-tile the band
+            d = shapes[0].shape[-1]
+            shape = (KernelShape(d) if name == "band_lse" else
+                     KernelShape(d, shapes[4].shape[-1], 0 if shapes[5] is None else shapes[5].shape[-1]))
+            geom = pallas_gpu.tiling(geom, shape)[0]
+        group = geom.length // shapes[0].shape[1] if name == "stored_one_pass_combine" else 1
+        trips = _trips(name, group, geom, programs) if work.has_loop else 0.0
+        per_pipe = {pipe: programs * c for pipe, c in triton_offline.pipe_cycles(
+            work.rest, compiled.num_warps, HMMA_CYCLES).items()}
+        for pipe, c in triton_offline.pipe_cycles(work.body, compiled.num_warps, HMMA_CYCLES).items():
+            per_pipe[pipe] += trips * c
+        out_shapes = jax.eval_shape(functools.partial(fn, interpret=True, **static), *shapes)
+        nbytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves((shapes, out_shapes)) if s is not None)
+        busiest = max(per_pipe, key=per_pipe.get)
+        compute_us = per_pipe[busiest] / min(programs, SMS) / (CLOCK_GHZ * 1e3)
+        memory_us = nbytes / (HBM_GBS * 1e3)
+        out.append({"kernel": name, "calls": n_calls, "programs": programs, "warps": compiled.num_warps,
+                    "registers": compiled.registers, "loop_trips_per_program": round(trips / programs, 2),
+                    "body_instructions": sum(work.body.values()), "rest_instructions": sum(work.rest.values()),
+                    "busiest_pipe": busiest, "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2),
+                    "bound_us": round(max(compute_us, memory_us), 2),
+                    "estimate_us": round(max(CALIBRATION * compute_us, memory_us / HBM_EFFICIENCY), 2),
+                    "settings": {k: v for k, v in static.items() if k != "geom"}})
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--impls", default="pallas,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3",
+                    help="comma-separated names of kernels.config.IMPL_VARIANTS with impl 'pallas'")
+    ap.add_argument("--lengths", type=_common.int_list, default=[4096, 16384])
+    ap.add_argument("--launches", default="",
+                    help="IMPL:L:N,... launches a call (count_gpu_launches.py), for estimate_ms")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="print measured / bound of the recomputing kernels (impl pallas) where measured")
+    args = ap.parse_args(argv)
+    import pathlib
+    import tempfile
+
+    from pfamalign.kernels import TransportConfig
+    from pfamalign.kernels.config import impl_variant
+
+    launches = {}
+    for item in filter(None, args.launches.split(",")):
+        impl, length, n = item.split(":")
+        launches[impl, int(length)] = int(n)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="triton_static_cost_"))
+    for length in args.lengths:
+        half_band = 1024 if length >= 16384 else 256
+        for impl in args.impls.split(","):
+            variant = impl_variant(impl)
+            if variant.get("impl") != "pallas":
+                ap.error(f"{impl} has no Triton kernels (impl {variant.get('impl')!r})")
+            cfg = TransportConfig(half_band=half_band, base_steps=15, tail_steps=2, kernel="gpu", interpret=False,
+                                  **variant)
+            rows = kernel_costs(cfg, length, workdir)
+            for row in rows:
+                print(json.dumps({"L": length, "W": half_band, "impl": impl, **row}), flush=True)
+            bound_ms = sum(r["calls"] * r["bound_us"] for r in rows) / 1e3
+            estimate_ms = sum(r["calls"] * r["estimate_us"] for r in rows) / 1e3
+            total = {"L": length, "W": half_band, "impl": impl, "triton_calls": sum(r["calls"] for r in rows),
+                     "triton_bound_ms": round(bound_ms, 3), "calibration": CALIBRATION,
+                     "triton_estimate_ms": round(estimate_ms, 3)}
+            if (impl, length) in launches:
+                other = launches[impl, length] - total["triton_calls"]
+                total["estimate_ms"] = round(estimate_ms + other * US_PER_LAUNCH / 1e3, 3)
+            if args.calibrate and impl == "pallas" and length in MEASURED_PALLAS_KERNEL_MS:
+                total["measured_kernels_ms"] = round(MEASURED_PALLAS_KERNEL_MS[length], 2)
+                total["measured_over_bound"] = round(MEASURED_PALLAS_KERNEL_MS[length] / bound_ms, 2)
+            print(json.dumps(total), flush=True)
+
+
+if __name__ == "__main__":
+    main()
