@@ -84,3 +84,10 @@ class BandOps(Protocol):
                   z: jax.Array | None = None) -> jax.Array:
         """``out_j = Σ_i P_ij <x_i, z_j> y_i`` ``[N, Lp, m]``: y ``[N, Lp, m]`` and x on rows,
         z on columns, as in ``plan_rows``."""
+
+    def modulated_products(self, p: PlanHandle, x: jax.Array, z: jax.Array, y_cols: jax.Array,
+                           y_rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Both products of one modulated plan ``D_ij = P_ij <x_i, z_j>`` (the gradient's
+        ``dS`` times k and times q): ``(Σ_j D_ij y_cols_j, Σ_i D_ij y_rows_i)``, each ``[N, Lp,
+        m]``. By default two modulated products; a backend may form D once for both."""
+        return self.plan_rows(p, y_cols, x, z), self.plan_cols(p, y_rows, x, z)

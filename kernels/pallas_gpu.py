@@ -18,6 +18,9 @@ of ~40 passes). The stored band is ``[N, Lp, n_diag b]``: row i holds its row bl
 blocks ``I - wb .. I + wb`` side by side (``-inf`` off the band, on inactive lines and on key
 blocks off the problem). "rows" walks a row block's own band row; "cols" walks a key block's
 tiles down the band and transposes each, so that the column primitives run the row kernels.
+The gradient's modulated plan ``D = P ∘ <x_i, z_j>`` is stored the same way by the row product
+that computes it (``stored_product(keep_band=True)``) and walked as it is
+(``stored_linear_product``).
 
 Dots (``dots``, static; ``TransportConfig.triton_dots``): "ieee" fp32 FMAs, or "tf32x3" on
 tensor cores (three TF32 products, f32 accumulation), which interpret mode emulates in f32
@@ -53,12 +56,19 @@ def check_geometry(geom: BandGeometry) -> None:
 # ---- layouts, specs, the band loop ------------------------------------------------------------
 
 
-def _pad_features(x):
-    """``[N, Lp, f]`` -> ``[N, Lp, f']``, f' the next power of two >= max(f, 16), zero filled."""
+def _pad_features(x, pieces: bool = False):
+    """``[N, Lp, f]`` -> ``[N, Lp, f']``, zero filled: f' the next power of two >= max(f, 16),
+    or with ``pieces`` the next multiple of 16, which the kernel reads as power-of-two pieces
+    (``_pow2_pieces``; the modulation's d + 2R = 68 features: 64 + 16, not 128)."""
     f = x.shape[-1]
-    fp = gpu_budget.padded(f)
+    fp = -(-f // MIN_DOT) * MIN_DOT if pieces else gpu_budget.padded(f)
     return x if fp == f else jnp.pad(x, ((0, 0), (0, 0), (0, fp - f)))
 
+
+# True: every product pads a vector y (m = 1) to 16 columns and its modulation features to a power
+# of two, and takes dots, as the kernels did when measured on an H100 (2026-11-24);
+# ``scripts/triton_static_cost.py --calibrate`` compiles them so. Read at trace time.
+PADDED_DOTS = False
 
 # Launch settings forced per kernel shape ({KernelShape: GpuTiling}), for the tiling sweep of
 # scripts/tune_triton.py; empty otherwise. Read at trace time.
@@ -117,10 +127,14 @@ def _source_scores(source: str, ref0, ref1, geom: BandGeometry, dots: str = "iee
     if source == "qk":
         q = ref0[...]  # [b, d]
         return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :], dots)
-    scale = ref1[...][:, None]  # [b, 1]
     if source == "rows":
-        return lambda i_blk, j_blk: scale * ref0[:, pl.ds((j_blk - i_blk + wb) * b, b)]
-    return lambda i_blk, j_blk: scale * ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)].T
+        tile = lambda i_blk, j_blk: ref0[:, pl.ds((j_blk - i_blk + wb) * b, b)]
+    else:
+        tile = lambda i_blk, j_blk: ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)].T
+    if ref1 is None:  # a band of plan entries (``stored_linear_product``): no scale
+        return tile
+    scale = ref1[...][:, None]  # [b, 1]
+    return lambda i_blk, j_blk: scale * tile(i_blk, j_blk)
 
 
 def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry):
@@ -150,7 +164,8 @@ def _source_operands(source: str, first, second, geom: BandGeometry):
     """(specs, operands) of a source's two refs: "qk": q and k ``[N, Lp, d]`` (features
     padded); "rows" / "cols": the stored band ``[N, Lp, n_diag b]`` and the score scale of each
     program line ``[N, Lp]`` (a vector, not a broadcast scalar: XLA sinks a broadcast constant
-    into a loop body, where it costs a kernel launch per call on a GPU)."""
+    into a loop body, where it costs a kernel launch per call on a GPU), or the band alone when
+    ``second`` is None (a band of plan entries)."""
     lp, b = geom.length, geom.block
     if source == "qk":
         q, k = _pad_features(first), _pad_features(second)
@@ -158,6 +173,8 @@ def _source_operands(source: str, first, second, geom: BandGeometry):
     width = geom.n_diag * b
     band_spec = (pl.BlockSpec((None, b, width), lambda n, i: (n, i, 0)) if source == "rows"
                  else _whole(lp, width))
+    if second is None:
+        return [band_spec], [first]
     return [band_spec, _rows(b)], [first, second.astype(jnp.float32)]
 
 
@@ -498,53 +515,76 @@ def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry,
 # ---- plan products ---------------------------------------------------------------------------
 
 
-def _product_kernel(ref0, ref1, a_ref, c_ref, y_ref, *refs, geom: BandGeometry, modulated: bool,
-                    source: str, dots: str):
-    x_ref, z_ref, out_ref = refs if modulated else (None, None) + refs
+def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dots: str, linear: bool = False,
+                    keep_band: bool = False):
+    """Refs: the source's two (one with ``linear``: the band of plan entries itself), the line
+    and walk offsets (not with ``linear``), y, x and z (``modulated``), the output and, with
+    ``keep_band``, the modulated plan's band (rows only)."""
+    refs = list(refs)
+    take = lambda n: [refs.pop(0) for _ in range(n)]
+    ref0, ref1 = (take(1)[0], None) if linear else take(2)
+    a_ref, c_ref = (None, None) if linear else take(2)
+    y_ref, (x_ref, z_ref) = take(1)[0], take(2) if modulated else (None, None)
+    out_ref, *band_out = refs
     i_blk = pl.program_id(1)
     b = geom.block
     scores = _source_scores(source, ref0, ref1, geom, dots)
-    a = a_ref[...][:, None]  # [b, 1]
-    x = x_ref[...] if modulated else None  # [b, mx]
+    a = None if linear else a_ref[...][:, None]  # [b, 1]
+    pieces = _pow2_pieces(x_ref.shape[-1]) if modulated else []
+    x = [x_ref[:, pl.ds(o, s)] for o, s in pieces]  # [b, mx'] in power-of-two pieces
 
     def body(j_blk, acc):
-        p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom))  # [b, b]
+        if linear:  # the band holds the plan's entries (0 off the support)
+            p = scores(i_blk, j_blk)
+        else:
+            p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom))  # [b, b]
         keys = pl.ds(j_blk * b, b)
         if modulated:
-            p = tile_math.modulate(p, x, z_ref[keys, :], dots)
-        return tile_math.accumulate(acc, p, y_ref[keys, :], dots)
+            p = tile_math.modulate(p, x, [z_ref[keys, pl.ds(o, s)] for o, s in pieces], dots)
+        if band_out:  # this tile of the modulated plan, where the stored band holds its scores
+            band_out[0][:, pl.ds((j_blk - i_blk + geom.wb) * b, b)] = p
+        return tile_math.accumulate(acc, p, y_ref[keys], dots)  # y [b, m'], or a vector [b]
 
     lo, hi = _key_range(i_blk, geom)
     out_ref[...] = jax.lax.fori_loop(lo, hi, body, jnp.zeros(out_ref.shape, jnp.float32))
 
 
 def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGeometry,
-             shape: KernelShape, interpret, dots: str):
-    n, lp = row_off.shape
+             shape: KernelShape, interpret, dots: str, keep_band: bool = False):
+    """The product kernels' call; ``row_off`` None: a linear product (``first`` is a band of
+    plan entries, ``second`` unused); ``keep_band``: also the modulated plan's band."""
+    n, lp = y.shape[:2]
     m = y.shape[-1]
-    modulated = x is not None
+    modulated, linear = x is not None, row_off is None
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, shape)
     specs, operands = _source_operands(source, first, second, geom)
-    y = _pad_features(y)
-    mp, b = y.shape[-1], geom.block
-    # the source's two refs, a [b], c [Lp], y [Lp, m']
-    specs += [_rows(b), _whole(lp), _whole(lp, mp)]
-    operands += [row_off.astype(jnp.float32), col_off.astype(jnp.float32), y]
+    vector = m == 1 and not PADDED_DOTS  # a multiply and a row sum, not a 16-wide padded dot
+    y = y[..., 0] if vector else _pad_features(y)
+    mp, b = (None if vector else y.shape[-1]), geom.block
+    if not linear:  # a [b], c [Lp]
+        specs += [_rows(b), _whole(lp)]
+        operands += [row_off.astype(jnp.float32), col_off.astype(jnp.float32)]
+    specs.append(_whole(lp, mp))  # y [Lp, m'] or [Lp]
+    operands.append(y)
     if modulated:
-        x, z = _pad_features(x), _pad_features(z)
+        x, z = _pad_features(x, pieces=not PADDED_DOTS), _pad_features(z, pieces=not PADDED_DOTS)
         specs += [_rows(b, x.shape[-1]), _whole(lp, z.shape[-1])]  # x [b, mx'], z [Lp, mx']
         operands += [x, z]
+    out_spec = _rows(b, mp)  # [b, m'] or [b]
+    out_shape = jax.ShapeDtypeStruct((n, lp) if vector else (n, lp, mp), jnp.float32)
+    if keep_band:  # this row block's band row [b, n_diag b]
+        width = geom.n_diag * b
+        out_spec = [out_spec, pl.BlockSpec((None, b, width), lambda n, i: (n, i, 0))]
+        out_shape = [out_shape, jax.ShapeDtypeStruct((n, lp, width), jnp.float32)]
     out = _call(
         functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source,
-                          dots=_dot_mode(dots, interpret)), geom, launch,
-        in_specs=specs,
-        out_spec=_rows(b, mp),  # [b, m']
-        out_shape=jax.ShapeDtypeStruct((n, lp, mp), jnp.float32),
-        interpret=interpret, name="band_product",
+                          dots=_dot_mode(dots, interpret), linear=linear, keep_band=keep_band), geom, launch,
+        in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret, name="band_product",
     )(*operands)
-    return out[..., :m]
+    trim = (lambda o: o[..., None]) if vector else (lambda o: o[..., :m])
+    return (trim(out[0]), out[1]) if keep_band else trim(out)
 
 
 def _mx(x):
@@ -564,14 +604,28 @@ def band_product(q, k, row_off, col_off, y, x=None, z=None, *, geom: BandGeometr
     return _product("qk", q, k, row_off, col_off, y, x, z, geom, shape, interpret, dots)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret", "dots"))
+@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret", "dots", "keep_band"))
 def stored_product(band, scale, line_off, walk_off, y, x=None, z=None, *, geom: BandGeometry,
-                   transposed=False, interpret=False, dots="ieee"):
+                   transposed=False, interpret=False, dots="ieee", keep_band=False):
     """``band_product`` on a stored band: ``P = exp(scale S + a ⊕ c)`` (scale ``[N, Lp]`` on
     the program's lines, as ``stored_lse``). Rows: ``out_i = Σ_j
     P_ij <x_i, z_j> y_j`` with ``line_off`` = a, ``walk_off`` = c. With ``transposed`` the
     columns: ``out_j = Σ_i P_ij <z_i, x_j> y_i`` with ``line_off`` = c (the program's lines are
-    keys), ``walk_off`` = a, and x on keys, y and z on rows."""
+    keys), ``walk_off`` = a, and x on keys, y and z on rows. ``keep_band`` (rows, modulated):
+    also returns the band of ``D_ij = P_ij <x_i, z_j>`` at the stored layout (tiles off the
+    problem's key blocks unwritten: no walk reads them), for ``stored_linear_product``."""
+    if keep_band and (transposed or x is None):
+        raise ValueError("keep_band stores the modulated plan of a row walk: give x and z, transposed=False")
     shape = KernelShape(0, y.shape[-1], _mx(x), stored=True)
     return _product("cols" if transposed else "rows", band, scale, line_off, walk_off, y, x, z, geom,
-                    shape, interpret, dots)
+                    shape, interpret, dots, keep_band)
+
+
+@functools.partial(jax.jit, static_argnames=("geom", "transposed", "interpret", "dots"))
+def stored_linear_product(band, y, *, geom: BandGeometry, transposed=False, interpret=False, dots="ieee"):
+    """``out_i = Σ_j D_ij y_j`` for a band ``D`` of plan entries stored as ``band_scores``
+    stores scores (``stored_product(keep_band=True)``): no scale, offsets or exponential; with
+    ``transposed`` ``out_j = Σ_i D_ij y_i``. y ``[N, Lp, m]``."""
+    shape = KernelShape(0, y.shape[-1], 0, stored=True)
+    return _product("cols" if transposed else "rows", band, None, None, None, y, None, None, geom, shape,
+                    interpret, dots)

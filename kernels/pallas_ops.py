@@ -47,7 +47,7 @@ PLATFORMS = ("cpu", "tpu", "cuda", "rocm")  # the lowering platforms a kernel ca
 CPU_WRAPPER = "gpu"
 # The Triton kernels that compute dots (the others read a stored band and sum): they take the
 # dot arithmetic (``TransportConfig.triton_dots``).
-DOT_KERNELS = ("band_scores", "band_lse", "band_product", "stored_product")
+DOT_KERNELS = ("band_scores", "band_lse", "band_product", "stored_product", "stored_linear_product")
 
 
 class Scores(NamedTuple):
@@ -296,3 +296,11 @@ class StoredBandOps(PallasBandOps):
 
     def plan_cols(self, p: Plan, y, x=None, z=None):
         return self._stored_product(p, True, y, z, x)
+
+    def modulated_products(self, p: Plan, x, z, y_cols, y_rows):
+        """The row walk stores ``D = P ∘ <x_i, z_j>`` as it goes (one band write); the column
+        product walks D as it is: one exponential and one ``<x, z>`` an entry, not two."""
+        s = p.scores
+        rows, d_band = self._kernel("stored_product", transposed=False, keep_band=True)(
+            s.band, s.scale_rows, p.row_pot, p.col_pot, y_cols, x, z)
+        return rows, self._kernel("stored_linear_product", transposed=True)(d_band, y_rows)

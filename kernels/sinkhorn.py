@@ -536,6 +536,14 @@ def _ext_cols(ops, p: _ExtPlan, y, x=None, z=None):
     return _with_spokes(ops.plan_cols(p.band, *_real(y, x, z)), w.row, w.col, w.corner, y)
 
 
+def _ext_modulated(ops, p: _ExtPlan, x, z, y_cols, y_rows):
+    """``(_ext_rows(ops, p, y_cols, x, z), _ext_cols(ops, p, y_rows, x, z))``: the band's two
+    products from ``ops.modulated_products``, which may form the modulated plan once."""
+    w = _modulated_spokes(p, x, z) or _NO_SPOKES
+    rows, cols = ops.modulated_products(p.band, *_real(x, z, y_cols, y_rows))
+    return (_with_spokes(rows, w.col, w.row, w.corner, y_cols), _with_spokes(cols, w.row, w.col, w.corner, y_rows))
+
+
 def _ext(x, token):  # [N, Lp, m], [N, m] -> [N, Lp + 1, m]
     return jnp.concatenate([x, token[:, None]], 1)
 
@@ -660,7 +668,7 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
     al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
     x = jnp.concatenate([seed.g, -al * ea_u, -eb_u], -1)
     z = jnp.concatenate([seed.v, ea_v, be * eb_v], -1)
-    return _ext_rows(ops, seed.p, k_ext, x, z), _ext_cols(ops, seed.p, q_ext, x, z), eta
+    return (*_ext_modulated(ops, seed.p, x, z, k_ext, q_ext), eta)
 
 
 def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed: _Seed, q_ext, k_ext,
@@ -677,8 +685,7 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
     eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, unroll)
-    dq = _ext_rows(ops, seed.p, k_ext, seed.g, seed.v)
-    dk = _ext_cols(ops, seed.p, q_ext, seed.g, seed.v)
+    dq, dk = _ext_modulated(ops, seed.p, seed.g, seed.v, k_ext, q_ext)
     for r in range(sol.u.shape[0]):
         a_plan, b_plan = tail_plans(*(x[r] for x in pots))
         al, be = alphas[r][..., None], betas[r][..., None]

@@ -132,10 +132,16 @@ def plan_tile(logits):
 
 
 def modulate(p, x, z, dots: str = "ieee"):
-    """``P_ij <x_i, z_j>``: p ``[b, bk]``, x ``[b, mx]`` on rows, z ``[bk, mx]`` on keys."""
+    """``P_ij <x_i, z_j>``: p ``[b, bk]``, x ``[b, mx]`` on rows, z ``[bk, mx]`` on keys; or x
+    and z as lists of matching feature pieces, whose inner products add up."""
+    if isinstance(x, (list, tuple)):
+        return p * sum(dot_nt(xp, zp, dots) for xp, zp in zip(x, z))
     return p * dot_nt(x, z, dots)
 
 
 def accumulate(acc, p, y, dots: str = "ieee"):
-    """``acc + p @ y``: acc ``[b, m]``, p ``[b, bk]``, y ``[bk, m]`` on keys."""
+    """``acc + p @ y``: acc ``[b, m]``, p ``[b, bk]``, y ``[bk, m]`` on keys; a vector y ``[bk]``
+    (m = 1) with acc ``[b]``: a multiply and a row sum (f32), no dot."""
+    if y.ndim == 1:
+        return acc + jnp.sum(p * y[None, :], axis=1)
     return acc + dot_nn(p, y, dots)

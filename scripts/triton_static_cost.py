@@ -63,7 +63,8 @@ def _record_calls(cfg, length: int) -> collections.Counter:
     from pfamalign.kernels import pallas_gpu, transport
 
     calls = collections.Counter()
-    names = ("band_scores", "band_lse", "band_product", "stored_lse", "stored_product", "stored_row_half",
+    names = ("band_scores", "band_lse", "band_product", "stored_lse", "stored_product", "stored_linear_product",
+             "stored_row_half",
              "stored_col_half", "stored_one_pass_rows", "stored_one_pass_combine")
     real = {name: getattr(pallas_gpu, name) for name in names}
 
@@ -176,7 +177,8 @@ def main(argv=None) -> None:
     ap.add_argument("--launches", default="",
                     help="IMPL:L:N,... launches a call (count_gpu_launches.py), for estimate_ms")
     ap.add_argument("--calibrate", action="store_true",
-                    help="print measured / bound of the recomputing kernels (impl pallas) where measured")
+                    help="print measured / bound of the recomputing kernels (impl pallas) where measured, "
+                         "compiled as they ran then (pallas_gpu.PADDED_DOTS)")
     args = ap.parse_args(argv)
     import pathlib
     import tempfile
@@ -184,6 +186,13 @@ def main(argv=None) -> None:
     from pfamalign.kernels import TransportConfig
     from pfamalign.kernels.config import impl_variant
 
+    if args.calibrate:
+        import jax
+
+        from pfamalign.kernels import pallas_gpu
+
+        pallas_gpu.PADDED_DOTS = True
+        jax.clear_caches()
     launches = {}
     for item in filter(None, args.launches.split(",")):
         impl, length, n = item.split(":")

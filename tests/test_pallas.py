@@ -52,7 +52,7 @@ ROW_LENS = (1.0, 0.65, 0.25)  # ragged, as fractions of L
 COL_LENS = (0.85, 1.0, 0.0)  # the last problem has no active key: its rows are all -inf / 0
 
 
-def _random_problem(geom: BandGeometry, length: int, *, seed=0, d=5, m=3, mx=6):
+def _random_problem(geom: BandGeometry, length: int, *, seed=0, d=5, m=3, mx=36):
     rng = np.random.default_rng(seed)
     n, lp = len(ROW_LENS), geom.length
     arr = lambda *shape, s=1.0: jnp.asarray(s * rng.normal(size=shape), jnp.float32)
@@ -62,6 +62,7 @@ def _random_problem(geom: BandGeometry, length: int, *, seed=0, d=5, m=3, mx=6):
         row_active=jnp.asarray(pos < np.round(np.array(ROW_LENS) * length)[:, None]),  # [N, Lp]
         col_active=jnp.asarray(pos < np.round(np.array(COL_LENS) * length)[:, None]),
         bias=arr(n, lp), row_pot=arr(n, lp, s=0.5), col_pot=arr(n, lp, s=0.5),  # [N, Lp]
+        # mx 36: the Triton wrapper reads the modulation as 32 + 16 features (48, not 64)
         y=arr(n, lp, m), x=arr(n, lp, mx), z=arr(n, lp, mx),  # [N, Lp, m], [N, Lp, mx]
     )
 
@@ -70,11 +71,16 @@ def _all_primitives(ops, p):
     """Every compute primitive once; ``rescale`` is exercised by composing it with ``scores``."""
     s = ops.rescale(ops.scores(p["q"], p["k"], p["row_active"], p["col_active"], 0.5), 1.4)
     plan = ops.plan(s, p["row_pot"], p["col_pot"])
+    both_rows, both_cols = ops.modulated_products(plan, p["x"], p["z"], p["y"], p["y"])
     return dict(
+        modulated_products_rows=both_rows,  # a stored band: the modulated plan formed once, kept
+        modulated_products_cols=both_cols,
         row_lse=ops.row_lse(s, p["bias"]),
         col_lse=ops.col_lse(s, p["bias"]),
         plan_rows=ops.plan_rows(plan, p["y"]),
         plan_cols=ops.plan_cols(plan, p["y"]),
+        plan_rows_vector=ops.plan_rows(plan, p["y"][..., :1]),  # m = 1: no dot in the Triton kernel
+        plan_cols_vector=ops.plan_cols(plan, p["y"][..., :1]),
         plan_rows_modulated=ops.plan_rows(plan, p["y"], p["x"], p["z"]),
         plan_cols_modulated=ops.plan_cols(plan, p["y"], p["x"], p["z"]),
     )
@@ -103,9 +109,13 @@ def _float64_products(p, geom: BandGeometry):
     mod = np.einsum("nix,njx->nij", f["x"], f["z"])
     mod_abs = np.einsum("nix,njx->nij", np.abs(f["x"]), np.abs(f["z"]))
     y, y_abs, t = f["y"], np.abs(f["y"]), lambda a: np.swapaxes(a, 1, 2)
-    return {"plan_rows": (plan @ y, cond @ y_abs), "plan_cols": (t(plan) @ y, t(cond) @ y_abs),
-            "plan_rows_modulated": ((plan * mod) @ y, (cond * mod_abs) @ y_abs),
-            "plan_cols_modulated": (t(plan * mod) @ y, t(cond * mod_abs) @ y_abs)}
+    out = {"plan_rows": (plan @ y, cond @ y_abs), "plan_cols": (t(plan) @ y, t(cond) @ y_abs),
+           "plan_rows_modulated": ((plan * mod) @ y, (cond * mod_abs) @ y_abs),
+           "plan_cols_modulated": (t(plan * mod) @ y, t(cond * mod_abs) @ y_abs)}
+    vector = lambda pair: (pair[0][..., :1], pair[1][..., :1])  # y's first column alone
+    return {**out, "modulated_products_rows": out["plan_rows_modulated"],
+            "modulated_products_cols": out["plan_cols_modulated"],
+            "plan_rows_vector": vector(out["plan_rows"]), "plan_cols_vector": vector(out["plan_cols"])}
 
 
 def _error_units(got, exact, scale):
@@ -150,8 +160,9 @@ class _PrimitivesCase:
         assert np.isneginf(want[2]).all()  # no active key in problem 2: empty lines are -inf
         np.testing.assert_allclose(got, want, **PRIM_TOL)  # also requires the same -inf pattern
 
-    @pytest.mark.parametrize("name", ["plan_rows", "plan_cols", "plan_rows_modulated",
-                                      "plan_cols_modulated"])
+    @pytest.mark.parametrize("name", ["plan_rows", "plan_cols", "plan_rows_modulated", "plan_cols_modulated",
+                                      "modulated_products_rows", "modulated_products_cols", "plan_rows_vector",
+                                      "plan_cols_vector"])
     def test_plan_products(self, outputs, name):
         """Both backends within f32's forward-error bound of the float64 products."""
         exact, scale = outputs["float64"][name]
