@@ -424,7 +424,7 @@ def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref,
         y = scol_ref[pl.ds(start + o, s)][None, :] * tile + u_hat[:, None]
         top = jnp.max(y, axis=0)
         shift = jnp.where(top == -jnp.inf, 0.0, top)
-        part_ref[pl.ds(o, s)] = jnp.log(jnp.sum(jnp.exp(y - shift[None, :]), axis=0)) + shift
+        part_ref[pl.ds(o, s)] = jnp.log(jnp.sum(tile_math.exp(y - shift[None, :]), axis=0)) + shift
     u_hat_ref[...] = u_hat
     if refs:  # centered: these rows' share of the centering constant
         (share_ref,) = refs

@@ -169,6 +169,17 @@ def kernel_costs(cfg, length: int, workdir) -> list[dict]:
     return out
 
 
+def as_measured(on: bool) -> None:
+    """The kernels as they ran on the H100 on 2026-11-24 (padded dots, libdevice's expf), or
+    today's; clears jax's caches (the settings are read at trace time)."""
+    import jax
+
+    from pfamalign.kernels import pallas_gpu, tile_math
+
+    pallas_gpu.PADDED_DOTS, tile_math.EXP2 = on, not on
+    jax.clear_caches()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="pallas,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3",
@@ -178,7 +189,7 @@ def main(argv=None) -> None:
                     help="IMPL:L:N,... launches a call (count_gpu_launches.py), for estimate_ms")
     ap.add_argument("--calibrate", action="store_true",
                     help="print measured / bound of the recomputing kernels (impl pallas) where measured, "
-                         "compiled as they ran then (pallas_gpu.PADDED_DOTS)")
+                         "compiled as they ran then (as_measured)")
     args = ap.parse_args(argv)
     import pathlib
     import tempfile
@@ -187,12 +198,7 @@ def main(argv=None) -> None:
     from pfamalign.kernels.config import impl_variant
 
     if args.calibrate:
-        import jax
-
-        from pfamalign.kernels import pallas_gpu
-
-        pallas_gpu.PADDED_DOTS = True
-        jax.clear_caches()
+        as_measured(True)
     launches = {}
     for item in filter(None, args.launches.split(",")):
         impl, length, n = item.split(":")
