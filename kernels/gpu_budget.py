@@ -14,7 +14,9 @@ as ``pallas_gpu`` pads them (next power of two, at least 16):
 - one ``[b]`` row of reduction scratch (the LSE's max and sum).
 
 Kernels that read a stored band (``KernelShape.stored`` with d = 0) stage a ``[b, b]`` band
-tile where the others stage k, and may hold one transposed copy of it (the column walk).
+tile where the others stage k, and may hold one transposed copy of it (the column walk). The
+kernel that writes the band (stored with d > 0) converts each score tile's layout for its
+store (a ``[b, b]`` buffer: with tf32x3 dots Triton asks for it).
 
 It counts every buffer as live at once, so it bounds Triton's allocation from above (Triton
 reuses buffers whose lifetimes do not overlap). Checked against Triton itself: PyPI ``triton``
@@ -107,6 +109,8 @@ def smem_bytes(shape: KernelShape, block: int, num_stages: int, itemsize: int = 
     else:
         staged = block * (d + m + mx + 1)  # k, y, z tiles and the key offsets
         once = block * d + block * mx + (block * block if m else 0)  # q, x, the plan tile
+        if shape.stored:  # the scores kernel: each tile leaves the dot's layout for its store
+            once += block * block
     scratch = block  # reduction row
     return itemsize * (num_stages * staged + once + scratch)
 

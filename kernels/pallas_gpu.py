@@ -189,13 +189,20 @@ def stored_geometry(geom: BandGeometry) -> BandGeometry:
 
 
 def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, dots: str):
-    i_blk, kb = pl.program_id(1), pl.program_id(2)
-    j_blk = i_blk + kb - geom.wb
+    i_blk = pl.program_id(1)
     b = geom.block
-    x = tile_math.band_logits(q_ref[...], k_ref[...], a_ref[...][:, None], c_ref[...][None, :],
-                              row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band, dots=dots)
-    # A key block off the problem (its operands are a clipped duplicate) holds no entry.
-    out_ref[...] = jnp.where((j_blk >= 0) & (j_blk < geom.n_blocks), x, -jnp.inf)
+    q, a = q_ref[...], a_ref[...][:, None]  # this row block's, loaded once
+
+    def tile(kb, carry):  # band tile kb of the row: key block j_blk
+        j_blk = i_blk + kb - geom.wb
+        keys = pl.ds(jnp.clip(j_blk, 0, geom.n_blocks - 1) * b, b)
+        x = tile_math.band_logits(q, k_ref[keys, :], a, c_ref[keys][None, :], row0=i_blk * b, col0=j_blk * b,
+                                  half_band=geom.half_band, dots=dots)
+        # A key block off the problem (its operands are a clipped duplicate) holds no entry.
+        out_ref[:, pl.ds(kb * b, b)] = jnp.where((j_blk >= 0) & (j_blk < geom.n_blocks), x, -jnp.inf)
+        return carry
+
+    jax.lax.fori_loop(0, geom.n_diag, tile, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots"))
@@ -203,23 +210,18 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, 
     """The stored band ``[N, Lp, n_diag b]`` of the "rows" / "cols" sources: entry
     ``(i, kb b + c)`` is ``<q_i, k_j> + a_i + c_j`` for key ``j = (I + kb - wb) b + c`` (I the
     row block of i) on the band, ``-inf`` elsewhere. q, k ``[N, Lp, d]``; row_off, col_off
-    ``[N, Lp]`` (0 active, -inf inactive). One program per stored tile: grid (N, nI, n_diag).
-    ``geom`` is the stored tiling (``stored_geometry``)."""
+    ``[N, Lp]`` (0 active, -inf inactive). One program per row block, walking its n_diag
+    tiles (q loaded once): grid (N, nI). ``geom`` is the stored tiling (``stored_geometry``)."""
     n, lp, d = q.shape
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, KernelShape(d, stored=True))
     q, k = _pad_features(q), _pad_features(k)
     dp, b = q.shape[-1], geom.block
-    key = lambda n, i, kb: (n, jnp.clip(i + kb - geom.wb, 0, geom.n_blocks - 1))
     return _call(
         functools.partial(_scores_kernel, geom=geom, dots=_dot_mode(dots, interpret)), geom, launch,
-        grid=(n, geom.n_blocks, geom.n_diag),
-        in_specs=[pl.BlockSpec((None, b, dp), lambda n, i, kb: (n, i, 0)),  # q [b, d']
-                  pl.BlockSpec((None, b, dp), lambda n, i, kb: key(n, i, kb) + (0,)),  # k [b, d']
-                  pl.BlockSpec((None, b), lambda n, i, kb: (n, i)),  # a [b]
-                  pl.BlockSpec((None, b), key)],  # c [b]
-        out_spec=pl.BlockSpec((None, b, b), lambda n, i, kb: (n, i, kb)),  # [b, b]
+        in_specs=[_rows(b, dp), _whole(lp, dp), _rows(b), _whole(lp)],  # q [b, d'], k [Lp, d'], a [b], c [Lp]
+        out_spec=pl.BlockSpec((None, b, geom.n_diag * b), lambda n, i: (n, i, 0)),  # the band row [b, n_diag b]
         out_shape=jax.ShapeDtypeStruct((n, lp, geom.n_diag * b), jnp.float32),
         interpret=interpret, name="band_scores",
     )(q, k, row_off.astype(jnp.float32), col_off.astype(jnp.float32))

@@ -108,12 +108,15 @@ def _python_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **unuse
 
 
 def _trips(name: str, group: int, launch_geom, programs: int) -> float:
-    """Main-loop trips over all programs: a walk's key blocks; the one-pass combine's row groups."""
+    """Main-loop trips over all programs: a walk's key blocks (the scores kernel: every band
+    tile of its row); the one-pass combine's row groups."""
     from pfamalign.kernels.pallas_gpu import _key_range
 
     g = launch_geom
     blocks = sum(int(hi - lo) for lo, hi in (_key_range(i, g) for i in range(g.n_blocks)))
-    if name in ("band_scores", "stored_one_pass_rows"):
+    if name == "band_scores":
+        return g.n_diag * programs
+    if name == "stored_one_pass_rows":
         return 0.0
     if name == "stored_one_pass_combine":
         return blocks * g.block / group * (programs / (g.n_blocks + 2 * g.wb))
