@@ -220,6 +220,7 @@ class _TF32x3Case(_PrimitivesCase):
         assert any(not np.array_equal(outputs[n][0], ieee[n][0]) for n in names)
 
 
+@pytest.mark.slow  # recomputed tiles with tf32x3 dots: by default test_transport's recomputed-spoke op case
 class TestPrimitivesGPUTF32x3Interpret(_TF32x3Case):
     pass
 
