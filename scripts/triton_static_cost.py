@@ -157,8 +157,7 @@ def kernel_costs(cfg, length: int, workdir) -> list[dict]:
             work.rest, compiled.num_warps, HMMA_CYCLES).items()}
         for pipe, c in triton_offline.pipe_cycles(work.body, compiled.num_warps, HMMA_CYCLES).items():
             per_pipe[pipe] += trips * c
-        out_shapes = jax.eval_shape(functools.partial(fn, interpret=True, **static), *shapes)
-        nbytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves((shapes, out_shapes)) if s is not None)
+        nbytes = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves((shapes, lowered.out_info)) if s is not None)
         busiest = max(per_pipe, key=per_pipe.get)
         compute_us = per_pipe[busiest] / min(programs, SMS) / (CLOCK_GHZ * 1e3)
         memory_us = nbytes / (HBM_GBS * 1e3)
