@@ -137,12 +137,16 @@ def _source_scores(source: str, ref0, ref1, geom: BandGeometry, dots: str = "iee
     return lambda i_blk, j_blk: scale * tile(i_blk, j_blk)
 
 
-def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry):
+def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry, masked: bool = True):
     """Masked logits ``[b, b]`` of line block ``i_blk`` (row offsets ``a [b, 1]`` loaded, or
-    None) against walked block ``j_blk`` (offsets sliced from ``c_ref``, which holds them all)."""
+    None) against walked block ``j_blk`` (offsets sliced from ``c_ref``, which holds them all).
+    A stored band is -inf off the support already and its scale is positive (``stored_lse``):
+    ``masked=False`` leaves the mask out (a fifth of a walk's instructions in sm_90 SASS)."""
     b = geom.block
-    return tile_math.mask_band(scores(i_blk, j_blk), a, c_ref[pl.ds(j_blk * b, b)][None, :],
-                               row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
+    s, c = scores(i_blk, j_blk), c_ref[pl.ds(j_blk * b, b)][None, :]
+    if not masked:
+        return s + c if a is None else s + a + c
+    return tile_math.mask_band(s, a, c, row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
 
 
 def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, out_shape, interpret,
@@ -230,18 +234,74 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, 
 # ---- band log-sum-exp ------------------------------------------------------------------------
 
 
-def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "ieee"):
+def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "ieee", i_blk=None):
     """``[b]`` band log-sum-exp of this program's line block: its tiles walked with an online
-    max and sum, the walked lines' offsets in ``c_ref``."""
+    max and sum, the walked lines' offsets in ``c_ref``. A "cols" walk reduces each stored
+    tile over its rows (the walked lines) where it stands: transposing it in registers costs a
+    shared-memory round trip a tile. ``i_blk``: the program's line block (given by a caller
+    that walks in a ``cond`` branch, where interpret mode has no ``program_id``)."""
+    i_blk = pl.program_id(1) if i_blk is None else i_blk
+    b, wb = geom.block, geom.wb
+    if source == "cols":
+        scale = ref1[...][None, :]  # [1, b]: the program's lines are the tile's columns
+
+        def body(j_blk, carry):
+            tile = ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)]  # [walked, program]
+            return tile_math.lse_update(*carry, scale * tile + c_ref[pl.ds(j_blk * b, b)][:, None], axis=0)
+
+        axis = 0
+    else:
+        scores = _source_scores(source, ref0, ref1, geom, dots)
+
+        def body(j_blk, carry):
+            return tile_math.lse_update(*carry, _tile_logits(scores, None, c_ref, i_blk, j_blk, geom,
+                                                             masked=source == "qk"))
+
+        axis = 1
+    lo, hi = _key_range(i_blk, geom)
+    m, l = jax.lax.fori_loop(lo, hi, body, tile_math.lse_init(b, axis))
+    lse = tile_math.lse_finalize(m, l)
+    return lse[0, :] if axis == 0 else lse[:, 0]
+
+
+# |LSE - shift| a shifted walk may reach: e^60 and e^-60 times the walk's (at most 2^13) terms
+# stay normal f32 numbers, as in ``sinkhorn._SAFE_LOG``.
+SAFE_LOG = 60.0
+
+
+def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, source: str):
+    """``_walk_lse`` of a stored band in one pass against a fixed stabilizer ``shift`` ``[b]``
+    of the program's lines, a guess of the result: ``Σ exp(x - shift)`` and
+    ``max(x - shift)`` kept per tile entry, reduced across the tile once, after the walk. No
+    running max, no rescaling and no per-tile reduction: an entry costs an FFMA, two FADDs, a
+    max and an exponential (64 instructions a tile against 100 for ``_walk_lse``'s row walk and
+    158 for its column walk, sm_90 SASS at L 16384 W 1024). A line whose largest ``x - shift`` left
+    ``[-SAFE_LOG, SAFE_LOG]`` (the sum could overflow, or lose its digits) sends the program
+    back over its band with ``_walk_lse``: the result never depends on the shift beyond
+    rounding."""
     i_blk = pl.program_id(1)
-    scores = _source_scores(source, ref0, ref1, geom, dots)
+    b, wb = geom.block, geom.wb
+    rows = source == "rows"
+    axis = 1 if rows else 0  # the walked lines' axis of a stored tile ("cols" walks it untransposed)
+    line = (lambda v: v[:, None]) if rows else (lambda v: v[None, :])  # program lines, broadcast
+    walked = (lambda v: v[None, :]) if rows else (lambda v: v[:, None])
+    scale, shift_line = line(scale_ref[...]), line(shift)
 
     def body(j_blk, carry):
-        return tile_math.lse_update(*carry, _tile_logits(scores, None, c_ref, i_blk, j_blk, geom))
+        total, top = carry
+        tile = (band_ref[:, pl.ds((j_blk - i_blk + wb) * b, b)] if rows
+                else band_ref[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)])
+        z = scale * tile + (walked(c_ref[pl.ds(j_blk * b, b)]) - shift_line)
+        return total + tile_math.exp(z), jnp.maximum(top, z)
 
     lo, hi = _key_range(i_blk, geom)
-    m, l = jax.lax.fori_loop(lo, hi, body, tile_math.lse_init(geom.block))
-    return tile_math.lse_finalize(m, l)[:, 0]
+    zeros = jnp.zeros((b, b), jnp.float32)
+    total, top = jax.lax.fori_loop(lo, hi, body, (zeros, zeros - jnp.inf))
+    top = jnp.max(top, axis=axis)
+    lse = jnp.log(jnp.sum(total, axis=axis)) + shift
+    # -inf: a line without entries. (A sum, not jnp.all: Triton lowers no reduce_and.)
+    safe = jnp.sum(jnp.where((top == -jnp.inf) | (jnp.abs(top) <= SAFE_LOG), 0, 1)) == 0
+    return jax.lax.cond(safe, lambda: lse, lambda: _walk_lse(band_ref, scale_ref, c_ref, geom, source, i_blk=i_blk))
 
 
 def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str, dots: str):
@@ -286,7 +346,8 @@ def band_lse(q, k, col_off, *, geom: BandGeometry, interpret=False, dots="ieee")
 def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interpret=False):
     """``band_lse`` on a stored band (``band_scores``): ``out_i = LSE_j (scale_i S_ij + c_j)``,
     or with ``transposed`` the columns' ``out_j = LSE_i (scale_j S_ij + a_i)``; ``scale`` holds
-    the program lines' score scale and ``off`` the walked lines' offsets, both ``[N, Lp]``.
+    the program lines' score scale (positive and finite, as every stored-band kernel's: the
+    band's -inf must stay -inf) and ``off`` the walked lines' offsets, both ``[N, Lp]``.
     The band's -inf entries mask inactive lines: the offsets need no -inf of their own. ``off``
     may be longer than Lp (an extended potential): its first Lp entries are read."""
     return _lse("cols" if transposed else "rows", band, scale, off, geom, KernelShape(0, stored=True),
@@ -299,8 +360,21 @@ def stored_lse(band, scale, off, *, geom: BandGeometry, transposed=False, interp
 # second LSE kernel and one more XLA kernel for the centered potentials (four launches).
 
 
-def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool):
-    u_hat = potential(0.0, _walk_lse(band_ref, scale_ref, v_ref, geom, "rows"), kappa)  # unit targets
+def _half_walk(band_ref, scale_ref, c_ref, refs: list, geom: BandGeometry, source: str, kappa: float,
+               shifted: bool):
+    """A half step's band LSE: exact, or ``shifted`` against the LSE the program lines'
+    previous potential gives (``-previous / kappa``; ``previous``: the first of ``refs``,
+    taken off them)."""
+    if shifted:
+        shift = refs.pop(0)[...] * (-1.0 / kappa)
+        return _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom, source)
+    return _walk_lse(band_ref, scale_ref, c_ref, geom, source)
+
+
+def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
+                     shifted: bool):
+    refs = list(refs)
+    u_hat = potential(0.0, _half_walk(band_ref, scale_ref, v_ref, refs, geom, "rows", kappa, shifted), kappa)
     if centered:
         w_ref, u_hat_ref, part_ref = refs
         part_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)  # this row block's share of c
@@ -310,8 +384,9 @@ def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kapp
 
 
 def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
-                     chunk: int):
-    lse = _walk_lse(band_ref, scale_ref, u_hat_ref, geom, "cols")
+                     chunk: int, shifted: bool):
+    refs = list(refs)
+    lse = _half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted)
     v_hat = potential(0.0, lse, kappa)
     if not centered:
         (v_ref,) = refs
@@ -333,43 +408,56 @@ def _pow2_divisor(n: int, cap: int = 1024) -> int:
     return min(n & -n, cap)
 
 
+def _with_previous(specs: list, operands: list, previous, b: int) -> tuple[list, list]:
+    """A half step's walk operands followed by its lines' previous potential, if any."""
+    if previous is None:
+        return specs, operands
+    return specs + [_rows(b)], operands + [previous.astype(jnp.float32)]
+
+
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_row_half(band, scale, v, weight, *, geom: BandGeometry, kappa: float, centered: bool,
+def stored_row_half(band, scale, v, weight, previous=None, *, geom: BandGeometry, kappa: float, centered: bool,
                     interpret=False):
     """The row half step of a Sinkhorn step with unit row targets on a stored band:
     ``û_i = kappa (0 - LSE_j (scale_i S_ij + v_j))`` (0 on rows without entries), and with
     ``centered`` each row block's share of the centering constant, ``Σ_i weight_i û_i``
     ``[N, nI]`` (``weight``: 1 / (the number of rows with entries) on those rows, else 0).
-    ``v`` may be longer than Lp (its first Lp entries are read). Returns û ``[N, Lp]`` (and
-    the shares)."""
+    ``v`` may be longer than Lp (its first Lp entries are read). ``previous`` ``[N, Lp]``, when
+    given, is the rows' potential before this step: the walk takes one pass against the LSE
+    it implies, ``-previous / kappa`` (``_shifted_walk_lse``; exact either way). Returns û
+    ``[N, Lp]`` (and the shares)."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("rows", band, scale, v, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
+    specs, operands = _with_previous(specs, operands, previous, b)
     out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
         out_specs = [out_specs, pl.BlockSpec((None, 1), lambda n, i: (n, i))]
         out_shape = [out_shape, jax.ShapeDtypeStruct((n, geom.n_blocks), jnp.float32)]
     return _call(
-        functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered), geom, launch,
+        functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered, shifted=previous is not None),
+        geom, launch,
         in_specs=specs, out_spec=out_specs, out_shape=out_shape, interpret=interpret,
         name="stored_row_half",
     )(*operands)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, kappa: float, centered: bool,
-                    interpret=False):
+def stored_col_half(band, scale, u_hat, parts, weight, previous=None, *, geom: BandGeometry, kappa: float,
+                    centered: bool, interpret=False):
     """The column half step after ``stored_row_half``: ``v̂_j = kappa (0 - LSE_i (scale_j S_ij
     + û_i))`` (0 on columns without entries; ``scale`` on the columns). With ``centered``
     (``parts``, ``weight`` from the row half) the step's centering: ``c = Σ parts``, returns
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
-    (0 elsewhere); without, returns v̂ (û is then the row potential)."""
+    (0 elsewhere); without, returns v̂ (û is then the row potential). ``previous``: the
+    columns' potential before this step, as ``stored_row_half``'s."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("cols", band, scale, u_hat, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
+    specs, operands = _with_previous(specs, operands, previous, b)
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         n_parts = parts.shape[-1]
@@ -380,7 +468,7 @@ def stored_col_half(band, scale, u_hat, parts, weight, *, geom: BandGeometry, ka
         n_parts = 1
         out_specs, out_shape = _rows(b), line
     kernel = functools.partial(_col_half_kernel, geom=geom, kappa=kappa, centered=centered,
-                               chunk=_pow2_divisor(n_parts))
+                               chunk=_pow2_divisor(n_parts), shifted=previous is not None)
     out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
                 interpret=interpret, name="stored_col_half")(*operands)
     return tuple(out) if centered else out
@@ -533,13 +621,17 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
     scores = _source_scores(source, ref0, ref1, geom, dots)
     a = None if linear else a_ref[...][:, None]  # [b, 1]
     pieces = _pow2_pieces(x_ref.shape[-1]) if modulated else []
+    # Unmasked stored tiles, except where the plan tile goes straight into a dot (y a matrix, no
+    # modulation): unmasked, Triton computes its exponentials in the dot operand's layout, each
+    # four times over (sm_90 SASS: 545 instructions a tile against 378 masked).
+    masked = source == "qk" or not (modulated or len(y_ref.shape) == 1)
     x = [x_ref[:, pl.ds(o, s)] for o, s in pieces]  # [b, mx'] in power-of-two pieces
 
     def body(j_blk, acc):
         if linear:  # the band holds the plan's entries (0 off the support)
             p = scores(i_blk, j_blk)
         else:
-            p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom))  # [b, b]
+            p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom, masked))  # [b, b]
         keys = pl.ds(j_blk * b, b)
         if modulated:
             p = tile_math.modulate(p, x, [z_ref[keys, pl.ds(o, s)] for o, s in pieces], dots)

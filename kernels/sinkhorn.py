@@ -410,13 +410,16 @@ def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, kee
     weight = jnp.where(rows, 1.0 / jnp.maximum(jnp.sum(rows, -1, keepdims=True), 1), 0.0).astype(u.dtype)
 
     def step(carry, _):
-        row = ops.row_half_step(band, carry[1], weight, sup.kappa_rows, sup.centered)
+        # The previous potentials let each walk take one pass (they guess its LSE; the result
+        # does not depend on them). The kernels read them as they are: no XLA op, no launch.
+        u_prev, v_prev = carry
+        row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, u_prev)
         if sup.centered:  # the row half also gives each row block's share of the constant
             u_hat, shares = row
-            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True)
+            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_prev)
         else:
             u_hat = u_c = row
-            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False)
+            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_prev)
         return (u_c, v_c), (u_hat, u_c, v_c)
 
     ext = lambda x: jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], -1)

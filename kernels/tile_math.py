@@ -118,20 +118,23 @@ def _finite_or_zero(m):
     return jnp.where(m == -jnp.inf, 0.0, m)
 
 
-def lse_init(rows: int):
-    """Empty online log-sum-exp state ``(max, sum)``, each ``[rows, 1]``."""
-    return jnp.full((rows, 1), -jnp.inf, jnp.float32), jnp.zeros((rows, 1), jnp.float32)
+def lse_init(rows: int, axis: int = 1):
+    """Empty online log-sum-exp state ``(max, sum)``, each ``[rows, 1]`` (or ``[1, rows]`` for
+    a walk that reduces ``axis`` 0)."""
+    shape = (rows, 1) if axis == 1 else (1, rows)
+    return jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32)
 
 
-def lse_update(m, l, x):
-    """Folds the logits ``x [b, bk]`` into the running row state ``m, l [b, 1]``.
+def lse_update(m, l, x, axis: int = 1):
+    """Folds the logits ``x [b, bk]`` into the running row state ``m, l [b, 1]`` (``axis`` 0:
+    the column state ``[1, bk]``, for a tile whose walked lines are its rows).
 
     Invariant: ``LSE(seen) = log(l) + m`` with ``m`` the largest logit seen (``-inf`` when
     none is finite, and then ``l = 0``).
     """
-    m_new = jnp.maximum(m, jnp.max(x, axis=1, keepdims=True))  # [b, 1]
+    m_new = jnp.maximum(m, jnp.max(x, axis=axis, keepdims=True))
     shift = _finite_or_zero(m_new)
-    l_new = l * exp(m - shift) + jnp.sum(exp(x - shift), axis=1, keepdims=True)
+    l_new = l * exp(m - shift) + jnp.sum(exp(x - shift), axis=axis, keepdims=True)
     return m_new, l_new
 
 

@@ -56,7 +56,11 @@ def _cuobjdump() -> pathlib.Path:
 def compile_call(config, cc: int, workdir: pathlib.Path | None = None) -> Compiled:
     """The lowered Triton call whose ``mhlo.backend_config`` is ``config`` (its IR, num_warps,
     num_stages), compiled for ``sm_<cc>``. Set ``TRITON_DEFAULT_FP_FUSION=1`` first (XLA's
-    Triton fuses multiply-adds; PyPI's default differs)."""
+    Triton fuses multiply-adds; PyPI's default differs). Its files go to ``workdir``, or to a
+    temporary directory that is removed afterwards."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="triton_offline_") as tmp:
+            return compile_call(config, cc, pathlib.Path(tmp))
     import triton
     from jax._src.lib.mlir import ir
     from jaxlib.triton import dialect
@@ -65,7 +69,7 @@ def compile_call(config, cc: int, workdir: pathlib.Path | None = None) -> Compil
     ctx = ir.Context()
     dialect.register_dialect(ctx)
     module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes, context=ctx)
-    workdir = pathlib.Path(workdir or tempfile.mkdtemp(prefix="triton_offline_"))
+    workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "kernel.ttir"
     path.write_text(str(module))
@@ -95,9 +99,11 @@ class Work(NamedTuple):
     has_loop: bool
 
 
-def sass_work(sass: str) -> Work:
-    """Opcode counts of the kernel's SASS: the longest backward-branch range (its main loop)
-    and the rest. Predicates are stripped; ``NOP`` and the final self-branch are left out."""
+def sass_work(sass: str, main_loop: str = "longest") -> Work:
+    """Opcode counts of the kernel's SASS: its main loop's body (``main_loop`` "longest": the
+    longest backward-branch range; "first": the first one, for a kernel whose longer loop is
+    a fallback that rarely runs) and the rest. Predicates are stripped; ``NOP`` and the final
+    self-branch are left out."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
@@ -109,7 +115,10 @@ def sass_work(sass: str) -> Work:
         target = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
         if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
             loops.append((int(target.group(1), 16), addr))
-    lo, hi = max(loops, key=lambda r: r[1] - r[0]) if loops else (1, 0)
+    if main_loop not in ("longest", "first"):
+        raise ValueError(f"main_loop must be 'longest' or 'first', got {main_loop!r}")
+    pick = (lambda r: r[1] - r[0]) if main_loop == "longest" else (lambda r: -r[0])
+    lo, hi = max(loops, key=pick) if loops else (1, 0)
     body, rest = collections.Counter(), collections.Counter()
     for addr, op, text in ins:
         if op == "NOP" or (op == "BRA" and re.search(rf"BRA (?:`\(\.L_x_\d+\) )?0x{addr:x}\b", text)):

@@ -31,8 +31,21 @@ def check(n_examples: int, *strategies):
     return wrap
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fuzz_root(tmp_path_factory):
+    """The module's examples write under one pytest temporary directory (pruned with pytest's
+    others) rather than leaving a directory per example in the system's."""
+    global _FUZZ_ROOT
+    _FUZZ_ROOT = tmp_path_factory.mktemp("fuzz")
+    yield
+    _FUZZ_ROOT = None
+
+
+_FUZZ_ROOT: pathlib.Path | None = None
+
+
 def _file(data: bytes, suffix: str) -> pathlib.Path:
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="fuzz"))
+    directory = pathlib.Path(tempfile.mkdtemp(dir=_FUZZ_ROOT))
     path = directory / f"input{suffix}"
     path.write_bytes(data)
     return path

@@ -330,11 +330,14 @@ def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
     np.testing.assert_allclose(narrow[1], wide[1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shifted", [False, True], ids=["exact", "shifted"])
 @pytest.mark.parametrize("kernel", ["stored_row_half", "stored_col_half"])
-def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, monkeypatch, tmp_path):
+def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, shifted, monkeypatch, tmp_path):
     """``fused_steps``' two kernels (centered: the row block shares, the centering loop) at the
     benchmark's largest band (L 16384, W 1024, the stored 32-wide tiles), compiled by Triton
-    for sm_90 here: within the H100's shared memory and the stored LSE's model, no spills."""
+    for sm_90 here: within the H100's shared memory and the stored LSE's model, no spills.
+    ``shifted``: given the previous potentials, the one-pass walk with the exact one as its
+    fallback (two loops, the first the shorter: ``_shifted_walk_lse``)."""
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
     geom = pallas_gpu.stored_geometry(make_geometry(16384, 1024, pallas=True))
@@ -342,6 +345,7 @@ def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, mo
     lp, band = geom.length, f32(1, geom.length, geom.n_diag * geom.block)
     specs = {"stored_row_half": [band, f32(1, lp), f32(1, lp), f32(1, lp)],
              "stored_col_half": [band, f32(1, lp), f32(1, lp), f32(1, geom.n_blocks), f32(1, lp)]}[kernel]
+    specs = specs + [f32(1, lp)] if shifted else specs  # the lines' previous potential
     f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
                           interpret=False)
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
@@ -350,6 +354,11 @@ def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, mo
     chosen = gpu_budget.choose(KernelShape(0, stored=True), geom.block, SMEM_BUDGET["h100"])
     assert 0 < got.shared <= gpu_budget.smem_bytes(KernelShape(0, stored=True), chosen.block, chosen.num_stages)
     assert got.stack == 0, got
+    loops = triton_offline.sass_work(got.sass, "first"), triton_offline.sass_work(got.sass)
+    if shifted:  # the one-pass walk's loop is the first and the shorter (the exact walk's follows)
+        assert sum(loops[0].body.values()) < sum(loops[1].body.values())
+    else:
+        assert loops[0].body == loops[1].body
 
 
 @pytest.mark.parametrize("kernel", ["stored_one_pass_rows", "stored_one_pass_combine"])

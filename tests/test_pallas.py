@@ -294,6 +294,56 @@ def test_fused_half_steps_match_dense_float64(band, kappa, centered):
         np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
     assert not np.any(np.asarray(u)[2]) and not np.any(np.asarray(v)[2])  # no active key: all 0
 
+@pytest.mark.parametrize("guess", ["close", "one_line_far", "far"])
+@pytest.mark.parametrize("band", ["half_tile", "full"])
+@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
+def test_shifted_half_steps_take_one_pass_or_fall_back(band, kappa, centered, guess, monkeypatch):
+    """The half steps given the previous potentials (``previous``: one pass against the LSE
+    they imply, ``pallas_gpu._shifted_walk_lse``) against the dense float64 step. "close":
+    the answer's own potentials, perturbed; "far": 500 off on every line, "one_line_far" on
+    one row and one column, beyond ``SAFE_LOG``, so that those programs fall back to the exact
+    walk. With the fallback switched off (``SAFE_LOG`` infinite), "close" still holds (the one
+    pass alone is exact) and the far lines break (the fallback is what the test exercises)."""
+    geom, p, ops, s, weight = _stored_step_problem(band, 8)
+    want = _float64_half_steps(p, geom, 0.7, kappa, centered)
+    rng = np.random.default_rng(7)
+    prev = [(x + 0.3 * rng.standard_normal(x.shape)).astype(np.float32) for x in want[1:]]  # u, v
+    if guess == "far":
+        prev = [x + 500.0 for x in prev]
+    elif guess == "one_line_far":  # row 3 and column 5 of the first problem
+        prev[0][0, 3] += 500.0
+        prev[1][0, 5] -= 500.0
+    prev_u, prev_v = (jnp.asarray(x) for x in prev)
+
+    row_half = lambda: ops.row_half_step(s, p["bias"], weight, kappa, centered, prev_u)
+
+    def step(row):  # (û, u, v) after the row half's ``row``
+        u_hat, shares = row if centered else (row, None)
+        cols = ops.col_half_step(s, u_hat, shares, weight, kappa, centered, prev_v)
+        return (u_hat, *cols) if centered else (u_hat, u_hat, cols)
+
+    close = lambda x, w: np.allclose(np.asarray(x, np.float64), w, rtol=1e-5, atol=1e-5)
+    row = row_half()
+    got = step(row)
+    for name, x, w in zip(("u_hat", "u", "v"), got, want):
+        np.testing.assert_allclose(np.asarray(x, np.float64), w, rtol=1e-5, atol=1e-5, err_msg=name)
+    monkeypatch.setattr(pallas_gpu, "SAFE_LOG", float("inf"))  # read at trace time
+    jax.clear_caches()
+    try:  # each walk on its own: the column walk after the right row half
+        one_pass = step(row_half())[0], step(row)[2]
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    # û is the row walk's alone; v̂ (or v, centered by û's constant) the column walk's.
+    if guess == "close":
+        assert close(one_pass[0], want[0]) and close(one_pass[1], want[2])
+    elif guess == "far":
+        assert not close(one_pass[0], want[0]) and not close(one_pass[1], want[2])
+    else:  # row 3's and column 5's walks break; problem 1's are untouched
+        assert not close(one_pass[0][0, 3], want[0][0, 3]) and not close(one_pass[1][0, 5], want[2][0, 5])
+        assert close(one_pass[0][1], want[0][1]) and close(one_pass[1][1], want[2][1])
+
+
 
 @pytest.mark.parametrize("block", [8, 16], ids=["one_group_a_block", "two_groups_a_block"])
 @pytest.mark.parametrize("band", ["half_tile", "1.5_tiles", "full"])
