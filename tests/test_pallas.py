@@ -315,25 +315,25 @@ def test_shifted_half_steps_take_one_pass_or_fall_back(band, kappa, centered, gu
         prev[1][0, 5] -= 500.0
     prev_u, prev_v = (jnp.asarray(x) for x in prev)
 
-    row_half = lambda: ops.row_half_step(s, p["bias"], weight, kappa, centered, prev_u)
-
     def step(row):  # (û, u, v) after the row half's ``row``
         u_hat, shares = row if centered else (row, None)
         cols = ops.col_half_step(s, u_hat, shares, weight, kappa, centered, prev_v)
         return (u_hat, *cols) if centered else (u_hat, u_hat, cols)
 
     close = lambda x, w: np.allclose(np.asarray(x, np.float64), w, rtol=1e-5, atol=1e-5)
-    row = row_half()
+    row = ops.row_half_step(s, p["bias"], weight, kappa, centered, prev_u)
     got = step(row)
     for name, x, w in zip(("u_hat", "u", "v"), got, want):
         np.testing.assert_allclose(np.asarray(x, np.float64), w, rtol=1e-5, atol=1e-5, err_msg=name)
-    monkeypatch.setattr(pallas_gpu, "SAFE_LOG", float("inf"))  # read at trace time
-    jax.clear_caches()
-    try:  # each walk on its own: the column walk after the right row half
-        one_pass = step(row_half())[0], step(row)[2]
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    # SAFE_LOG is read at trace time: the kernels run unjitted (traced afresh, no cache).
+    monkeypatch.setattr(pallas_gpu, "SAFE_LOG", float("inf"))
+    kernel = lambda name: functools.partial(getattr(pallas_gpu, name).__wrapped__, geom=ops.kernel_geom,
+                                            interpret=True, kappa=kappa, centered=centered)
+    u_hat = kernel("stored_row_half")(s.band, s.scale_rows, p["bias"], weight, prev_u)
+    u_hat = u_hat[0] if centered else u_hat
+    args = (row if centered else (row, None)) + (weight, prev_v)  # the column walk after the right row half
+    v = kernel("stored_col_half")(s.band, s.scale_cols, *args)
+    one_pass = u_hat, v[1] if centered else v
     # û is the row walk's alone; v̂ (or v, centered by û's constant) the column walk's.
     if guess == "close":
         assert close(one_pass[0], want[0]) and close(one_pass[1], want[2])
