@@ -41,17 +41,25 @@ agree: the same kernels at d = m = 64 use 168 (LSE) and 96 (product) registers a
 spill, and spill at 128/4 (13 and 20 KB of stack), 128/8 and the product's 64/4.
 
 The stored-band kernels (``KernelShape.stored``) hold a program's row-side operands (x, the
-accumulator) and walked tiles (z, the band, the plan) instead of q and k; at 32/4 their
-modulated product spills once those pass ~64 values a thread (same compiler, sm_90, 32-wide
-tiles, stack bytes at 4 warps / 8 warps; ``live_values`` in brackets, per thread at 4 warps):
+accumulator) and walked tiles (z, the band, the plan) instead of q and k. Their heaviest, the
+modulated product that keeps its band (``stored_product(keep_band=True)``; modulation read as
+16-wide pieces, a vector y unpadded), at 32-wide tiles (same compiler, sm_90, 2026-11-29;
+stack bytes at 2 / 1 stages, "tf32x3" and "ieee" dots; ``live_values`` a thread at 4 warps in
+brackets):
 
-    m / mx:   1/0 [20]  64/0 [32]  16/20 [36]  32/36 [56]  64/68 [96]  128/132 [176]
-    4 warps:     0          0          0           0          408         2328
-    8 warps:     0          0          0           0            0            0
+    m / mx:           16/20 [36]  32/36 [48]  64/68 [72]  128/132 [120]
+    4 warps tf32x3:      0 / 0       0 / 8      0 / 16      0 / 24 (254 registers)
+    4 warps ieee:        0 / 0       0 / 0      0 / 16      0 / 440
+    8 warps tf32x3:      0 / 24      0 / 0      0 / 0       0 / 0
+    8 warps ieee:        0 / 0       0 / 0      0 / 0       0 / 0
 
-so ``num_warps`` gives them 8 warps past ``LIVE_PER_THREAD``. ``tests/test_gpu_budget.py``
-compiles the chosen tiling of every kernel shape the benchmark and the training configurations
-use and fails on any spill (where PyPI ``triton`` is installed).
+At 8 warps a 32-row tile's dot operands and exponentials are replicated across warps: the
+64/68 product's shared-memory cycles a tile double (sm_90 SASS: 2,344 against 1,220 at 4
+warps, ``scripts/triton_static_cost.py``'s count). So ``num_warps`` gives them 4 warps up to
+``LIVE_PER_THREAD`` and 8 past it. (With the modulation padded to a power of two, as the kernels
+were until 2026-11-28, 4 warps spilled from 64/68 on, which set the earlier threshold of 64.)
+``tests/test_gpu_budget.py`` compiles the chosen tiling of every kernel shape the benchmark and
+the training configurations use and fails on any spill (where PyPI ``triton`` is installed).
 """
 
 from __future__ import annotations
@@ -68,12 +76,18 @@ _CLASS_BY_CC = {"9.0": "h100", "8.0": "a100", "8.7": "a100"}
 MIN_DOT = 16  # smallest tl.dot operand dimension (and so the smallest compiled tile edge)
 STAGES = (2, 1)  # pipeline depths tried, deepest first
 MAX_EDGE = 32  # largest tile edge used: wider tiles spill registers (module docstring)
-LIVE_PER_THREAD = 64  # stored-band kernels: more live values a thread at 4 warps spill (docstring)
+LIVE_PER_THREAD = 96  # stored-band kernels: 8 warps past this many live values a thread at 4 (docstring)
 
 
 def padded(f: int) -> int:
     """A feature width as the Triton wrapper pads it: next power of two, at least ``MIN_DOT``."""
     return max(MIN_DOT, 1 << (max(int(f), 1) - 1).bit_length())
+
+
+def in_pieces(f: int) -> int:
+    """A modulation width as the Triton wrapper pads it, to be read in power-of-two pieces: the
+    next multiple of ``MIN_DOT`` (68 -> 80, read as 64 + 16)."""
+    return -(-max(int(f), 1) // MIN_DOT) * MIN_DOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +131,10 @@ def smem_bytes(shape: KernelShape, block: int, num_stages: int, itemsize: int = 
 
 def live_values(shape: KernelShape, block: int) -> int:
     """Values a program of a stored-band product keeps live (registers, modelled): the
-    accumulator ``[b, m]``, x and one z tile ``[b, mx]``, the plan and modulation tiles."""
-    m = padded(shape.m) if shape.m else 0
-    mx = padded(shape.mx) if shape.mx else 0
+    accumulator ``[b, m]`` (a vector for m = 1), x and one z tile ``[b, mx]`` (16-wide
+    pieces), the plan and modulation tiles."""
+    m = shape.m if shape.m <= 1 else padded(shape.m)
+    mx = in_pieces(shape.mx) if shape.mx else 0
     return block * (m + 2 * mx) + 2 * block * block
 
 

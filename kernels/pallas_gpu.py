@@ -61,7 +61,7 @@ def _pad_features(x, pieces: bool = False):
     or with ``pieces`` the next multiple of 16, which the kernel reads as power-of-two pieces
     (``_pow2_pieces``; the modulation's d + 2R = 68 features: 64 + 16, not 128)."""
     f = x.shape[-1]
-    fp = -(-f // MIN_DOT) * MIN_DOT if pieces else gpu_budget.padded(f)
+    fp = gpu_budget.in_pieces(f) if pieces else gpu_budget.padded(f)
     return x if fp == f else jnp.pad(x, ((0, 0), (0, 0), (0, fp - f)))
 
 

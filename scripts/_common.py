@@ -242,3 +242,8 @@ class Report:
 def int_list(text: str) -> list[int]:
     """``"512,1024"`` -> ``[512, 1024]`` (argparse type)."""
     return [int(t) for t in text.replace(" ", "").split(",") if t]
+
+
+def float_list(text: str) -> list[float]:
+    """``"1,0.3"`` -> ``[1.0, 0.3]`` (argparse type)."""
+    return [float(t) for t in text.replace(" ", "").split(",") if t]

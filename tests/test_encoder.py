@@ -84,7 +84,8 @@ def test_cayley_vjp_matches_float64_finite_differences():
 
 # ---- the encoder at initialisation, padding, streams --------------------------------------
 
-@pytest.mark.parametrize("attention,residual", ALL)
+@pytest.mark.parametrize("attention,residual", [  # 15-25 s each: one representative by default
+    pytest.param(a, r, marks=[] if (a, r) == ("ceta", "plain") else pytest.mark.slow) for a, r in ALL])
 def test_encoder_is_its_input_projection_at_init(attention, residual):
     cfg = _cfg(attention=attention, residual=residual)
     model = build_model(cfg)
@@ -311,8 +312,9 @@ def test_identity_value_ceta_core_conserves_the_mean_and_softmax_does_not():
 
 # ---- certificates of the encoder ---------------------------------------------------------
 
-@pytest.mark.parametrize("attention,residual", [("ceta", "plain"), ("gsa", "cayley"),
-                                                ("softmax", "plain")])
+@pytest.mark.parametrize("attention,residual", [("ceta", "plain"),  # the others with --full
+                                                pytest.param("gsa", "cayley", marks=pytest.mark.slow),
+                                                pytest.param("softmax", "plain", marks=pytest.mark.slow)])
 def test_layer_report_states_the_layers_certificates(attention, residual):
     model = _perturbed(build_model(_cfg(attention=attention, residual=residual)), scale=0.1)
     feats = [np.asarray(_feat(b=1, l=n, seed=n)[0]) for n in (19, 11)]

@@ -176,11 +176,14 @@ def test_bench_reaches_the_h100_failing_shape(used_shapes):
 # ---- the lowered Triton call carries the choice, and Triton agrees ------------------------------
 
 
-def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False, dots: str = "ieee"):
+def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False, dots: str = "ieee",
+                  form: str = "product"):
     """The Triton kernel for ``shape`` lowered for "cuda" on the band tiling ``geom``: an LSE
     when ``shape.m == 0``, else a product; with ``shape.stored`` the stored-band kernels (the
-    scores kernel when ``shape.d``; ``transposed``: the column walk) at the stored tiling;
-    ``dots``: the dots' arithmetic (``TransportConfig.triton_dots``). Returns (StableHLO text, the custom call's config)."""
+    scores kernel when ``shape.d``; ``transposed``: the column walk) at the stored tiling, a
+    stored product in ``form`` "product", "keep_band" (modulated, rows: the gradient's) or
+    "linear" (unmodulated: ``stored_linear_product``, the same shape); ``dots``: the dots'
+    arithmetic (``TransportConfig.triton_dots``). Returns (StableHLO text, the custom call's config)."""
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     static = {}
     geom = pallas_gpu.stored_geometry(geom) if shape.stored else geom
@@ -191,8 +194,10 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
             fn, specs = pallas_gpu.band_scores, [f32(n, lp, shape.d)] * 2 + [f32(n, lp)] * 2
         elif not shape.m:
             fn, specs, static = pallas_gpu.stored_lse, [band, f32(n, lp), f32(n, lp)], {"transposed": transposed}
+        elif form == "linear":
+            fn, specs, static = pallas_gpu.stored_linear_product, [band, f32(n, lp, shape.m)], {"transposed": transposed}
         else:
-            fn, static = pallas_gpu.stored_product, {"transposed": transposed}
+            fn, static = pallas_gpu.stored_product, {"transposed": transposed, "keep_band": form == "keep_band"}
             specs = [band, f32(n, lp), f32(n, lp), f32(n, lp), f32(n, lp, shape.m)]
             specs += [f32(n, lp, shape.mx)] * 2 if shape.mx else []
     elif not shape.m:
@@ -231,8 +236,10 @@ def _triton_compile(config, cc: int, tmp_path) -> triton_offline.Compiled:
 @pytest.mark.slow  # ptxas takes ~90 s on this kernel (128-wide tiles spill heavily)
 def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
     """main's fixed tiling (128-wide, 4 warps, 2 stages) of the benchmark's modulated product,
-    compiled for sm_90 here, asks for exactly the bytes the H100 refused."""
+    compiled for sm_90 here as the kernels were then (the modulation padded to a power of two:
+    ``pallas_gpu.PADDED_DOTS``), asks for exactly the bytes the H100 refused."""
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(pallas_gpu, "PADDED_DOTS", True)  # read at trace time (a fresh trace here)
     monkeypatch.setattr(pallas_gpu, "tiling", lambda geom, shape: (geom, gpu_budget.GpuTiling(128, 4, 2)))
     _, config = _lower_triton(BENCH_MODULATED, make_geometry(1024, 256, pallas=True))
     assert _triton_compile(config, 90, tmp_path).shared == H100_REQUESTED
@@ -264,11 +271,11 @@ def compiled_sm90(tmp_path_factory):
     mp.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     mp.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
 
-    def get(block, shape, transposed=False):
-        key = (block, shape, transposed)
+    def get(block, shape, transposed=False, form="product"):
+        key = (block, shape, transposed, form)
         if key not in cache:
             geom = make_geometry(1024, 256, block, pallas=True)
-            _, config = _lower_triton(shape, geom, transposed=transposed)
+            _, config = _lower_triton(shape, geom, transposed=transposed, form=form)
             cache[key] = _triton_compile(config, 90, tmp_path_factory.mktemp("triton"))
         return cache[key]
 
@@ -282,24 +289,43 @@ def test_no_chosen_tiling_spills_registers(case, used_shapes, compiled_sm90):
     """Every kernel shape the benchmark and the training configurations use, at the tiling
     ``gpu_budget`` chooses on an H100, compiled for sm_90: no register spills (a spill cost
     the recomputing kernels 10-30x on the H100; see the module docstring of gpu_budget). The
-    stored-band kernels are compiled in both walks."""
+    stored-band kernels are compiled in both walks, and a stored product's shape also in the
+    form the gradient takes it (``StoredBandOps.modulated_products``): modulated, keeping its
+    band (rows); unmodulated, the linear product of that band (columns)."""
     for block, shape in sorted(used_shapes[case], key=str):
-        for transposed in ((False, True) if shape.stored and not shape.d else (False,)):
-            got = compiled_sm90(block, shape, transposed)
-            assert got.stack == 0, (block, shape, transposed, got)
+        forms = [(t, "product") for t in ((False, True) if shape.stored and not shape.d else (False,))]
+        if shape.stored and shape.m and not shape.d:
+            forms.append((False, "keep_band") if shape.mx else (True, "linear"))
+        for transposed, form in forms:
+            got = compiled_sm90(block, shape, transposed, form)
+            assert got.stack == 0, (block, shape, transposed, form, got)
 
 
 @pytest.mark.slow
-def test_four_warps_spill_the_stored_modulated_product(monkeypatch, tmp_path):
-    """The control: at 4 warps (the recomputing kernels' choice) the benchmark's stored-band
-    modulated product spills, which is why ``num_warps`` gives it 8."""
+def test_stored_modulated_product_warps_follow_the_sass(monkeypatch, tmp_path):
+    """Why ``num_warps`` gives the stored-band products 4 warps up to ``LIVE_PER_THREAD`` and 8
+    past it (the module docstring's table): the benchmark's gradient product (64 / 68, keeping
+    its band) at 8 warps issues more shared-memory cycles a tile than at 4 (its 32-row tile's
+    operands replicated across warps: 1.9x with "tf32x3" dots, 1.4x with "ieee"), without a
+    spill at 4; the wider 128 / 132 spills at 4 warps on the one-stage tiling of a smaller
+    budget, and not at 8."""
     pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
-    shape = KernelShape(0, 64, 68, stored=True)
-    assert gpu_budget.choose(shape, 32, SMEM_BUDGET["h100"]).num_warps == 8
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
-    monkeypatch.setitem(pallas_gpu.FORCED_TILING, shape, GpuTiling(32, 4, 2))
-    _, config = _lower_triton(shape, make_geometry(1024, 256, pallas=True))
-    assert _triton_compile(config, 90, tmp_path).stack > 0
+    geom = make_geometry(1024, 256, pallas=True)
+    bench, wide = KernelShape(0, 64, 68, stored=True), KernelShape(0, 128, 132, stored=True)
+    assert gpu_budget.choose(bench, 32, SMEM_BUDGET["h100"]).num_warps == 4
+    assert gpu_budget.choose(wide, 32, SMEM_BUDGET["h100"]).num_warps == 8
+
+    def compiled(shape, warps, stages, form, dots="ieee"):
+        monkeypatch.setitem(pallas_gpu.FORCED_TILING, shape, GpuTiling(32, warps, stages))
+        _, config = _lower_triton(shape, geom, form=form, dots=dots)
+        return _triton_compile(config, 90, tmp_path / f"{shape.m}-{warps}-{stages}-{form}-{dots}")
+
+    smem = lambda got: triton_offline.pipe_cycles(triton_offline.sass_work(got.sass).body, got.num_warps, 8.0)["smem"]
+    for dots, ratio in (("tf32x3", 1.7), ("ieee", 1.3)):
+        four, eight = (compiled(bench, warps, 2, "keep_band", dots) for warps in (4, 8))
+        assert four.stack == 0 and smem(eight) > ratio * smem(four), dots
+    assert compiled(wide, 4, 1, "keep_band").stack > 0 and compiled(wide, 8, 1, "keep_band").stack == 0
 
 
 def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):

@@ -31,6 +31,7 @@ CASES = {
     "bench_transport": ["--lengths", "32", "--half-band", "8", "--repeats", "1", "--tail-steps", "1"] + TINY,
     "validate_ceta": ["--n", "6", "--trials", "5", "--causal-steps", "10,100,1000"],
     "validate_softmax_ot": ["--trials", "200", "--skip-op"],
+    "validate_shifted_walks": ["--length", "48", "--half-band", "8", "--dim", "8", "--steps", "4"],
 }
 
 
@@ -44,7 +45,8 @@ def scripts_on_path():
 # Each script compiles a few XLA programs (5-25 s apiece on a loaded 2-core box): by default
 # run the two that cover the shared machinery (subprocess RSS, compiled memory, tables and
 # JSON lines); the rest with --full.
-FAST = {"bench_transport", "estimate_r2_backward_memory", "validate_ceta", "validate_softmax_ot"}
+FAST = {"bench_transport", "estimate_r2_backward_memory", "validate_ceta", "validate_softmax_ot",
+        "validate_shifted_walks"}  # the last two without a JAX compile
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)])
