@@ -103,7 +103,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=_common.int_list, default=[4096, 8192])
     parser.add_argument("--half-band", type=int, default=256)
-    parser.add_argument("--impls", default="xla", help="comma-separated: reference, xla, xla-branch-free, pallas, pallas-resident")
+    parser.add_argument("--impls", default="xla", help="comma-separated names of kernels.config.IMPL_VARIANTS (reference, xla, pallas, "
+                             "pallas-fused-tf32x3, ...)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=25, help="ops listed per configuration, the slowest first")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
