@@ -34,6 +34,12 @@ def damp(x, kappa: float):
     return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
 
 
+# Largest |log(sum)| accepted from a shifted one-pass log-sum-exp (the XLA path's per call, the
+# fused Triton half steps' per program): the sum then lies in [e^-60, e^60] (times at most 2^13
+# terms), far from float32 overflow and from underflow of its leading terms.
+SAFE_LOG = 60.0
+
+
 def potential(log_target, lse, kappa: float = 1.0):
     """A half step's potential: ``kappa (log target - LSE)`` on lines with entries; 0 on lines
     without (they carry no mass). kappa < 1: a KL-relaxed side; 0: a free side (its potential

@@ -42,7 +42,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pfamalign.kernels import gpu_budget, tile_math
 from pfamalign.kernels.band import BandGeometry, make_geometry
-from pfamalign.kernels.config import TRITON_DOTS, potential
+from pfamalign.kernels.config import SAFE_LOG, TRITON_DOTS, potential
 from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
 
 
@@ -123,18 +123,28 @@ def _source_scores(source: str, ref0, ref1, geom: BandGeometry, dots: str = "iee
     row block, scale applied) and all keys; "rows": this row block's stored band row and the
     score scale of its lines; "cols": the whole stored band and the scale of the program's
     lines (keys: each tile is read from the walked row block's band row and transposed)."""
-    b, wb = geom.block, geom.wb
+    b = geom.block
     if source == "qk":
         q = ref0[...]  # [b, d]
         return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :], dots)
     if source == "rows":
-        tile = lambda i_blk, j_blk: ref0[:, pl.ds((j_blk - i_blk + wb) * b, b)]
+        tile = lambda i_blk, j_blk: _stored_tile(ref0, i_blk, j_blk, geom, source)
     else:
-        tile = lambda i_blk, j_blk: ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)].T
+        tile = lambda i_blk, j_blk: _stored_tile(ref0, i_blk, j_blk, geom, source).T
     if ref1 is None:  # a band of plan entries (``stored_linear_product``): no scale
         return tile
     scale = ref1[...][:, None]  # [b, 1]
     return lambda i_blk, j_blk: scale * tile(i_blk, j_blk)
+
+
+def _stored_tile(band_ref, i_blk, j_blk, geom: BandGeometry, source: str):
+    """``[b, b]`` stored tile of line block ``i_blk`` and walked block ``j_blk`` as it is
+    stored: "rows", this program's band row (lines x walked); "cols", the walked block's band
+    row read at this column block (walked x lines: untransposed)."""
+    b, wb = geom.block, geom.wb
+    if source == "rows":
+        return band_ref[:, pl.ds((j_blk - i_blk + wb) * b, b)]
+    return band_ref[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)]
 
 
 def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry, masked: bool = True):
@@ -241,12 +251,12 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "i
     shared-memory round trip a tile. ``i_blk``: the program's line block (given by a caller
     that walks in a ``cond`` branch, where interpret mode has no ``program_id``)."""
     i_blk = pl.program_id(1) if i_blk is None else i_blk
-    b, wb = geom.block, geom.wb
+    b = geom.block
     if source == "cols":
         scale = ref1[...][None, :]  # [1, b]: the program's lines are the tile's columns
 
         def body(j_blk, carry):
-            tile = ref0[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)]  # [walked, program]
+            tile = _stored_tile(ref0, i_blk, j_blk, geom, source)  # [walked, program]
             return tile_math.lse_update(*carry, scale * tile + c_ref[pl.ds(j_blk * b, b)][:, None], axis=0)
 
         axis = 0
@@ -264,11 +274,6 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "i
     return lse[0, :] if axis == 0 else lse[:, 0]
 
 
-# |LSE - shift| a shifted walk may reach: e^60 and e^-60 times the walk's (at most 2^13) terms
-# stay normal f32 numbers, as in ``sinkhorn._SAFE_LOG``.
-SAFE_LOG = 60.0
-
-
 def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, source: str):
     """``_walk_lse`` of a stored band in one pass against a fixed stabilizer ``shift`` ``[b]``
     of the program's lines, a guess of the result: ``Σ exp(x - shift)`` and
@@ -280,7 +285,7 @@ def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, sou
     back over its band with ``_walk_lse``: the result never depends on the shift beyond
     rounding."""
     i_blk = pl.program_id(1)
-    b, wb = geom.block, geom.wb
+    b = geom.block
     rows = source == "rows"
     axis = 1 if rows else 0  # the walked lines' axis of a stored tile ("cols" walks it untransposed)
     line = (lambda v: v[:, None]) if rows else (lambda v: v[None, :])  # program lines, broadcast
@@ -289,8 +294,7 @@ def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, sou
 
     def body(j_blk, carry):
         total, top = carry
-        tile = (band_ref[:, pl.ds((j_blk - i_blk + wb) * b, b)] if rows
-                else band_ref[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)])
+        tile = _stored_tile(band_ref, i_blk, j_blk, geom, source)
         z = scale * tile + (walked(c_ref[pl.ds(j_blk * b, b)]) - shift_line)
         return total + tile_math.exp(z), jnp.maximum(top, z)
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TransportConfig, einsum, marginal_error, potential
+from pfamalign.kernels.config import SAFE_LOG, TransportConfig, einsum, marginal_error, potential
 
 
 class Flat(NamedTuple):
@@ -174,11 +174,6 @@ def _logaddexp(a, b):
     return jnp.where(both, -jnp.inf, jnp.logaddexp(jnp.where(both, 0.0, a), jnp.where(both, 0.0, b)))
 
 
-# Largest |log(sum)| accepted from a shifted one-pass log-sum-exp: the sum then lies in
-# [e^-60, e^60], far from float32 overflow and from underflow of its leading terms.
-_SAFE_LOG = 60.0
-
-
 def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     """Band log-sum-exp in one pass, stabilized by ``shift`` (the previous step's value);
     falls back to the exact two-pass form when any line drifted out of the safe range.
@@ -186,7 +181,7 @@ def _band_lse(ops: BandOps, lse_fn, band, bias, shift, has_entry):
     if not ops.takes_shift or shift is None:
         return lse_fn(band, bias)
     fast = lse_fn(band, bias, shift)
-    ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < _SAFE_LOG))
+    ok = jnp.all(~has_entry | (jnp.abs(fast - shift) < SAFE_LOG))
     return jax.lax.cond(ok, lambda: fast, lambda: lse_fn(band, bias))
 
 

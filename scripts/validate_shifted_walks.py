@@ -55,7 +55,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     _common.add_output_args(ap, repeats=None)
     args = ap.parse_args(argv)
-    from pfamalign.kernels.pallas_gpu import SAFE_LOG
+    from pfamalign.kernels.config import SAFE_LOG
 
     rep = _common.Report("Shifted walks: |LSE - guess| per Sinkhorn step (float64)",
                          ["eps", "gain", "step1_rows", "step1_cols", "later_max", "steps_walked_twice"],
