@@ -324,6 +324,17 @@ def _walk_operands(source: str, first, second, off, geom: BandGeometry, shape: K
     return geom, launch, specs + [_whole(first.shape[1])], operands + [off.astype(jnp.float32)]
 
 
+def kernel_name(source: str, what: str, *, linear=False, modulated=False, vector=False, keep_band=False) -> str:
+    """The Pallas name of an LSE (``what`` "lse") or product ("product") kernel: its source
+    ("band_": recomputed scores; "stored_rows_" / "stored_cols_": the stored band walked along
+    rows or columns) and, for products, its kind. Distinct names for distinct kernels, so that a
+    GPU profile (``profile_transport``, summed by name) times each kernel on its own."""
+    kind = ["linear"] if linear else ["modulated"] if modulated else []
+    words = ["band" if source == "qk" else f"stored_{source}", *kind, *(["vector"] if vector else []), what,
+             *(["keep_band"] if keep_band else [])]
+    return "_".join(words)
+
+
 def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelShape, interpret,
          dots: str = "ieee"):
     n, lp = first.shape[:2]
@@ -332,7 +343,7 @@ def _lse(source: str, first, second, col_off, geom: BandGeometry, shape: KernelS
         functools.partial(_lse_kernel, geom=geom, source=source, dots=_dot_mode(dots, interpret)), geom, launch,
         in_specs=specs, out_spec=_rows(geom.block),  # [b]
         out_shape=jax.ShapeDtypeStruct((n, lp), jnp.float32),
-        interpret=interpret, name="band_lse",
+        interpret=interpret, name=kernel_name(source, "lse"),
     )(*operands)
 
 
@@ -679,7 +690,8 @@ def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGe
     out = _call(
         functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source,
                           dots=_dot_mode(dots, interpret), linear=linear, keep_band=keep_band), geom, launch,
-        in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret, name="band_product",
+        in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret,
+        name=kernel_name(source, "product", linear=linear, modulated=modulated, vector=vector, keep_band=keep_band),
     )(*operands)
     trim = (lambda o: o[..., None]) if vector else (lambda o: o[..., :m])
     return (trim(out[0]), out[1]) if keep_band else trim(out)

@@ -29,7 +29,11 @@ Every configuration runs in a fresh subprocess: ``peak_rss_MiB`` is that child's
 after the compiling call. ``temp_MiB`` is XLA's compiled temporary memory. A dense baseline
 is skipped (with the reason recorded) when its compiled memory exceeds ``--mem-budget-gib``.
 Ratios are against ``reference`` at the same L in the same run: ``speedup_vs_ref`` =
-reference time / time, ``rss_vs_ref`` = RSS / reference RSS.
+reference time / time, ``rss_vs_ref`` = RSS / reference RSS. Every run also checks its
+gradients: ``grad_err`` is the largest difference of dq, dk, dv (loss ``sum(w * O)``) from
+those of ``grad_err_vs``, the dense ``reference`` at the same L where it ran, else ``xla``;
+a target passes only with ``grad_err`` <= 1e-5, the op's promise (ott-jax differentiates
+another function: it is not checked).
 
 Targets (this 2-core CPU): at L=4096, W=256 xla >= 10x faster than reference; at L=16384,
 W=1024 xla forward + backward under 2 GiB peak RSS. On a GPU (issue 11): at L=4096 W=256 >= 4x
@@ -50,7 +54,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 
 import _common
 from pfamalign.kernels.config import IMPL_VARIANTS
@@ -85,7 +91,28 @@ def _child(cfg: dict) -> dict:
         return {**out, "status": "skipped",
                 "reason": f"compiled memory {need / 1024**3:.1f} GiB > budget {cfg['mem_budget_gib']} GiB"}
     timing = _common.time_fn(fb, q, k, v, w, repeats=cfg["repeats"], budget_s=cfg["time_budget_s"])
+    if cfg.get("save"):  # the gradients, for the parent's check against the reference's
+        import numpy as np
+
+        np.savez(cfg["save"], *(np.asarray(g) for g in fb(q, k, v, w)[1]))
     return {**out, "status": "ok", "fwd_bwd_ms": 1e3 * timing["min_s"], "first_call_ms": 1e3 * timing["first_s"]}
+
+
+GRAD_TOL = 1e-5  # the op's promise: largest gradient difference from the dense reference
+CHECKED_AGAINST = ("reference", "xla")  # the first of these that ran at a length
+
+
+def _grad_err(saved: dict, length: int, impl: str) -> tuple[float | None, str | None]:
+    """(largest |difference| of the gradients of ``impl`` from the first of CHECKED_AGAINST
+    that ran at ``length``, its name); (None, None) for ott or with nothing to check against."""
+    import numpy as np
+
+    against = next((m for m in CHECKED_AGAINST if m != impl and (length, m) in saved), None)
+    if impl == "ott" or (length, impl) not in saved or against is None:
+        return None, None
+    with np.load(saved[length, impl], allow_pickle=False) as mine, \
+            np.load(saved[length, against], allow_pickle=False) as theirs:
+        return max(float(np.max(np.abs(mine[f] - theirs[f]))) for f in mine.files), against
 
 
 def _ott_op(length: int, hb: int, d: int, iterations: int, eps: float):
@@ -144,19 +171,31 @@ def main(argv=None):
         ap.error(f"unknown --impls {unknown}; choose from {', '.join(KNOWN_IMPLS)}")
     device = _common.device_name()
     print(f"# device: {device}", file=sys.stderr, flush=True)
-    impls = sorted(impls, key=lambda m: m != "reference")  # reference first: the ratios need it
-    cols = ["L", "W", "impl", "status", "fwd_bwd_ms", "speedup_vs_ref", "peak_rss_MiB", "rss_vs_ref", "temp_MiB",
-            "compile_s", "reason"]
+    # reference, then xla, first: the ratios and the gradient checks need them
+    impls = sorted(impls, key=lambda m: (m != "reference", m != "xla"))
+    cols = ["L", "W", "impl", "status", "fwd_bwd_ms", "speedup_vs_ref", "grad_err", "grad_err_vs", "peak_rss_MiB",
+            "rss_vs_ref", "temp_MiB", "compile_s", "reason"]
     rep = _common.Report(f"Transport fwd+bwd: d={args.dim}, T={args.base_steps}, R={args.tail_steps}, eps={args.eps}, "
                          f"one pair, one head", cols, json_lines=args.json, script="bench_transport",
                          config={k: v for k, v in vars(args).items() if k != "child"})
-    results = {}
+    results, saved, scratch = {}, {}, tempfile.mkdtemp(prefix="bench_transport_")
+    try:
+        _run_all(args, impls, rep, results, saved, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _targets(rep, results, device.split()[0])
+    rep.note(f"device: {device}")
+    rep.finish()
+
+
+def _run_all(args, impls, rep, results, saved, scratch):
+    """Every (L, impl) in its own child: its row, with its gradients checked."""
     for length in args.lengths:
         hb = args.wide_half_band if length >= args.wide_from else args.half_band
         for impl in impls:
             cfg = {"L": length, "W": hb, "impl": impl, "d": args.dim, "T": args.base_steps, "R": args.tail_steps,
                    "eps": args.eps, "repeats": args.repeats, "mem_budget_gib": args.mem_budget_gib,
-                   "time_budget_s": args.time_budget_s}
+                   "time_budget_s": args.time_budget_s, "save": os.path.join(scratch, f"{length}_{impl}.npz")}
             run = _common.run_child([sys.executable, __file__, "--child", json.dumps(cfg)], timeout=args.timeout)
             lines = [ln for ln in run["stdout"].splitlines() if ln.startswith("{")]
             if run["timed_out"]:
@@ -166,6 +205,9 @@ def main(argv=None):
                 res = {"status": "failed", "reason": f"exit {run['returncode']}: {tail[0][:200]}"}
             else:
                 res = json.loads(lines[-1])
+                if res.get("status") == "ok" and os.path.exists(cfg["save"]):
+                    saved[length, impl] = cfg["save"]
+                    res["grad_err"], res["grad_err_vs"] = _grad_err(saved, length, impl)
             res["peak_rss_MiB"] = run["peak_rss_bytes"] / _common.MIB
             results[(length, impl)] = res
             ref = results.get((length, "reference"), {})
@@ -173,9 +215,6 @@ def main(argv=None):
             rep.add(L=length, W=hb, impl=impl, **res,
                     speedup_vs_ref=ref["fwd_bwd_ms"] / res["fwd_bwd_ms"] if ok else None,
                     rss_vs_ref=res["peak_rss_MiB"] / ref["peak_rss_MiB"] if ok else None)
-    _targets(rep, results, device.split()[0])
-    rep.note(f"device: {device}")
-    rep.finish()
 
 
 BANDED = tuple(n for n in IMPL_VARIANTS if n != "reference")  # the banded variants, each against the GPU targets
@@ -187,16 +226,23 @@ def _targets(rep, results, platform: str):
     crossover that sets ``impl="auto"`` on any device."""
     ok = lambda length, impl: results.get((length, impl), {}).get("status") == "ok"
     ms = lambda length, impl: results[(length, impl)]["fwd_bwd_ms"] if ok(length, impl) else None
+
+    def verdict(length, impl, ratio, want):  # fast enough, and exact (its gradients checked)
+        err, vs = (results[length, impl].get(f) for f in ("grad_err", "grad_err_vs"))
+        exact = err is not None and err <= GRAD_TOL
+        checked = f"gradients {err:.1e} from {vs}" if err is not None else "gradients not checked"
+        return f"{checked}: {'PASS' if ratio >= want and exact else 'MISS'}"
+
     for impl in BANDED if platform == "gpu" else ():
         for length, want in ((4096, 4), (16384, 10)):
             if ok(length, impl) and ok(length, "reference"):
                 ratio = ms(length, "reference") / ms(length, impl)
                 rep.note(f"target L={length} W={_w(rep, length)}: {impl} {ratio:.1f}x faster than reference "
-                         f"(>= {want}x on GPU): {'PASS' if ratio >= want else 'MISS'}")
+                         f"(>= {want}x on GPU), {verdict(length, impl, ratio, want)}")
         if ok(16384, impl) and ok(16384, "ott"):
             ratio = ms(16384, "ott") / ms(16384, impl)
-            rep.note(f"target L=16384: {impl} {ratio:.1f}x faster than ott (>= 100x on GPU): "
-                     f"{'PASS' if ratio >= 100 else 'MISS'}")
+            rep.note(f"target L=16384: {impl} {ratio:.1f}x faster than ott (>= 100x on GPU), "
+                     f"{verdict(16384, impl, ratio, 100)}")
     if platform == "cpu" and ok(4096, "xla") and ok(4096, "reference"):
         ratio = ms(4096, "reference") / ms(4096, "xla")
         rep.note(f"target L=4096 W={_w(rep, 4096)}: xla {ratio:.1f}x faster than reference (>= 10x on CPU): "

@@ -5,6 +5,11 @@
 #   bash scripts/gpu_session.sh fetch            # here: .gpu/whl (wheels the GPU image lacks)
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
+#   bash scripts/gpu_session.sh issue11          # the whole check in one call (~9 min, a 15-minute lease
+#                                                # has room for one): targets (timed, gradients checked), then
+#                                                # the compiled-kernel tests, then the per-kernel profile of
+#                                                # the candidate, each part under its own time limit; a
+#                                                # short table last
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
 #   bash scripts/gpu_session.sh targets          # bench_transport at issue 11's sizes (L 4096, 16384): dense,
 #                                                # ott-jax, xla and the stored-band variants ("ieee" and
@@ -66,8 +71,41 @@ XLA_FLAG_SETS=(
     "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 )
 
+# issue11's parts: (seconds, log file, command). Each part is stopped at its limit, so the call
+# ends inside its own and every finished part's output comes back.
+TARGET_IMPLS=reference,ott,xla,pallas-fused-tf32x3,pallas-fused,pallas-one-pass-tf32x3
+issue11() {
+    local log="$OUT_DIR/issue11_summary.txt"
+    part() {  # seconds, output file, command...
+        local limit=$1 file=$2
+        shift 2
+        echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
+        timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
+    }
+    part 300 bench_targets.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 4096,16384 \
+        --repeats 5 --json --mem-budget-gib 60 --timeout 100
+    part 120 pytest_gpu.txt python3 -m pytest -m gpu -q -p no:cacheprovider
+    part 80 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
+        --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
+    {   echo "## $(head -1 "$OUT_DIR/device.txt")"
+        grep -h "^target\|^dense crossover" "$OUT_DIR/bench_targets.txt" || echo "no targets measured"
+        python3 - "$OUT_DIR/bench_targets.txt" "$OUT_DIR/profile_fused_tf32x3.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(s) for s in open(sys.argv[1]) if s.startswith("{")]
+for r in rows:
+    if "impl" in r:
+        print(f"{r['L']:>6} {r['impl']:<24} {r['status']:<8} {r.get('fwd_bwd_ms') or 0:9.3f} ms  "
+              f"grad_err {r.get('grad_err') or float('nan'):.1e}  {r.get('reason') or ''}"[:160])
+for s in open(sys.argv[2]):
+    if s.startswith("{") and "op" in (r := json.loads(s)):
+        print(f"  {r.get('ms', r.get('ms_per_call', 0)):8.3f} ms  {r['calls']:>4}x  {r['op'][:90]}")
+PY
+        tail -1 "$OUT_DIR/pytest_gpu.txt"; } 2>&1 | tee -a "$log"
+}
+
 case "${1:-}" in
     fetch) fetch ;;
+    issue11) install; issue11 ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
@@ -95,5 +133,5 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | tests | targets | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
 esac

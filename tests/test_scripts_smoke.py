@@ -7,7 +7,9 @@ children, which it spawns itself."""
 from __future__ import annotations
 
 import importlib
+import collections
 import json
+import re
 import shutil
 import pathlib
 import sys
@@ -63,12 +65,17 @@ def test_script_runs_and_prints_json_lines(name, capsys):
     if name == "bench_transport":
         assert {r["impl"] for r in rows} == {"reference", "ott", "xla"}
         assert all(r["status"] == "ok" and r["peak_rss_MiB"] > 0 for r in rows), rows
+        # the banded op's gradients checked against the dense reference's, which is not checked
+        checks = {r["impl"]: (r["grad_err"], r["grad_err_vs"]) for r in rows}
+        assert checks["reference"] == checks["ott"] == (None, None)
+        assert checks["xla"][1] == "reference" and 0 <= checks["xla"][0] <= 1e-5, checks
 
 
 
 def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
     """Issue 11's GPU targets are judged on a GPU only, the CPU's on a CPU: a CPU run must not
-    print 'PASS' against a GPU target."""
+    print 'PASS' against a GPU target. A GPU target passes only with the gradients checked
+    and within 1e-5 of the reference's."""
     bench = importlib.import_module("bench_transport")
 
     class Notes:
@@ -80,8 +87,9 @@ def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
         def note(self, text):
             self.notes.append(text)
 
-    results = {(4096, impl): {"status": "ok", "fwd_bwd_ms": ms}
-               for impl, ms in (("reference", 40.0), ("xla", 5.0), ("xla-branch-free", 8.0))}
+    results = {(4096, impl): {"status": "ok", "fwd_bwd_ms": ms, "grad_err": err, "grad_err_vs": "reference"}
+               for impl, ms, err in (("reference", 40.0, None), ("xla", 5.0, 3e-7), ("xla-branch-free", 8.0, 2e-5),
+                                     ("xla-unrolled", 4.0, None))}
     said = {}
     for platform in ("cpu", "gpu"):
         rep = Notes()
@@ -90,8 +98,10 @@ def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
     assert [n for n in said["cpu"] if "target" in n] == [
         "target L=4096 W=256: xla 8.0x faster than reference (>= 10x on CPU): MISS"]
     assert [n for n in said["gpu"] if "target" in n] == [
-        "target L=4096 W=256: xla 8.0x faster than reference (>= 4x on GPU): PASS",
-        "target L=4096 W=256: xla-branch-free 5.0x faster than reference (>= 4x on GPU): PASS"]
+        "target L=4096 W=256: xla 8.0x faster than reference (>= 4x on GPU), gradients 3.0e-07 from reference: PASS",
+        "target L=4096 W=256: xla-branch-free 5.0x faster than reference (>= 4x on GPU), "
+        "gradients 2.0e-05 from reference: MISS",
+        "target L=4096 W=256: xla-unrolled 10.0x faster than reference (>= 4x on GPU), gradients not checked: MISS"]
     assert all(any(n.startswith(f"dense crossover ({impl} ") for n in said[p]) for p in said
                for impl in ("xla", "xla-branch-free"))
 
@@ -314,19 +324,17 @@ def test_crossval_ensemble_of_two_runs_is_tuned_and_scored_on_their_pairs(tmp_pa
     assert done[0]["evaluation"]["counts"]["nw"] == done[1]["evaluation"]["counts"]["nw"]
 
 
-def _tune_triton_calls_lower_for_cuda(module, shapes):
-    """Every shape's timed call lowers for cuda with the swept kernel in its module: once (the
-    band's readers: once per walk, after the kernel that stores the band)."""
+def _tune_triton_calls_lower_for_cuda(module, shapes, swept):
+    """Every shape's timed call lowers for cuda with the swept kernels (``swept[shape]``, by
+    their Pallas names) in its module, once each; a stored band's readers after the kernel that
+    stores the band, and nothing else."""
     for shape, geom in shapes.items():
         fn, args = module._kernel_call(shape, geom)
         text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-        counts = {name: text.count(f'"{name}"') for name in ("band_scores", "band_lse", "band_product")}
-        swept = "band_scores" if shape.stored and shape.d else "band_lse" if shape.m == 0 else "band_product"
-        readers = shape.stored and not shape.d
-        expected = {name: 0 for name in counts} | {swept: 2 if readers else 1}
-        if readers:
-            expected["band_scores"] = 1
-        assert counts == expected, shape
+        found = collections.Counter(re.findall(r'name = "((?:band|stored)_[a-z_]+)"', text))
+        expected = collections.Counter(swept[shape]) + collections.Counter(
+            ["band_scores"] if shape.stored and not shape.d else [])
+        assert found == expected, shape
 
 
 def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
@@ -340,7 +348,9 @@ def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
     shapes = module._collect_shapes(256, 32, 16, 2, 2)
     assert set(shapes) == {KernelShape(16), KernelShape(16, 16), KernelShape(16, 1), KernelShape(16, 16, 20)}
     assert all(g.length == 256 and g.half_band == 32 for g in shapes.values())
-    _tune_triton_calls_lower_for_cuda(module, shapes)
+    _tune_triton_calls_lower_for_cuda(module, shapes, {
+        KernelShape(16): ["band_lse"], KernelShape(16, 16): ["band_product"],
+        KernelShape(16, 1): ["band_vector_product"], KernelShape(16, 16, 20): ["band_modulated_product"]})
     for impl in ("pallas", "pallas-resident"):
         with pytest.raises(SystemExit, match="needs a GPU backend"):
             module.main(["--impl", impl])
@@ -356,7 +366,11 @@ def test_tune_triton_sweeps_the_stored_band_kernels():
     assert set(shapes) == {KernelShape(16, stored=True), KernelShape(0, stored=True),
                            KernelShape(0, 16, stored=True), KernelShape(0, 1, stored=True),
                            KernelShape(0, 16, 20, stored=True)}
-    _tune_triton_calls_lower_for_cuda(module, shapes)
+    walks = lambda what: [f"stored_rows_{what}", f"stored_cols_{what}"]
+    _tune_triton_calls_lower_for_cuda(module, shapes, {
+        KernelShape(16, stored=True): ["band_scores"], KernelShape(0, stored=True): walks("lse"),
+        KernelShape(0, 16, stored=True): walks("product"), KernelShape(0, 1, stored=True): walks("vector_product"),
+        KernelShape(0, 16, 20, stored=True): walks("modulated_product")})
 
 
 def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, capsys):
