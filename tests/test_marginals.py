@@ -149,7 +149,9 @@ def test_finite_differences(marginals, relax):
         cfg = TransportConfig(half_band=3, eps=0.8, base_steps=0, tail_steps=3, dustbin="spoke", impl="xla",
                               blocks=BlockSizes(8), marginals=marginals, relax=relax)
         f = lambda q, k, v, tq, tk, tv: transport(q, k, v, ql, kl, DustbinTokens(tq, tk, tv), config=cfg)
-        jax.test_util.check_grads(f, (q, k, v) + tuple(tokens), order=1, modes=["rev"], atol=1e-6, rtol=1e-6)
+        # jitted: the differences' evaluations run compiled (2.5x faster than op by op)
+        jax.test_util.check_grads(jax.jit(f), (q, k, v) + tuple(tokens), order=1, modes=["rev"], atol=1e-6,
+                                  rtol=1e-6)
 
 
 # ---- the KL relaxation: its two limits ----------------------------------------------------------
