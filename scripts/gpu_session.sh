@@ -72,7 +72,8 @@ XLA_FLAG_SETS=(
 )
 
 # issue11's parts: (seconds, log file, command). Each part is stopped at its limit, so the call
-# ends inside its own and every finished part's output comes back. L 16384 first (two of the
+# (with the install, under 9.5 minutes) ends inside its own and every finished part's output
+# comes back. L 16384 first (two of the
 # three targets); xla is left out (measured 2026-11-24; each configuration is a fresh process
 # that compiles, ~30 s).
 TARGET_IMPLS=reference,ott,pallas-fused-tf32x3,pallas-fused,pallas-one-pass-tf32x3
@@ -84,12 +85,12 @@ issue11() {
         echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
         timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
     }
-    part 330 bench_targets.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 16384,4096 \
+    part 310 bench_targets.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 16384,4096 \
         --repeats 5 --json --mem-budget-gib 60 --timeout 120
     # 162 tests, mostly Triton compiles: 8 workers on the machine's 16 cores, sharing the GPU
-    part 100 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
+    part 90 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
         -p no:cacheprovider
-    part 70 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
+    part 60 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
         --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
     {   echo "## $(head -1 "$OUT_DIR/device.txt")"
         grep -h "^target\|^dense crossover" "$OUT_DIR/bench_targets.txt" || echo "no targets measured"
