@@ -440,3 +440,17 @@ def test_count_gpu_launches_counts_loop_bodies_per_trip():
     assert kinds["copy"] == 3  # two branches and the called computation
     assert dict(syncs) == {"while without a known trip count": 1, "conditional": 1}
     assert sum(kinds.values()) == 37
+
+
+def test_gpu_session_script_parses_and_names_its_steps():
+    """scripts/gpu_session.sh (run on a lent GPU machine, never here) is valid bash, and without
+    a step it exits 2 naming each one, the one-call ``issue11`` first after ``fetch``."""
+    import subprocess
+
+    script = SCRIPTS / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert run.returncode == 2
+    steps = run.stderr.split("gpu_session.sh", 1)[1].split("|")
+    assert [s.strip() for s in steps[:3]] == ["fetch", "issue11", "tests"]
+    assert {"targets", "resident", "profile", "train"} <= {s.strip() for s in steps}
