@@ -20,7 +20,8 @@ launches), the kernels took 4.9 times their bound (2.7x and 4.3x at L 4096 and 1
 launch share is less certain; ``--calibrate`` prints these). So the estimate of a kernel is
 ``max(CALIBRATION x compute, memory / HBM_EFFICIENCY)``: the measured slowdown applied to the
 work that showed it, streaming at 80 % of the bandwidth. Each JSON line gives a kernel's calls,
-work, busiest pipe, bound and estimate; the last line per variant the sums, and with
+work, busiest pipe, bound and estimate, and ``gpu_kernel``, the name a GPU profile
+(``profile_transport``) gives the same kernel; the last line per variant the sums, and with
 ``--launches`` (``count_gpu_launches``' counts) ``estimate_ms`` adds the other launches at
 5.83 us (that script's fit).
 
@@ -38,6 +39,7 @@ import collections
 import functools
 import json
 import os
+import re
 
 import _common
 
@@ -170,7 +172,10 @@ def kernel_costs(cfg, length: int, workdir, hbm_gbs: float = HBM_GBS) -> list[di
         busiest = max(per_pipe, key=per_pipe.get)
         compute_us = per_pipe[busiest] / min(programs, SMS) / (CLOCK_GHZ * 1e3)
         memory_us = nbytes / (hbm_gbs * 1e3)
-        out.append({"kernel": name, "calls": n_calls, "programs": programs, "warps": compiled.num_warps,
+        # the name a GPU profile shows (the Pallas name: pallas_gpu.kernel_name), to match rows
+        gpu_name = re.search(r"Function : (\S+)", compiled.sass)
+        out.append({"kernel": name, "gpu_kernel": gpu_name and gpu_name.group(1), "calls": n_calls,
+                    "programs": programs, "warps": compiled.num_warps,
                     "registers": compiled.registers, "loop_trips_per_program": round(trips / programs, 2),
                     "body_instructions": sum(work.body.values()), "rest_instructions": sum(work.rest.values()),
                     "busiest_pipe": busiest, "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2),
