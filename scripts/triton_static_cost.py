@@ -27,6 +27,13 @@ work, busiest pipe, bound and estimate, and ``gpu_kernel``, the name a GPU profi
 
     python scripts/triton_static_cost.py --impls pallas,pallas-one-pass,pallas-one-pass-tf32x3
     python scripts/triton_static_cost.py --impls pallas --lengths 1024,4096,16384 --calibrate
+    python scripts/triton_static_cost.py --device h200 --impls pallas-fused-tf32x3 --lengths 16384 --profile P
+        # P: profile_transport's JSON lines from a GPU; each kernel measured there / static
+
+With ``--profile`` (``profile_transport``'s JSON lines from a GPU) each kernel's measured time
+is set beside its static rows (matched by ``gpu_kernel``): one line per kernel with
+``measured_over_bound`` and ``measured_over_estimate``, then one for all the Triton kernels
+measured, whose ``measured_over_bound`` is the calibration these kernels call for.
 
 Needs PyPI ``triton`` (the test extra); the tensor cores' rate is an assumption
 (``HMMA_CYCLES``: mma.sync at half of Hopper's dense TF32 peak).
@@ -39,6 +46,7 @@ import collections
 import functools
 import json
 import os
+import pathlib
 import re
 
 import _common
@@ -205,11 +213,12 @@ def main(argv=None) -> None:
                     help="IMPL:L:N,... launches a call (count_gpu_launches.py), for estimate_ms")
     ap.add_argument("--device", choices=sorted(HBM_GBS_BY_DEVICE), default="h100",
                     help="whose memory bandwidth bounds the streaming kernels (default h100)")
+    ap.add_argument("--profile", type=pathlib.Path,
+                    help="profile_transport's JSON lines from a GPU: each kernel's measured time beside its rows")
     ap.add_argument("--calibrate", action="store_true",
                     help="print measured / bound of the recomputing kernels (impl pallas) where measured, "
                          "compiled as they ran then (as_measured)")
     args = ap.parse_args(argv)
-    import pathlib
     import tempfile
 
     from pfamalign.kernels.config import IMPL_VARIANTS
@@ -224,12 +233,45 @@ def main(argv=None) -> None:
     for item in filter(None, args.launches.split(",")):
         impl, length, n = item.split(":")
         launches[impl, int(length)] = int(n)
+    profile = []
+    if args.profile:
+        try:
+            profile = [json.loads(s) for s in args.profile.read_text().splitlines() if s.startswith("{")]
+        except (OSError, ValueError) as e:
+            ap.error(f"--profile {args.profile}: {e}")
     with tempfile.TemporaryDirectory(prefix="triton_static_cost_") as tmp:
-        _report(args, launches, pathlib.Path(tmp))
+        _report(args, launches, pathlib.Path(tmp), profile)
 
 
-def _report(args, launches: dict, workdir) -> None:
-    """Prints the per-kernel rows and the per-variant totals (module doc)."""
+def against_profile(rows: list[dict], measured: list[dict]) -> list[dict]:
+    """Static ``rows`` (``kernel_costs``) beside the ops of one GPU profile (``profile_transport``
+    rows of the same L and variant: op name, calls and ms a call of the op), by kernel name:
+    one dict per kernel the profile timed, then their total (``gpu_kernel`` "(all measured)")."""
+    static = collections.defaultdict(lambda: {"calls": 0, "bound_ms": 0.0, "estimate_ms": 0.0})
+    for r in rows:
+        s = static[r["gpu_kernel"]]
+        s["calls"] += r["calls"]
+        s["bound_ms"] += r["calls"] * r["bound_us"] / 1e3
+        s["estimate_ms"] += r["calls"] * r["estimate_us"] / 1e3
+    out = []
+    for m in measured:
+        if m.get("op") in static:
+            s = static[m["op"]]
+            out.append({"gpu_kernel": m["op"], "calls": s["calls"], "measured_calls": m.get("calls"),
+                        "measured_ms": m["ms"], "bound_ms": s["bound_ms"], "estimate_ms": s["estimate_ms"]})
+    if out:
+        out.append({"gpu_kernel": "(all measured)", "calls": sum(o["calls"] for o in out),
+                    "measured_calls": sum(o["measured_calls"] or 0 for o in out),
+                    **{f: sum(o[f] for o in out) for f in ("measured_ms", "bound_ms", "estimate_ms")}})
+    for o in out:
+        o["measured_over_bound"] = o["measured_ms"] / o["bound_ms"] if o["bound_ms"] else None
+        o["measured_over_estimate"] = o["measured_ms"] / o["estimate_ms"] if o["estimate_ms"] else None
+    return out
+
+
+def _report(args, launches: dict, workdir, profile: list[dict]) -> None:
+    """Prints the per-kernel rows and the per-variant totals (module doc), and each kernel
+    against ``profile`` where it has rows of the same L and variant."""
     from pfamalign.kernels import TransportConfig
     from pfamalign.kernels.config import impl_variant
 
@@ -255,6 +297,11 @@ def _report(args, launches: dict, workdir) -> None:
                 total["measured_kernels_ms"] = round(MEASURED_PALLAS_KERNEL_MS[length], 2)
                 total["measured_over_bound"] = round(MEASURED_PALLAS_KERNEL_MS[length] / bound_ms, 2)
             print(json.dumps(total), flush=True)
+            measured = [p for p in profile if p.get("L") == length and p.get("impl") == impl]
+            for row in against_profile(rows, measured):
+                print(json.dumps({"L": length, "W": half_band, "impl": impl, "device": args.device,
+                                  **{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}}),
+                      flush=True)
 
 
 if __name__ == "__main__":

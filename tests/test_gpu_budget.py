@@ -511,6 +511,44 @@ def test_static_cost_bounds_the_measured_h100_kernels(monkeypatch):
     assert bound[False] < bound[True]
 
 
+def test_static_cost_sets_a_gpu_profile_beside_its_rows(tmp_path, capsys):
+    """``--profile``: the kernels a GPU profile timed (matched by the name the GPU gives them,
+    ``gpu_kernel``) beside their static bound and estimate, summed over a kernel's settings;
+    other ops (XLA fusions) left out; a total whose measured / bound is the calibration the
+    measured kernels call for. The whole command runs on real static rows at a small L."""
+    pytest.importorskip("triton", reason="PyPI triton compiles the lowered IR on CPU")
+    import json
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    import triton_static_cost as cost
+
+    rows = [{"gpu_kernel": "stored_row_half", "calls": 17, "bound_us": 40.0, "estimate_us": 50.0},
+            {"gpu_kernel": "stored_rows_product", "calls": 1, "bound_us": 50.0, "estimate_us": 250.0},
+            {"gpu_kernel": "stored_rows_product", "calls": 2, "bound_us": 25.0, "estimate_us": 25.0}]
+    measured = [{"op": "stored_row_half", "calls": 17, "ms": 1.36}, {"op": "fusion.12", "calls": 4, "ms": 0.2},
+                {"op": "stored_rows_product", "calls": 3, "ms": 0.6}]
+    by = {r["gpu_kernel"]: r for r in cost.against_profile(rows, measured)}
+    assert set(by) == {"stored_row_half", "stored_rows_product", "(all measured)"}
+    assert by["stored_row_half"]["measured_over_bound"] == pytest.approx(1.36 / 0.68)
+    assert by["stored_rows_product"]["bound_ms"] == pytest.approx(0.1)  # 50 + 2 x 25 us
+    assert by["stored_rows_product"]["measured_over_estimate"] == pytest.approx(0.6 / 0.3)
+    total = by["(all measured)"]
+    assert (total["calls"], total["measured_ms"]) == (20, pytest.approx(1.96))
+    assert total["measured_over_bound"] == pytest.approx(1.96 / 0.78)
+    assert cost.against_profile(rows, [{"op": "fusion.12", "calls": 4, "ms": 0.2}]) == []
+
+    profile = tmp_path / "profile.jsonl"  # a GPU profile's lines for the variant, at L 256
+    profile.write_text("\n".join(json.dumps({"L": 256, "W": 256, "impl": "pallas-fused", "op": op, "calls": n,
+                                              "ms": ms}) for op, n, ms in
+                                  [("stored_row_half", 17, 0.05), ("band_scores", 1, 0.01), ("copy.3", 2, 0.01)]))
+    cost.main(["--impls", "pallas-fused", "--lengths", "256", "--profile", str(profile)])
+    lines = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
+    matched = {r["gpu_kernel"]: r for r in lines if "measured_ms" in r}
+    assert set(matched) == {"stored_row_half", "band_scores", "(all measured)"}
+    assert matched["stored_row_half"]["calls"] == 17 and matched["(all measured)"]["measured_ms"] == 0.06
+
+
 @pytest.mark.parametrize("dots", ["ieee", "tf32x3"])
 @pytest.mark.parametrize("kernel", ["keep_band", "linear"])
 def test_gradient_band_kernels_compile_without_spills(kernel, dots, monkeypatch, tmp_path):
