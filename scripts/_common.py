@@ -60,18 +60,19 @@ def block(x):
 
 def time_fn(fn: Callable, *args, repeats: int = 3, budget_s: float | None = None) -> dict:
     """Run once (compiling if ``fn`` is not compiled yet; reported as ``first_s``), then the
-    min over ``repeats`` runs — fewer (at least one) once ``budget_s`` seconds are spent."""
+    min over ``repeats`` runs — fewer (at least one) once ``budget_s`` seconds are spent.
+    ``result``: the last run's output."""
     t0 = time.perf_counter()
     block(fn(*args))
     first = time.perf_counter() - t0
     times = []
     for _ in range(max(repeats, 1)):
         t0 = time.perf_counter()
-        block(fn(*args))
+        result = block(fn(*args))
         times.append(time.perf_counter() - t0)
         if budget_s is not None and first + sum(times) > budget_s:
             break
-    return {"first_s": first, "min_s": min(times), "times_s": times}
+    return {"first_s": first, "min_s": min(times), "times_s": times, "result": result}
 
 
 def time_interleaved(cases: dict, *, repeats: int = 3) -> dict:
