@@ -46,8 +46,11 @@ def test_scaling_plan_is_the_reference_plan(dustbin, half_band):
     truth = _float64_plan(q, k, ql, kl, tokens, cfg)
     np.testing.assert_array_equal(fast == 0, ref == 0)  # the same support
     np.testing.assert_allclose(fast, ref, atol=5e-6, rtol=0)
-    # and no further from a float64 solve than the reference (to float32 rounding)
-    assert np.abs(fast - truth).max() <= max(2 * np.abs(ref - truth).max(), 1e-6)
+    # and no further from a float64 solve than the reference (to float32 rounding). Entries
+    # above 1 (a capacity dustbin's corner holds ~Lq) round relative to their size: their
+    # absolute error is compared in units of the entry, as float32 stores it
+    err = lambda plan: (np.abs(plan - truth) / np.maximum(np.abs(truth), 1.0)).max()  # noqa: E731
+    assert err(fast) <= max(2 * err(ref), 1e-6)
 
 
 def _unreachable_column(depth):
