@@ -56,6 +56,11 @@ def pytest_cmdline_main(config):
     config.option.numprocesses = "auto"
     if config.option.dist == "no":
         config.option.dist = "loadfile"  # a module's cases share its fixtures and compiled programs
+    if config.option.maxworkerrestart is None:
+        # A worker that dies (a segfault in a native library) ends the run at once, naming the
+        # test it ran: pytest-xdist 3.8's loadfile scheduler re-queues a dead worker's finished
+        # files as empty work, and the run can then wait forever with every worker idle.
+        config.option.maxworkerrestart = "0"
 
 
 MAX_WORKERS = 4  # each worker holds its own 8 CPU devices and compiled programs (1-3 GB)
