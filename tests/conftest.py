@@ -26,6 +26,11 @@ def pytest_addoption(parser):
 QUICK_COMPILE = "--xla_backend_optimization_level=0"
 
 
+def _gpu_run(config) -> bool:
+    """Whether this run selects the compiled GPU kernels (``-m gpu``)."""
+    return "gpu" in (config.option.markexpr or "")
+
+
 def pytest_configure(config):
     """The fast subset compiles XLA programs without LLVM's optimization passes: most of a
     case's time is compiling programs it runs once on tiny inputs (the default subset took
@@ -35,8 +40,7 @@ def pytest_configure(config):
     (``-m gpu``) and an ``XLA_FLAGS`` that sets the level itself keep XLA's default. Set here,
     before any test starts JAX's backend, and inherited by the commands tests start."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if (config.getoption("--full") or "gpu" in (config.option.markexpr or "")
-            or "xla_backend_optimization_level" in flags):
+    if config.getoption("--full") or _gpu_run(config) or "xla_backend_optimization_level" in flags:
         return
     os.environ["XLA_FLAGS"] = f"{flags} {QUICK_COMPILE}".strip()
 
@@ -51,7 +55,7 @@ def pytest_cmdline_main(config):
         return  # no xdist, or this is a worker (its numprocesses is None too)
     if config.option.numprocesses is not None:
         return
-    if "gpu" in (config.option.markexpr or "") or config.option.usepdb:
+    if _gpu_run(config) or config.option.usepdb:
         return
     config.option.numprocesses = "auto"
     if config.option.dist == "no":
