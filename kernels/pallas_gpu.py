@@ -117,43 +117,121 @@ def _key_range(i_blk, geom: BandGeometry):
     return jnp.maximum(i_blk - geom.wb, 0), jnp.minimum(i_blk + geom.wb + 1, geom.n_blocks)
 
 
-def _source_scores(source: str, ref0, ref1, geom: BandGeometry, dots: str = "ieee"):
-    """``(i_blk, j_blk) -> [b, b]``: the scores (unmasked) of the program's line block
-    ``i_blk`` against the walked block ``j_blk``, from the source's two refs: "qk": q (this
-    row block, scale applied) and all keys; "rows": this row block's stored band row and the
-    score scale of its lines; "cols": the whole stored band and the scale of the program's
-    lines (keys: each tile is read from the walked row block's band row and transposed)."""
+# Band tiles a trip of the streaming walks (``STREAMING_KERNELS``: the stored band's LSE walks
+# and its row vector product), whose loads are in flight together. Such a walk is bound by its
+# band's bytes, and
+# a program (4 warps, 32-wide f32 tiles) with one 4 KB tile in flight keeps L x 4 x 32 bytes in
+# flight over the GPU (2 MB at L 16384) where an H100's 3.35 TB/s over its ~1 us loaded latency
+# asks for ~3.3 MB: the walks would stream at ~60 % of the bandwidth. Two tiles a trip: 4 MB.
+STREAMING_TILES_A_TRIP = 2
+
+
+def _walk_tiles(lo, hi, load, step, carry, tiles_a_trip: int = 1, wide: bool = False):
+    """``carry = step(j, load(j), carry)`` for the walked blocks ``j`` in ``[lo, hi)`` (the same
+    blocks in the same order), ``tiles_a_trip`` blocks a trip loaded before any is computed on.
+
+    Apart (``wide`` False, a column walk: its blocks lie apart in the band) each block is
+    loaded and stepped on its own; the rest of the trips one by one. ``wide`` (a row walk: a
+    band row's blocks lie side by side) ``load(j, skip)`` reads blocks ``j .. j + T - 1`` (T
+    ``tiles_a_trip``) as one tile, of which the first ``skip`` are masked off (their walked
+    offsets ``-inf``), and ``step`` takes it whole; the last ``(hi - lo) % T`` blocks are the
+    end of a trip at ``hi - T`` (``hi - lo >= T``: ``wide_trips``). ptxas keeps apart blocks'
+    loads together in the column LSE walks, but issues a row walk's second block's loads only
+    after its first block's exponentials (sm_90 SASS): one wide load keeps them together."""
+    t = tiles_a_trip
+    if t == 1:
+        return jax.lax.fori_loop(lo, hi, lambda j, c: step(j, load(j) if not wide else load(j, 0), c), carry)
+    trips = (hi - lo) // t
+    if wide:
+        carry = jax.lax.fori_loop(0, trips, lambda k, c: step(lo + k * t, load(lo + k * t, 0), c), carry)
+        rest = (hi - lo) % t
+        return jax.lax.fori_loop(0, jnp.minimum(rest, 1), lambda _, c: step(hi - t, load(hi - t, t - rest), c),
+                                 carry)
+
+    def trip(k, c):
+        blocks = [lo + k * t + n for n in range(t)]
+        loaded = [load(j) for j in blocks]
+        for j, operands in zip(blocks, loaded):
+            c = step(j, operands, c)
+        return c
+
+    carry = jax.lax.fori_loop(0, trips, trip, carry)
+    return jax.lax.fori_loop(lo + trips * t, hi, lambda j, c: step(j, load(j), c), carry)
+
+
+def wide_trips(tiles: int, geom: BandGeometry) -> int:
+    """``tiles`` for a row walk's wide trips (``_walk_tiles``), or 1 where a row block may meet
+    fewer key blocks (``wb + 1`` at the problem's ends)."""
+    return tiles if geom.wb + 1 >= tiles else 1
+
+
+def _wide_offsets(ref, j_blk, skip, tiles: int, geom: BandGeometry):
+    """The walked offsets of blocks ``j_blk .. j_blk + tiles - 1`` ``[tiles b]``, ``-inf`` on
+    the first ``skip`` blocks (``_walk_tiles(wide=True)``; Python 0: none)."""
+    c = _walked(ref, j_blk, geom, tiles)
+    if isinstance(skip, int) and skip == 0:
+        return c
+    return jnp.where(jax.lax.broadcasted_iota(jnp.int32, c.shape, 0) < skip * geom.block, -jnp.inf, c)
+
+
+# The Triton kernels (``kernel_name``'s names) that walk ``STREAMING_TILES_A_TRIP`` tiles a
+# trip: those whose sm_90 SASS issues a trip's band loads before its first exponential
+# (``tests/test_gpu_budget.py`` checks each). ptxas interleaves the others' loads with their
+# exponentials one load at a time however many tiles a trip holds (the column vector product,
+# the exact row walk of ``stored_lse``), and the products with dots hold their registers.
+STREAMING_KERNELS = frozenset({"stored_row_half", "stored_col_half", "stored_rows_vector_product",
+                               "stored_cols_lse"})
+
+
+def tiles_a_trip(kernel: str) -> int:
+    """Band tiles a main-loop trip of the Triton kernel named ``kernel``."""
+    return STREAMING_TILES_A_TRIP if kernel in STREAMING_KERNELS else 1
+
+
+def _source_scores(source: str, ref0, ref1, i_blk, geom: BandGeometry, dots: str = "ieee"):
+    """``(load, scores)``: ``load(j_blk)`` reads what the scores (unmasked) ``[b, b]`` of the
+    program's line block ``i_blk`` against the walked block ``j_blk`` are made of ("rows":
+    ``load(j_blk, tiles)``, ``[b, tiles b]`` from ``j_blk`` on), and
+    ``scores(loaded)`` makes them (split so that a walk can issue several tiles' loads at
+    once), from the source's two refs: "qk": q (this row block, scale applied) and all keys;
+    "rows": this row block's stored band row and the score scale of its lines; "cols": the
+    whole stored band and the scale of the program's lines (keys: each tile is read from the
+    walked row block's band row and transposed)."""
     b = geom.block
     if source == "qk":
         q = ref0[...]  # [b, d]
-        return lambda i_blk, j_blk: tile_math.dot_nt(q, ref1[pl.ds(j_blk * b, b), :], dots)
-    if source == "rows":
-        tile = lambda i_blk, j_blk: _stored_tile(ref0, i_blk, j_blk, geom, source)
-    else:
-        tile = lambda i_blk, j_blk: _stored_tile(ref0, i_blk, j_blk, geom, source).T
+        return lambda j_blk: ref1[pl.ds(j_blk * b, b), :], lambda k: tile_math.dot_nt(q, k, dots)
+    load = lambda j_blk, tiles=1: _stored_tile(ref0, i_blk, j_blk, geom, source, tiles)
+    tile = (lambda t: t) if source == "rows" else (lambda t: t.T)
     if ref1 is None:  # a band of plan entries (``stored_linear_product``): no scale
-        return tile
+        return load, tile
     scale = ref1[...][:, None]  # [b, 1]
-    return lambda i_blk, j_blk: scale * tile(i_blk, j_blk)
+    return load, lambda t: scale * tile(t)
 
 
-def _stored_tile(band_ref, i_blk, j_blk, geom: BandGeometry, source: str):
+def _stored_tile(band_ref, i_blk, j_blk, geom: BandGeometry, source: str, tiles: int = 1):
     """``[b, b]`` stored tile of line block ``i_blk`` and walked block ``j_blk`` as it is
-    stored: "rows", this program's band row (lines x walked); "cols", the walked block's band
-    row read at this column block (walked x lines: untransposed)."""
+    stored: "rows", this program's band row (lines x walked; ``[b, tiles b]``: the walked
+    blocks from ``j_blk`` on); "cols", the walked block's band row read at this column block
+    (walked x lines: untransposed)."""
     b, wb = geom.block, geom.wb
     if source == "rows":
-        return band_ref[:, pl.ds((j_blk - i_blk + wb) * b, b)]
+        return band_ref[:, pl.ds((j_blk - i_blk + wb) * b, tiles * b)]
     return band_ref[pl.ds(j_blk * b, b), pl.ds((i_blk - j_blk + wb) * b, b)]
 
 
-def _tile_logits(scores, a, c_ref, i_blk, j_blk, geom: BandGeometry, masked: bool = True):
-    """Masked logits ``[b, b]`` of line block ``i_blk`` (row offsets ``a [b, 1]`` loaded, or
-    None) against walked block ``j_blk`` (offsets sliced from ``c_ref``, which holds them all).
-    A stored band is -inf off the support already and its scale is positive (``stored_lse``):
+def _walked(ref, j_blk, geom: BandGeometry, tiles: int = 1):
+    """The walked blocks ``j_blk ..`` (``tiles`` of them)' lines of ``ref`` (whole over the
+    problem's lines)."""
+    return ref[pl.ds(j_blk * geom.block, tiles * geom.block)]
+
+
+def _tile_logits(s, a, c, i_blk, j_blk, geom: BandGeometry, masked: bool = True):
+    """Masked logits ``[b, b]`` of line block ``i_blk`` (scores ``s`` ``[b, b]``, row offsets
+    ``a [b, 1]`` or None) against walked block ``j_blk`` (its offsets ``c [b]``). A stored band
+    is -inf off the support already and its scale is positive (``stored_lse``):
     ``masked=False`` leaves the mask out (a fifth of a walk's instructions in sm_90 SASS)."""
-    b = geom.block
-    s, c = scores(i_blk, j_blk), c_ref[pl.ds(j_blk * b, b)][None, :]
+    c, b = c[None, :], geom.block
     if not masked:
         return s + c if a is None else s + a + c
     return tile_math.mask_band(s, a, c, row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
@@ -244,37 +322,45 @@ def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, 
 # ---- band log-sum-exp ------------------------------------------------------------------------
 
 
-def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "ieee", i_blk=None):
+def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "ieee", i_blk=None, tiles: int = 1):
     """``[b]`` band log-sum-exp of this program's line block: its tiles walked with an online
     max and sum, the walked lines' offsets in ``c_ref``. A "cols" walk reduces each stored
     tile over its rows (the walked lines) where it stands: transposing it in registers costs a
     shared-memory round trip a tile. ``i_blk``: the program's line block (given by a caller
-    that walks in a ``cond`` branch, where interpret mode has no ``program_id``)."""
+    that walks in a ``cond`` branch, where interpret mode has no ``program_id``); ``tiles``:
+    tiles a trip (``tiles_a_trip``)."""
     i_blk = pl.program_id(1) if i_blk is None else i_blk
-    b = geom.block
+    b, wide = geom.block, source == "rows"
     if source == "cols":
         scale = ref1[...][None, :]  # [1, b]: the program's lines are the tile's columns
+        load = lambda j_blk: (_stored_tile(ref0, i_blk, j_blk, geom, source), _walked(c_ref, j_blk, geom))
 
-        def body(j_blk, carry):
-            tile = _stored_tile(ref0, i_blk, j_blk, geom, source)  # [walked, program]
-            return tile_math.lse_update(*carry, scale * tile + c_ref[pl.ds(j_blk * b, b)][:, None], axis=0)
+        def step(j_blk, loaded, carry):
+            tile, c = loaded  # tile [walked, program]
+            return tile_math.lse_update(*carry, scale * tile + c[:, None], axis=0)
 
         axis = 0
     else:
-        scores = _source_scores(source, ref0, ref1, geom, dots)
+        load_scores, scores = _source_scores(source, ref0, ref1, i_blk, geom, dots)
+        if wide:
+            tiles = wide_trips(tiles, geom)
+            load = lambda j_blk, skip: (load_scores(j_blk, tiles), _wide_offsets(c_ref, j_blk, skip, tiles, geom))
+        else:
+            load = lambda j_blk: (load_scores(j_blk), _walked(c_ref, j_blk, geom))
 
-        def body(j_blk, carry):
-            return tile_math.lse_update(*carry, _tile_logits(scores, None, c_ref, i_blk, j_blk, geom,
+        def step(j_blk, loaded, carry):
+            raw, c = loaded
+            return tile_math.lse_update(*carry, _tile_logits(scores(raw), None, c, i_blk, j_blk, geom,
                                                              masked=source == "qk"))
 
         axis = 1
     lo, hi = _key_range(i_blk, geom)
-    m, l = jax.lax.fori_loop(lo, hi, body, tile_math.lse_init(b, axis))
+    m, l = _walk_tiles(lo, hi, load, step, tile_math.lse_init(b, axis), tiles, wide)
     lse = tile_math.lse_finalize(m, l)
     return lse[0, :] if axis == 0 else lse[:, 0]
 
 
-def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, source: str):
+def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, source: str, tiles: int):
     """``_walk_lse`` of a stored band in one pass against a fixed stabilizer ``shift`` ``[b]``
     of the program's lines, a guess of the result: ``Σ exp(x - shift)`` and
     ``max(x - shift)`` kept per tile entry, reduced across the tile once, after the walk. No
@@ -292,24 +378,31 @@ def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, sou
     walked = (lambda v: v[None, :]) if rows else (lambda v: v[:, None])
     scale, shift_line = line(scale_ref[...]), line(shift)
 
-    def body(j_blk, carry):
-        total, top = carry
-        tile = _stored_tile(band_ref, i_blk, j_blk, geom, source)
-        z = scale * tile + (walked(c_ref[pl.ds(j_blk * b, b)]) - shift_line)
+    def step(j_blk, loaded, carry):
+        (total, top), (tile, c) = carry, loaded
+        z = scale * tile + (walked(c) - shift_line)
         return total + tile_math.exp(z), jnp.maximum(top, z)
 
     lo, hi = _key_range(i_blk, geom)
-    zeros = jnp.zeros((b, b), jnp.float32)
-    total, top = jax.lax.fori_loop(lo, hi, body, (zeros, zeros - jnp.inf))
+    if rows:  # a band row's blocks side by side: wide trips, the entries kept [b, t b]
+        t = wide_trips(tiles, geom)
+        load = lambda j_blk, skip: (_stored_tile(band_ref, i_blk, j_blk, geom, source, t),
+                                    _wide_offsets(c_ref, j_blk, skip, t, geom))
+    else:
+        t = tiles
+        load = lambda j_blk: (_stored_tile(band_ref, i_blk, j_blk, geom, source), _walked(c_ref, j_blk, geom))
+    zeros = jnp.zeros((b, t * b if rows else b), jnp.float32)
+    total, top = _walk_tiles(lo, hi, load, step, (zeros, zeros - jnp.inf), t, rows)
     top = jnp.max(top, axis=axis)
     lse = jnp.log(jnp.sum(total, axis=axis)) + shift
     # -inf: a line without entries. (A sum, not jnp.all: Triton lowers no reduce_and.)
     safe = jnp.sum(jnp.where((top == -jnp.inf) | (jnp.abs(top) <= SAFE_LOG), 0, 1)) == 0
-    return jax.lax.cond(safe, lambda: lse, lambda: _walk_lse(band_ref, scale_ref, c_ref, geom, source, i_blk=i_blk))
+    return jax.lax.cond(safe, lambda: lse,
+                        lambda: _walk_lse(band_ref, scale_ref, c_ref, geom, source, i_blk=i_blk, tiles=tiles))
 
 
 def _lse_kernel(ref0, ref1, c_ref, out_ref, *, geom: BandGeometry, source: str, dots: str):
-    out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source, dots)
+    out_ref[...] = _walk_lse(ref0, ref1, c_ref, geom, source, dots, tiles=tiles_a_trip(kernel_name(source, "lse")))
 
 
 def _walk_operands(source: str, first, second, off, geom: BandGeometry, shape: KernelShape, interpret):
@@ -380,10 +473,11 @@ def _half_walk(band_ref, scale_ref, c_ref, refs: list, geom: BandGeometry, sourc
     """A half step's band LSE: exact, or ``shifted`` against the LSE the program lines'
     previous potential gives (``-previous / kappa``; ``previous``: the first of ``refs``,
     taken off them)."""
+    tiles = tiles_a_trip("stored_row_half" if source == "rows" else "stored_col_half")
     if shifted:
         shift = refs.pop(0)[...] * (-1.0 / kappa)
-        return _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom, source)
-    return _walk_lse(band_ref, scale_ref, c_ref, geom, source)
+        return _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom, source, tiles)
+    return _walk_lse(band_ref, scale_ref, c_ref, geom, source, tiles=tiles)
 
 
 def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
@@ -621,7 +715,7 @@ def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry,
 
 
 def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dots: str, linear: bool = False,
-                    keep_band: bool = False):
+                    keep_band: bool = False, tiles: int = 1):
     """Refs: the source's two (one with ``linear``: the band of plan entries itself), the line
     and walk offsets (not with ``linear``), y, x and z (``modulated``), the output and, with
     ``keep_band``, the modulated plan's band (rows only)."""
@@ -633,7 +727,7 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
     out_ref, *band_out = refs
     i_blk = pl.program_id(1)
     b = geom.block
-    scores = _source_scores(source, ref0, ref1, geom, dots)
+    load_scores, scores = _source_scores(source, ref0, ref1, i_blk, geom, dots)
     a = None if linear else a_ref[...][:, None]  # [b, 1]
     pieces = _pow2_pieces(x_ref.shape[-1]) if modulated else []
     # Unmasked stored tiles, except where the plan tile goes straight into a dot (y a matrix, no
@@ -642,20 +736,45 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
     masked = source == "qk" or not (modulated or len(y_ref.shape) == 1)
     x = [x_ref[:, pl.ds(o, s)] for o, s in pieces]  # [b, mx'] in power-of-two pieces
 
-    def body(j_blk, acc):
+    # A vector product streams the stored band: a row walk in wide trips (``tiles_a_trip``); a
+    # column walk keeps each stored tile where it stands and sums over its rows (the walked
+    # lines) once, after the walk (as ``_shifted_walk_lse``; transposed, a shared-memory round
+    # trip and two barriers a tile: 108 instructions a tile against 64, sm_90 SASS).
+    streaming = source != "qk" and not (linear or modulated) and len(y_ref.shape) == 1
+    wide, standing = streaming and source == "rows", streaming and source == "cols"
+    if standing:
+        scale_row, a_row = ref1[...][None, :], a_ref[...][None, :]  # [1, b]: the program's lines
+    if wide:
+        tiles = wide_trips(tiles, geom)
+        load = lambda j_blk, skip: (load_scores(j_blk, tiles), _wide_offsets(c_ref, j_blk, skip, tiles, geom))
+    else:  # the walked tile's scores' operands and its offsets
+        load = lambda j_blk: (load_scores(j_blk), None if linear else _walked(c_ref, j_blk, geom))
+
+    def step(j_blk, loaded, acc):
+        raw, c = loaded
+        if standing:  # raw [walked, program], acc [b, b]
+            p = tile_math.plan_tile(scale_row * raw + a_row + c[:, None])
+            return acc + p * _walked(y_ref, j_blk, geom)[:, None]
         if linear:  # the band holds the plan's entries (0 off the support)
-            p = scores(i_blk, j_blk)
+            p = scores(raw)
         else:
-            p = tile_math.plan_tile(_tile_logits(scores, a, c_ref, i_blk, j_blk, geom, masked))  # [b, b]
-        keys = pl.ds(j_blk * b, b)
+            p = tile_math.plan_tile(_tile_logits(scores(raw), a, c, i_blk, j_blk, geom, masked))  # [b, b]
         if modulated:
+            keys = pl.ds(j_blk * b, b)
             p = tile_math.modulate(p, x, [z_ref[keys, pl.ds(o, s)] for o, s in pieces], dots)
         if band_out:  # this tile of the modulated plan, where the stored band holds its scores
             band_out[0][:, pl.ds((j_blk - i_blk + geom.wb) * b, b)] = p
-        return tile_math.accumulate(acc, p, y_ref[keys], dots)  # y [b, m'], or a vector [b]
+        # y read where it is used: read with the tile, a modulated product's y stays live
+        # across its dots (sm_90, tf32x3 at 4 warps: a spill)
+        y = _walked(y_ref, j_blk, geom, tiles if wide else 1)  # [b, m'], or a vector [b] (wide: [tiles b])
+        return tile_math.accumulate(acc, p, y, dots)
 
     lo, hi = _key_range(i_blk, geom)
-    out_ref[...] = jax.lax.fori_loop(lo, hi, body, jnp.zeros(out_ref.shape, jnp.float32))
+    if standing:  # summed over the walked lines once, after the walk (a reduction across warps)
+        acc = _walk_tiles(lo, hi, load, step, jnp.zeros((b, b), jnp.float32), tiles)
+        out_ref[...] = jnp.sum(acc, axis=0)
+        return
+    out_ref[...] = _walk_tiles(lo, hi, load, step, jnp.zeros(out_ref.shape, jnp.float32), tiles, wide)
 
 
 def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGeometry,
@@ -687,11 +806,12 @@ def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGe
         width = geom.n_diag * b
         out_spec = [out_spec, pl.BlockSpec((None, b, width), lambda n, i: (n, i, 0))]
         out_shape = [out_shape, jax.ShapeDtypeStruct((n, lp, width), jnp.float32)]
+    name = kernel_name(source, "product", linear=linear, modulated=modulated, vector=vector, keep_band=keep_band)
     out = _call(
         functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source,
-                          dots=_dot_mode(dots, interpret), linear=linear, keep_band=keep_band), geom, launch,
-        in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret,
-        name=kernel_name(source, "product", linear=linear, modulated=modulated, vector=vector, keep_band=keep_band),
+                          dots=_dot_mode(dots, interpret), linear=linear, keep_band=keep_band,
+                          tiles=tiles_a_trip(name)), geom, launch,
+        in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret, name=name,
     )(*operands)
     trim = (lambda o: o[..., None]) if vector else (lambda o: o[..., :m])
     return (trim(out[0]), out[1]) if keep_band else trim(out)

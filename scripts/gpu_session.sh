@@ -94,9 +94,14 @@ issue11() {
         -p no:cacheprovider
     part 60 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
         --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
+    # the same with one band tile a trip in the streaming walks, as before 2026-11-29: which
+    # one streams faster (stored_row_half, stored_col_half) sets STREAMING_TILES_A_TRIP
+    part 60 profile_fused_tf32x3_tiles1.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
+        --lengths 16384 --half-band 1024 --top 14 --streaming-tiles 1 --out "$OUT_DIR/tiles1"
     {   echo "## $(head -1 "$OUT_DIR/device.txt")"
         grep -h "^target" "$OUT_DIR"/bench_*.txt || echo "no targets measured"
-        python3 - "$OUT_DIR/bench_16384.txt" "$OUT_DIR/bench_4096.txt" "$OUT_DIR/profile_fused_tf32x3.jsonl" <<'PY' || true
+        python3 - "$OUT_DIR/bench_16384.txt" "$OUT_DIR/bench_4096.txt" "$OUT_DIR/profile_fused_tf32x3.jsonl" \
+            "$OUT_DIR/profile_fused_tf32x3_tiles1.jsonl" <<'PY' || true
 import json, os, sys
 lines = lambda path: [json.loads(s) for s in open(path) if s.startswith("{")] if os.path.exists(path) else []
 rows = lines(sys.argv[1]) + lines(sys.argv[2])
@@ -104,9 +109,10 @@ for r in rows:
     if "impl" in r:
         print(f"{r['L']:>6} {r['impl']:<24} {r['status']:<8} {r.get('fwd_bwd_ms') or 0:9.3f} ms  "
               f"grad_err {float('nan') if r.get('grad_err') is None else r['grad_err']:.1e}  {r.get('reason') or ''}"[:160])
-for r in lines(sys.argv[3]):
+for r in lines(sys.argv[3]) + lines(sys.argv[4]):
     if "op" in r:
-        print(f"  {r.get('ms', r.get('ms_per_call', 0)):8.3f} ms  {r['calls']:>4}x  {r['op'][:90]}")
+        print(f"  {r.get('ms', r.get('ms_per_call', 0)):8.3f} ms  {r['calls']:>4}x  tiles {r.get('streaming_tiles')}  "
+              f"{r['op'][:80]}")
 PY
         tail -1 "$OUT_DIR/pytest_gpu.txt" || true; } 2>&1 | tee -a "$log"
 }

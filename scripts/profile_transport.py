@@ -107,14 +107,23 @@ def main(argv=None) -> None:
                              "pallas-fused-tf32x3, ...)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=25, help="ops listed per configuration, the slowest first")
+    parser.add_argument("--streaming-tiles", type=int, default=None,
+                        help="band tiles a trip of the Triton kernels' streaming walks (default: "
+                             "kernels.pallas_gpu.STREAMING_TILES_A_TRIP); 1 measures the walks as they were before "
+                             "2026-11-29")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
                         help="where the HLO text goes (default: $OUT, else /tmp/profile_transport)")
     args = parser.parse_args(argv)
+    from pfamalign.kernels import pallas_gpu
+
+    if args.streaming_tiles is not None:  # read when the kernels are traced
+        pallas_gpu.STREAMING_TILES_A_TRIP = args.streaming_tiles
     print(f"device: {_common.device_name()}", file=sys.stderr)
     for length in args.lengths:
         for impl in args.impls.split(","):
             for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top):
-                print(json.dumps({**row, "script": "profile_transport", "env": _common.environment()}), flush=True)
+                print(json.dumps({**row, "streaming_tiles": pallas_gpu.STREAMING_TILES_A_TRIP,
+                                  "script": "profile_transport", "env": _common.environment()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -121,13 +121,13 @@ def _python_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **unuse
     return carry, (jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else None)
 
 
-def _trips(name: str, group: int, launch_geom, programs: int) -> float:
-    """Main-loop trips over all programs: a walk's key blocks (the scores kernel: every band
-    tile of its row); the one-pass combine's row groups."""
+def _trips(name: str, group: int, launch_geom, programs: int, tiles: int = 1) -> float:
+    """Main-loop trips over all programs: a walk's key blocks, ``tiles`` a trip (the scores
+    kernel: every band tile of its row); the one-pass combine's row groups."""
     from pfamalign.kernels.pallas_gpu import _key_range
 
     g = launch_geom
-    blocks = sum(int(hi - lo) for lo, hi in (_key_range(i, g) for i in range(g.n_blocks)))
+    blocks = sum(int(hi - lo) // tiles for lo, hi in (_key_range(i, g) for i in range(g.n_blocks)))
     if name == "band_scores":
         return g.n_diag * programs
     if name == "stored_one_pass_rows":
@@ -159,19 +159,24 @@ def kernel_costs(cfg, length: int, workdir, hbm_gbs: float = HBM_GBS) -> list[di
         for axis in ("grid_x", "grid_y", "grid_z"):
             programs *= ir.IntegerAttr(config[axis]).value
         compiled = triton_offline.compile_call(config, 90, workdir and workdir / f"L{length}-{i}")
+        gpu_name = re.search(r"Function : (\S+)", compiled.sass)
+        gpu_name = gpu_name and gpu_name.group(1)
         # A shifted half step's walk is its first loop; the exact walk after it is the fallback
-        # (a line far from its stabilizer), left out of the estimate.
+        # (a line far from its stabilizer), left out of the estimate. A walk of several tiles a
+        # trip (pallas_gpu.tiles_a_trip) has its main loop first, then at most one trip of the
+        # rest (counted once a program, with the code outside the loop).
         shift_at = {"stored_row_half": 4, "stored_col_half": 5}.get(name)
         shifted = shift_at is not None and len(shapes) > shift_at and shapes[shift_at] is not None
-        work = triton_offline.sass_work(compiled.sass, "first" if shifted else "longest")
         geom = static["geom"]
+        tiles = pallas_gpu.wide_trips(pallas_gpu.tiles_a_trip(gpu_name or ""), geom)
+        work = triton_offline.sass_work(compiled.sass, "first" if shifted or tiles > 1 else "longest")
         if name in ("band_lse", "band_product"):  # the recomputing kernels re-tile the band
             d = shapes[0].shape[-1]
             shape = (KernelShape(d) if name == "band_lse" else
                      KernelShape(d, shapes[4].shape[-1], 0 if shapes[5] is None else shapes[5].shape[-1]))
             geom = pallas_gpu.tiling(geom, shape)[0]
         group = geom.length // shapes[0].shape[1] if name == "stored_one_pass_combine" else 1
-        trips = _trips(name, group, geom, programs) if work.has_loop else 0.0
+        trips = _trips(name, group, geom, programs, tiles) if work.has_loop else 0.0
         per_pipe = {pipe: programs * c for pipe, c in triton_offline.pipe_cycles(
             work.rest, compiled.num_warps, HMMA_CYCLES).items()}
         for pipe, c in triton_offline.pipe_cycles(work.body, compiled.num_warps, HMMA_CYCLES).items():
@@ -181,8 +186,7 @@ def kernel_costs(cfg, length: int, workdir, hbm_gbs: float = HBM_GBS) -> list[di
         compute_us = per_pipe[busiest] / min(programs, SMS) / (CLOCK_GHZ * 1e3)
         memory_us = nbytes / (hbm_gbs * 1e3)
         # the name a GPU profile shows (the Pallas name: pallas_gpu.kernel_name), to match rows
-        gpu_name = re.search(r"Function : (\S+)", compiled.sass)
-        out.append({"kernel": name, "gpu_kernel": gpu_name and gpu_name.group(1), "calls": n_calls,
+        out.append({"kernel": name, "gpu_kernel": gpu_name, "calls": n_calls, "tiles_a_trip": tiles,
                     "programs": programs, "warps": compiled.num_warps,
                     "registers": compiled.registers, "loop_trips_per_program": round(trips / programs, 2),
                     "body_instructions": sum(work.body.values()), "rest_instructions": sum(work.rest.values()),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import re
 import types
 
 import jax
@@ -356,6 +357,64 @@ def test_retiled_kernels_match_the_band_tiling_in_interpret_mode(monkeypatch):
     np.testing.assert_allclose(narrow[1], wide[1], rtol=1e-6, atol=1e-6)
 
 
+def _lower_half_step(kernel: str, shifted: bool, geom):
+    """The custom call's config of ``fused_steps``' half step ``kernel`` (centered) on the
+    stored tiling ``geom``, lowered for "cuda"; ``shifted``: given the previous potentials."""
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    lp, band = geom.length, f32(1, geom.length, geom.n_diag * geom.block)
+    specs = {"stored_row_half": [band, f32(1, lp), f32(1, lp), f32(1, lp)],
+             "stored_col_half": [band, f32(1, lp), f32(1, lp), f32(1, geom.n_blocks), f32(1, lp)]}[kernel]
+    specs = specs + [f32(1, lp)] if shifted else specs  # the lines' previous potential
+    f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
+                          interpret=False)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    (call,) = triton_offline.custom_calls(lowered)
+    return call.attributes["mhlo.backend_config"]
+
+
+def _bytes_loaded_before_first_exp(sass: str) -> int:
+    """Global-memory bytes a thread loads in the SASS's first loop before its first
+    exponential (``MUFU.EX2``): the loads a trip has in flight while it waits on the first."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?(.*?)\s*;", line) for line in sass.splitlines()) if m]
+    loops = [(int(t.group(1), 16), addr) for addr, text in ins
+             if (t := re.match(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)) and int(t.group(1), 16) < addr]
+    lo, hi = min(loops)
+    total = 0
+    for addr, text in ins:
+        if lo <= addr <= hi:
+            if text.startswith("MUFU.EX2"):
+                return total
+            load = re.match(r"LDG\.E(?:\.(\d+))?\b", text)
+            total += int(load.group(1) or 32) // 8 if load else 0
+    raise AssertionError("no exponential in the first loop")
+
+
+@pytest.mark.parametrize("kernel", sorted(pallas_gpu.STREAMING_KERNELS))
+def test_streaming_walks_keep_their_trips_tiles_in_flight(kernel, monkeypatch, tmp_path):
+    """The streaming walks (``pallas_gpu.STREAMING_KERNELS``) at the benchmark's largest band
+    (L 16384, W 1024), compiled for sm_90 here: a main-loop trip issues the loads of all its
+    ``STREAMING_TILES_A_TRIP`` band tiles before its first exponential, so that a program has
+    that many tiles in flight (one tile a trip, as before 2026-11-29, or a row walk's second
+    tile loaded apart: ptxas issued it after the first tile's exponentials). No spills."""
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
+    geom = make_geometry(16384, 1024, pallas=True)
+    if kernel.endswith("_half"):
+        config = _lower_half_step(kernel, True, pallas_gpu.stored_geometry(geom))
+    else:  # stored_{rows,cols}_{lse,vector_product}
+        shape = KernelShape(0, 0 if kernel.endswith("lse") else 1, stored=True)
+        config = _lower_triton(shape, geom, transposed=kernel.startswith("stored_cols"))[1]
+    got = _triton_compile(config, 90, tmp_path)
+    assert f"Function : {kernel}\n" in got.sass  # the kernel named
+    assert got.stack == 0, got
+    block = pallas_gpu.stored_geometry(geom).block
+    tiles = pallas_gpu.tiles_a_trip(kernel)
+    assert tiles == pallas_gpu.STREAMING_TILES_A_TRIP > 1
+    tile_bytes = block * block * 4 // (32 * got.num_warps)  # a thread's share of one band tile
+    assert _bytes_loaded_before_first_exp(got.sass) >= tiles * tile_bytes, kernel
+
+
 @pytest.mark.parametrize("shifted", [False, True], ids=["exact", "shifted"])
 @pytest.mark.parametrize("kernel", ["stored_row_half", "stored_col_half"])
 def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, shifted, monkeypatch, tmp_path):
@@ -367,16 +426,7 @@ def test_fused_half_step_kernels_compile_within_budget_without_spills(kernel, sh
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     monkeypatch.setattr(gpu_budget, "device_budget", lambda device=None: SMEM_BUDGET["h100"])
     geom = pallas_gpu.stored_geometry(make_geometry(16384, 1024, pallas=True))
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-    lp, band = geom.length, f32(1, geom.length, geom.n_diag * geom.block)
-    specs = {"stored_row_half": [band, f32(1, lp), f32(1, lp), f32(1, lp)],
-             "stored_col_half": [band, f32(1, lp), f32(1, lp), f32(1, geom.n_blocks), f32(1, lp)]}[kernel]
-    specs = specs + [f32(1, lp)] if shifted else specs  # the lines' previous potential
-    f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
-                          interpret=False)
-    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
-    (call,) = triton_offline.custom_calls(lowered)
-    got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
+    got = _triton_compile(_lower_half_step(kernel, shifted, geom), 90, tmp_path)
     chosen = gpu_budget.choose(KernelShape(0, stored=True), geom.block, SMEM_BUDGET["h100"])
     assert 0 < got.shared <= gpu_budget.smem_bytes(KernelShape(0, stored=True), chosen.block, chosen.num_stages)
     assert got.stack == 0, got
