@@ -142,18 +142,32 @@ def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
     records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 
+def read_checksums(directory: pathlib.Path) -> dict[str, str]:
+    """The digests recorded in ``directory``'s checksums file, by file name ({} when there is
+    none); ValueError naming the file when it is unreadable (not JSON, or not a table of file
+    names to digests: edited or damaged by hand)."""
+    path = pathlib.Path(directory) / CHECKSUMS
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable ({err})") from None
+    sums = data.get("sha256") if isinstance(data, dict) else None
+    if not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
+        raise ValueError(f'{path}: unreadable (no "sha256" table of file names to digests)')
+    return sums
+
+
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:
     """The problems of ``directory`` against its checksums (only ``part``, a file or the files
-    under it, if given): missing, changed or unrecorded files. [] when all match or nothing is
-    recorded."""
+    under it, if given): missing, changed or unrecorded files, or an unreadable checksums
+    file. [] when all match or nothing is recorded."""
     directory = pathlib.Path(directory)
-    path = directory / CHECKSUMS
-    if not path.is_file():
-        return []
     try:
-        sums = json.loads(path.read_text())["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return [f"{path}: unreadable ({err})"]
+        sums = read_checksums(directory)
+    except ValueError as err:
+        return [str(err)]
     problems = []
     for name, digest in sorted(sums.items()):
         if part and not (name == part or name.startswith(f"{part}/")):

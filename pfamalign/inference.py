@@ -28,7 +28,7 @@ from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.decoding import DecoderSettings
 from pfamalign.plans import PairPlan, unpad, unpad_symmetric
-from pfamalign.resources import check_align_memory, padded_length
+from pfamalign.resources import check_align_memory, check_budget_usable, padded_length
 
 DEFAULT_MODEL = "default_model"
 # a batch is padded up to the next of these: few shapes. Larger batches brought no more
@@ -200,6 +200,8 @@ class Predictor:
         self.embedder = embedder
         limit = embedder.max_residues
         self.max_length = min(max_length, limit) if limit else max_length
+        self._embedder_limits = bool(limit) and limit < max_length  # not the caller's max_length
+        check_budget_usable(max_memory, plan_models)  # one error, not one per pair of a batch
         self.max_memory = max_memory
         self.plan_models = plan_models
         self.shapes: set[tuple[int, int]] = set() if shapes is None else shapes
@@ -392,10 +394,12 @@ class Predictor:
         plan (``pair_problem``, ``featurize``, ``search.usable_records``)."""
         if not seq:
             return "empty sequence"
-        if len(seq) > self.max_length:
+        if len(seq) > self.max_length and self._embedder_limits:
             return (f"sequence of {len(seq)} residues is longer than this model accepts "
-                    f"({self.max_length}); split it into domains or raise --max-length "
-                    "(max_length= in Python)")
+                    f"({self.max_length}, its embedder's limit); split it into domains")
+        if len(seq) > self.max_length:
+            return (f"sequence of {len(seq)} residues is longer than the limit of {self.max_length} residues; "
+                    "split it into domains or raise --max-length (max_length= in Python)")
         return None
 
     def pair_problem(self, seq_a: str, seq_b: str) -> str | None:

@@ -242,6 +242,8 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
     """
     from pfamalign.residues import normalize_sequence
 
+    if arg == "@":
+        raise ValueError("'@' names no file: write @FILE to read FILE as FASTA (e.g. @query.txt)")
     path = None if arg == STDIN else argument_path(arg)
     if arg == STDIN or path is not None:
         if path is not None and not path.exists():  # exists, not is_file: /dev/fd/N is a pipe

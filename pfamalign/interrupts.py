@@ -5,14 +5,18 @@ command unwinds as from Ctrl-C and its atomic writes remove their temporaries (t
 action kills the process where it stands). Every signal handled here is also recorded:
 Python drops an exception raised inside a garbage-collector callback ("Exception ignored
 in ...", and jax registers one), so a Ctrl-C arriving there would vanish and the command
-finish as if none came. ``check`` raises a recorded one: atomic outputs call it before they
-commit, and the command line reports it after a command that returned anyway.
+finish as if none came. ``check`` raises a recorded one: long loops call it at each step of
+their progress (``commands._common.batch_progress``, certify's stages), atomic outputs before
+they commit, and the command line reports it after a command that returned anyway. Inside
+``handled`` the interrupt such a callback drops is not printed ("Exception ignored ...
+KeyboardInterrupt" and its traceback): it is recorded, and raised at the next check.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from typing import Iterator
 
 
@@ -50,6 +54,15 @@ def _handle(signum, frame):
     raise Terminated(signum)
 
 
+def _unraisable(hook):
+    """``sys.unraisablehook`` that leaves out the interrupts ``_handle`` raised where Python
+    drops them (recorded: ``check`` raises them again) and passes the rest to ``hook``."""
+    def unraisable(info):
+        if not (isinstance(info.exc_value, KeyboardInterrupt) and _received is not None):
+            hook(info)
+    return unraisable
+
+
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
     """Inside, SIGINT (where Python's own handler is in place) and ``UNWINDING_SIGNALS``
@@ -62,9 +75,11 @@ def handled() -> Iterator[None]:
                             *((s, signal.SIG_DFL) for s in UNWINDING_SIGNALS)):
         if signal.getsignal(signum) is default:
             previous[signum] = signal.signal(signum, _handle)
+    hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
     try:
         yield
     finally:
         _active = False
+        sys.unraisablehook = hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)

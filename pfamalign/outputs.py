@@ -181,8 +181,12 @@ def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pat
 @contextlib.contextmanager
 def open_output(path: os.PathLike | None, inputs: Iterable[os.PathLike | None] = (), *,
                 mode: str = "w") -> Iterator[IO]:
-    """A text sink: standard output when ``path`` is None or ``-``, else an atomic file."""
+    """A text sink: standard output when ``path`` is None or ``-``, else an atomic file. A
+    closed standard output (``>&-``: Python's ``sys.stdout`` is None) is an OSError naming the
+    way out."""
     if path is None or str(path) == "-":
+        if sys.stdout is None:
+            raise OSError("standard output is closed: write to a file with -o FILE, or redirect it (> FILE)")
         yield sys.stdout if "b" not in mode else sys.stdout.buffer
         return
     with atomic_path(path, inputs) as tmp:

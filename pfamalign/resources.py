@@ -33,7 +33,10 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
     if not m:
         raise ValueError(f"expected a size such as 8G, 512M or 0 (no limit), got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    number = float(m.group(1))
+    if 0 < number * _UNITS[m.group(2).upper()] < 1:  # 0.5: a budget under one byte, not "no limit"
+        raise ValueError(f"{text!r} is less than one byte: give a size such as 8G or 512M, or 0 for no limit")
+    return int(number * _UNITS[m.group(2).upper()])
 
 
 def format_size(n: int) -> str:
@@ -97,6 +100,16 @@ def check_align_memory(len_a: int, len_b: int, budget: int | None, models: int =
     """Raises ValueError when aligning sequences of these lengths (with ``models`` plan models)
     would need more than ``budget`` bytes (None or 0: no limit)."""
     check_memory(estimate_align_bytes(len_a, len_b, models), budget, f"aligning {len_a} x {len_b} residues")
+
+
+def check_budget_usable(budget: int | None, models: int = 1) -> None:
+    """Raises ValueError when ``budget`` cannot hold even the smallest pair (a batch would
+    refuse every record, one by one)."""
+    need = estimate_align_bytes(1, 1, models)
+    if budget and need > budget:
+        raise ValueError(f"the memory budget of {format_size(budget)} is below the {format_size(need)} that "
+                         f"aligning any pair needs: raise it with --max-memory (e.g. --max-memory "
+                         f"{-(-need >> 30) + 1}G; 0 lifts the limit; max_memory= in Python)")
 
 
 # `certify` solves the pair's dense problem to convergence in float64, several times (the CETA

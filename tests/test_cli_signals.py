@@ -63,18 +63,48 @@ def test_an_interrupt_inside_a_compiled_function_is_an_interrupt(monkeypatch):
     assert isinstance(res.exception, SystemError)  # any other SystemError is a bug: not hidden
 
 
+class _Finalized:
+    """Dies with a Ctrl-C Python drops: the handler's raise lands inside this finalizer,
+    which runs on the main thread the moment its last reference goes (``del``), where a
+    garbage-collector callback (jax's) runs on whichever thread collects, and
+    ``gc.collect()`` returns at once while another thread's collection is under way (xdist's
+    I/O thread), so staged there it can miss. Both drop the raise through the same
+    ``sys.unraisablehook``."""
+
+    def __del__(self):
+        import threading
+
+        # to this thread (os.kill may wake another, and the handler then runs whenever): the
+        # handler runs in the loop below, inside the finalizer, and its raise is dropped
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        for _ in range(10_000):
+            pass
+
+
+def _watch_dropped(monkeypatch) -> tuple[list, list]:
+    """(what Python dropped, what of it was printed): the exception types the command line's
+    ``sys.unraisablehook`` (``interrupts._unraisable``) was given, and those it passed on to
+    the hook before it (standing in for Python's, which prints them)."""
+    from pfamalign import interrupts
+
+    dropped, printed = [], []
+    wrap = interrupts._unraisable
+
+    def watched(hook):
+        inner = wrap(hook)
+        return lambda unraisable: (dropped.append(unraisable.exc_type), inner(unraisable))
+
+    monkeypatch.setattr(interrupts, "_unraisable", watched)
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: printed.append(unraisable.exc_type))
+    return dropped, printed
+
+
 def test_an_interrupt_python_drops_still_stops_the_command(tmp_path, monkeypatch, foreground_sigint):
     """Python drops an exception raised inside a garbage-collector callback (jax registers
     one) or a finalizer ("Exception ignored in ..."): a Ctrl-C landing there used to vanish,
     the command finishing with exit 0 and its outputs written. The signal is recorded: no
-    output is committed, exit 130.
-
-    Staged in a finalizer, which runs on the main thread the moment its object dies: a gc
-    callback runs on whichever thread collects, and ``gc.collect()`` returns at once while
-    another thread's collection is under way (xdist's I/O thread), so staged there it can miss.
-    Both drop the raise through the same ``sys.unraisablehook``."""
-    import threading
-
+    output is committed, exit 130, and the dropped raise is not printed (a traceback of
+    Python's, "Exception ignored in: <function _xla_gc_callback ...>")."""
     from click.testing import CliRunner
 
     from pfamalign import batch
@@ -82,25 +112,16 @@ def test_an_interrupt_python_drops_still_stops_the_command(tmp_path, monkeypatch
 
     real = batch.aligned
 
-    class Finalized:
-        def __del__(self):
-            # to this thread (os.kill may wake another, and the handler then runs whenever): the
-            # handler runs in the loop below, inside the finalizer, and its raise is dropped
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            for _ in range(10_000):
-                pass
-
     def aligned(*args, **kwargs):
-        dying = Finalized()
+        dying = _Finalized()
         del dying  # the last reference: the finalizer runs here, on this (the main) thread
         yield from real(*args, **kwargs)
 
-    dropped = []  # what Python could not raise: the interrupt, inside the finalizer
-    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+    dropped, printed = _watch_dropped(monkeypatch)
     monkeypatch.setattr(batch, "aligned", aligned)
     out = tmp_path / "out.json"
     res = CliRunner().invoke(main, ["align", "ACDEFG", "ACDEF", "-f", "json", "-o", str(out)])
-    assert dropped == [KeyboardInterrupt]  # staged as meant: the raise went nowhere
+    assert dropped == [KeyboardInterrupt] and printed == []  # staged as meant; not printed
     assert res.exit_code == 130 and "Interrupted (SIGINT)" in res.output, res.output
     assert not out.exists() and not list(tmp_path.iterdir())
     monkeypatch.undo()
@@ -123,3 +144,34 @@ def test_an_output_that_cannot_be_written_is_one_error_line(tmp_path):
     assert res.exit_code == 1, res.output
     assert f"Error: cannot write {out}: Is a directory" in res.output and "Traceback" not in res.output
     assert out.read_text() == "previous\n"
+
+
+def test_a_dropped_interrupt_stops_a_batch_at_its_next_step(tmp_path, monkeypatch, foreground_sigint):
+    """`search` scores its pairs in chunks; a Ctrl-C Python dropped during the first chunk
+    used to let every chunk run (70 s on a Pfam seed, all-vs-all) before the command stopped
+    at its output. Each progress step checks for it (``batch_progress``): one chunk runs."""
+    from click.testing import CliRunner
+
+    from pfamalign import search
+    from pfamalign.alignment import pairhmm_numba
+    from pfamalign.cli import main
+
+    real, chunks = pairhmm_numba.log_likelihood_ratios, []
+
+    def scored(*args, **kwargs):
+        chunks.append(len(args[1]))
+        if len(chunks) == 1:
+            _Finalized()  # unreferenced: its finalizer runs at once, here on the main thread
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search, "SCORE_CHUNK", 2)
+    monkeypatch.setattr(pairhmm_numba, "log_likelihood_ratios", scored)
+    dropped, printed = _watch_dropped(monkeypatch)
+    db = tmp_path / "db.fasta"
+    db.write_text("".join(f">s{i}\n{'ACDEFGHIKLMNPQRSTVWY'[i:] + 'MKV' * i}\n" for i in range(12)))
+    out = tmp_path / "hits.tsv"
+    res = CliRunner().invoke(main, ["search", str(db), str(db), "--decoys", "10", "-o", str(out)])
+    assert dropped == [KeyboardInterrupt] and printed == []
+    assert res.exit_code == 130 and "Interrupted (SIGINT)" in res.output, res.output
+    assert len(chunks) == 1, chunks  # stopped at the first step after the drop
+    assert not out.exists() and sorted(tmp_path.iterdir()) == [db]

@@ -114,7 +114,7 @@ def test_align_fasta_files_pairs_file_and_plot(model_dir, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["", PDZ_B], "empty"),
     (["MKV1LL", PDZ_B], "non-protein character '1' at position 4"),
-    ([PDZ_A, PDZ_B, "--max-length", "20"], "longer than this model accepts"),
+    ([PDZ_A, PDZ_B, "--max-length", "20"], "longer than the limit of 20 residues; split it"),
     (["nothere.fasta", PDZ_B], "no such FASTA file"),
 ])
 def test_align_bad_input_gives_clear_errors(model_dir, args, message):

@@ -521,6 +521,22 @@ def saved_model(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("damage", ["{", "[1, 2]", '{"files": 5}', '{"sha256": 5}', '{"sha256": {"params": 5}}'])
+def test_a_damaged_checksums_file_is_a_problem_not_a_traceback(damage, saved_model, tmp_path):
+    """`verify` on a model whose checksums.json was damaged (not JSON, not a table of file
+    names to digests) names the file as unreadable, as it does a dataset's manifest; loading
+    the model refuses it the same way."""
+    import shutil
+
+    from pfamalign import checkpoint
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    (model / checkpoint.CHECKSUMS).write_text(damage)
+    assert_clear_error(run(["verify", model]), f"{model / checkpoint.CHECKSUMS}: unreadable")
+    assert_clear_error(run(["align", "MKVLA", "MKVA", "--checkpoint", model]), "fails its checksums", "unreadable")
+
+
 def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, tmp_path):
     import shutil
 
@@ -717,9 +733,24 @@ def test_bad_tail_depths_are_refused_naming_the_option(depths):
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
     long_a, long_b = "ACDEFGHIKL" * 300, "KLMNPQRSTV" * 300
-    result = run(["align", long_a, long_b, "--max-memory", "200M"])
+    result = run(["align", long_a, long_b, "--max-memory", "1G"])
     assert_clear_error(result, "3000 x 3000", "--max-memory")
     assert "needs about" in result.output
+
+
+@pytest.mark.parametrize("command", [["align", "--pairs"], ["search", "--all-vs-all"]])
+def test_a_budget_no_pair_fits_is_one_error_not_one_a_record(command, tmp_path):
+    """`--max-memory 1K` (or 0.5G, under the 640 MiB any pair needs) refused every record of a
+    batch, one line each (29 for a 29-sequence search); it is one error, naming the option."""
+    fasta = tmp_path / "q.fa"
+    fasta.write_text("".join(f">s{i}\nMKVLA{'ACDEF'[:i]}\n" for i in range(5)))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"MKVLA{'A' * i}\tMKVA\n" for i in range(5)))
+    source = pairs if command[0] == "align" else fasta
+    for budget in ("1K", "0.5G"):
+        result = run([*command, source, "--max-memory", budget])
+        assert_clear_error(result, "that aligning any pair needs", "--max-memory")
+        assert result.output.count("Error") == 1 and "skipped" not in result.output, result.output
 
 
 @pytest.mark.slow  # a child process loads the model and compiles (15 s)
@@ -743,9 +774,13 @@ def test_memory_estimate_and_sizes():
 
     assert resources.parse_size("8G") == 8 << 30 and resources.parse_size("512m") == 512 << 20
     assert resources.parse_size("0") == 0 and resources.parse_size("1.5GiB") == 3 << 29
+    assert resources.parse_size("0.0") == 0 and resources.parse_size("1") == 1
     for bad in ("", "lots", "-1G", "8X"):
         with pytest.raises(ValueError):
             resources.parse_size(bad)
+    for tiny in ("0.5", "0.0001K"):  # under a byte: refused, never read as 0, "no limit"
+        with pytest.raises(ValueError, match="less than one byte"):
+            resources.parse_size(tiny)
     # the padded square grid: the longer sequence decides; 20000 x 20000 is about 53 GB
     assert resources.estimate_align_bytes(100, 20000) == resources.estimate_align_bytes(20000, 20000)
     assert 50e9 < resources.estimate_align_bytes(20000, 20000) < 54e9
@@ -868,6 +903,9 @@ def test_a_fasta_file_with_any_extension_is_read_as_a_file(tmp_path, monkeypatch
     assert "read as residues" not in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"position 2 .*nor is there a file named t\.xyz"):
         inputs.read_sequence("t.xyz", "seq_a")  # a mistyped name is not blamed on its residues
+    assert inputs.read_sequence("@noext", "seq_a") == ("n", "WWW")
+    with pytest.raises(ValueError, match="^'@' names no file: write @FILE"):
+        inputs.read_sequence("@", "seq_a")  # was ": cannot read FASTA file", the working directory read
 
 
 def test_directories_and_pipes_as_sequence_arguments(tmp_path, monkeypatch, capsys):
@@ -1229,13 +1267,31 @@ def test_the_command_lines_step_limit_is_the_ops():
     assert MAX_STEPS == OP_MAX_STEPS
 
 
+def test_a_length_limit_names_whose_it_is():
+    """Over the caller's --max-length the message says to raise it; over what the model's
+    embedder accepts (ESM-2: 1,022 residues), raising --max-length cannot help, and the
+    message does not say to."""
+    import types
+
+    from pfamalign.inference import Predictor
+
+    predictor = Predictor()
+    predictor._set_featurizer("m", types.SimpleNamespace(max_residues=None), max_length=100, max_memory=None)
+    assert "longer than the limit of 100 residues; split it into domains or raise --max-length" in (
+        predictor.sequence_problem("A" * 101))
+    predictor._set_featurizer("m", types.SimpleNamespace(max_residues=50), max_length=100, max_memory=None)
+    problem = predictor.sequence_problem("A" * 51)
+    assert "longer than this model accepts (50, its embedder's limit)" in problem and "--max-length" not in problem
+    assert predictor.sequence_problem("A" * 50) is None
+
+
 def test_certify_refuses_a_pair_over_its_memory_budget_and_takes_max_length(tmp_path):
     result = run(["certify", "ACDEFGHIKL" * 200, "KLMNPQRSTV" * 200, "--max-memory", "1G"])
     assert_clear_error(result, "certifying 2000 x 2000 residues", "--max-memory")
     assert_clear_error(run(["certify", "ACDEFGHIKL" * 50, PDZ_B, "--max-length", "100"]),
-                       "longer than this model accepts (100)", "--max-length")
+                       "longer than the limit of 100 residues", "--max-length")
     assert_clear_error(run(["barycenter", "ACDEFGHIKL" * 50, PDZ_B, "--max-length", "100"]),
-                       "longer than this model accepts (100)")
+                       "longer than the limit of 100 residues")
 
 
 def test_eval_names_the_families_it_leaves_out(tmp_path):

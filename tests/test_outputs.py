@@ -148,3 +148,19 @@ def test_an_error_that_is_not_about_the_temporary_passes_unchanged(tmp_path):
             open(tmp_path / "missing-input.txt")  # the block's own error, not the output's
     assert raised.value.filename == str(tmp_path / "missing-input.txt")
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_closed_standard_output_is_an_error_naming_the_way_out(monkeypatch, tmp_path):
+    """`pfamalign align A B >&-`: Python starts with ``sys.stdout`` None. Writing there is an
+    OSError (the command line's one `Error:` line, exit 1), not an AttributeError's
+    traceback; a file output still works."""
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", None)
+    for path in (None, "-"):
+        with pytest.raises(OSError, match="standard output is closed: write to a file with -o FILE"):
+            with open_output(path):
+                pass
+    with open_output(tmp_path / "out.txt") as sink:
+        sink.write("kept\n")
+    assert (tmp_path / "out.txt").read_text() == "kept\n"

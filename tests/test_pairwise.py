@@ -86,7 +86,9 @@ def test_decoder_settings_override_the_models_and_bad_names_are_refused():
         pfamalign.PairAligner(gap_opn=3.0)
     with pytest.raises(ValueError, match="expected a size"):
         pfamalign.PairAligner(max_memory="lots")
-    tight = pfamalign.PairAligner(max_memory="1M")
+    with pytest.raises(ValueError, match="below the 640 MiB that aligning any pair needs"):
+        pfamalign.PairAligner(max_memory="1M")
+    tight = pfamalign.PairAligner(max_memory="641M")  # 640 MiB and 128 B a padded cell: not these
     with pytest.raises(ValueError, match="pair 1 .*memory"):
         tight.align(PDZ_A, PDZ_B)
 

@@ -416,7 +416,7 @@ def test_search_reports_an_overlong_record_once_with_the_predictors_message(fast
     assert res.exit_code == 1
     # the check and its words are the predictor's (the one made before every plan), reported
     # once for the record, not once per query
-    message = f"long: sequence of {longest + 1} residues is longer than this model accepts ({longest})"
+    message = f"long: sequence of {longest + 1} residues is longer than the limit of {longest} residues"
     assert res.stderr.count(message) == 1 and res.stdout.count(message) == 1
     rows = _table(res.stdout)[1]
     assert len(rows) == len(queries) * len(db) and "long" not in {r[1] for r in rows}

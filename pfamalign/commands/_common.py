@@ -248,11 +248,20 @@ def batch_progress(description: str, total: int | None, quiet: bool, *, lines: b
     """An ``advance()`` callable driving a progress bar on standard error (none when ``quiet``
     or when standard error is not a terminal). ``lines``: where there is no bar and not
     ``quiet`` (a log, a pipe, CI), a plain progress line every few seconds instead
-    (``pipelines.progress.LINE_SECONDS``)."""
+    (``pipelines.progress.LINE_SECONDS``). Each step first raises an interrupt that arrived
+    where Python dropped it (``interrupts.check``): the job stops at its next step, not at
+    its end."""
+    from pfamalign import interrupts
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
     with Bars(progress_enabled(quiet), lines=lines and not quiet) as bars:
-        yield bars.task(description, total)
+        task = bars.task(description, total)
+
+        def advance(n: float = 1) -> None:
+            interrupts.check()
+            task(n)
+
+        yield advance
 
 
 def error_line(error, as_json: bool) -> str:

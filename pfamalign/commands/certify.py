@@ -6,7 +6,7 @@ import pathlib
 
 import click
 
-from pfamalign import jsonio
+from pfamalign import interrupts, jsonio
 from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, max_length_option,
                                        max_memory_option, pair_input_options, resolve_pair, sequence_paths)
 
@@ -93,9 +93,12 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
                          f"certifying {lengths[0]} x {lengths[1]} residues")
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
         with Console(stderr=True).status(f"certifying {lengths[0]} x {lengths[1]} residues") as status:
+            def stage(name: str) -> None:
+                interrupts.check()  # an interrupt Python dropped midway stops the next stage
+                status.update(f"certifying: {name}")
+
             result = certify_pair(predictor, pair, tail_depths=depths, tol=tol, perturbation=perturbation,
-                                  block_rows=block_rows, score_noise=score_noise,
-                                  progress=lambda stage: status.update(f"certifying: {stage}"))
+                                  block_rows=block_rows, score_noise=score_noise, progress=stage)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     console = Console()

@@ -16,7 +16,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     manifest), a model directory, an ensemble (each member model), or a run directory (its
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
-    from pfamalign.checkpoint import CHECKSUMS, verify_checksums
+    from pfamalign.checkpoint import CHECKSUMS, read_checksums, verify_checksums
     from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import dataset_files, dataset_problems
 
@@ -54,7 +54,10 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             continue
         damaged = verify_checksums(d)  # first: the damage is what to report of a damaged file
         problems += damaged + _model_problems(d, damaged=damaged)
-        checked.append(f"{d}: {len(json.loads((d / CHECKSUMS).read_text())['sha256'])} files")
+        try:
+            checked.append(f"{d}: {len(read_checksums(d))} files")
+        except ValueError:  # reported among the damage
+            pass
     if not (checked or problems):  # not one of ours: its temporary files are not ours either
         return [], []
     temporaries = sorted(directory.rglob(TEMPORARY_GLOB))
