@@ -420,6 +420,12 @@ def test_search_reports_an_overlong_record_once_with_the_predictors_message(fast
     assert res.stderr.count(message) == 1 and res.stdout.count(message) == 1
     rows = _table(res.stdout)[1]
     assert len(rows) == len(queries) * len(db) and "long" not in {r[1] for r in rows}
+    # one file as QUERY and DATABASE: read and checked once, so its bad record is told once
+    res = CliRunner().invoke(main, ["search", str(long_db), str(long_db), "--decoys", "10",
+                                    "--evalue", "1000", "--max-length", str(longest)])
+    assert res.exit_code == 1 and res.stderr.count(message) == 1, res.stderr
+    rows = _table(res.stdout)[1]
+    assert len(rows) == len(db) ** 2 and "long" not in {r[0] for r in rows} | {r[1] for r in rows}
 
 
 def test_search_of_a_database_whose_shuffles_all_score_alike_says_why(fastas, tmp_path):

@@ -119,12 +119,14 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     errors = BatchErrors(strict)
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
-        db_records = query_records if all_vs_all else list(inputs.read_fasta(database))
+        # one file as both (not --all-vs-all: each query meets itself too) is read and checked once
+        same = all_vs_all or _same_file(query, database)
+        db_records = query_records if same else list(inputs.read_fasta(database))
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps,
                               max_memory=resources.budget(max_memory))
         settings = decoder_settings(predictor.decoding, decoding)
         queries = lib.usable_records(query_records, predictor, errors)
-        db = queries if all_vs_all else lib.usable_records(db_records, predictor, errors)
+        db = queries if same else lib.usable_records(db_records, predictor, errors)
         if not queries:
             raise ValueError(f"{query}: no usable query sequences")
         if all_vs_all:
@@ -174,3 +176,15 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
         fail(str(err))
     if errors:
         fail(errors.summary(), code=1)
+
+
+def _same_file(a, b) -> bool:
+    """Whether two FASTA arguments name one regular file (standard input or a pipe never)."""
+    import os
+
+    if a is None or b is None or inputs.STDIN in (str(a), str(b)):
+        return False
+    try:
+        return os.path.isfile(a) and os.path.samefile(a, b)
+    except OSError:
+        return False
