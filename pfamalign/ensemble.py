@@ -40,7 +40,7 @@ import numpy as np
 
 from pfamalign import jsonio
 from pfamalign.decoding import DecoderSettings
-from pfamalign.inference import ENSEMBLE_FILE, Predictor, model_content_hash, predictor_path
+from pfamalign.inference import ENSEMBLE_FILE, Predictor, finished_run_model, model_content_hash, predictor_path
 from pfamalign.plans import PairPlan
 from pfamalign.outputs import inside, staged_directory
 from pfamalign.tuning import PLAN_POWERS
@@ -211,7 +211,9 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     from pfamalign.checkpoint import read_training_record, write_training_record
     from pfamalign.pipelines.records import write_json
 
-    out, models = pathlib.Path(out), [pathlib.Path(m) for m in models]
+    out = pathlib.Path(out)
+    # a finished run stands for its model here too (as for align, eval, ...)
+    models = [finished_run_model(pathlib.Path(m)) or pathlib.Path(m) for m in models]
     if out.exists():
         raise ValueError(f"{out} already exists; choose a new --out directory")
     if len(models) < 2:
@@ -222,7 +224,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     for model in models:
         if is_ensemble(model):
             raise ValueError(f"{model} is an ensemble; give its members' directories")
-        if not (model / "config.json").is_file():
+        if not ((model / "config.json").is_file() and (model / "params").is_dir()):  # a run has config.json too
             raise ValueError(f"{model} is not a model directory (config.json + params/); give RUN/model")
         if inside(out, model):
             raise ValueError(f"--out {out} would be inside the model {model}")

@@ -138,16 +138,33 @@ def test_ensemble_command_chooses_powers_and_decoder_and_loads_everywhere(models
     assert (out / ensemble.ENSEMBLE_FILE).read_bytes() == before
 
 
+def _run_of(model: pathlib.Path, run: pathlib.Path, finished: bool = True) -> pathlib.Path:
+    """A run directory as `pfamalign train` leaves it: its own config.json, and ``model``
+    as RUN/model, finished (its training record written last) or not (no model yet)."""
+    from pfamalign.checkpoint import TRAINING_RECORD
+
+    run.mkdir()
+    shutil.copy(model / "config.json", run / "config.json")
+    if finished:
+        shutil.copytree(model, run / "model")
+        (run / "model" / TRAINING_RECORD).write_text("{}")
+    return run
+
+
 @pytest.mark.parametrize("case, message", [
     ("twice", "given twice"),
     ("one", "at least two"),
     ("nested", "is an ensemble"),
     ("inside", "inside the model"),
+    ("run and its model", "given twice"),  # a finished run stands for RUN/model, as elsewhere
+    ("unfinished run", "is not a model directory"),  # it has a config.json, and no params/
 ])
 def test_ensemble_command_refuses_bad_members(models, dataset, tmp_path, case, message):
     nested = _write(tmp_path / "nested", [(models[0], 0.1), (models[1], 0.1)])
+    run_dir = _run_of(models[0], tmp_path / "run", finished=case != "unfinished run")
     args = {"twice": [models[0], models[0]], "one": [models[0]], "nested": [nested, models[0]],
-            "inside": [models[0], models[1]]}[case]
+            "inside": [models[0], models[1]], "run and its model": [run_dir, run_dir / "model"],
+            "unfinished run": [run_dir, models[1]]}[case]
     out = models[0] / "sub" if case == "inside" else tmp_path / "out"
     res = run(["ensemble", *args, "--data", dataset, "-o", out])
     assert res.exit_code == 2 and message in res.output, res.output

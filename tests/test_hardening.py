@@ -1150,6 +1150,39 @@ def test_a_dataset_missing_a_file_is_refused_before_training(dataset, tmp_path, 
     assert_clear_error(run(["verify", ds]), f"{missing} is missing")
 
 
+def test_a_damaged_families_table_is_refused_before_training(dataset, tmp_path):
+    """A byte of families.tsv flipped (its size kept, so opening the dataset passes): train
+    read the table only when it wrote training.json, after every step, and failed with a bare
+    "'utf-8' codec can't decode byte"; it is read at the start and named."""
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    table = bytearray((ds / "families.tsv").read_bytes())
+    table[len(table) // 2] = 0x86
+    (ds / "families.tsv").write_bytes(bytes(table))
+    assert_clear_error(run(["train", "--data", ds, "--config", "align_ce", "--out", tmp_path / "run",
+                            *(f"--set={k}={v}" for k, v in TINY.items())]),
+                       f"{ds / 'families.tsv'}: unreadable families table", "pfamalign verify")
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.slow  # compiles a train step (15 s)
+def test_validation_asked_of_a_dataset_without_val_pairs_is_a_warning(tmp_path):
+    """`--eval-every N` on a dataset with no val split validated nothing, silently."""
+    from conftest import make_seed_dataset
+
+    ds = make_seed_dataset(tmp_path / "ds", pairs_per_family=6, max_len=160, split_fractions=(0.6, 0.0, 0.4),
+                           seed=1)
+    out = tmp_path / "run"
+    result = run(["train", "--data", ds, "--config", "align_ce", "--out", out, "--no-tune", "--eval-every", "1",
+                  *(f"--set={k}={v}" for k, v in TINY.items())])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {ds} has no val pairs (within max_len): no validation every 1 steps" in result.output
+    assert not any(key.startswith("val/") for line in (out / "metrics.jsonl").read_text().splitlines()
+                   for key in json.loads(line))
+
+
 @pytest.mark.slow  # compiles a train step (15 s)
 def test_a_signal_while_the_run_finishes_exits_128_plus_it_and_the_rerun_finishes(
         dataset, tmp_path, monkeypatch, foreground_sigint):

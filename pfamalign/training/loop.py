@@ -188,6 +188,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     mesh = mesh if mesh is not None else make_mesh()
     check_batch(batch_size, mesh)
     it = train_iterator(data_dir, cfg.train)  # validates the data before anything is written
+    split_families(data_dir, "train")  # read at the end (training.json): a damaged table fails now
     resume_step, changed = open_run(out_dir, data_dir, cfg, mesh, allow_changes=allow_changes)
     manager_dir = out_dir / "checkpoints"
 
@@ -206,6 +207,9 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     val = val_batches(data_dir, cfg.train) if loop.eval_every else []
     writer = MetricsWriter(out_dir, resume_step=resume_step, tensorboard=tensorboard)
     progress = ProgressLine(optim.steps, step, quiet=quiet)
+    if loop.eval_every and not val:
+        progress.log(f"warning: {data_dir} has no val pairs (within max_len): no validation every "
+                     f"{loop.eval_every} steps; prepare with a val split (--splits) to have one")
     if resume_step is not None:
         progress.log(f"resuming {out_dir} at step {step}")
         if not (manager_dir / str(resume_step) / ckpt.CHECKSUMS).is_file():

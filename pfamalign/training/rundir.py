@@ -109,9 +109,14 @@ def split_families(data_dir, split: str) -> list[str]:
     """The version-free accessions of the families with pairs in ``split`` (the dataset's
     families table)."""
     ds = reader.PairDataset(data_dir)
-    with open(ds.path / ds.manifest["families_table"], newline="") as f:
-        return sorted({row["accession_base"] for row in csv.DictReader(f, delimiter="\t")
-                       if row["split"] == split and int(row["n_pairs"] or 0) > 0})
+    path = ds.path / ds.manifest["families_table"]
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return sorted({row["accession_base"] for row in csv.DictReader(f, delimiter="\t")
+                           if row["split"] == split and int(row["n_pairs"] or 0) > 0})
+    except (UnicodeDecodeError, KeyError, ValueError, TypeError) as err:  # damaged or edited by hand
+        raise ValueError(f"{path}: unreadable families table ({err}); `pfamalign verify {ds.path}` checks the "
+                         "dataset, and prepare builds it again") from None
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
