@@ -101,6 +101,11 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
                               f"output elsewhere")
         raise OutputError(f"output directory {path.parent} does not exist; create it first "
                           f"(mkdir -p {path.parent})")
+    # an atomic write creates its temporary beside the output (a device or a FIFO is written
+    # in place): found now, not after the work (access() reports a read-only file system to root too)
+    if not (path.exists() and not path.is_file()) and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {path}: its directory {path.parent} is not writable (a read-only "
+                          f"file system, or no permission); {_WRITE_ELSEWHERE}")
     return path
 
 

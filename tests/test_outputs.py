@@ -164,3 +164,17 @@ def test_a_closed_standard_output_is_an_error_naming_the_way_out(monkeypatch, tm
     with open_output(tmp_path / "out.txt") as sink:
         sink.write("kept\n")
     assert (tmp_path / "out.txt").read_text() == "kept\n"
+
+
+def test_an_unwritable_output_directory_is_refused_before_any_work(tmp_path, monkeypatch):
+    """`eval --json ro/e.json` on a read-only file system ran the whole evaluation, then failed
+    naming its temporary; the check every output gets now asks the system first (access(),
+    which reports a read-only file system to root too: here it is made to say no)."""
+    from pfamalign.outputs import check_output_path
+
+    read_only, real = tmp_path / "ro", os.access
+    read_only.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if pathlib.Path(p) == read_only else real(p, mode, **kw))
+    with pytest.raises(OutputError, match=f"cannot write {read_only / 'e.json'}: its directory {read_only} is not writable"):
+        check_output_path(read_only / "e.json")
+    assert check_output_path(tmp_path / "e.json") == tmp_path / "e.json"
