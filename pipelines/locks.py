@@ -2,7 +2,8 @@
 naming the holder.
 
 ``directory_lock(out, "prepare")`` takes ``flock`` on ``out/.pfamalign.lock`` (created, and
-kept: removing it would let a third run lock a different file). The kernel drops the lock
+kept: removing it would let a third run lock a different file; only a run that fails removes
+the one it created, so that a refused directory is left as the user had it). The kernel drops the lock
 when its process ends, however it ends, so a killed run never leaves a stale lock; the file
 holds the holder's pid, host, start time and command for the message. ``flock`` is per host:
 on shared storage written from several hosts (NFS) it does not exclude the other hosts.
@@ -30,11 +31,13 @@ class LockError(RuntimeError):
 @contextlib.contextmanager
 def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
     """Holds the exclusive lock of ``directory`` (created if missing) for the block. A block
-    that fails in a directory it created, before writing anything else, removes it again."""
+    that fails removes the lock file it created (a run refused an existing directory of the
+    user's leaves nothing in it), and a directory it created if nothing else was written."""
     directory = pathlib.Path(directory)
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
+    made_lock = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -52,9 +55,10 @@ def directory_lock(directory: os.PathLike, what: str) -> Iterator[pathlib.Path]:
         try:
             yield path
         except Exception:
-            if created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
-                path.unlink()  # the run failed before writing anything: leave no directory
-                directory.rmdir()
+            if made_lock:
+                path.unlink()
+                if created and not any(directory.iterdir()):  # failed before writing anything
+                    directory.rmdir()
             raise
         finally:
             os.ftruncate(fd, 0)  # an empty lock file: nobody holds it

@@ -390,6 +390,17 @@ def test_skip_bad_keeps_a_valid_copy_after_a_broken_one(tmp_path):
     assert s["families"]["used"] == 1 and s["pairs"]["total"] > 0
 
 
+def test_a_refused_output_directory_is_left_as_the_user_had_it(tmp_path):
+    """`prepare --out` into a directory of the user's that is not a dataset is refused; it
+    used to gain a .pfamalign.lock all the same (the lock is taken first)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    result = run(["prepare", "shards", "--pfam", SMALL, "--out", mine, "-q"])
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
 def test_a_failed_prepare_does_not_block_the_rerun_its_message_suggests(tmp_path):
     bad = tmp_path / "in"
     bad.mkdir()
