@@ -165,13 +165,22 @@ def wide_trips(tiles: int, geom: BandGeometry) -> int:
     return tiles if geom.wb + 1 >= tiles else 1
 
 
-def _wide_offsets(ref, j_blk, skip, tiles: int, geom: BandGeometry):
-    """The walked offsets of blocks ``j_blk .. j_blk + tiles - 1`` ``[tiles b]``, ``-inf`` on
-    the first ``skip`` blocks (``_walk_tiles(wide=True)``; Python 0: none)."""
-    c = _walked(ref, j_blk, geom, tiles)
-    if isinstance(skip, int) and skip == 0:
-        return c
-    return jnp.where(jax.lax.broadcasted_iota(jnp.int32, c.shape, 0) < skip * geom.block, -jnp.inf, c)
+def _stored_load(band_ref, c_ref, i_blk, geom: BandGeometry, source: str, tiles: int = 1):
+    """``(load, tiles)`` of a walk of the stored band (``_walk_tiles``): "cols", ``load(j_blk)``
+    reads one stored tile and its walked offsets ``c_ref`` (tiles as given: loaded apart);
+    "rows", ``load(j_blk, skip)`` reads ``tiles`` (``wide_trips``) blocks side by side as one
+    ``[b, tiles b]`` tile and their offsets, ``-inf`` on the first ``skip`` (Python 0: none)."""
+    if source == "cols":
+        return (lambda j_blk: (_stored_tile(band_ref, i_blk, j_blk, geom, source), _walked(c_ref, j_blk, geom))), tiles
+    t = wide_trips(tiles, geom)
+
+    def load(j_blk, skip):
+        tile, c = _stored_tile(band_ref, i_blk, j_blk, geom, source, t), _walked(c_ref, j_blk, geom, t)
+        if not (isinstance(skip, int) and skip == 0):
+            c = jnp.where(jax.lax.broadcasted_iota(jnp.int32, c.shape, 0) < skip * geom.block, -jnp.inf, c)
+        return tile, c
+
+    return load, t
 
 
 # The Triton kernels (``kernel_name``'s names) that walk ``STREAMING_TILES_A_TRIP`` tiles a
@@ -190,8 +199,7 @@ def tiles_a_trip(kernel: str) -> int:
 
 def _source_scores(source: str, ref0, ref1, i_blk, geom: BandGeometry, dots: str = "ieee"):
     """``(load, scores)``: ``load(j_blk)`` reads what the scores (unmasked) ``[b, b]`` of the
-    program's line block ``i_blk`` against the walked block ``j_blk`` are made of ("rows":
-    ``load(j_blk, tiles)``, ``[b, tiles b]`` from ``j_blk`` on), and
+    program's line block ``i_blk`` against the walked block ``j_blk`` are made of, and
     ``scores(loaded)`` makes them (split so that a walk can issue several tiles' loads at
     once), from the source's two refs: "qk": q (this row block, scale applied) and all keys;
     "rows": this row block's stored band row and the score scale of its lines; "cols": the
@@ -201,7 +209,7 @@ def _source_scores(source: str, ref0, ref1, i_blk, geom: BandGeometry, dots: str
     if source == "qk":
         q = ref0[...]  # [b, d]
         return lambda j_blk: ref1[pl.ds(j_blk * b, b), :], lambda k: tile_math.dot_nt(q, k, dots)
-    load = lambda j_blk, tiles=1: _stored_tile(ref0, i_blk, j_blk, geom, source, tiles)
+    load = lambda j_blk: _stored_tile(ref0, i_blk, j_blk, geom, source)
     tile = (lambda t: t) if source == "rows" else (lambda t: t.T)
     if ref1 is None:  # a band of plan entries (``stored_linear_product``): no scale
         return load, tile
@@ -333,7 +341,7 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "i
     b, wide = geom.block, source == "rows"
     if source == "cols":
         scale = ref1[...][None, :]  # [1, b]: the program's lines are the tile's columns
-        load = lambda j_blk: (_stored_tile(ref0, i_blk, j_blk, geom, source), _walked(c_ref, j_blk, geom))
+        load, tiles = _stored_load(ref0, c_ref, i_blk, geom, source, tiles)
 
         def step(j_blk, loaded, carry):
             tile, c = loaded  # tile [walked, program]
@@ -342,9 +350,8 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "i
         axis = 0
     else:
         load_scores, scores = _source_scores(source, ref0, ref1, i_blk, geom, dots)
-        if wide:
-            tiles = wide_trips(tiles, geom)
-            load = lambda j_blk, skip: (load_scores(j_blk, tiles), _wide_offsets(c_ref, j_blk, skip, tiles, geom))
+        if wide:  # the stored tile itself: scores() scales it
+            load, tiles = _stored_load(ref0, c_ref, i_blk, geom, source, tiles)
         else:
             load = lambda j_blk: (load_scores(j_blk), _walked(c_ref, j_blk, geom))
 
@@ -384,13 +391,7 @@ def _shifted_walk_lse(band_ref, scale_ref, c_ref, shift, geom: BandGeometry, sou
         return total + tile_math.exp(z), jnp.maximum(top, z)
 
     lo, hi = _key_range(i_blk, geom)
-    if rows:  # a band row's blocks side by side: wide trips, the entries kept [b, t b]
-        t = wide_trips(tiles, geom)
-        load = lambda j_blk, skip: (_stored_tile(band_ref, i_blk, j_blk, geom, source, t),
-                                    _wide_offsets(c_ref, j_blk, skip, t, geom))
-    else:
-        t = tiles
-        load = lambda j_blk: (_stored_tile(band_ref, i_blk, j_blk, geom, source), _walked(c_ref, j_blk, geom))
+    load, t = _stored_load(band_ref, c_ref, i_blk, geom, source, tiles)  # rows: wide, entries kept [b, t b]
     zeros = jnp.zeros((b, t * b if rows else b), jnp.float32)
     total, top = _walk_tiles(lo, hi, load, step, (zeros, zeros - jnp.inf), t, rows)
     top = jnp.max(top, axis=axis)
@@ -744,9 +745,8 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
     wide, standing = streaming and source == "rows", streaming and source == "cols"
     if standing:
         scale_row, a_row = ref1[...][None, :], a_ref[...][None, :]  # [1, b]: the program's lines
-    if wide:
-        tiles = wide_trips(tiles, geom)
-        load = lambda j_blk, skip: (load_scores(j_blk, tiles), _wide_offsets(c_ref, j_blk, skip, tiles, geom))
+    if wide:  # the stored tile itself: scores() scales it
+        load, tiles = _stored_load(ref0, c_ref, i_blk, geom, source, tiles)
     else:  # the walked tile's scores' operands and its offsets
         load = lambda j_blk: (load_scores(j_blk), None if linear else _walked(c_ref, j_blk, geom))
 

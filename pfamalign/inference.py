@@ -394,10 +394,10 @@ class Predictor:
         plan (``pair_problem``, ``featurize``, ``search.usable_records``)."""
         if not seq:
             return "empty sequence"
-        if len(seq) > self.max_length and self._embedder_limits:
-            return (f"sequence of {len(seq)} residues is longer than this model accepts "
-                    f"({self.max_length}, its embedder's limit); split it into domains")
         if len(seq) > self.max_length:
+            if self._embedder_limits:
+                return (f"sequence of {len(seq)} residues is longer than this model accepts "
+                        f"({self.max_length}, its embedder's limit); split it into domains")
             return (f"sequence of {len(seq)} residues is longer than the limit of {self.max_length} residues; "
                     "split it into domains or raise --max-length (max_length= in Python)")
         return None

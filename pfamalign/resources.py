@@ -33,10 +33,10 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
     if not m:
         raise ValueError(f"expected a size such as 8G, 512M or 0 (no limit), got {text!r}")
-    number = float(m.group(1))
-    if 0 < number * _UNITS[m.group(2).upper()] < 1:  # 0.5: a budget under one byte, not "no limit"
+    size = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if 0 < size < 1:  # 0.5: a budget under one byte, not "no limit"
         raise ValueError(f"{text!r} is less than one byte: give a size such as 8G or 512M, or 0 for no limit")
-    return int(number * _UNITS[m.group(2).upper()])
+    return int(size)
 
 
 def format_size(n: int) -> str:

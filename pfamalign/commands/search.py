@@ -109,7 +109,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     from pfamalign.batch import BatchErrors
     from pfamalign.inference import Predictor
     from pfamalign.jsonio import dumps_line
-    from pfamalign.outputs import open_output
+    from pfamalign.outputs import open_output, same_file
 
     if all_vs_all == (database is not None):
         raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
@@ -120,7 +120,8 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     try:  # the files are read before the model loads: a wrong file fails at once
         query_records = list(inputs.read_fasta(query))
         # one file as both (not --all-vs-all: each query meets itself too) is read and checked once
-        same = all_vs_all or _same_file(query, database)
+        same = all_vs_all or (inputs.STDIN not in (query, database)
+                              and same_file(pathlib.Path(query), pathlib.Path(database)))
         db_records = query_records if same else list(inputs.read_fasta(database))
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps,
                               max_memory=resources.budget(max_memory))
@@ -176,15 +177,3 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
         fail(str(err))
     if errors:
         fail(errors.summary(), code=1)
-
-
-def _same_file(a, b) -> bool:
-    """Whether two FASTA arguments name one regular file (standard input or a pipe never)."""
-    import os
-
-    if a is None or b is None or inputs.STDIN in (str(a), str(b)):
-        return False
-    try:
-        return os.path.isfile(a) and os.path.samefile(a, b)
-    except OSError:
-        return False
