@@ -404,7 +404,7 @@ def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, kee
     rows = sup.rows[:, :lp]
     weight = jnp.where(rows, 1.0 / jnp.maximum(jnp.sum(rows, -1, keepdims=True), 1), 0.0).astype(u.dtype)
 
-    def step(carry, _):
+    def two_walks(carry, _):
         # The previous potentials let each walk take one pass (they guess its LSE; the result
         # does not depend on them). The kernels read them as they are: no XLA op, no launch.
         u_prev, v_prev = carry
@@ -417,17 +417,16 @@ def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, kee
             v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_prev)
         return (u_c, v_c), (u_hat, u_c, v_c)
 
+    def one_pass_walk(carry, _):  # û as two_walks gives it; u and v padded
+        u_hat, u_c, v_c = ops.one_pass_step(band, carry[1], weight, sup.kappa_rows, sup.kappa_cols,
+                                            sup.centered)
+        return (u_c, v_c), (u_hat, u_c, v_c)
+
     ext = lambda x: jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], -1)
-    start, unpad = (u[..., :lp], v[..., :lp]), lambda x: x
-    if one_pass:  # û as before; u and v padded
+    start, unpad, step = (u[..., :lp], v[..., :lp]), lambda x: x, two_walks
+    if one_pass:
         pad = ops.one_pass_pad()
-        unpad = lambda x: x[..., pad:pad + lp]
-
-        def step(carry, _):
-            u_hat, u_c, v_c = ops.one_pass_step(band, carry[1], weight, sup.kappa_rows, sup.kappa_cols,
-                                                sup.centered)
-            return (u_c, v_c), (u_hat, u_c, v_c)
-
+        unpad, step = (lambda x: x[..., pad:pad + lp]), one_pass_walk
         start = tuple(jnp.pad(x, ((0, 0), (pad, pad))) for x in start)
     (u_end, v_end), (u_hat, u_kept, v_kept) = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
     return (ext(unpad(u_end)), ext(unpad(v_end))), (ext(u_hat), ext(unpad(u_kept)), ext(unpad(v_kept)))

@@ -46,7 +46,7 @@ class _LazyGroup(click.Group):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
         (click would print "Aborted!" and exit 1), also one that a garbage-collector callback
         swallowed (the command ran on: ``interrupts``) or that surfaced as another error."""
-        from pfamalign import interrupts
+        from pfamalign import interrupts, outputs
 
         try:
             with interrupts.handled():
@@ -74,8 +74,8 @@ class _LazyGroup(click.Group):
                 _interrupted(ctx, interrupts.received())        # cut midway): the signal is the news
             if not isinstance(err, OSError):
                 raise
-            click.echo(f"Error: {err}", err=True)  # a full disk, a read-only file system, a gone directory
-            ctx.exit(1)
+            click.echo(f"Error: {outputs.describe(err)}", err=True)  # a full disk, a read-only file
+            ctx.exit(1)                                                # system, a gone directory
 
     def list_commands(self, ctx):
         return sorted(_COMMANDS)

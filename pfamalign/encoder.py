@@ -31,7 +31,6 @@ is exactly ``LayerNorm(input projection)``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax

@@ -65,6 +65,14 @@ def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iter
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # errors of writing, not of naming a file
 
 
+def describe(err: OSError) -> str:
+    """An OSError as one line for the user: a write error that names no file (the standard
+    output on a full disk, ``> /dev/full``) says what could not be written and what to do."""
+    if err.errno in _FULL and err.filename is None and not isinstance(err, UnwritableOutput):
+        return f"cannot write the output: {err.strerror}; {_ADVICE.get(err.errno, 'write the output elsewhere')}"
+    return str(err)
+
+
 def same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
     """Whether two paths name one file (after links; False when either cannot be resolved)."""
     try:

@@ -32,7 +32,7 @@ from pfamalign.pipelines.config import (FORMAT_VERSION, PrepareConfig, config_ha
 from pfamalign.pipelines.embed import Embedder, get_embedder
 from pfamalign.pipelines.locks import LOCK_NAME, LockError, directory_lock
 from pfamalign.pipelines.progress import bars, progress_enabled
-from pfamalign.pipelines.reader import dataset_files
+from pfamalign.pipelines.reader import FAILED, dataset_files
 from pfamalign.pipelines.splits import SPLITS
 from pfamalign.pipelines.stockholm import (RawFamily, check_parses, expand_inputs,
                                            iter_raw_families)
@@ -98,7 +98,6 @@ _OUTPUT_PATTERNS = ("manifest.json", "shards.tsv", "families.tsv", "embeddings/i
                     "embeddings/emb-*.array_record",
                     *(f"{s}/{name}" for s in SPLITS for name in ("lengths.npy",
                                                                  "pairs-*.array_record")))
-FAILED = "failed.json"  # in work/: the run stopped on an error (not a kill), see run_prepare
 
 
 def _manifest_files(manifest: dict) -> list[str]:

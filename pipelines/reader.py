@@ -77,6 +77,21 @@ def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) 
     return problems
 
 
+FAILED = "failed.json"  # in OUT/work: `prepare` stopped on an error (not a kill)
+
+
+def unfinished_prepare(path: pathlib.Path) -> str | None:
+    """What a directory holding the work of an unfinished `pfamalign prepare` (no manifest
+    yet) is, and what to do; None for any other directory."""
+    if not (path / "work").is_dir():
+        return None
+    if (path / "work" / FAILED).exists():
+        return ("an unfinished dataset: `pfamalign prepare` stopped on an error before it wrote "
+                "manifest.json; fix what it reported and run it again")
+    return ("an unfinished dataset: `pfamalign prepare` was stopped before it wrote manifest.json; "
+            "re-run the same command to finish it")
+
+
 class PairDataset:
     """A prepared dataset directory: manifest metadata and per-split sources."""
 
@@ -84,9 +99,9 @@ class PairDataset:
         self.path = pathlib.Path(path)
         manifest_path = self.path / "manifest.json"
         if not manifest_path.exists():
-            hint = (" (an unfinished run: re-run the same `pfamalign prepare shards` command to "
-                    "finish it)" if (self.path / "work").exists() else "")
-            raise FileNotFoundError(f"{manifest_path} not found: not a prepared dataset{hint}")
+            hint = unfinished_prepare(self.path)
+            raise FileNotFoundError(f"{manifest_path} not found: not a prepared dataset"
+                                    + (f" ({hint})" if hint else ""))
         try:
             self.manifest = json.loads(manifest_path.read_text())
             version = self.manifest.get("format_version")

@@ -320,6 +320,25 @@ def test_verify_tells_an_interrupted_prepare_from_stray_temporaries(tmp_path):
            "to resume." in " ".join(res.output.split())
 
 
+def test_verify_names_the_work_of_a_killed_prepare_as_an_unfinished_dataset(tmp_path):
+    from pfamalign.pipelines import stages
+    from pfamalign.pipelines.prepare import run_prepare
+    from pfamalign.pipelines.reader import PairDataset
+
+    out = tmp_path / "ds"
+
+    def killed(*args, **kwargs):  # a kill inside the stages: no error mark is written
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(KeyboardInterrupt):
+        mp.setattr(stages, "plan_parts", killed)
+        run_prepare(_prepare_cfg(out), quiet=True)
+    assert (out / "work").is_dir() and not (out / "manifest.json").exists()
+    assert_clear_error(run(["verify", out]), "unfinished dataset", "was stopped", "re-run the same command")
+    with pytest.raises(FileNotFoundError, match="re-run the same command to finish it"):
+        PairDataset(out)
+
+
 def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_path):
     from pfamalign.commands.verify import verify_directory
     from pfamalign.pipelines.prepare import run_prepare
@@ -410,6 +429,7 @@ def test_a_failed_prepare_does_not_block_the_rerun_its_message_suggests(tmp_path
     first = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q",
                  "--families-per-chunk", "1"])
     assert first.exit_code == 1 and "--skip-bad" in first.output, first.output
+    assert_clear_error(run(["verify", out]), "unfinished dataset", "stopped on an error", "run it again")
     second = run(["prepare", "shards", "--pfam", bad, "--out", out, "-q", "--skip-bad",
                   "--families-per-chunk", "1"])
     assert second.exit_code == 0, second.output
@@ -1370,6 +1390,17 @@ def test_a_full_device_is_named_as_the_output_that_failed():
         pytest.skip("no /dev/full on this system")
     assert_clear_error(run(["align", PDZ_A, PDZ_B, "-o", "/dev/full"]), "cannot write /dev/full",
                        "No space left")
+
+
+def test_a_full_standard_output_is_one_error_line_that_says_what_to_do():
+    if not pathlib.Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", PDZ_A, PDZ_B], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "[Errno" not in proc.stderr, proc.stderr
+    assert "Error: cannot write the output: No space left on device; free some space" in proc.stderr
 
 
 def test_all_vs_all_of_one_sequence_says_there_is_nothing_to_compare(tmp_path):

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, check_many,
+from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMMMixture, check_many,
                                          checked_emissions, residue_indices)
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)

@@ -130,9 +130,11 @@ def verify(directory):
       pfamalign verify runs/align_ce    # the model and every checkpoint
       pfamalign verify ens/             # every member of an ensemble
     """
+    from pfamalign.pipelines.reader import unfinished_prepare
+
     checked, problems = verify_directory(directory)
     if not checked and not problems:
-        fail(f"{directory} is not a pfamalign dataset, model, ensemble or run directory")
+        fail(f"{directory} is {unfinished_prepare(directory) or 'not a pfamalign dataset, model, ensemble or run directory'}")
     unverified = [line for line in checked if line.startswith(UNVERIFIED)]
     for line in checked:
         click.echo(line if line.startswith((UNVERIFIED, NOTE)) else f"checked {line}")
