@@ -471,7 +471,8 @@ class Predictor:
                 alignments = self.decode_batch(plans, seqs, decoding, hmm_posteriors=posteriors.get(b))
                 for n, pp, seq_pair, aln in zip(chunk, plans, seqs, alignments):
                     rec = AlignmentRecord.from_alignment(*seq_pair, aln, id_a=pairs[n]["q_id"],
-                                                         id_b=pairs[n]["k_id"])
+                                                         id_b=pairs[n]["k_id"],
+                                                         local=decoding.mode == "local")
                     done[n] = rec, pp
         finally:
             plans_of.close()

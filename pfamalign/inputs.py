@@ -47,6 +47,7 @@ class FastaRecord:
     id: str
     seq: str
     where: str  # file:line of the header
+    description: str = ""  # the header after the id (BLAST's definition line is id + description)
 
 
 def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
@@ -76,40 +77,50 @@ def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
 
 def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                   ) -> Iterator[FastaRecord | BadRecord]:
-    """Streams the records of FASTA text (id = first word of the header, sequence lines
-    joined). ``validate``: one trailing ``*`` (a stop) dropped, residues checked and
-    upper-cased, a bad record yielded as a
-    ``BadRecord``; without it (aligned FASTA with gaps) the rows come as written. Text that is
-    not FASTA at all (no header before the first sequence line, an over-long line) raises."""
-    from pfamalign.residues import normalize_sequence
+    """Streams the records of FASTA text (id = first word of the header, the rest its
+    description; sequence lines joined, spaces and tabs inside them dropped, as GenBank-style
+    blocks of ten residues have them). ``validate``: one trailing ``*`` (a stop) dropped,
+    residues checked and upper-cased, a bad record yielded as a ``BadRecord`` (the line of
+    its first bad character named); without it (aligned FASTA with gaps) the rows come as written.
+    Text that is not FASTA at all (no header before the first sequence line, an over-long
+    line) raises."""
+    from pfamalign.residues import first_invalid, normalize_sequence
 
     header: tuple[int, str] | None = None
     parts: list[str] = []
+    starts: list[tuple[int, int]] = []  # (offset in the record, line number) of each sequence line
     size = 0
 
     def finish():
         lineno, text = header
         where = f"{source}:{lineno}"
-        words = text.split()
+        words = text.split(maxsplit=1)
         if not words:
             return BadRecord(where, "FASTA header without a name")
+        name, description = words[0], words[1].strip() if len(words) > 1 else ""
         seq = "".join(parts)
         if not validate:
-            return FastaRecord(words[0], seq, where)
+            return FastaRecord(name, seq, where, description)
         if seq.endswith("*"):  # a translation's stop codon (transeq writes one): not a residue
             seq = seq[:-1]
         if not seq:
-            return BadRecord(where, f"record {words[0]!r} has no residues")
+            return BadRecord(where, f"record {name!r} has no residues")
         try:
-            return FastaRecord(words[0], normalize_sequence(seq, name=f"record {words[0]!r}"), where)
+            return FastaRecord(name, normalize_sequence(seq, name=f"record {name!r}"), where, description)
         except ValueError as err:
-            return BadRecord(where, str(err))
+            pos = first_invalid(seq)
+            if pos is None:
+                return BadRecord(where, str(err))
+            line = next(n for offset, n in reversed(starts) if offset <= pos)
+            return BadRecord(where, f"record {name!r} has a non-protein character {seq[pos]!r} at position "
+                                    f"{pos + 1} (1-based), on line {line}; expected residue letters only "
+                                    "(no gaps or digits; one '*' may end a record)")
 
     for lineno, line in _bounded_lines(handle, source):
         if line.startswith(">"):
             if header is not None:
                 yield finish()
-            header, parts, size = (lineno, line[1:]), [], 0
+            header, parts, starts, size = (lineno, line[1:]), [], [], 0
         elif line.strip():
             if header is None:
                 if line.startswith("# STOCKHOLM"):
@@ -117,10 +128,12 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                                      "e.g. `esl-reformat fasta`, or give it to --stockholm where a "
                                      "command takes one)")
                 raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header")
+            starts.append((size, lineno))
+            line = "".join(line.split())
             size += len(line)
             if size > MAX_RECORD:
                 raise ValueError(f"{source}:{header[0]}: record longer than {MAX_RECORD} residues")
-            parts.append(line.strip())
+            parts.append(line)
     if header is not None:
         yield finish()
 

@@ -511,12 +511,13 @@ def tsv_header(provenance: dict | None = None) -> str:
 
 def blast7_block(result: QueryResult, database: str) -> str:
     """One query of a BLAST+ ``-outfmt 7`` table: its comment lines (the program and version,
-    where BLAST+ writes ``# BLASTP 2.12.0+``; ``# Query:``, ``# Database:``, the ``# Fields:``
+    where BLAST+ writes ``# BLASTP 2.12.0+``; ``# Query:`` with the query's whole definition
+    line (id and description, as BLAST+ writes it), ``# Database:``, the ``# Fields:``
     line when there are hits, ``# N hits found``), then its hits as ``-outfmt 6`` lines
     (``BLAST_COLUMNS``)."""
     from pfamalign import __version__
 
-    lines = [f"# pfamalign search {__version__}", f"# Query: {result.query.id}", f"# Database: {database}"]
+    lines = [f"# pfamalign search {__version__}", f"# Query: {' '.join(filter(None, (result.query.id, result.query.description)))}", f"# Database: {database}"]
     if result.hits:
         lines.append("# Fields: " + ", ".join(BLAST_FIELD_NAMES.values()))
     lines.append(f"# {len(result.hits)} hits found")

@@ -309,3 +309,46 @@ def test_emboss_output_is_what_needle_writes_for_the_same_alignment(tmp_path, se
         [x for x in needle.splitlines() if x.startswith(keys)]
     blocks = lambda text: text[text.index("\na ") + 1:text.index("\n#---")]  # noqa: E731
     assert blocks(ours) == blocks(needle)
+
+
+_WATER_CORE = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSG"
+
+
+@pytest.mark.skipif(not __import__("shutil").which("water"), reason="EMBOSS water is not installed")
+@pytest.mark.parametrize("seq_a, seq_b", [
+    ("WWPPWWPPGGHHWWPPGGHH" + _WATER_CORE + "WWPPGGHHWWPPGG",
+     "CCNNCCEE" + _WATER_CORE[:40] + "DDCCNNRRCCEEDDCCNNRRCCSS"),
+    ("PPPPGGGG" + _WATER_CORE[:20] + "WW" + _WATER_CORE[20:] + "HHHH", "CCC" + _WATER_CORE + "CCC"),
+])
+def test_a_local_alignment_is_written_as_water_writes_it(tmp_path, seq_a, seq_b):
+    """-f emboss of a local record against EMBOSS water: water's local alignment, written by
+    to_pair_text(plain=True) from a record marked local, gives water's Length / Identity /
+    Similarity / Gaps lines and its blocks byte for byte (the aligned region only, numbered
+    from its first residues); the same record not marked local shows the flanks."""
+    import subprocess
+
+    for name, seq in (("a", seq_a), ("b", seq_b)):
+        (tmp_path / f"{name}.fa").write_text(f">{name}\n{seq}\n")
+    water = subprocess.run(["water", "-asequence", tmp_path / "a.fa", "-bsequence", tmp_path / "b.fa",
+                            "-gapopen", "10", "-gapextend", "0.5", "-outfile", "stdout", "-auto"],
+                           capture_output=True, text=True, check=True).stdout
+    aligned = Align.read(io.StringIO(water), "emboss")
+    idx = np.asarray(aligned.indices)
+    pairs = idx[:, (idx[0] >= 0) & (idx[1] >= 0)].T
+    rec = AlignmentRecord(seq_a, seq_b, pairs, id_a="a", id_b="b", local=True)
+    ours = to_pair_text(rec, plain=True)
+    keys = ("# Length:", "# Identity:", "# Similarity:", "# Gaps:")
+    assert [x for x in ours.splitlines() if x.startswith(keys)] == \
+        [x for x in water.splitlines() if x.startswith(keys)]
+    blocks = lambda text: text[text.index("\na ") + 1:text.index("\n#---")]  # noqa: E731
+    assert blocks(ours) == blocks(water)
+    whole = to_pair_text(dataclasses.replace(rec, local=False), plain=True)
+    assert f"# Length: {len(rec.gapped()[0])}" in whole and blocks(whole).startswith(f"{'a':<13} {1:>6} ")
+
+
+def test_local_records_keep_their_mode_through_json():
+    rec = AlignmentRecord("GGMKVLAGG", "WMKVLW", [[2, 1], [3, 2], [4, 3], [5, 4]], local=True)
+    assert json.loads(to_json(rec))["mode"] == "local" and from_json(to_json(rec)).local
+    assert json.loads(to_json(dataclasses.replace(rec, local=False)))["mode"] == "global"
+    text = to_pair_text(rec)
+    assert "# Length: 4" in text and "seq_a              3 MKVL      6" in text

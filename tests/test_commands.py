@@ -671,8 +671,16 @@ def test_align_local_mode_finds_the_domain_inside_flanks(model_dir):
         res = run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "-f", "json", "--decoder", "hybrid",
                    "--plan-weight", "0", "--mode", mode])
         out[mode] = json.loads(res.output)["pairs"]
+        assert json.loads(res.output)["mode"] == mode
         expected = hybrid_decode(pp.real, PDZ_A, long_b, plan_weight=0.0, mode=mode)
         assert out[mode] == expected.pairs.tolist()
+    # the pair text of a local alignment is its aligned region, numbered as EMBOSS water numbers it
+    text = run(["align", PDZ_A, long_b, "--checkpoint", model_dir, "--decoder", "hybrid", "--plan-weight", "0",
+                "--mode", "local"]).output
+    (i0, j0), (i1, j1) = out["local"][0], out["local"][-1]
+    blocks = [line.split() for line in text.splitlines() if line.startswith(("seq_a ", "seq_b "))]
+    assert (int(blocks[0][1]), int(blocks[1][1]), int(blocks[-2][-1]), int(blocks[-1][-1])) == \
+        (i0 + 1, j0 + 1, i1 + 1, j1 + 1)
     # global pays for the flanks; local (Smith-Waterman at plan weight 0) keeps to the domain
     assert all(len(flank) <= j < len(flank) + len(PDZ_B) for _, j in out["local"])
     assert out["local"] != out["global"]

@@ -557,7 +557,10 @@ def test_blast6_and_blast7_are_read_back_by_a_blast_tabular_parser(fastas):
     tmp, queries, db = fastas
     bad_db = tmp / "bad_db7.fasta"
     bad_db.write_text((tmp / "db.fasta").read_text() + ">broken\nMKV*LL\n")
-    args = ["search", str(tmp / "q.fasta"), str(bad_db), "--decoys", "10", "--evalue", "1000"]
+    described = tmp / "q_described.fasta"  # definition lines: an id, then a description
+    described.write_text("".join(f">{q} fibronectin-like query {n} [Homo sapiens]\n{seq}\n"
+                                 for n, (q, seq) in enumerate(queries)))
+    args = ["search", str(described), str(bad_db), "--decoys", "10", "--evalue", "1000"]
     tables = {}
     for fmt in ("tsv", "blast6", "blast7"):
         out = tmp / f"hits.{fmt}"
@@ -579,6 +582,8 @@ def test_blast6_and_blast7_are_read_back_by_a_blast_tabular_parser(fastas):
     assert hsps(tmp / "hits.blast7", comments=True) == expected
     parsed = list(SearchIO.parse(str(tmp / "hits.blast7"), "blast-tab", comments=True))
     assert [q.id for q in parsed] == [q for q, _ in queries] and {q.target for q in parsed} == {str(bad_db)}
+    assert [q.description for q in parsed] == [f"fibronectin-like query {n} [Homo sapiens]"
+                                               for n in range(len(queries))]  # as BLAST+ writes it
     assert tables["blast7"].splitlines()[-1] == f"# pfamalign search processed {len(queries)} queries"
     lines = tables["blast7"].splitlines()  # each block opens with the program line, as BLAST+'s
     assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith("# Query:")] == \

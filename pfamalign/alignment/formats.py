@@ -3,8 +3,11 @@ CIGAR and JSON.
 
 Every format writes the *full* alignment: all residues of both sequences appear, unaligned ones
 opposite a gap (a local alignment's flanks too), so each output describes exactly ``pairs``.
-Between two aligned pairs the unaligned residues of ``seq_a`` come first, then those of
-``seq_b``.
+The one exception is the pair text of a *local* alignment (``AlignmentRecord.local``), which
+shows its aligned region only, from the first aligned pair to the last, as EMBOSS ``water``
+writes it (its block numbers are the region's residue numbers, its header counts the region's
+columns). Between two aligned pairs the unaligned residues of ``seq_a`` come first, then those
+of ``seq_b``.
 
 Conventions:
 
@@ -76,6 +79,7 @@ class AlignmentRecord:
     id_b: str = "seq_b"
     confidence: np.ndarray | None = None  # [n]
     score: float | None = None
+    local: bool = False  # decoded in local mode: the pair text shows the aligned region only
 
     def __post_init__(self):
         object.__setattr__(self, "seq_a", normalize_sequence(self.seq_a, name="seq_a"))
@@ -97,14 +101,15 @@ class AlignmentRecord:
 
     @classmethod
     def from_alignment(cls, seq_a: str, seq_b: str, alignment: PairAlignment, *,
-                       id_a: str = "seq_a", id_b: str = "seq_b") -> "AlignmentRecord":
-        """Wraps a decoder / baseline result (its lengths must match the sequences)."""
+                       id_a: str = "seq_a", id_b: str = "seq_b", local: bool = False) -> "AlignmentRecord":
+        """Wraps a decoder / baseline result (its lengths must match the sequences);
+        ``local``: decoded in local mode."""
         if (alignment.query_length, alignment.key_length) != (len(seq_a), len(seq_b)):
             raise ValueError(
                 f"alignment is {alignment.query_length} x {alignment.key_length} but the "
                 f"sequences have lengths {len(seq_a)} and {len(seq_b)}")
         return cls(seq_a, seq_b, alignment.pairs, id_a=id_a, id_b=id_b,
-                   confidence=alignment.confidence, score=alignment.score)
+                   confidence=alignment.confidence, score=alignment.score, local=local)
 
     def columns(self) -> tuple[np.ndarray, np.ndarray]:
         """Per alignment column, the residue index of ``seq_a`` and of ``seq_b`` (-1 = gap):
@@ -222,15 +227,26 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
     match line's 50 columns): ``seq_a`` line with 1-based start / end residue numbers, the
     match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
     of posterior-probability symbols. Names longer than 13 characters are truncated in the
-    blocks (as EMBOSS does); the header keeps them whole.
+    blocks (as EMBOSS does); the header keeps them whole. A local record (``rec.local``) with
+    aligned pairs shows the columns from its first aligned pair to its last, as ``water``
+    writes a local alignment: ``Length``, identity, similarity and gaps count those columns.
     """
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     row_a, row_b = rec.gapped()
-    n_cols, n_pairs = len(row_a), len(rec.pairs)
+    n_pairs = len(rec.pairs)
     markup = _column_text(rec, match_symbols(rec.seq_a, rec.seq_b, rec.pairs), " ")
     conf = None if rec.confidence is None or plain else _column_text(
         rec, list(confidence_symbols(rec.confidence)), ".")
+    done_a = done_b = 0  # residues written so far
+    if rec.local and n_pairs:  # water's view: the flanks are not part of a local alignment
+        col_a, col_b = rec.columns()
+        paired = np.flatnonzero((col_a >= 0) & (col_b >= 0))
+        region = slice(int(paired[0]), int(paired[-1]) + 1)
+        row_a, row_b, markup = row_a[region], row_b[region], markup[region]
+        conf = None if conf is None else conf[region]
+        done_a, done_b = (int(x) for x in rec.pairs[0])
+    n_cols = len(row_a)
     n_gaps = row_a.count("-") + row_b.count("-")
     header = [
         _EMBOSS_RULE, "#", "# Aligned_sequences: 2", f"# 1: {rec.id_a}", f"# 2: {rec.id_b}",
@@ -249,7 +265,6 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
     header += ["#", _EMBOSS_RULE, ""]
 
     lines = []
-    done_a = done_b = 0  # residues written so far
     for start in range(0, n_cols, width):
         chunk_a, chunk_b = row_a[start:start + width], row_b[start:start + width]
         block = []
@@ -385,6 +400,7 @@ def to_json(rec: AlignmentRecord, *, indent: int | None = None, provenance: dict
         "confidence": rec.confidence,
         "score": rec.score,
         "identity": rec.identity,
+        "mode": "local" if rec.local else "global",
         "cigar": to_cigar(rec),
         "coordinates": "pairs: 0-based [i, j] residue indices",
     }
@@ -401,7 +417,7 @@ def from_json(text: str) -> AlignmentRecord:
         raise ValueError(f"not a {JSON_FORMAT} document: format={doc.get('format')!r}")
     rec = AlignmentRecord(doc["seq_a"], doc["seq_b"], np.asarray(doc["pairs"]).reshape(-1, 2),
                           id_a=doc["id_a"], id_b=doc["id_b"], confidence=doc["confidence"],
-                          score=doc["score"])
+                          score=doc["score"], local=doc.get("mode") == "local")
     if (len(rec.seq_a), len(rec.seq_b)) != (doc["length_a"], doc["length_b"]):
         raise ValueError("length_a / length_b disagree with the sequences")
     return rec
