@@ -235,7 +235,7 @@ def _stable(applies: bool, plans, mass: float, tau: float, pairs, radius: float)
     if not applies:
         n = len(np.asarray(pairs).reshape(-1, 2))
         return {"score_noise": radius, "applies": False, "certified": 0, "aligned": n, "pairs": [],
-                "stable": [False] * n,
+                "stable": [None] * n,  # not tested (null in JSON), not "unstable"
                 "reason": "needs a balanced, feasible, converged plan (unit rows and columns)"}
     res = cert.stable_matches(np.mean(plans, 0), pairs, mass=mass, tau=float(tau), radius=radius)
     return {**res, "applies": True}

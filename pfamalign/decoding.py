@@ -74,7 +74,8 @@ class DecoderSettings:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+            if f.type == "float" and (isinstance(value, bool) or not (isinstance(value, numbers.Real)
+                                                                       and math.isfinite(value))):
                 raise ValueError(f"{f.name} must be a finite number, got {value!r}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
@@ -85,6 +86,9 @@ class DecoderSettings:
         for name in ("gap_cost", "min_mass", "plan_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.min_mass > 1:  # no pair's plan or posterior mass exceeds 1: nothing would align
+            raise ValueError(f"min_mass must be from 0 to 1 (a pair's plan or posterior mass is at "
+                             f"most 1), got {self.min_mass}")
 
     @classmethod
     def for_decoder(cls, decoder: str) -> "DecoderSettings":
@@ -146,6 +150,8 @@ class DecoderSettings:
     @classmethod
     def reads(cls, decoder: str) -> tuple[str, ...]:
         """The settings ``decoder`` reads: ``READS``, and ``decoder`` and ``mode`` (read by all)."""
+        if not (isinstance(decoder, str) and decoder in cls.READS):
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
         return ("decoder", "mode", *cls.READS[decoder])
 
     def unread(self, changes: dict) -> list[str]:

@@ -311,7 +311,10 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
 
         ds = reader.PairDataset(data)
         if split not in ds.splits or ds.num_pairs(split) == 0:
-            raise ValueError(f"{data} has no pairs in split {split!r} (splits: {ds.splits})")
+            counts = ", ".join(f"{s} {ds.num_pairs(s)}" for s in ds.splits)
+            raise ValueError(f"{data} has no pairs in split {split!r} (pairs per split: {counts}); choose "
+                             f"a split that has pairs with --split, or prepare the dataset again with a "
+                             f"larger {split} fraction in --splits (splits take whole families)")
         same = embedder_id is not None and ds.embedder_id == embedder_id
         source = ds.source(split, features=same)
         chosen = range(len(source))

@@ -155,10 +155,7 @@ class Predictor:
 
         path = predictor_path(checkpoint)
         if not (path / "config.json").is_file():
-            hint = ("train one with `pfamalign train` and pass RUN_DIR/model" if checkpoint is not None
-                    else "the package was installed without its default model; reinstall pfamalign "
-                         "or pass --checkpoint")
-            raise FileNotFoundError(f"no aligner model at {path} (config.json missing): {hint}")
+            raise FileNotFoundError(_no_model(path, checkpoint))
         _warn_if_unfinished(path)
         self._read_directory(path)
         self.programs = None  # exported plan programs (``PlanPrograms``), for the model's own plan
@@ -643,12 +640,32 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
                   "decoder may not be tuned", file=sys.stderr)
 
 
+def _no_model(path: pathlib.Path, checkpoint) -> str:
+    """Why ``path`` (what ``checkpoint`` names) is no model directory, and what to pass."""
+    if checkpoint is None:
+        return (f"no aligner model at {path} (config.json missing): the package was installed without "
+                "its default model; reinstall pfamalign or pass --checkpoint")
+    what = ("a model directory (`pfamalign train`'s RUN or RUN/model, an ensemble, a `pfamalign compile` "
+            f"output) or a shipped model's name ({', '.join(SHIPPED_MODELS)})")
+    if path.is_file():
+        if (path.parent / "config.json").is_file():
+            return f"{path} is a file, not a model directory; pass its directory {path.parent}"
+        return f"{path} is a file, not a model directory; give {what}"
+    if not path.exists():
+        return f"no model at {path}: no such directory; give {what}"
+    kind = " (a dataset of `pfamalign prepare`)" if (path / "manifest.json").is_file() else ""
+    return f"no aligner model at {path}{kind} (config.json missing); give {what}"
+
+
 def predictor_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
     """The directory a Predictor reads: the shipped model by default, a finished run's
     ``model/`` for its run directory (decoder, pair-HMM and compiled engine live there), else
     the path given (a model, ensemble or checkpoint directory) or the shipped model named."""
     if checkpoint is None:
         return default_model_dir()
+    if isinstance(checkpoint, str) and not checkpoint.strip():  # Path("") would be the working directory
+        raise FileNotFoundError("the model is an empty name; give a model directory, or None for the "
+                                "default model")
     return finished_run_model(path := model_directory(checkpoint)) or path
 
 

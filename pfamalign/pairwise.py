@@ -13,8 +13,9 @@
         print(result.query.id, [(h.record.id_b, h.columns["evalue"]) for h in result.hits])
 
 A ``PairAligner`` runs the same batch path as the command line (``batch.aligned`` over
-``Predictor.align_records``), so it prints byte for byte what ``pfamalign align`` prints for the
-same model, decoder settings and pairs.
+``Predictor.align_records``), so each alignment it formats is byte for byte what ``pfamalign
+align`` prints for that pair with the same model and decoder settings (a many-pair file of the
+command opens its text once with a file header and names each pair on its CIGAR line).
 """
 
 from __future__ import annotations
@@ -109,18 +110,30 @@ class PairAligner:
         if isinstance(pairs, (str, bytes)):
             raise TypeError("align_many takes an iterable of (a, b) pairs, got a single string")
 
-        def pair_of(n: int, pair) -> tuple:
-            if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
-                raise TypeError(f"pair {n}: each item is an (a, b) pair of sequences, got "
+        def pair_of(n: int, pair) -> tuple:  # a tuple or list: a dict or a set has no order of sides
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(f"pair {n}: each item is an (a, b) tuple or list of two sequences, got "
                                 f"{type(pair).__name__}" + (f" of length {len(pair)}" if hasattr(pair, "__len__") else ""))
             return pair
 
-        records = (record(n, *pair_of(n, pair)) for n, pair in enumerate(pairs, start=1))
+        class Malformed(BadRecord):  # an item that is no pair: raised as the TypeError it is
+            def __init__(self, err: TypeError):
+                super().__init__("align_many", str(err))
+                self.error = err
+
+        def records() -> Iterator[dict | BadRecord]:
+            for n, pair in enumerate(pairs, start=1):
+                try:
+                    yield record(n, *pair_of(n, pair))
+                except TypeError as err:
+                    yield Malformed(err)  # in its place: the pairs before it come out first
+                    return
+
         # not strict: a bad record comes out in its place, after the pairs read before it
         errors = BatchErrors(stream=io.StringIO())  # raised here, not printed
-        for item in aligned(self.predictor, records, self.decoding, errors):
+        for item in aligned(self.predictor, records(), self.decoding, errors):
             if isinstance(item, BadRecord):
-                raise item
+                raise item.error if isinstance(item, Malformed) else item
             yield item[1]
 
     def search(self, queries: Iterable[Sequence], database: Iterable[Sequence] | None = None, *,

@@ -132,6 +132,10 @@ def test_family_bootstrap_resamples_whole_families():
     assert out["all"]["n_groups"] == 3 and out["all"]["value"] == pytest.approx(f1(a) - f1(b))
     assert out["all"]["low"] == pytest.approx(np.percentile(diffs, 2.5))
     assert out["all"]["high"] == pytest.approx(np.percentile(diffs, 97.5))
+    # one family: every resample is that family, so there is no interval to give (not a zero-width one)
+    alone = paired_f1_difference(a, b, pid, groups=["x"] * n, n_boot=200, seed=3)["all"]
+    assert alone["value"] == pytest.approx(f1(a) - f1(b)) and alone["n_groups"] == 1
+    assert np.isnan(alone["low"]) and np.isnan(alone["high"])
 
 
 def test_identity_bins():

@@ -506,7 +506,7 @@ def test_stable_matches_exceed_the_threshold_and_shrink_with_noise(model_dir):
     assert flags[0].sum() > flags[2].sum() > 0 and flags[3].sum() == 0
     # 40 vs 36: the unit targets are infeasible, nothing is certified (and nothing is solved)
     st = stable_matches(predictor, a, PDZ_B[:36], diagonal[:36], 0.0)
-    assert not st["applies"] and st["certified"] == 0 and st["stable"] == [False] * 36
+    assert not st["applies"] and st["certified"] == 0 and st["stable"] == [None] * 36  # not tested
 
 
 @pytest.mark.slow
@@ -527,7 +527,7 @@ def test_align_score_noise_marks_certified_stable_pairs(model_dir, tmp_path):
     assert same["stable"] == want["stable"] and st["threshold"] == want["threshold"]
     st = other["stable_matches"]
     assert not st["applies"] and st["certified"] == 0 and "feasible" in st["reason"]
-    assert other["stable"] == [False] * other["n_aligned"]
+    assert other["stable"] == [None] * other["n_aligned"]  # null: not tested, not "unstable"
 
 
 def test_align_score_noise_needs_json():

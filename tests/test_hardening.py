@@ -1457,3 +1457,16 @@ def test_a_run_loading_its_own_model_to_tune_it_is_not_called_unfinished(saved_m
     finally:
         other.communicate("")
     assert other.returncode == 0 and holder(run_dir) is None
+
+
+def test_a_split_without_pairs_is_refused_with_the_splits_that_have_some(tmp_path):
+    from pfamalign.pipelines.prepare import run_prepare
+    from pfamalign.pipelines.reader import PairDataset
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out), quiet=True)  # one family: one split holds every pair
+    ds = PairDataset(out)
+    empty = next(s for s in ("val", "test", "train") if ds.num_pairs(s) == 0)
+    counts = ", ".join(f"{s} {ds.num_pairs(s)}" for s in ds.splits)
+    assert_clear_error(run(["eval", "--data", out, "--split", empty, "--no-model"]),
+                       f"has no pairs in split '{empty}' (pairs per split: {counts})", "--split", "--splits")

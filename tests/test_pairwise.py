@@ -253,10 +253,49 @@ def test_misshapen_inputs_are_type_errors_that_say_what_was_expected(aligner):
         aligner.format("MKV")
     with pytest.raises(TypeError, match="pair 1: the record's seq"):
         aligner.align(types.SimpleNamespace(id="x", seq=None), PDZ_B)
-    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) pair"):
+    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list"):
         list(aligner.align_many((PDZ_A, PDZ_B)))
-    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) pair.*length 1"):
+    with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list.*length 1"):
         list(aligner.align_many([(PDZ_A,)]))
+    for unordered in ({"a": PDZ_A, "b": PDZ_B}, {PDZ_A, PDZ_B}):  # no order of sides: not a pair
+        with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list"):
+            list(aligner.align_many([unordered]))
+
+
+@pytest.mark.parametrize("malformed", [(PDZ_A, PDZ_B, SH3_A), (PDZ_A, None)])
+def test_a_malformed_item_is_raised_after_the_pairs_before_it(aligner, malformed):
+    out = []
+    with pytest.raises(TypeError, match="pair 3"):
+        for aln in aligner.align_many([(PDZ_A, PDZ_B), (SH3_A, SH3_B), malformed, (PDZ_A, PDZ_B)]):
+            out.append(aln)
+    assert [r.id_a for r in out] == ["pair1_a", "pair2_a"]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"decoder": "viterbi"}, "decoder must be one of affine, mea, hybrid, posterior, got 'viterbi'"),
+    ({"decoder": 1}, "decoder must be one of"),
+    ({"alpha": True}, "alpha must be a finite number, got True"),
+    ({"min_mass": 2}, "min_mass must be from 0 to 1"),
+])
+def test_decoder_settings_of_the_wrong_kind_are_refused_by_name(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        pfamalign.PairAligner(**kwargs)
+
+
+def test_a_model_that_is_not_one_is_named_with_what_to_pass(tmp_path):
+    from pfamalign.inference import default_model_dir
+
+    config = default_model_dir() / "config.json"
+    with pytest.raises(FileNotFoundError, match=f"is a file, not a model directory; pass its directory "
+                                                f"{default_model_dir()}"):
+        pfamalign.PairAligner(config)
+    with pytest.raises(FileNotFoundError, match="no such directory.*shipped model's name \\(default, ensemble\\)"):
+        pfamalign.PairAligner(str(tmp_path / "no_such_model"))
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="a dataset of `pfamalign prepare`"):
+        pfamalign.PairAligner(tmp_path)
+    with pytest.raises(FileNotFoundError, match="empty name"):
+        pfamalign.PairAligner("")
 
 
 def test_a_records_arrays_are_read_only(aligner):

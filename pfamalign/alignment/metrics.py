@@ -198,7 +198,8 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
     identity bin: ``{bin: {"value", "low", "high", "n_pairs", "n_groups"}}``.
 
     ``groups``: a label per pair (e.g. its family) to resample whole groups (a cluster
-    bootstrap: pairs of one family are not independent); None resamples pairs.
+    bootstrap: pairs of one family are not independent); None resamples pairs. A cell of one
+    group has no interval (``low`` / ``high`` NaN): every resample would be that group.
     """
     a, b = _check_counts(counts_a), _check_counts(counts_b)
     if a.shape != b.shape:
@@ -217,7 +218,7 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
                 "n_pairs": int(mask.sum()), "n_groups": len(members)}
         if members:
             cell["value"] = float(f1(a[mask]) - f1(b[mask]))
-        if members and n_boot:
+        if len(members) >= 2 and n_boot:  # one group (one family) has no spread to resample: no CI
             diff = []
             singletons = all(len(m) == 1 for m in members)
             flat = np.concatenate(members)

@@ -69,7 +69,8 @@ def checkpoint_option(help: str = "Model directory"):
     """``--checkpoint``: a model or ensemble directory, or a shipped model's name."""
     return click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
                         help=f"{help}, or `ensemble`: the shipped ensemble (more accurate, about 3x "
-                             "slower; TRAINING.md). Default: the model shipped with pfamalign.")
+                             "slower; pfamalign/assets/ensemble_model/TRAINING.md in the package). Default: "
+                             "the model shipped with pfamalign.")
 
 
 def sequence_paths(*args: str | None) -> list[pathlib.Path]:

@@ -35,7 +35,8 @@ def _shipped_mix() -> str:
               type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=pathlib.Path),
               help="Tab-separated file of pairs (SEQ_A SEQ_B, or ID_A SEQ_A ID_B SEQ_B per line; "
                    "- reads standard input; a first line of column names such as query/target "
-                   "is skipped); streamed, the model is loaded once.")
+                   "is skipped, and so are lines that start with '#': comments); streamed, the "
+                   "model is loaded once.")
 @click.option("--all-pairs", is_flag=True,
               help="With one multi-FASTA SEQ_A: align every pair of records, not only the first "
                    "record against each of the others.")
@@ -44,11 +45,11 @@ def _shipped_mix() -> str:
               help="ESM-2 weights for checkpoints trained on ESM-2 features.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="Output format. text: EMBOSS srspair with pfamalign's confidence line and keys; "
-                   "emboss: the same layout as EMBOSS needle writes, without them (residues upper-cased, no "
-                   "gap penalty lines); json: one object per pair (JSON lines "
+                   "emboss: the same layout as EMBOSS needle writes (water's for --mode local: the aligned "
+                   "region only), without them (no gap penalty lines); json: one object per pair (JSON lines "
                    "for many pairs); cigar: seq_a the reference (D: its residues opposite a gap, "
                    "I: seq_b's), for many pairs ID_A<TAB>ID_B<TAB>CIGAR lines; fasta: two records "
-                   "per pair, pairs one after another.")
+                   "per pair, pairs one after another. Every format writes residues upper-cased.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the alignment(s) here instead of standard output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
@@ -61,7 +62,7 @@ def _shipped_mix() -> str:
                    "(as `certify --score-noise`), with a per-pair `stable_matches` summary. It "
                    "applies to a balanced plan solved to convergence (unit rows and columns); "
                    "the shipped models' dustbin plans are not, and the summary says so "
-                   "(`applies: false`, with the reason).")
+                   "(`applies: false`, with the reason; each `stable` then null: not tested).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Report to standard error: pairs, time, the batch shapes run and the programs "
                    "compiled (and loaded from the compile cache).")

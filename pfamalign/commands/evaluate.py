@@ -40,7 +40,7 @@ from pfamalign.commands._common import (DatasetDirectory, check_figure, check_ou
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Figure (format from the extension: .png, .svg, .pdf, ...) of F1 by identity bin per "
                    "method, beside the model's reliability curve.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @strict_option
 @click.pass_context
 def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model, weights, baselines, max_pairs,

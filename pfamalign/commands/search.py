@@ -24,7 +24,9 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               help="Report hits with an E-value at most this.")
 @click.option("--decoys", type=click.IntRange(min=lib.MIN_DECOYS, max=lib.MAX_DECOYS), default=lib.DEFAULT_DECOYS,
               show_default=True,
-              help="Shuffled decoys scored per query for the E-value fit.")
+              help="Shuffled decoys scored per query for the E-value fit. Few decoys fit the law "
+                   "loosely: a strong hit's E-value may move by orders of magnitude between 10 and "
+                   "50. More fit it better, each at the time of one more subject scored.")
 @click.option("--max-candidates", type=click.IntRange(min=0), default=lib.DEFAULT_MAX_CANDIDATES,
               show_default=True,
               help="Against a database larger than this, score only the sequences a BLAST-like "
