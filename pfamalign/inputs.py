@@ -129,7 +129,7 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                                      "command takes one)")
                 raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header")
             starts.append((size, lineno))
-            line = "".join(line.split())
+            line = line.strip().replace(" ", "").replace("\t", "")  # not other whitespace: a bad character
             size += len(line)
             if size > MAX_RECORD:
                 raise ValueError(f"{source}:{header[0]}: record longer than {MAX_RECORD} residues")

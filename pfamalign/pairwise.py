@@ -20,6 +20,7 @@ command opens its text once with a file header and names each pair on its CIGAR 
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import io
 import os
@@ -98,8 +99,10 @@ class PairAligner:
     def align_many(self, pairs: Iterable[tuple[Sequence, Sequence]]) -> Iterator[AlignmentRecord]:
         """The alignments of ``pairs``, in order, computed in batches as they stream in (items as
         in ``align``). The first pair that cannot be aligned raises ValueError, naming it
-        (``pair N``, 1-based, and its ids) once the pairs before it are yielded. Sequence
-        strings get the ids of a ``--pairs`` file's line N: ``pairN_a``, ``pairN_b``."""
+        (``pair N``, 1-based, and its ids) once the pairs before it are yielded; an item that
+        is no pair (not two sides, a dict or a set, a side of the wrong type) raises TypeError,
+        also in its place. Sequence strings get the ids of a ``--pairs`` file's line N:
+        ``pairN_a``, ``pairN_b``."""
         from pfamalign.batch import BatchErrors, aligned
         from pfamalign.inputs import BadRecord, bare_pair
 
@@ -110,8 +113,9 @@ class PairAligner:
         if isinstance(pairs, (str, bytes)):
             raise TypeError("align_many takes an iterable of (a, b) pairs, got a single string")
 
-        def pair_of(n: int, pair) -> tuple:  # a tuple or list: a dict or a set has no order of sides
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        def pair_of(n: int, pair) -> tuple:  # a dict or a set has no order of sides
+            if (isinstance(pair, (str, bytes, collections.abc.Mapping, collections.abc.Set))
+                    or not hasattr(pair, "__len__") or len(pair) != 2):
                 raise TypeError(f"pair {n}: each item is an (a, b) tuple or list of two sequences, got "
                                 f"{type(pair).__name__}" + (f" of length {len(pair)}" if hasattr(pair, "__len__") else ""))
             return pair

@@ -85,6 +85,12 @@ def unfinished_prepare(path: pathlib.Path) -> str | None:
     yet) is, and what to do; None for any other directory."""
     if not (path / "work").is_dir():
         return None
+    from pfamalign.pipelines.locks import holder
+
+    running = holder(path)
+    if running is not None:
+        return (f"a dataset being prepared: `pfamalign prepare` is writing it now ({running}); wait "
+                "for it to finish")
     if (path / "work" / FAILED).exists():
         return ("an unfinished dataset: `pfamalign prepare` stopped on an error before it wrote "
                 "manifest.json; fix what it reported and run it again")

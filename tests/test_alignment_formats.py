@@ -352,3 +352,6 @@ def test_local_records_keep_their_mode_through_json():
     assert json.loads(to_json(dataclasses.replace(rec, local=False)))["mode"] == "global"
     text = to_pair_text(rec)
     assert "# Length: 4" in text and "seq_a              3 MKVL      6" in text
+    nothing = to_pair_text(AlignmentRecord("GGG", "WWW", np.zeros((0, 2), int), local=True), plain=True)
+    assert "# Length: 0" in nothing and "# Gaps:           0/0 ( 0.0%)" in nothing  # no region, no blocks
+    assert not any(line.startswith(("seq_a ", "seq_b ")) for line in nothing.splitlines())

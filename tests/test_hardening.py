@@ -337,6 +337,10 @@ def test_verify_names_the_work_of_a_killed_prepare_as_an_unfinished_dataset(tmp_
     assert_clear_error(run(["verify", out]), "unfinished dataset", "was stopped", "re-run the same command")
     with pytest.raises(FileNotFoundError, match="re-run the same command to finish it"):
         PairDataset(out)
+    from pfamalign.pipelines.locks import directory_lock
+
+    with directory_lock(out, "prepare"):  # a prepare at work on it: not "stopped"
+        assert_clear_error(run(["verify", out]), "being prepared", "is writing it now", "wait for it")
 
 
 def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_path):

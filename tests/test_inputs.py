@@ -113,6 +113,20 @@ def test_fasta_reader_joins_lines_names_records_and_reports_bad_ones(tmp_path):
     assert "has no residues" in str(bad[2])
 
 
+def test_fasta_records_keep_descriptions_drop_spaces_in_sequences_and_name_a_bad_line(tmp_path):
+    path = tmp_path / "genbank.fa"
+    path.write_text(">sp|P1|A_HUMAN\tKinase A, tabbed\tOS=Homo sapiens\n"
+                    "mkvll aaggi\tvgLLL\n  QSPED  \n"  # blocks of residues, as GenBank writes them
+                    ">b\nMKVLL\nAAG1I\n"                 # the bad character on the record's 2nd line
+                    ">c\nMKV\u00a0LL\n")                  # a no-break space is no residue
+    a, b, c = inputs.read_fasta(path)
+    assert (a.id, a.description, a.seq, a.where) == ("sp|P1|A_HUMAN", "Kinase A, tabbed\tOS=Homo sapiens",
+                                                     "MKVLLAAGGIVGLLLQSPED", f"{path}:1")
+    assert isinstance(b, inputs.BadRecord) and b.where == f"{path}:4"
+    assert "character '1' at position 9 (1-based), on line 6" in str(b)
+    assert isinstance(c, inputs.BadRecord) and r"'\xa0' at position 4" in str(c) and "on line 8" in str(c)
+
+
 @pytest.mark.parametrize("text, message", [
     ("MKV\n>a\nMKV\n", "many.fa:1: not FASTA: sequence before the first '>'"),
     ("", "no FASTA records"),

@@ -257,6 +257,8 @@ def test_misshapen_inputs_are_type_errors_that_say_what_was_expected(aligner):
         list(aligner.align_many((PDZ_A, PDZ_B)))
     with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list.*length 1"):
         list(aligner.align_many([(PDZ_A,)]))
+    rows = np.array([[PDZ_A, PDZ_B]], dtype=object)  # a table's rows (numpy, pandas .to_numpy()) are pairs
+    assert [r.seq_b for r in aligner.align_many(rows)] == [PDZ_B]
     for unordered in ({"a": PDZ_A, "b": PDZ_B}, {PDZ_A, PDZ_B}):  # no order of sides: not a pair
         with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list"):
             list(aligner.align_many([unordered]))

@@ -127,7 +127,7 @@ def test_batch_dataset_finite_epoch_covers_every_pair(dataset):
 
 def test_unfinished_dataset_is_explained(tmp_path):
     (tmp_path / "work").mkdir()
-    with pytest.raises(FileNotFoundError, match="unfinished run"):
+    with pytest.raises(FileNotFoundError, match="an unfinished dataset: `pfamalign prepare` was stopped.*re-run the same command"):
         reader.PairDataset(tmp_path)
 
 

@@ -26,7 +26,8 @@ Conventions:
   ``sum(M + D) = len(seq_a)`` and ``sum(M + I) = len(seq_b)``. ``extended=True`` writes ``=``
   / ``X`` instead of ``M`` (identical / different residues).
 * JSON: ``pairs`` as 0-based ``[i, j]``, per-pair ``confidence`` (null for the baselines),
-  ``score``, lengths, ``identity``; ``from_json`` reads it back.
+  ``score``, lengths, ``identity``, ``mode`` (``local`` or ``global``: how it was decoded);
+  ``from_json`` reads it back.
 * Coordinates: every text output numbers residues 1-based inclusive (``Aligned_region`` in
   the pair text and Stockholm, the block ends of the pair text); only the JSON ``pairs`` are
   0-based indices (and say so in ``coordinates``).
@@ -200,8 +201,9 @@ def _column_text(rec: AlignmentRecord, per_pair: list[str], gap: str) -> str:
 
 def _pct(num: int, den: int) -> str:
     """EMBOSS's ``n/N (p%)``, laid out as ``needle`` writes it (the count right-aligned in five
-    places, the percentage in four); ``den`` is a column count, at least 1 for any alignment."""
-    return f"{num:>5}/{den} ({100.0 * num / den:4.1f}%)"
+    places, the percentage in four); ``den`` is a column count (0 for a local alignment of
+    nothing, as water writes one: 0.0%)."""
+    return f"{num:>5}/{den} ({100.0 * num / den if den else 0.0:4.1f}%)"
 
 
 def pair_file_header(*, program: str = "pfamalign", provenance: dict | None = None) -> str:
@@ -227,9 +229,9 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
     match line's 50 columns): ``seq_a`` line with 1-based start / end residue numbers, the
     match line, the ``seq_b`` line, and (when the record has confidences) a ``confidence`` line
     of posterior-probability symbols. Names longer than 13 characters are truncated in the
-    blocks (as EMBOSS does); the header keeps them whole. A local record (``rec.local``) with
-    aligned pairs shows the columns from its first aligned pair to its last, as ``water``
-    writes a local alignment: ``Length``, identity, similarity and gaps count those columns.
+    blocks (as EMBOSS does); the header keeps them whole. A local record (``rec.local``)
+    shows the columns from its first aligned pair to its last, as ``water`` writes a local
+    alignment (none without pairs): ``Length``, identity, similarity and gaps count those columns.
     """
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
@@ -239,13 +241,13 @@ def to_pair_text(rec: AlignmentRecord, *, width: int = 50, program: str = "pfama
     conf = None if rec.confidence is None or plain else _column_text(
         rec, list(confidence_symbols(rec.confidence)), ".")
     done_a = done_b = 0  # residues written so far
-    if rec.local and n_pairs:  # water's view: the flanks are not part of a local alignment
+    if rec.local:  # water's view: the flanks are not part of a local alignment (none: no columns)
         col_a, col_b = rec.columns()
         paired = np.flatnonzero((col_a >= 0) & (col_b >= 0))
-        region = slice(int(paired[0]), int(paired[-1]) + 1)
+        region = slice(int(paired[0]), int(paired[-1]) + 1) if n_pairs else slice(0, 0)
         row_a, row_b, markup = row_a[region], row_b[region], markup[region]
         conf = None if conf is None else conf[region]
-        done_a, done_b = (int(x) for x in rec.pairs[0])
+        done_a, done_b = (int(x) for x in rec.pairs[0]) if n_pairs else (0, 0)
     n_cols = len(row_a)
     n_gaps = row_a.count("-") + row_b.count("-")
     header = [
