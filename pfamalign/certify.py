@@ -241,60 +241,89 @@ def _stable(applies: bool, plans, mass: float, tau: float, pairs, radius: float)
     return {**res, "applies": True}
 
 
-def plot_certificates(result: dict, path) -> None:
+def plot_certificates(result: dict, path, *, title: str | None = None, names: tuple[str, str] = ("query", "key"),
+                      fmt: str | None = None) -> None:
     """Six panels: rho_H per block, bias ||c_R|| vs R, each real row's sender error, tail mass
     per row (row softmax vs plan), the half-oscillation bound's tightness per row, and the drift
-    of the solver's plans (title: the certified stable matches). Head 0."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    of the solver's plans (title: the certified stable matches). Head 0. ``title``: the pair;
+    ``names``: the sequences' names (rows are ``names[0]``'s residues, numbered from 1)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(14, 7))
-    FigureCanvasAgg(fig)
+    from pfamalign.alignment.plots import residue_label, save_figure
+
+    fig = Figure(figsize=(14, 7.5))
+    integer = lambda axis: axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # noqa: E731
     ax = fig.add_subplot(231)
-    rho = [b["rho_h"] for b in result["contraction"]["blocks"] if b["strictly_positive"]]
-    rng = [b["range_bound"] for b in result["contraction"]["blocks"] if b["strictly_positive"]]
-    ax.plot(rho, "o-", label="rho_H = tanh²(Δ/4)")
-    ax.plot(rng, "s--", label="range bound tanh²(Ω/2)")
-    ax.set_xlabel("certified block")
+    blocks = result["contraction"]["blocks"]
+    shown = [(n, b) for n, b in enumerate(blocks, start=1) if b["strictly_positive"]]
+    ax.plot([n for n, _ in shown], [b["rho_h"] for _, b in shown], "o-", mfc="none", label=r"$\rho_H = \tanh^2(\Delta/4)$")
+    ax.plot([n for n, _ in shown], [b["range_bound"] for _, b in shown], "s--", mfc="none", ms=9,
+            label=r"range bound $\tanh^2(\Omega/2)$")
+    if not shown:
+        ax.text(0.5, 0.5, "no block with a strictly positive kernel:\nno contraction certified",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    elif max(b["rho_h"] for _, b in shown) > 1 - 1e-6:
+        ax.text(0.5, 0.08, r"$\rho_H \approx 1$: the bound certifies no contraction", transform=ax.transAxes,
+                ha="center", fontsize=8)
+    ax.set_xlim(0.5, max(len(blocks), 1) + 0.5)
+    integer(ax.xaxis)
+    ax.set_xlabel(f"block of {names[0]} rows (of {len(blocks)})")
     ax.set_ylabel("contraction rate")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
+    ax.set_title("projective contraction", fontsize=10)
+    ax.legend(fontsize=8, loc="center right")
     ax = fig.add_subplot(232)
-    rows = result["bias"]["rows"]
-    ax.semilogy([r["tail_steps"] for r in rows], [max(r["bias_norm"], 1e-30) for r in rows], "o-", label="||c_R||")
-    ax.semilogy([r["tail_steps"] for r in rows], [max(r["eta_norm"], 1e-30) for r in rows], "s--", label="||eta_R||")
-    ax.axhline(result["bias"]["tol"], color="gray", lw=0.8, ls=":", label="tol")
+    bias = result["bias"]
+    rows = bias["rows"]
+    ax.semilogy([r["tail_steps"] for r in rows], [max(r["bias_norm"], 1e-30) for r in rows], "o-",
+                label=r"bias $\|c_R\|$")
+    ax.semilogy([r["tail_steps"] for r in rows], [max(r["eta_norm"], 1e-30) for r in rows], "s--",
+                label=r"$\|\eta_R\|$")
+    ax.axhline(bias["tol"], color="gray", lw=0.8, ls=":", label=f"tol {bias['tol']:g}")
+    integer(ax.xaxis)
     ax.set_xlabel("tail steps R")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("norm")
+    depth = bias["certified_tail_depth"]
+    ax.set_title(f"tail bias: certified depth {depth}" if depth is not None
+                 else f"tail bias: no depth within tol {bias['tol']:g}", fontsize=10)
+    ax.legend(fontsize=8)
     sm, marg = result["softmax_ot"][0], result["marginals"][0]
+    query_rows = np.arange(1, len(sm["per_row"]["sender_error"]) + 1)
     ax = fig.add_subplot(233)
-    ax.plot(sm["per_row"]["sender_error"], label="|row sum - 1|")
+    ax.plot(query_rows, sm["per_row"]["sender_error"], label="|row sum − 1| of the plan")
     ax.axhline(abs(marg["expected_row_sum"] - 1), color="gray", lw=0.8, ls=":",
-               label=f"|expected row sum - 1| (feasible: {marg['feasible']})")
-    ax.set_xlabel("query row")
-    ax.set_ylabel("sender error")
-    ax.legend(fontsize=7)
+               label="|expected row sum − 1|" + ("" if marg["feasible"] else " (targets infeasible)"))
+    ax.set_xlabel(residue_label(names[0]))
+    ax.set_ylabel("row-sum error")
+    ax.set_title("sender (row) marginals", fontsize=10)
+    ax.legend(fontsize=8)
     ax = fig.add_subplot(234)
-    ax.plot(sm["per_row"]["tail_mass"], label="row softmax")
-    ax.plot(sm["per_row"]["plan_tail_mass"], label="plan (rows normalised)")
-    ax.set_xlabel("query row")
-    ax.set_ylabel("tail mass 1 - max_j P_i(j)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.plot(query_rows, sm["per_row"]["tail_mass"], label="row softmax")
+    ax.plot(query_rows, sm["per_row"]["plan_tail_mass"], label="plan (rows normalised)")
+    ax.set_xlabel(residue_label(names[0]))
+    ax.set_ylabel(r"tail mass $1 - \max_j P_i(j)$")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("mass outside each row's best key", fontsize=10)
+    ax.legend(fontsize=8)
     ax = fig.add_subplot(235)
-    ax.plot(sm["per_row"]["row_bound_ratio"], ".")
-    ax.set_xlabel("query row")
-    ax.set_ylabel("||Δsm||_1 / (osc(Δz) / 2)")
+    ax.plot(query_rows, sm["per_row"]["row_bound_ratio"], ".")
+    ax.set_xlabel(residue_label(names[0]))
+    ax.set_ylabel(r"$\|\Delta sm\|_1 \,/\, (\mathrm{osc}(\Delta z)/2)$")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"softmax bound tightness; plan bound ratio {result['ceta'][0]['ratio']:.3g}", fontsize=8)
+    ax.set_title(f"softmax bound tightness; plan bound ratio {result['ceta'][0]['ratio']:.3g}", fontsize=10)
     ax = fig.add_subplot(236)
     drift = sm["drift"]
     ax.semilogy(range(2, len(drift) + 2), [max(x, 1e-30) for x in drift], "o-")
+    integer(ax.xaxis)
     ax.set_xlabel("solver step t")
-    ax.set_ylabel("||P^(t) - P^(t-1)||_1")
+    ax.set_ylabel(r"$\|P^{(t)} - P^{(t-1)}\|_1$")
     st = result.get("stable_matches")
-    if st is not None:
-        ax.set_title(f"stable matches at r={st['score_noise']:g}: {st['certified']}/{st['aligned']}"
-                     + ("" if st["applies"] else " (does not apply)"), fontsize=8)
+    ax.set_title("drift of the solver's plans" if st is None else
+                 f"stable matches at r={st['score_noise']:g}: {st['certified']}/{st['aligned']}"
+                 + ("" if st["applies"] else " (does not apply)"), fontsize=10)
+    lq, lk = result["lengths"]
+    fig.suptitle(f"{title + ': ' if title else ''}certificates of the transport plan ({lq} x {lk} residues, head 1 "
+                 f"of {result['heads']})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110, fmt=fmt)

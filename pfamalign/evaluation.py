@@ -459,17 +459,23 @@ def render(summary: dict, console=None) -> None:
         console.print(tab)
 
 
+# One colour per method in every figure (the colour cycle would give "diagonal" another colour
+# when the model is left out)
+METHOD_COLOURS = {"model": "tab:red", "probcons": "tab:blue", "muscle": "tab:purple",
+                  "nw": "tab:green", "sw": "tab:olive", "diagonal": "tab:gray"}
+_BIN_LABELS = {"all": "all", "<30": "<30 %", "30-50": "30–50 %", ">=50": "≥50 %"}
+
+
 def figure(summary: dict):
-    """Grouped bars: micro F1 with its 95 % interval per method and identity bin; beside
+    """Grouped bars: micro F1 with its 95 % interval per method and identity bin (a bin
+    without pairs is marked, not drawn as zero; no interval without a bootstrap); beside
     them, when a method has confidences, its reliability panel (``_reliability_panel``)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     methods = list(summary["methods"])
     calibrated = [m for m in methods if "reliability" in summary["methods"][m]]
-    fig = Figure(figsize=(8 + 4.5 * bool(calibrated), 4.5))
-    FigureCanvasAgg(fig)
+    fig = Figure(figsize=(8 + 4.5 * bool(calibrated), 4.8))
     if calibrated:
         ax, rel_ax = fig.subplots(1, 2, width_ratios=[8, 4.5])
     else:
@@ -477,57 +483,78 @@ def figure(summary: dict):
     width = 0.8 / max(len(methods), 1)
     for n, m in enumerate(methods):
         prf = summary["methods"][m]["prf"]
-        vals = np.array([prf[b]["micro"]["f1"]["value"] for b in bins], np.float64)
-        lo = np.array([prf[b]["micro"]["f1"]["low"] for b in bins], np.float64)
-        hi = np.array([prf[b]["micro"]["f1"]["high"] for b in bins], np.float64)
-        err = np.nan_to_num(np.stack([vals - lo, hi - vals]), nan=0.0)
+        vals, lo, hi = (np.array([prf[b]["micro"]["f1"][k] for b in bins], np.float64)
+                        for k in ("value", "low", "high"))
         x = np.arange(len(bins)) + (n - (len(methods) - 1) / 2) * width
-        ax.bar(x, np.nan_to_num(vals), width, yerr=err, capsize=3, label=summary["methods"][m]["label"])
+        colour = METHOD_COLOURS.get(m, f"C{n}")
+        shown = np.isfinite(vals)
+        ax.bar(x[shown], vals[shown], width, color=colour, label=summary["methods"][m]["label"])
+        ci = shown & np.isfinite(lo) & np.isfinite(hi)
+        if ci.any():
+            ax.errorbar(x[ci], vals[ci], yerr=np.stack([vals - lo, hi - vals])[:, ci], fmt="none",
+                        ecolor="black", elinewidth=0.8, capsize=3)
+    counts = [summary["methods"][methods[0]]["prf"][b]["n_pairs"] for b in bins]
+    for k, count in enumerate(counts):
+        if count == 0:
+            ax.text(k, 0.02, "no pairs", ha="center", va="bottom", fontsize=8, color="grey")
     ax.set_xticks(np.arange(len(bins)))
-    ax.set_xticklabels([f"{b}\n(n={summary['methods'][methods[0]]['prf'][b]['n_pairs']})" for b in bins])
+    ax.set_xlim(-0.5, len(bins) - 0.5)  # every bin's place, an empty one too
+    ax.set_xticklabels([f"{_BIN_LABELS.get(b, b)}\n(n={c})" for b, c in zip(bins, counts)])
     ax.set_xlabel("percent identity of the reference pair")
     ax.set_ylabel("aligned-pair F1 (micro)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_ylim(0, 1.2)  # room above 1 for the intervals' caps and the legend
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.legend(fontsize=8, loc="upper center", ncol=min(len(methods), 3), frameon=False)
+    interval = ("95 % bootstrap intervals over pairs" if summary.get("n_boot") else "no intervals (--bootstrap 0)")
+    ax.set_title(f"{summary.get('n_pairs', '?')} pairs of {summary.get('n_families', '?')} families; {interval}",
+                 fontsize=9)
     if calibrated:
-        _reliability_panel(rel_ax, {summary["methods"][m]["label"]: summary["methods"][m]["reliability"]
+        _reliability_panel(rel_ax, {summary["methods"][m]["label"]: (summary["methods"][m]["reliability"],
+                                                                     METHOD_COLOURS.get(m, f"C{methods.index(m)}"))
                                     for m in calibrated})
     fig.tight_layout()
     return fig
 
 
 def _reliability_panel(ax, tables: dict) -> None:
-    """Reliability curve per method (label -> ``metrics.reliability`` table): precision
-    against mean confidence per non-empty bin, marker area by the bin's share of the pairs;
-    bars: the share of pairs per bin (of the first method); the diagonal is perfect
-    calibration."""
+    """Reliability curve per method (label -> (``metrics.reliability`` table, colour)):
+    precision against mean confidence per non-empty bin, marker area by the bin's share of
+    the pairs; grey bars on the right-hand axis: the share of pairs per bin (of the first
+    method); the diagonal is perfect calibration."""
+    share_ax = ax.twinx()
+    ax.set_zorder(share_ax.get_zorder() + 1)  # the curves over the bars
+    ax.patch.set_visible(False)
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="calibrated")
-    for n, (label, rel) in enumerate(tables.items()):
+    for n, (label, (rel, colour)) in enumerate(tables.items()):
         bins = [b for b in rel["bins"] if b["count"]]
         share = np.array([b["count"] for b in bins], np.float64) / max(rel["n_pairs"], 1)
         if n == 0:
-            ax.bar([b["low"] for b in rel["bins"]],
-                   [b["count"] / max(rel["n_pairs"], 1) for b in rel["bins"]],
-                   width=[b["high"] - b["low"] for b in rel["bins"]], align="edge",
-                   color="lightgrey", label="share of pairs")
+            share_ax.bar([b["low"] for b in rel["bins"]],
+                         [b["count"] / max(rel["n_pairs"], 1) for b in rel["bins"]],
+                         width=[b["high"] - b["low"] for b in rel["bins"]], align="edge", color="lightgrey")
         ece = "—" if rel["ece"] is None or not np.isfinite(rel["ece"]) else f"{rel['ece']:.3f}"
         x, y = [b["mean_confidence"] for b in bins], [b["precision"] for b in bins]
-        line, = ax.plot(x, y, "-", marker=".", label=f"{label} (ECE {ece})")
-        ax.scatter(x, y, s=20 + 400 * share, alpha=0.4, color=line.get_color())
+        ax.plot(x, y, "-", marker=".", color=colour, label=f"{label} (ECE {ece}; area: share of pairs)")
+        ax.scatter(x, y, s=20 + 400 * share, alpha=0.4, color=colour)
     ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.03)
+    share_ax.set_ylim(0, 1.03)
+    share_ax.set_ylabel("share of aligned pairs (grey bars)", fontsize=8)
+    share_ax.tick_params(labelsize=7)
     ax.set_xlabel("confidence of an aligned pair (bin mean)")
     ax.set_ylabel("precision (fraction in the reference)")
     ax.set_title("reliability", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def plot(summary: dict, path) -> pathlib.Path:
     """``figure`` written atomically, in the format of ``path``'s extension."""
+    from pfamalign.alignment.plots import figure_format, save_figure
     from pfamalign.outputs import atomic_path
 
+    fmt = figure_format(path)
     with atomic_path(path) as tmp:
-        figure(summary).savefig(tmp, dpi=120)
+        save_figure(figure(summary), tmp, dpi=120, fmt=fmt)
     return pathlib.Path(path)
 
 

@@ -1,4 +1,6 @@
-"""Plots: a non-trivial PNG is written (size, shape, not blank). Nothing more is claimed."""
+"""Plots: a non-trivial PNG is written (size, shape, not blank), and what the figures show:
+each decoded pair marked on 1-based, named axes, the band's share of the mass, the barycenter's
+error panel, text kept as text in SVG and PDF."""
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -51,3 +53,64 @@ def test_plot_validation(tmp_path):
         plot_plan(np.ones((2, 3, 4)), tmp_path / "x.png")
     with pytest.raises(ValueError, match="length"):
         plot_barycenter(np.ones((3, 4)), np.array([0, 1]), tmp_path / "x.png")
+
+
+# ---- what the figures show (the audit of 2026-11-29) ---------------------------------------
+
+def test_the_plan_figure_marks_each_decoded_pair_on_1_based_named_axes():
+    from matplotlib.collections import PathCollection
+
+    from pfamalign.alignment.plots import plan_figure
+
+    plan, target = _plan_and_target()
+    aln = mea_decode(plan)
+    fig = plan_figure(plan, pairs=aln.pairs, names=("LAR_DROME", "IL7RA_HUMAN"))
+    heat = fig.axes[0]
+    assert heat.get_xlabel() == "IL7RA_HUMAN residue (1-based)" and heat.get_ylabel() == "LAR_DROME residue (1-based)"
+    marks = [c for c in heat.collections if isinstance(c, PathCollection) and c.get_label() == "decoded pair"]
+    assert len(marks) == 1  # one mark per pair, no line through them (a line would draw gaps as pairs)
+    np.testing.assert_array_equal(marks[0].get_offsets(), aln.pairs[:, ::-1] + 1)
+    assert not [line for line in heat.get_lines() if len(line.get_xdata()) > 1]
+    image = heat.get_images()[0]
+    assert image.get_extent() == [0.5, plan.shape[1] + 0.5, plan.shape[0] + 0.5, 0.5]  # residue 1 on cell 1
+    assert image.norm.vmin == 0 and "square-root" in fig.axes[3].get_ylabel()  # the colour bar says its scale
+
+
+def test_the_band_figure_says_how_much_of_the_plan_it_shows():
+    from pfamalign.alignment.plots import BAND_HALF_WIDTH, _band, plan_figure
+
+    lq, lk = 500, 520
+    rng = np.random.default_rng(3)
+    plan = rng.random((lq, lk)) * 1e-3
+    cols = np.sort(rng.choice(lk, lq, replace=False))
+    plan[np.arange(lq), cols] += 0.5
+    pairs = np.stack([np.arange(lq), cols], 1)[::2]  # every other row aligned: the others unmarked
+    fig = plan_figure(plan, pairs=pairs, title="long")
+    band, _ = _band(plan, pairs, BAND_HALF_WIDTH)
+    assert f"hold {band.sum() / plan.sum():.0%} of the plan's mass" in fig._suptitle.get_text()
+    (marks,) = [c for c in fig.axes[0].collections if c.get_label().startswith("decoded pair")]
+    assert len(marks.get_offsets()) == len(pairs)
+
+
+def test_figures_keep_text_as_text_in_svg_and_truetype_in_pdf(tmp_path):
+    plan, target = _plan_and_target()
+    plot_plan(plan, tmp_path / "p.svg", pairs=mea_decode(plan).pairs, names=("alpha", "beta"))
+    svg = (tmp_path / "p.svg").read_text()
+    assert "<text" in svg and "alpha residue (1-based)" in svg  # searchable, editable text
+    plot_barycenter(plan, target, tmp_path / "b.pdf")
+    pdf = (tmp_path / "b.pdf").read_bytes()
+    assert b"/Type3" not in pdf and (b"TrueType" in pdf or b"CIDFontType2" in pdf)
+
+
+def test_the_barycenter_figure_shows_the_error_only_against_a_reference():
+    from pfamalign.alignment.plots import barycenter_figure
+
+    plan, target = _plan_and_target(seed=1)
+    with_ref = barycenter_figure(plan, target, names=("q", "k"))
+    assert len(with_ref.axes) == 2 and "within 5" in with_ref.axes[1].get_title()
+    assert with_ref.axes[1].get_xlabel() == "q residue (1-based)"
+    labels = [t.get_text() for t in with_ref.axes[0].get_legend().get_texts()]
+    assert "reference $c_i$" in labels
+    alone = barycenter_figure(plan, np.full(len(target), -1), title="x")
+    assert len(alone.axes) == 1 and alone.axes[0].get_title() == "x (no reference)"
+    assert "reference $c_i$" not in [t.get_text() for t in alone.axes[0].get_legend().get_texts()]

@@ -256,16 +256,25 @@ def test_eval_summary_has_the_model_reliability():
 def test_eval_plot_has_the_reliability_panel(tmp_path):
     import json
 
+    import matplotlib.colors
+
     summary = _calibration_evaluation().summary(n_boot=0)
     read_back = json.loads(evaluation.to_json(summary))  # empty bins: null, as crossval reads them
     for s in (summary, read_back):
-        bars, panel = evaluation.figure(s).axes
+        bars, panel, share_axis = evaluation.figure(s).axes  # the shares on their own axis
         curve = [line for line in panel.get_lines() if line.get_label().startswith("pfamalign")]
         assert len(curve) == 1
         np.testing.assert_allclose(curve[0].get_xdata(), [0.35, 0.95])  # the non-empty bins
         np.testing.assert_allclose(curve[0].get_ydata(), [0.0, 1.0])
-        shares = sorted(round(p.get_height(), 6) for p in panel.patches if p.get_height() > 0)
+        shares = sorted(round(p.get_height(), 6) for p in share_axis.patches if p.get_height() > 0)
         assert shares == [round(7 / 15, 6), round(8 / 15, 6)]
+        assert not bars.containers or all(type(c).__name__ == "BarContainer" for c in bars.containers)  # n_boot 0:
+        # no error bars (zero-width ones would read as certainty); a bin without pairs is said, not drawn as 0
+        empty = [b for b in ("<30", "30-50", ">=50") if s["methods"]["model"]["prf"][b]["n_pairs"] == 0]
+        assert len([t for t in bars.texts if t.get_text() == "no pairs"]) == len(empty)
+        assert sum(len(c) for c in bars.containers) == len(s["methods"]) * (4 - len(empty))
+        assert {tuple(p.get_facecolor()) for p in bars.patches} == {  # one colour per method, always
+            matplotlib.colors.to_rgba(evaluation.METHOD_COLOURS[m]) for m in ("model", "nw")}
     path = evaluation.plot(summary, tmp_path / "eval.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # baselines only: no confidences, no panel

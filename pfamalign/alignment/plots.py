@@ -1,14 +1,17 @@
 """Figures of a transport plan (matplotlib, Agg canvas; pyplot and its global state are never
 touched, so this is safe in servers and tests).
 
-* ``plot_plan``: plan heatmap (query rows down, key columns across) with the row and column
-  marginals beside it, the decoded path overlaid and, optionally, the reference pairs and the
-  dustbin masses in the marginals. Beyond ``BAND_ABOVE`` residues the full matrix would
-  shrink the plan to a one-pixel line, so the heatmap shows the band around the decoded path
-  in its own coordinates (query row down, key offset from the path across).
+* ``plot_plan``: plan heatmap (query rows down, key columns across, residues numbered from 1
+  as in every text output) with the row and column marginals beside it, each decoded pair
+  marked on its cell (a line through them would draw gaps as pairs) and, optionally, the
+  reference pairs and the dustbin masses in the marginals. Beyond ``BAND_ABOVE`` residues the
+  full matrix would shrink the plan to a one-pixel line, so the heatmap shows the band around
+  the decoded path in its own coordinates (query row down, key offset from the path across),
+  and says how much of the plan's mass the band holds.
 
 Every writer saves in the format its file extension names (``.png``, ``.svg``, ``.pdf``, ...;
-``figure_format``), or ``fmt`` when given (an atomic writer's temporary name has none).
+``figure_format``), or ``fmt`` when given (an atomic writer's temporary name has none), through
+``save_figure`` (SVG text as text, PDF fonts as TrueType).
 * ``plot_barycenter``: the seed paper's qualitative figure, barycenter ``b_i`` against the
   target key ``c_i`` per query row, with the diagonal reference.
 """
@@ -45,13 +48,53 @@ def figure_format(path) -> str:
     return fmt
 
 
-def _save(fig: Figure, path, dpi: int, fmt: str | None) -> pathlib.Path:
+def save_figure(fig: Figure, path, dpi: int, fmt: str | None = None) -> pathlib.Path:
+    """Writes ``fig`` in ``fmt`` (default: ``figure_format(path)``); every figure of the
+    package is saved here. Text stays text in an SVG (searchable, editable) and a PDF embeds
+    TrueType fonts (journals refuse matplotlib's default Type 3)."""
+    import matplotlib
+
     path = pathlib.Path(path)
     fmt = fmt or figure_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=dpi, format=fmt)
+    with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}):
+        fig.savefig(path, dpi=dpi, format=fmt)
     return path
+
+
+def residue_label(name: str) -> str:
+    """An axis of residue numbers: whose, and that they count from 1 (as every text output)."""
+    return f"{name} residue (1-based)"
+
+
+def _plan_norm(plan: np.ndarray, log_scale: bool):
+    """``(values shown, norm, colour bar label)``: a square-root scale from 0 (a plan's weak
+    alternatives stay visible beside its peaks), or log10 with ``log_scale``."""
+    from matplotlib.colors import PowerNorm
+
+    if log_scale:
+        return np.log10(plan + 1e-12), None, "plan mass, log10 $P_{ij}$"
+    return plan, PowerNorm(0.5, vmin=0.0, vmax=max(float(plan.max()), 1e-12)), \
+        "plan mass $P_{ij}$ (square-root scale)"
+
+
+def _cell_points(ax, n_rows: int, n_cols: int) -> float:
+    """The side, in points, of the smaller edge of one heatmap cell of ``ax``."""
+    box = ax.get_position()
+    width, height = ax.figure.get_size_inches()
+    return 72 * min(box.width * width / n_cols, box.height * height / n_rows)
+
+
+def _pair_marks(ax, rows, cols, cell_points: float, **kw) -> None:
+    """Aligned pairs as one mark each (a line through them would draw gaps as pairs), the
+    cell's colour left visible around it: hollow squares a cell wide on large cells, a dot
+    0.7 of a cell wide on small ones."""
+    if cell_points >= 6:
+        ax.scatter(cols, rows, marker="s", s=min(cell_points, 14) ** 2, facecolors="none",
+                   linewidths=1.0, **kw)
+    else:
+        ax.scatter(cols, rows, marker="o", s=max(0.7 * cell_points, 1.5) ** 2, linewidths=0, **kw)
 
 
 BAND_ABOVE = 400  # residues: longer plans are drawn as the band around the decoded path
@@ -75,115 +118,157 @@ def _band(plan: np.ndarray, pairs, half: int) -> tuple[np.ndarray, np.ndarray]:
     return band, centre
 
 
-def plot_plan(plan, path, *, pairs=None, reference_pairs=None, row_dustbin=None,
-              col_dustbin=None, title: str | None = None, log_scale: bool = False,
-              dpi: int = 120, fmt: str | None = None, band: bool | None = None) -> pathlib.Path:
-    """Writes a figure of the plan with marginals and the decoded path; returns the path.
+def plot_plan(plan, path, *, dpi: int = 120, fmt: str | None = None, **figure) -> pathlib.Path:
+    """Writes ``plan_figure(plan, **figure)`` to ``path`` (parents are created; ``fmt``:
+    the figure format, default from the extension) and returns the path."""
+    return save_figure(plan_figure(plan, **figure), path, dpi, fmt)
+
+
+def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col_dustbin=None,
+                title: str | None = None, names: tuple[str, str] = ("query", "key"),
+                log_scale: bool = False, band: bool | None = None) -> Figure:
+    """The figure of the plan with marginals and the decoded pairs.
 
     Args:
       plan: ``[Lq, Lk]`` plan over the real rows / keys.
-      path: output file (parents are created).
-      pairs: decoded alignment ``[n, 2]`` drawn as a line.
+      pairs: decoded alignment ``[n, 2]``, each pair marked on its cell.
       reference_pairs: reference ``[m, 2]`` drawn as crosses.
       row_dustbin / col_dustbin: ``[Lq]`` / ``[Lk]`` dustbin masses, stacked on the marginals.
-      log_scale: colour by ``log10(P + 1e-12)`` instead of P.
-      fmt: figure format (default: from the extension of ``path``).
+      names: the two sequences' names, for the axes (numbered from 1, as the text outputs).
+      log_scale: colour by ``log10(P + 1e-12)`` instead of a square-root scale of P.
       band: draw the band around the decoded path (query row, key offset from the path)
         instead of the full matrix; default: when a sequence is longer than ``BAND_ABOVE``.
     """
     plan = _check_plan2d(plan)
     lq, lk = plan.shape
     if band if band is not None else max(lq, lk) > BAND_ABOVE:
-        return _plot_band(plan, path, pairs=pairs, reference_pairs=reference_pairs,
-                          row_dustbin=row_dustbin, title=title, log_scale=log_scale, dpi=dpi, fmt=fmt)
-    fig = Figure(figsize=(7.5, 7.5 * min(max(lq / lk, 0.4), 2.5)))
-    grid = fig.add_gridspec(2, 3, width_ratios=[5, 1.2, 0.25], height_ratios=[1.2, 5],
-                            wspace=0.08, hspace=0.08)
+        return _band_figure(plan, pairs=pairs, reference_pairs=reference_pairs, row_dustbin=row_dustbin,
+                            title=title, names=names, log_scale=log_scale)
+    width = 7.5
+    height = width * float(np.clip(lq / lk, 0.6, 1.6))  # inches; the marginals keep theirs
+    fig = Figure(figsize=(width, height))
+    grid = fig.add_gridspec(2, 3, width_ratios=[5, 1.2, 0.25], height_ratios=[1.25, height - 2.45],
+                            wspace=0.08, hspace=0.2 / (height - 1.2), top=1 - (0.55 if title else 0.2) / height,
+                            bottom=0.65 / height)
     ax = fig.add_subplot(grid[1, 0])
     ax_top = fig.add_subplot(grid[0, 0], sharex=ax)
     ax_right = fig.add_subplot(grid[1, 1], sharey=ax)
     ax_bar = fig.add_subplot(grid[1, 2])
+    ax_key = fig.add_subplot(grid[0, 1:])  # the legend's place: no data under it
+    ax_key.axis("off")
 
-    shown = np.log10(plan + 1e-12) if log_scale else plan
-    image = ax.imshow(shown, aspect="auto", origin="upper", cmap="viridis",
-                      interpolation="nearest", extent=(-0.5, lk - 0.5, lq - 0.5, -0.5))
-    fig.colorbar(image, cax=ax_bar, label="log10 P" if log_scale else "P")
+    shown, norm, label = _plan_norm(plan, log_scale)
+    image = ax.imshow(shown, aspect="auto", origin="upper", cmap="viridis", norm=norm,
+                      interpolation="nearest", extent=(0.5, lk + 0.5, lq + 0.5, 0.5))
+    fig.colorbar(image, cax=ax_bar, label=label)
+    cell = _cell_points(ax, lq, lk)
     if reference_pairs is not None:
         ref = check_pairs(reference_pairs, lq, lk, proper=False)
-        ax.scatter(ref[:, 1], ref[:, 0], marker="x", s=12, linewidths=0.8, color="tab:cyan",
-                   label="reference")
+        ax.scatter(ref[:, 1] + 1, ref[:, 0] + 1, marker="x", s=max(min(cell, 6), 2) ** 2, linewidths=0.8,
+                   color="tab:cyan", label="reference pair")
     if pairs is not None:
         dec = check_pairs(pairs, lq, lk, proper=False)
-        ax.plot(dec[:, 1], dec[:, 0], "-", lw=1.0, color="tab:red", label="decoded")
-    if pairs is not None or reference_pairs is not None:
-        ax.legend(loc="lower left", fontsize=7, framealpha=0.7)
-    ax.set_xlabel("key position j")
-    ax.set_ylabel("query position i")
+        _pair_marks(ax, dec[:, 0] + 1, dec[:, 1] + 1, cell, edgecolors="tab:red", color="tab:red",
+                    label="decoded pair")
+    ax.set_xlabel(residue_label(names[1]))
+    ax.set_ylabel(residue_label(names[0]))
 
     col_mass = plan.sum(axis=0)  # [Lk]
-    ax_top.bar(np.arange(lk), col_mass, width=1.0, color="tab:blue", label="real")
+    ax_top.bar(np.arange(1, lk + 1), col_mass, width=1.0, color="tab:blue", label="plan mass")
     if col_dustbin is not None:
-        ax_top.bar(np.arange(lk), np.asarray(col_dustbin, dtype=np.float64).reshape(lk),
-                   width=1.0, bottom=col_mass, color="tab:gray", label="dustbin")
-        ax_top.legend(fontsize=6, loc="upper right")
+        ax_top.bar(np.arange(1, lk + 1), np.asarray(col_dustbin, dtype=np.float64).reshape(lk),
+                   width=1.0, bottom=col_mass, color="tab:gray", label="dustbin mass")
     ax_top.set_ylabel("column\nmass", fontsize=8)
     ax_top.tick_params(labelbottom=False, labelsize=7)
 
     _row_marginal(ax_right, plan, row_dustbin)
+    handles, labels = ax.get_legend_handles_labels()
+    more = ax_top.get_legend_handles_labels()
+    if handles or col_dustbin is not None or row_dustbin is not None:
+        ax_key.legend(handles + more[0], labels + more[1], loc="center", fontsize=7, frameon=False)
     if title:
-        fig.suptitle(title)
-    return _save(fig, path, dpi, fmt)
+        fig.suptitle(title, fontsize=10)
+    return fig
 
 
-def _row_marginal(ax, plan: np.ndarray, row_dustbin) -> None:
-    """Row mass (and the dustbin stacked on it) as horizontal bars beside the heatmap."""
+def _row_marginal(ax, plan: np.ndarray, row_dustbin, inside=None) -> None:
+    """Row mass (and the dustbin stacked on it) as horizontal bars beside the heatmap;
+    ``inside`` [Lq]: the part of each row's mass that the heatmap shows (the band view)."""
     lq = plan.shape[0]
+    rows = np.arange(1, lq + 1)
     row_mass = plan.sum(axis=1)  # [Lq]
-    ax.barh(np.arange(lq), row_mass, height=1.0, color="tab:blue")
+    total = row_mass.copy()
+    ax.barh(rows, row_mass, height=1.0, color="tab:blue" if inside is None else "lightsteelblue")
+    if inside is not None:
+        ax.barh(rows, inside, height=1.0, color="tab:blue")
     if row_dustbin is not None:
-        ax.barh(np.arange(lq), np.asarray(row_dustbin, dtype=np.float64).reshape(lq),
-                height=1.0, left=row_mass, color="tab:gray")
+        dustbin = np.asarray(row_dustbin, dtype=np.float64).reshape(lq)
+        ax.barh(rows, dustbin, height=1.0, left=row_mass, color="tab:gray")
+        total = total + dustbin
+    ax.set_xlim(0, 1.1 * max(float(total.max()), 1e-12))
     ax.set_xlabel("row mass", fontsize=8)
     ax.tick_params(labelleft=False, labelsize=7)
 
 
-def _plot_band(plan, path, *, pairs, reference_pairs, row_dustbin, title, log_scale, dpi, fmt):
-    """``plot_plan`` of a long pair: the band around the decoded path, the path at offset 0,
-    the reference pairs at their offsets, the row mass (and dustbin) beside it."""
+def _band_figure(plan, *, pairs, reference_pairs, row_dustbin, title, names, log_scale) -> Figure:
+    """``plan_figure`` of a long pair: the band around the decoded path, each decoded pair at
+    offset 0 of its row (a row without a pair has no mark), the reference pairs at their
+    offsets, beside it each row's mass and the part of it inside the band."""
     lq, lk = plan.shape
     half = BAND_HALF_WIDTH
     band, centre = _band(plan, pairs, half)
     fig = Figure(figsize=(6.0, 9.0))
-    grid = fig.add_gridspec(1, 3, width_ratios=[5, 1.2, 0.25], wspace=0.08)
+    grid = fig.add_gridspec(1, 3, width_ratios=[5, 1.2, 0.25], wspace=0.08, top=0.93, bottom=0.13)
     ax = fig.add_subplot(grid[0, 0])
     ax_right = fig.add_subplot(grid[0, 1], sharey=ax)
     ax_bar = fig.add_subplot(grid[0, 2])
-    shown = np.log10(band + 1e-12) if log_scale else band
-    image = ax.imshow(shown, aspect="auto", origin="upper", cmap="viridis", interpolation="nearest",
-                      extent=(-half - 0.5, half + 0.5, lq - 0.5, -0.5))
-    fig.colorbar(image, cax=ax_bar, label="log10 P" if log_scale else "P")
-    ax.axvline(0, color="tab:red", lw=0.6, alpha=0.6, label="decoded path")
+    shown, norm, label = _plan_norm(band, log_scale)
+    image = ax.imshow(shown, aspect="auto", origin="upper", cmap="viridis", norm=norm, interpolation="nearest",
+                      extent=(-half - 0.5, half + 0.5, lq + 0.5, 0.5))
+    fig.colorbar(image, cax=ax_bar, label=label)
+    if pairs is not None:
+        dec = check_pairs(pairs, lq, lk, proper=False)
+        ax.scatter(dec[:, 1] - centre[dec[:, 0]], dec[:, 0] + 1, marker="|", s=16, linewidths=0.9,
+                   color="tab:red", label="decoded pair (offset 0)")
     if reference_pairs is not None:
         ref = check_pairs(reference_pairs, lq, lk, proper=False)
-        ax.scatter(ref[:, 1] - centre[ref[:, 0]], ref[:, 0], marker="x", s=8, linewidths=0.6,
-                   color="tab:cyan", label="reference")
-    ax.legend(loc="lower left", fontsize=7, framealpha=0.7)
+        ax.scatter(ref[:, 1] - centre[ref[:, 0]], ref[:, 0] + 1, marker="x", s=8, linewidths=0.6,
+                   color="tab:cyan", label="reference pair")
     ax.set_xlim(-half - 0.5, half + 0.5)
-    ax.set_xlabel("key offset from the decoded path (residues)")
-    ax.set_ylabel("query position i")
-    _row_marginal(ax_right, plan, row_dustbin)
-    fig.suptitle(f"{title + ': ' if title else ''}band of {2 * half + 1} keys around the path "
-                 f"({lq} x {lk})", fontsize=10)
-    return _save(fig, path, dpi, fmt)
+    ax.set_xlabel(f"offset from the decoded path\n({names[1]} residues)", fontsize=9)
+    ax.set_ylabel(residue_label(names[0]))
+    _row_marginal(ax_right, plan, row_dustbin, inside=band.sum(axis=1))
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles + [_patch("tab:blue"), _patch("lightsteelblue")],
+               labels + ["row mass in the band", "row mass outside it"],
+               loc="lower center", ncol=2, fontsize=7, frameon=False)
+    held = float(band.sum()) / max(float(plan.sum()), 1e-300)
+    fig.suptitle(f"{title + chr(10) if title else ''}{lq} x {lk}: the ±{half} residues around the decoded "
+                 f"path hold {held:.0%} of the plan's mass", fontsize=9)
+    return fig
 
 
-def plot_barycenter(plan, target, path, *, diagonal: bool = True, title: str | None = None,
-                    dpi: int = 120, fmt: str | None = None) -> pathlib.Path:
-    """Writes a figure of the barycenter ``b_i`` vs the target ``c_i`` per query row.
+def _patch(color: str):
+    from matplotlib.patches import Patch
+
+    return Patch(color=color)
+
+
+def plot_barycenter(plan, target, path, *, dpi: int = 120, fmt: str | None = None, **figure) -> pathlib.Path:
+    """Writes ``barycenter_figure(plan, target, **figure)`` to ``path`` (as ``plot_plan``)."""
+    return save_figure(barycenter_figure(plan, target, **figure), path, dpi, fmt)
+
+
+def barycenter_figure(plan, target, *, diagonal: bool = True, title: str | None = None,
+                      names: tuple[str, str] = ("query", "key")) -> Figure:
+    """The figure of the barycenter ``b_i`` vs the target ``c_i`` per query row, each
+    row's most likely key sized by its share of the row, and below it the error ``b_i - c_i``
+    of the rows with a target (none: "no reference").
 
     Args:
       plan: ``[Lq, Lk]``; target: ``[Lq]`` key per row or -1 (unaligned rows are not drawn).
       diagonal: also draw the diagonal reference ``round(i (Lk-1)/(Lq-1))``.
+      names: the two sequences' names, for the axes (numbered from 1).
     """
     plan = _check_plan2d(plan)
     lq, lk = plan.shape
@@ -191,22 +276,37 @@ def plot_barycenter(plan, target, path, *, diagonal: bool = True, title: str | N
     if target.shape != (lq,):
         raise ValueError(f"target has length {len(target)} but the plan has Lq={lq}")
     b = barycenters(plan)  # [Lq]
-    rows = np.arange(lq)
+    rows = np.arange(1, lq + 1)
     ann = target >= 0
 
-    fig = Figure(figsize=(7.0, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot(rows, b, "-", lw=1.2, color="tab:red", label="barycenter $b_i$")
-    ax.scatter(rows[ann], target[ann], s=8, color="black", label="target $c_i$", zorder=3)
+    fig = Figure(figsize=(7.0, 6.0 if ann.any() else 4.5))
+    ax, ax_err = (fig.subplots(2, 1, sharex=True, height_ratios=[3, 1]) if ann.any()
+                  else (fig.add_subplot(), None))
+    ax.plot(rows, b + 1, "-", lw=1.2, color="tab:red", label="barycenter $b_i$")
+    # a diffuse row's barycenter is an average of far-apart keys: its most likely key, drawn
+    # by how much of the row it holds, tells a confident row from a spread one
+    row_mass = np.maximum(plan.sum(axis=1), 1e-300)
+    share = plan.max(axis=1) / row_mass
+    ax.scatter(rows, plan.argmax(axis=1) + 1, s=3 + 40 * share, color="tab:blue", alpha=0.45, linewidths=0,
+               label="most likely key (area: its share of the row)")
+    if ann.any():
+        ax.scatter(rows[ann], target[ann] + 1, s=8, color="black", label="reference $c_i$", zorder=3)
     if diagonal:
-        ax.plot(rows, diagonal_target(lq, lk), "--", lw=0.8, color="tab:gray",
+        ax.plot(rows, diagonal_target(lq, lk) + 1, "--", lw=0.8, color="tab:gray",
                 label="diagonal reference")
-    ax.set_xlim(-0.5, lq - 0.5)
-    ax.set_ylim(-0.5, lk - 0.5)
-    ax.set_xlabel("query position i")
-    ax.set_ylabel("key position")
+    ax.margins(0.02)  # the end points are drawn whole
+    ax.set_ylabel(residue_label(names[1]))
     ax.legend(fontsize=8, loc="upper left")
-    if title:
-        ax.set_title(title)
-    return _save(fig, path, dpi, fmt)
+    if ax_err is not None:
+        error = b[ann] - target[ann]
+        ax_err.axhline(0, color="tab:gray", lw=0.8)
+        ax_err.bar(rows[ann], error, width=1.0, color="tab:red")
+        ax_err.set_ylabel("$b_i - c_i$", fontsize=9)
+        ax_err.set_title(f"mean |b - c| {np.abs(error).mean():.2f} residues; within 5: "
+                         f"{np.mean(np.abs(error) <= 5):.0%} of {int(ann.sum())} rows", fontsize=8)
+    (ax_err or ax).set_xlabel(residue_label(names[0]))
+    heading = (title or "") + ("" if ann.any() else (" (no reference)" if title else "no reference"))
+    if heading:
+        ax.set_title(heading, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -174,7 +174,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                     with atomic_path(plot, inputs=sources) as tmp:
                         plot_plan(pp.real, tmp, pairs=rec.pairs, row_dustbin=pp.row_dustbin,
                                   col_dustbin=pp.col_dustbin, title=f"{rec.id_a} vs {rec.id_b}",
-                                  fmt=plot_fmt)
+                                  names=(rec.id_a, rec.id_b), fmt=plot_fmt)
         if counter is not None:
             shapes = ", ".join(f"{b}x{n}" for b, n in sorted(predictor.shapes)) or "none"
             from pfamalign.alignment import numba_jit

@@ -45,7 +45,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(tsv, plot, inputs=sources)
-    check_figure(plot)
+    plot_fmt = check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         result = pair_barycenters(Predictor(checkpoint, weights=weights, max_length=max_length), pair)
@@ -73,4 +73,5 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
         with atomic_path(plot, inputs=sources) as tmp:
             plot_barycenter(result.plan.real, table["target"].to_numpy(), tmp,
-                            title=f"{pair['q_id']} vs {pair['k_id']}")
+                            title=f"{pair['q_id']} vs {pair['k_id']}", names=(pair["q_id"], pair["k_id"]),
+                            fmt=plot_fmt)

@@ -84,7 +84,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(json_out, plot, inputs=sources)
-    check_figure(plot)
+    plot_fmt = check_figure(plot)
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         lengths = len(pair["q_seq"]), len(pair["k_seq"])
@@ -125,7 +125,8 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
             sink.write(jsonio.dumps(result, indent=1))
     if plot:
         with atomic_path(plot, inputs=sources) as tmp:
-            plot_certificates(result, tmp)
+            plot_certificates(result, tmp, title=f"{pair['q_id']} vs {pair['k_id']}",
+                              names=(pair["q_id"], pair["k_id"]), fmt=plot_fmt)
 
 
 def _table(title, sections: list[dict], fields):
