@@ -46,6 +46,9 @@ from pfamalign.model import Aligner, AlignerConfig
 MODEL_FORMAT = "pfamalign-model"
 TRAINING_RECORD = "training.json"
 MODEL_FORMAT_VERSION = 1
+# A model directory's settings files beside its parameters: what it aligns with (config,
+# decoder, pair-HMM) and what it learnt from. A finished model records their checksums too.
+MODEL_RECORDS = ("config.json", "decoding.json", "pairhmm.json", TRAINING_RECORD)
 
 
 class CheckpointError(ValueError):
@@ -89,8 +92,18 @@ def model_from_params(config: AlignerConfig, params: dict) -> Aligner:
 # ---------------------------------------------------------------------------------------------
 
 def write_training_record(directory: str | os.PathLike, record: dict) -> None:
-    """Writes ``MODEL/training.json`` (see the module docstring)."""
-    records.write_json(pathlib.Path(directory) / TRAINING_RECORD, record, indent=2)
+    """Writes ``MODEL/training.json`` (see the module docstring), the last file of a finished
+    model, then adds the checksums of its ``MODEL_RECORDS`` to those of its parameters (a
+    model directory: one with ``params/``; an ensemble records them with its ``ensemble.json``),
+    so that ``verify`` notices an edited decoder."""
+    from pfamalign.inference import ENSEMBLE_FILE
+
+    directory = pathlib.Path(directory)
+    records.write_json(directory / TRAINING_RECORD, record, indent=2)
+    if (directory / "params").is_dir() and (directory / CHECKSUMS).is_file():
+        add_checksums(directory, MODEL_RECORDS)
+    elif (directory / ENSEMBLE_FILE).is_file():  # an ensemble: its members and decoder
+        add_checksums(directory, (ENSEMBLE_FILE, *MODEL_RECORDS))
 
 
 def read_training_record(directory: str | os.PathLike) -> dict | None:
@@ -139,6 +152,14 @@ def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
     files = lambda p: [p] if p.is_file() else sorted(p.rglob("*"))
     sums = {str(f.relative_to(directory)): records.file_sha256(f)
             for part in parts for f in files(directory / part) if f.is_file()}
+    records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
+
+
+def add_checksums(directory: pathlib.Path, names: tuple[str, ...]) -> None:
+    """Adds the SHA-256 of the files ``names`` that exist in ``directory`` to its checksums
+    file, keeping the digests recorded there (never re-reading what they vouch for)."""
+    sums = read_checksums(directory)
+    sums.update({name: records.file_sha256(directory / name) for name in names if (directory / name).is_file()})
     records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 

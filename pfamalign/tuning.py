@@ -193,5 +193,15 @@ def describe(choice: dict) -> str:
     if choice["source"] != "tuned":
         return f"decoder: {what}, the shipped model's settings: {choice['reason']}"
     low = "" if choice["f1_below30"] is None else f", below 30 % identity {choice['f1_below30']:.3f}"
-    return (f"decoder: {what}, tuned on {choice['n_pairs']} {choice['split']} pairs of "
-            f"{len(choice['families'])} families: F1 {choice['f1']:.3f}{low}")
+    n_families = len(choice["families"])
+    scored = (f"{choice['n_pairs']} {choice['split']} pairs of {n_families} "
+              f"famil{'y' if n_families == 1 else 'ies'}: F1 {choice['f1']:.3f}{low}")
+    margin = choice.get("margin_over_incumbent")
+    if margin is not None and not (margin["resampled"] == "families" and margin["low"] > 0):
+        # a better-scoring candidate, without the evidence ``tune`` asks for: the shipped one stays
+        why = (f"too few families to change it (at least {MIN_FAMILIES_TO_RESAMPLE})"
+               if margin["resampled"] != "families" else
+               f"the best alternative's gain {margin['value']:+.3f} [{margin['low']:+.3f}, "
+               f"{margin['high']:+.3f}] is not surely above zero")
+        return f"decoder: {what}, the shipped model's, kept: {why}; on {scored}"
+    return f"decoder: {what}, tuned on {scored}"

@@ -227,7 +227,13 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     assert res.exit_code == 0, res.output
     members = [m.path for m in ensemble.read_members(ens)]
     assert [line.split(":")[0] for line in res.output.splitlines() if line.startswith("checked")] == [
-        f"checked {ens / m}" for m in members]
+        f"checked ensemble {ens}"] + [f"checked {ens / m}" for m in members]  # its own files, then each member
+    decoding = json.loads((ens / "decoding.json").read_text())
+    (ens / "decoding.json").write_text(json.dumps({**decoding, "alpha": 0.9}))  # a valid, edited decoder
+    res = run(["verify", ens])
+    assert res.exit_code == 1 and f"{ens / 'decoding.json'}: checksum mismatch" in res.stderr
+    (ens / "decoding.json").write_text(json.dumps(decoding, indent=2))
+    shutil.copy(shipped_model_dir("ensemble") / "decoding.json", ens / "decoding.json")
     victim = next(p for p in sorted((ens / members[1] / "params").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF

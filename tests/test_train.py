@@ -210,6 +210,12 @@ def test_verify_checks_each_checkpoints_data_state_and_the_model_settings(refere
     assert problems == [] and any(line.startswith(f"{out}/checkpoints/6:") for line in checked)
     recorded = json.loads((out / "checkpoints/6/checksums.json").read_text())["sha256"]
     assert {name.split("/")[0] for name in recorded} == {"params", "opt_state", "data", "meta"}
+    # the finished model records its settings files too: an edited decoder is noticed
+    model_sums = json.loads((out / "model/checksums.json").read_text())["sha256"]
+    assert {"config.json", "decoding.json", "training.json"} <= set(model_sums)
+    decoding = json.loads((out / "model/decoding.json").read_text())
+    (out / "model/decoding.json").write_text(json.dumps({**decoding, "alpha": 0.9}))  # still valid
+    assert verify_directory(out)[1] == [f"{out / 'model/decoding.json'}: checksum mismatch (corrupt or modified)"]
     data_state = next(p for p in (out / "checkpoints/6/data").rglob("*") if p.is_file())
     data_state.write_bytes(data_state.read_bytes() + b" ")  # still JSON: only the sum sees it
     (out / "model" / "decoding.json").write_text('{"gap_open": "three"}')
@@ -227,6 +233,11 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     assert first.interrupted and first.signal == signal.SIGTERM and first.step == 3
     assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
     assert not (out / "model").exists()
+    from pfamalign.commands.verify import NOTE, verify_directory
+
+    checked, problems = verify_directory(out)  # intact, and said to be unfinished
+    assert problems == [] and f"{NOTE}{out}: an unfinished run (newest checkpoint: step 3; no model/ yet)" in \
+        " ".join(checked)
     monkeypatch.undo()
     second = train.run(dataset, out, _cfg(dataset), quiet=True, tune_pairs=None)
     assert (second.start_step, second.step) == (3, STEPS)
@@ -538,3 +549,21 @@ def test_two_processes_train_like_one(dataset, tmp_path):
     np.testing.assert_allclose(losses["multi"], losses["single"], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                  _params(tmp_path / "multi" / "model"), _params(single.out_dir / "model"))
+
+
+def test_the_decoder_line_says_when_tuning_kept_the_shipped_decoder():
+    from pfamalign import tuning
+
+    settings = dataclasses.asdict(tuning.incumbent_settings())
+    choice = {"source": "tuned", "split": "val", "families": ["PF00001"], "n_pairs": 20, "f1": 0.655,
+              "f1_below30": None, "settings": settings,
+              "margin_over_incumbent": {"value": 0.01, "low": -0.005, "high": 0.026,
+                                        "resampled": "pairs (too few families: no evidence)"}}
+    line = tuning.describe(choice)
+    assert "the shipped model's, kept: too few families to change it (at least 5)" in line
+    assert "20 val pairs of 1 family: F1 0.655" in line and "tuned on" not in line
+    choice["families"] = [f"PF0000{n}" for n in range(6)]
+    choice["margin_over_incumbent"].update(resampled="families")
+    assert "gain +0.010 [-0.005, +0.026] is not surely above zero" in tuning.describe(choice)
+    choice["margin_over_incumbent"].update(low=0.002)  # the evidence asked for: the change stands
+    assert tuning.describe(choice).endswith("tuned on 20 val pairs of 6 families: F1 0.655")

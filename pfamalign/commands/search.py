@@ -42,7 +42,9 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
               show_default=True,
               help="tsv: the hit table below; blast6 / blast7: BLAST+ -outfmt 6 (no comments) / 7 "
                    "(comment lines per query), its twelve standard columns; json: one JSON object per "
-                   "hit (JSON lines) with its columns and the full alignment.")
+                   "hit (JSON lines) with its columns, its `score` (the homology log-odds the E-value "
+                   "comes from) and the full `alignment` (as `align -f json`, whose own `score` is "
+                   "the aligner's).")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
               help="Write the hits here instead of standard output.")
 @checkpoint_option()

@@ -16,7 +16,8 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     manifest), a model directory, an ensemble (each member model), or a run directory (its
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
-    from pfamalign.checkpoint import CHECKSUMS, read_checksums, verify_checksums
+    from pfamalign.checkpoint import CHECKSUMS, MODEL_RECORDS, read_checksums, verify_checksums
+    from pfamalign.inference import ENSEMBLE_FILE
     from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import dataset_files, dataset_problems
 
@@ -43,9 +44,21 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             return [], [str(err)]
         problems += [f"{d}: ensemble member missing" for d in members if not (d / "params").is_dir()]
         models += [d for d in members if (d / "params").is_dir()]
+        problems += verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
+        own = [n for n in (ENSEMBLE_FILE, *MODEL_RECORDS) if (directory / n).is_file()]
+        bare = [n for n in own if n not in read_checksums(directory)]
+        if bare:
+            checked.append(f"{UNVERIFIED}{directory}: {', '.join(bare)} (no checksum recorded: an edit to "
+                           "them goes unnoticed)")
+        else:
+            checked.append(f"ensemble {directory}: {len(own)} files")
     steps = directory / "checkpoints"
-    models += sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
-                     key=lambda d: int(d.name)) if steps.is_dir() else []
+    saved = sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
+                   key=lambda d: int(d.name)) if steps.is_dir() else []
+    models += saved
+    if saved and not (directory / "model" / "params").is_dir():  # a run stopped before its model
+        checked.append(f"{NOTE}{directory}: an unfinished run (newest checkpoint: step {saved[-1].name}; no "
+                       "model/ yet); re-run the same `pfamalign train` command to finish it")
     for d in models:
         if not (d / CHECKSUMS).is_file():
             problems += _model_problems(d)
@@ -55,9 +68,14 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         damaged = verify_checksums(d)  # first: the damage is what to report of a damaged file
         problems += damaged + _model_problems(d, damaged=damaged)
         try:
-            checked.append(f"{d}: {len(read_checksums(d))} files")
+            sums = read_checksums(d)
         except ValueError:  # reported among the damage
-            pass
+            continue
+        checked.append(f"{d}: {len(sums)} files")
+        bare = [name for name in MODEL_RECORDS if (d / name).is_file() and name not in sums]
+        if bare:  # saved before these were recorded, or unfinished (training.json records them)
+            checked.append(f"{UNVERIFIED}{d}: {', '.join(bare)} (no checksum recorded: an edit to them "
+                           "goes unnoticed)")
     if not (checked or problems):  # not one of ours: its temporary files are not ours either
         return [], []
     temporaries = sorted(directory.rglob(TEMPORARY_GLOB))
