@@ -567,3 +567,17 @@ def test_the_decoder_line_says_when_tuning_kept_the_shipped_decoder():
     assert "gain +0.010 [-0.005, +0.026] is not surely above zero" in tuning.describe(choice)
     choice["margin_over_incumbent"].update(low=0.002)  # the evidence asked for: the change stands
     assert tuning.describe(choice).endswith("tuned on 20 val pairs of 6 families: F1 0.655")
+
+
+def test_progress_without_a_terminal_is_a_line_every_log_every_steps_at_the_typical_rate(capsys):
+    from pfamalign.training.rundir import ProgressLine
+
+    progress = ProgressLine(30, 0, quiet=False, every=10)  # pytest's stderr: not a terminal
+    for step in range(1, 31):  # the first step compiles: 20 s; the others take 0.1 s
+        progress.update(step, f"loss {1 / step:.4f}", step_time=20.0 if step == 1 else 0.1, batch_size=4)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["step 10/30  loss 0.1000  40.0 ex/s  left 0:00:02",
+                     "step 20/30  loss 0.0500  40.0 ex/s  left 0:00:01",
+                     "step 30/30  loss 0.0333  40.0 ex/s  left 0:00:00"]
+    ProgressLine(30, 0, quiet=True, every=10).update(10, "loss 1", step_time=0.1)
+    assert capsys.readouterr().err == ""

@@ -92,6 +92,12 @@ _HELP = """Train an aligner on a prepared dataset.
 _HELP = inspect.cleandoc(_HELP.format(configs=_config_lines()))
 
 
+# What the summary's metrics count (the keys after their split: train/, val/, diag/)
+METRIC_NOTES = {"barycenter_mae": " residues", "within5": " of rows within 5 residues",
+                "monotonicity_violation": " of row steps going back", "sparse_ce": " nats a reference pair",
+                "examples_per_s": " (a typical step)"}
+
+
 def summary_line(result, total_steps: int) -> str:
     """What a finished (not interrupted) run did, from its ``training.TrainResult``:
     ``trained 6 steps``, ``trained 3 steps (resumed at step 3, now at 6 of 6)`` or, for a
@@ -213,7 +219,12 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         shown = {k: v for k, v in {**result.last_metrics, **result.last_eval}.items()
                  if k.split("/")[1] in ("loss", "examples_per_s", "sparse_ce", "barycenter_mae",
                                         "within5", "monotonicity_violation")}
-        console.print(f"{summary_line(result, cfg.train.steps)}; model: "
-                      f"{os.path.relpath(result.model_dir)}")
+        model = os.path.relpath(result.model_dir)
+        console.print(f"{summary_line(result, cfg.train.steps)}; model: {model}")
         for key, value in shown.items():
-            console.print(f"  {key:32s} {value:.4g}")
+            console.print(f"  {key:32s} {value:.4g}{METRIC_NOTES.get(key.split('/')[1], '')}")
+        if shown:
+            console.print("  (val/: the model's plan on the val pairs, before decoding; diag/: the "
+                          "diagonal baseline's)", soft_wrap=True)
+        console.print(f"next: pfamalign eval --data {data_dir} --split test --checkpoint {model}\n"
+                      f"      pfamalign align --checkpoint {model} SEQ_A SEQ_B", soft_wrap=True)

@@ -206,11 +206,15 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     train_step = make_train_step(cfg, mesh)
     val = val_batches(data_dir, cfg.train) if loop.eval_every else []
     writer = MetricsWriter(out_dir, resume_step=resume_step, tensorboard=tensorboard)
-    progress = ProgressLine(optim.steps, step, quiet=quiet)
+    progress = ProgressLine(optim.steps, step, quiet=quiet, every=loop.log_every)
+    if step == 0 and optim.warmup_steps >= optim.steps:  # the schedule clips it (training.step)
+        progress.log(f"note: warmup_steps {optim.warmup_steps} >= steps {optim.steps}: the learning rate "
+                     f"warms up for {max(optim.steps - 1, 0)} steps and never decays (--set "
+                     "train.warmup_steps=N to change it)")
     if loop.eval_every and not val:
         progress.log(f"warning: {data_dir} has no val pairs (within max_len): no validation every "
                      f"{loop.eval_every} steps; prepare with a val split (--splits) to have one")
-    if resume_step is not None:
+    if resume_step is not None and step < optim.steps:  # a finished run says so below, once
         progress.log(f"resuming {out_dir} at step {step}")
         if not (manager_dir / str(resume_step) / ckpt.CHECKSUMS).is_file():
             progress.log(f"warning: checkpoint {resume_step} has no {ckpt.CHECKSUMS} (saved by an "
@@ -282,7 +286,8 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                                     if k != "step_time"}
                     last_metrics.update({
                         "train/lr": float(state.schedule(step - 1)),
-                        "train/examples_per_s": len(window) * batch_size / total_time,
+                        # the window's median step: a step that compiled a new shape would set the mean
+                        "train/examples_per_s": batch_size / float(np.median([r["step_time"] for r in window])),
                         "train/step_time_s": total_time / len(window),
                         "train/examples_seen": step * batch_size,
                     })
@@ -294,8 +299,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                     with stop.saving():
                         save(step)
                     saved_step = step
-                progress.update(step, f"loss {float(metrics['loss']):.4f}  "
-                                      f"{batch_size / dt:.1f} ex/s")
+                progress.update(step, f"loss {float(metrics['loss']):.4f}", step_time=dt, batch_size=batch_size)
             if saved_step != step:
                 with stop.saving():
                     save(step)

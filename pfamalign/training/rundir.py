@@ -219,28 +219,55 @@ class MetricsWriter:
                 self._tb.close()
 
 
-class ProgressLine:
-    """A live rich progress line (silent when quiet, not a TTY, or CI is set)."""
+def _clock(seconds: float) -> str:
+    """``h:mm:ss`` of a duration."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
-    def __init__(self, total: int, start: int, *, quiet: bool):
+
+class ProgressLine:
+    """Training progress on standard error: a live rich line on a terminal; elsewhere (a log
+    file, ``nohup``, CI) a plain line every ``every`` steps; silent when quiet. The rate and
+    the time left come from the median of the recent step times (``update``'s ``step_time``),
+    so a step that compiled a new batch shape does not set them."""
+
+    RECENT = 50  # steps whose median time is the rate shown
+
+    def __init__(self, total: int, start: int, *, quiet: bool, every: int = 0):
+        import collections
+
         self.quiet = quiet or jax.process_index() != 0
         self.enabled = not self.quiet and sys.stderr.isatty() and not os.environ.get("CI")
+        self.total, self.every = total, every
+        self._times = collections.deque(maxlen=self.RECENT)
         self._progress = None
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                      TimeRemainingColumn(), transient=False,
+                                      TextColumn("left {task.fields[left]}"), transient=False,
                                       console=Console(stderr=True))
             self._progress.start()
-            self._task = self._progress.add_task("train", total=total, completed=start, info="")
+            self._task = self._progress.add_task("train", total=total, completed=start,
+                                                 info="compiling the training step", left="-")
 
-    def update(self, step: int, info: str) -> None:
+    def update(self, step: int, info: str, *, step_time: float | None = None, batch_size: int | None = None) -> None:
+        """Step ``step`` done in ``step_time`` seconds (``batch_size`` examples): ``info`` and
+        the typical rate, shown live or, without a terminal, every ``every`` steps."""
+        if step_time is not None:
+            self._times.append(step_time)
+        left = "-"
+        if self._times:
+            typical = float(sorted(self._times)[len(self._times) // 2])
+            left = _clock(typical * (self.total - step))
+            if batch_size:
+                info = f"{info}  {batch_size / typical:.1f} ex/s"
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=info)
+            self._progress.update(self._task, completed=step, info=info, left=left)
+        elif not self.quiet and self.every and (step % self.every == 0 or step == self.total):
+            print(f"step {step}/{self.total}  {info}  left {left}", file=sys.stderr, flush=True)
 
     def log(self, text: str) -> None:
         if self._progress is not None:
