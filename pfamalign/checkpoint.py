@@ -27,6 +27,7 @@ newest checkpoint) or one checkpoint step directory (``RUN/checkpoints/N``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -245,6 +246,22 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
                           "directory or a checkpoint step directory")
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+    """Silences absl's warnings while orbax reads parameters: a training checkpoint's
+    parameters have no ``_CHECKPOINT_METADATA`` of their own (the step directory has it), and
+    orbax says so on every load, which is no news to a user."""
+    import logging
+
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def finished_steps(directory: pathlib.Path) -> list[int]:
     """The steps of ``RUN/checkpoints`` whose parameters were written, oldest first."""
     steps = []
@@ -283,7 +300,8 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
                                   f"({'; '.join(mismatches[:3])}); restore the config.json saved "
                                   "with these parameters")
         try:
-            params = _local_checkpointer(_ocp()).restore(params_path, abstract)
+            with _quiet_absl():
+                params = _local_checkpointer(_ocp()).restore(params_path, abstract)
         except Exception as err:  # orbax raises several types on foreign / truncated data
             raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
         if cached is not None:

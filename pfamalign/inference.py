@@ -622,7 +622,19 @@ def _overlap_pool(worker: str):
 def _warn_if_unfinished(path: pathlib.Path) -> None:
     """A run's ``model/`` that training did not finish (no ``training.json``, written last: the
     run stopped while it tuned the decoder or recorded its data) loads, with a warning: its
-    decoder and pair-HMM may be the defaults, not the model's own."""
+    decoder and pair-HMM may be the defaults, not the model's own. So does a run stopped
+    before its ``model/`` (its newest checkpoint)."""
+    if (path / "checkpoints").is_dir() and not (path / "model" / "params").is_dir():
+        import sys
+
+        from pfamalign.checkpoint import finished_steps
+
+        steps = finished_steps(path / "checkpoints")
+        if steps:  # a run stopped before its model: its newest checkpoint loads
+            print(f"Warning: {path} is an unfinished run: aligning with its newest checkpoint (step "
+                  f"{steps[-1]}) and the shipped model's decoder; re-run the same `pfamalign train` "
+                  "command to finish it", file=sys.stderr)
+        return
     if path.name != "model" or not (path.parent / "checkpoints").is_dir():
         return  # not a run's model (checked first: a warm align imports no checkpoint code)
     from pfamalign.checkpoint import TRAINING_RECORD

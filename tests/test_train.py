@@ -225,7 +225,7 @@ def test_verify_checks_each_checkpoints_data_state_and_the_model_settings(refere
 
 
 def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_path,
-                                                        monkeypatch):
+                                                        monkeypatch, capfd):
     out = tmp_path / "run"
 
     faultkill.sigterm_at(monkeypatch, 2)
@@ -238,6 +238,13 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     checked, problems = verify_directory(out)  # intact, and said to be unfinished
     assert problems == [] and f"{NOTE}{out}: an unfinished run (newest checkpoint: step 3; no model/ yet)" in \
         " ".join(checked)
+    from pfamalign.inference import Predictor
+
+    capfd.readouterr()
+    Predictor(out)  # aligning with it says which checkpoint, and orbax's note on its layout is no news
+    err = capfd.readouterr().err
+    assert f"Warning: {out} is an unfinished run: aligning with its newest checkpoint (step 3)" in err
+    assert "_CHECKPOINT_METADATA" not in err, err
     monkeypatch.undo()
     second = train.run(dataset, out, _cfg(dataset), quiet=True, tune_pairs=None)
     assert (second.start_step, second.step) == (3, STEPS)
