@@ -372,8 +372,12 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     summary["left_out"] = left_out
     if errors is not None:
         summary["errors"] = [{"where": e.where, "error": str(e)} for e in errors.records]
+    # what was scored on what, as every output of `align` records it
+    summary["source"] = ({"data": str(data), "split": split} if data is not None
+                         else {"stockholm": [str(s) for s in stockholm], "pairs_per_family": pairs_per_family})
     if predictor is not None:
         summary["training_overlap"] = training_overlap(predictor.path, ev.families)
+        summary["provenance"] = predictor.provenance(decoding)
     if json_path:
         write_json(pathlib.Path(json_path), summary, indent=2)
     if plot_path:
@@ -411,8 +415,10 @@ def render(summary: dict, console=None) -> None:
     first = next(iter(summary["methods"].values()))["prf"]
     # n_boot 0 computes no intervals (summaries from before n_boot was recorded had them)
     ci = "95% bootstrap CI" if summary.get("n_boot", 1) else "no CI: --bootstrap 0"
+    prov = summary.get("provenance")
+    model = f"\npfamalign: {prov['model']}, {prov['decoder']['name']} decoder" if prov else ""
     tab = Table(title=f"aligned-pair F1 (micro, {ci}) — {summary['n_pairs']} pairs, "
-                      f"{summary['n_families']} families; NW/SW: BLOSUM62, gap open 11, extend 1")
+                      f"{summary['n_families']} families; NW/SW: BLOSUM62, gap open 11, extend 1{model}")
     tab.add_column("method", no_wrap=True)
     for b in bins:
         tab.add_column(f"{b} (n={first[b]['n_pairs']})", justify="right", no_wrap=True)

@@ -307,6 +307,7 @@ def test_eval_warns_when_the_model_saw_the_evaluated_families(model_dir, dataset
     import shutil
 
     from pfamalign import checkpoint
+    from pfamalign.inference import Predictor
     from pfamalign.training.rundir import split_families
 
     model = tmp_path / "model"
@@ -321,7 +322,11 @@ def test_eval_warns_when_the_model_saw_the_evaluated_families(model_dir, dataset
                                         "--bootstrap", "10", "--json", str(tmp_path / "e.json"),
                                         "--quiet"], catch_exceptions=False)
         assert res.exit_code == 0, res.output
-        overlap = json.loads((tmp_path / "e.json").read_text())["training_overlap"]
+        summary = json.loads((tmp_path / "e.json").read_text())
+        overlap = summary["training_overlap"]
+        # what was scored on what: the model (name, content hash), its decoder, the data
+        assert summary["provenance"] == Predictor(model).provenance()
+        assert summary["source"] == {"data": str(dataset), "split": split}
         evaluated = {r["family"].split(".")[0] for r in reader_pairs(dataset, split)}
         assert overlap == {"trained_on": sorted(evaluated & set(train)),
                            "tuned_on": sorted(evaluated & set(val))}
