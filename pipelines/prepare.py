@@ -49,6 +49,7 @@ class PrepareResult:
     manifest: dict
     summary: dict
     already_complete: bool = False
+    replaced: str | None = None  # --overwrite: the config hash of the dataset this one replaced
 
 
 # ------------------------------------------------------------------------------------------
@@ -127,7 +128,25 @@ def _user_entries(out: pathlib.Path) -> list[str]:
                   if p.name != LOCK_NAME and not is_temporary(p.name))
 
 
-def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> tuple[dict | None, dict | None]:
+def _config_changes(old: dict | None, new: dict, prefix: str = "") -> list[str]:
+    """``key: old -> new`` of each setting that differs between two recorded configurations
+    (nested settings as ``sampling.pairs_per_family``)."""
+    if not isinstance(old, dict):
+        return []
+    new = json.loads(json.dumps(new))  # as recorded: tuples are lists there
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += _config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            shown = [x if len(repr(x)) <= 60 else "(changed)" for x in (a, b)]
+            changes.append(f"{prefix}{key}: {shown[0]!r} -> {shown[1]!r}")
+    return changes
+
+
+def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
+                   config: dict | None = None) -> tuple[dict | None, dict | None]:
     """``(done, replaced)``: ``done`` the manifest if ``out`` already holds this exact dataset;
     ``replaced`` the manifest of a finished dataset of other options that ``overwrite`` will
     replace (built beside it first: ``_swap_in``). Raises when ``out`` holds something else;
@@ -143,24 +162,27 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool) -> tuple[dict
         if manifest.get("config_hash") == chash:
             return manifest, None
         if not overwrite:
+            changed = _config_changes(manifest.get("config"), config or {})
             raise PrepareError(
-                f"{out} already holds a dataset built with a different configuration (config "
-                f"hash {manifest.get('config_hash')}, this run {chash}). Use another --out, or "
-                "pass --overwrite to replace it.")
+                f"{out} already holds a dataset built with a different configuration ("
+                + ("; ".join(changed[:6]) if changed else f"config hash {manifest.get('config_hash')}, "
+                   f"this run {chash}") + "). Use another --out, or pass --overwrite to replace it.")
         return None, manifest
     elif work_config.exists():
         try:
-            old = json.loads(work_config.read_text()).get("config_hash")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            old = None  # torn by hand: the unfinished run cannot be resumed anyway
+            recorded = json.loads(work_config.read_text())
+            old, old_config = recorded.get("config_hash"), recorded.get("config")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            old = old_config = None  # torn by hand: the unfinished run cannot be resumed anyway
         failed = (out / "work" / FAILED).exists()
         if old != chash:
             if not (overwrite or failed or old is None):
+                changed = _config_changes(old_config, config or {})
                 raise PrepareError(
-                    f"{out} holds an unfinished run with a different configuration (config hash "
-                    f"{old}, this run {chash}); it cannot be resumed with these options. Re-run "
-                    "with the original options to finish it, use another --out, or pass "
-                    "--overwrite to start over.")
+                    f"{out} holds an unfinished run with a different configuration ("
+                    + ("; ".join(changed[:6]) if changed else f"config hash {old}, this run {chash}")
+                    + "); it cannot be resumed with these options. Re-run with the original options "
+                    "to finish it, use another --out, or pass --overwrite to start over.")
             _remove_owned(out, None)  # a run that stopped on an error is not worth resuming
     elif out.exists() and set(_user_entries(out)) <= {"work", REPLACEMENT}:
         for name in ("work", REPLACEMENT):  # killed before its config was saved
@@ -450,7 +472,7 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                            fingerprint=embedder.fingerprint(), dtype=cfg.dtype)
         except ValueError as err:
             raise PrepareError(str(err)) from err
-    done, replaced = _check_out_dir(out, chash, cfg.overwrite)
+    done, replaced = _check_out_dir(out, chash, cfg.overwrite, output_config)
     if replaced is not None:  # --overwrite of a finished dataset: the old one stays until the
         final, out = out, staged  # new one is finished (a failed run must not cost it)
         done = _check_out_dir(out, chash, True)[0]
@@ -544,4 +566,5 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
         _swap_in(final, out, replaced)
         out = final
         summary["out"] = str(out)
-    return PrepareResult(out, manifest, summary)
+    return PrepareResult(out, manifest, summary,
+                         replaced=None if replaced is None else str(replaced.get("config_hash")))

@@ -121,6 +121,8 @@ def render_summary(summary: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from pfamalign.pipelines.splits import SPLITS
+
     console = console or Console()
     totals = Table(title=f"pfamalign prepare: {summary['out']}", show_header=True)
     totals.add_column("item")
@@ -137,15 +139,16 @@ def render_summary(summary: dict, console=None) -> None:
              "already on disk"
     if emb.get("from_cache"):
         detail += f", {_fmt(emb['from_cache'])} copied from --reuse-embeddings"
-    totals.add_row("embedded this run", _fmt(emb["computed_this_run"]), detail)
+    totals.add_row("sequences embedded this run", _fmt(emb["computed_this_run"]), detail)
     totals.add_row("pairs", _fmt(summary["pairs"]["total"]), "")
-    totals.add_row("residues embedded", _fmt(summary["residues"]["embedded"]), "")
+    totals.add_row("residues embedded", _fmt(summary["residues"]["embedded"]), "in the dataset")
     console.print(totals)
 
     splits = Table(title="splits", show_header=True)
     for col in ("split", "families", "pairs", "pair residues"):
         splits.add_column(col, justify="right" if col != "split" else "left")
-    for name, s in summary["splits"].items():
+    order = {name: n for n, name in enumerate(SPLITS)}  # train, val, test: a reread manifest is sorted
+    for name, s in sorted(summary["splits"].items(), key=lambda item: order.get(item[0], len(order))):
         splits.add_row(name, _fmt(s["families"]), _fmt(s["pairs"]), _fmt(s["residues"]))
     console.print(splits)
 

@@ -138,12 +138,14 @@ def test_cli_prints_summary_and_rerun_is_a_no_op(tmp_path):
     assert files() == before
     # other options: refused, then replaced with --overwrite
     res = CliRunner().invoke(cli, ["prepare", "shards", "--pfam", str(SEED), "--out", str(out),
-                                   "--seed", "1"], env={"CI": "1"})
-    assert res.exit_code != 0 and "different configuration" in _flat(res.output)
+                                   *ARGS, "--seed", "1"], env={"CI": "1"})
+    assert res.exit_code != 0 and "different configuration (seed: 0 -> 1)" in _flat(res.output)
+    old_hash = json.loads((out / "manifest.json").read_text())["config_hash"]
     res = _cli(["prepare", "shards", "--pfam", str(SEED), "--out", str(out), "--seed", "1",
-                "--overwrite", "-q"])
+                "--overwrite"])
     assert res.exit_code == 0 and json.loads((out / "manifest.json").read_text())[
         "config"]["seed"] == 1
+    assert f"replaced the dataset of config {old_hash} (--overwrite)" in _flat(res.output)
 
 
 def test_an_empty_split_is_reported_with_what_to_change(tmp_path):

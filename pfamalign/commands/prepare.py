@@ -79,7 +79,9 @@ def prepare():
               help="ESM-2 batch size in tokens.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
               show_default=True, help="Embedding storage type.")
-@click.option("--pairs-per-family", type=int, default=50, show_default=True)
+@click.option("--pairs-per-family", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Pairs drawn per family, before splitting (a family goes whole to one split; "
+                   "a family with fewer pairs gives all it has).")
 @click.option("--min-len", type=int, default=10, show_default=True,
               help="Shortest sequence (residues) used.")
 @click.option("--max-len", type=int, default=1022, show_default=True,
@@ -208,6 +210,9 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
         if result.already_complete:
             console.print(f"{out}: already complete (config {result.manifest['config_hash']}); "
                           "nothing to do.")
+        elif result.replaced is not None:
+            console.print(f"{out}: replaced the dataset of config {result.replaced} (--overwrite) by this "
+                          f"one (config {result.manifest['config_hash']})")
         render_summary(result.summary, console)
         console.print(f"dataset: {os.path.abspath(out)} (manifest.json)")
     if not result.summary["pairs"]["total"]:  # nothing to train or score on: not a success

@@ -236,7 +236,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
         result = evaluation.validate(model, val)
         result["val/seconds"] = time.perf_counter() - t0
         writer.write(at_step, result)
-        progress.log(f"step {at_step}: val ce {result['val/sparse_ce']:.3f}  mae "
+        progress.log(f"step {at_step}: val sparse_ce {result['val/sparse_ce']:.3f}  mae "
                      f"{result['val/barycenter_mae']:.2f} (diag "
                      f"{result['diag/barycenter_mae']:.2f})  within5 "
                      f"{result['val/within5']:.3f} (diag {result['diag/within5']:.3f})")
@@ -321,8 +321,8 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
             model = nnx.merge(state.graphdef, local_params(state.params))
             ckpt.save_model(model_dir, model, cfg.model, params=state.params)
             if jax.process_index() == 0:
-                progress.log(f"choosing the decoder on up to {tune_pairs} val pairs"
-                             if tune_pairs else "recording the model's data")
+                if tune_pairs:
+                    progress.log(f"choosing the decoder on up to {tune_pairs} val pairs")
                 decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
                                        seed=cfg.train.data.seed)
                 writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})

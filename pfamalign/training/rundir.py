@@ -54,8 +54,8 @@ def run_config(data_dir: str | os.PathLike, out_dir: str | os.PathLike, name: st
         raise OptionsError(f"--config is required for a new run (one of {', '.join(CONFIG_NAMES)})")
     if (name is not None and saved is not None and saved["model"]["name"] != name
             and (pathlib.Path(out_dir) / "checkpoints").is_dir()):
-        raise OptionsError(f"{out_dir} holds a {saved['model']['name']!r} run; use a new "
-                           f"--out for {name!r}")
+        raise OptionsError(f"{out_dir} holds a run of the {saved['model']['name']!r} configuration; use "
+                           f"a new --out for {name!r}")
     return resolve_config(data_dir, name, overrides=overrides,
                           saved=None if name is not None else saved)
 
