@@ -341,8 +341,6 @@ def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp
 def _ceta_model(seed=0):
     """A two-layer CETA encoder whose residual branches are switched on (their zero-initialised
     output maps drawn at random), so the layers' outputs reach the encoder's output."""
-    from flax import nnx
-
     cfg = AlignerConfig(name="asap_ceta_test", feature_dim=50, embedder_id=EMBEDDER, encoder="transformer",
                         attention="ceta", encoder_layers=2, encoder_width=16, attn_heads=2, attn_head_dim=8,
                         mlp_ratio=1, heads=1, head_dim=8, value_dim=4, substitution_window=1, ce_weight=1.0,

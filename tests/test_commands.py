@@ -626,7 +626,6 @@ def test_prepare_help_has_examples():
 def test_align_decoder_options(model_dir):
     from pfamalign.alignment.decode import affine_decode, hybrid_decode, mea_decode
     from pfamalign.alignment.pairhmm import match_posteriors, plan_log_odds
-    from pfamalign.decoding import DecoderSettings
     from pfamalign.inference import Predictor
 
     _, pp = Predictor(model_dir).align(PDZ_A, PDZ_B)
