@@ -41,6 +41,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from pfamalign import jsonio
 from pfamalign.pipelines import records
 from pfamalign.model import Aligner, AlignerConfig
 
@@ -97,14 +98,21 @@ def write_training_record(directory: str | os.PathLike, record: dict) -> None:
     model, then adds the checksums of its ``MODEL_RECORDS`` to those of its parameters (a
     model directory: one with ``params/``; an ensemble records them with its ``ensemble.json``),
     so that ``verify`` notices an edited decoder."""
+    import hashlib
+
     from pfamalign.inference import ENSEMBLE_FILE
 
     directory = pathlib.Path(directory)
-    records.write_json(directory / TRAINING_RECORD, record, indent=2)
+    text = jsonio.dumps(record, indent=2, sort_keys=True) + "\n"  # as records.write_json writes it
+    # the checksums first: a kill between the two leaves an unfinished model (no training.json)
+    # that the next run finishes, never a finished one whose settings cannot be verified
+    digest = {TRAINING_RECORD: hashlib.sha256(text.encode()).hexdigest()}
+    settings = tuple(name for name in MODEL_RECORDS if name != TRAINING_RECORD)
     if (directory / "params").is_dir() and (directory / CHECKSUMS).is_file():
-        add_checksums(directory, MODEL_RECORDS)
+        add_checksums(directory, settings, extra=digest)
     elif (directory / ENSEMBLE_FILE).is_file():  # an ensemble: its members and decoder
-        add_checksums(directory, (ENSEMBLE_FILE, *MODEL_RECORDS))
+        add_checksums(directory, (ENSEMBLE_FILE, *settings), extra=digest)
+    records.write_text(directory / TRAINING_RECORD, text)
 
 
 def read_training_record(directory: str | os.PathLike) -> dict | None:
@@ -156,11 +164,13 @@ def write_checksums(directory: pathlib.Path, parts: tuple[str, ...]) -> None:
     records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 
-def add_checksums(directory: pathlib.Path, names: tuple[str, ...]) -> None:
-    """Adds the SHA-256 of the files ``names`` that exist in ``directory`` to its checksums
-    file, keeping the digests recorded there (never re-reading what they vouch for)."""
+def add_checksums(directory: pathlib.Path, names: tuple[str, ...], extra: dict[str, str] | None = None) -> None:
+    """Adds the SHA-256 of the files ``names`` that exist in ``directory`` (and the digests
+    ``extra`` of files about to be written) to its checksums file, keeping the digests
+    recorded there (never re-reading what they vouch for)."""
     sums = read_checksums(directory)
     sums.update({name: records.file_sha256(directory / name) for name in names if (directory / name).is_file()})
+    sums.update(extra or {})
     records.write_json(directory / CHECKSUMS, {"sha256": sums}, indent=2)
 
 
@@ -190,6 +200,8 @@ def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[s
         sums = read_checksums(directory)
     except ValueError as err:
         return [str(err)]
+    if not sums:  # saved before checksums (or killed before they were written): loads unverified
+        return []
     problems = []
     for name, digest in sorted(sums.items()):
         if part and not (name == part or name.startswith(f"{part}/")):

@@ -373,8 +373,9 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     if errors is not None:
         summary["errors"] = [{"where": e.where, "error": str(e)} for e in errors.records]
     # what was scored on what, as every output of `align` records it
-    summary["source"] = ({"data": str(data), "split": split} if data is not None
-                         else {"stockholm": [str(s) for s in stockholm], "pairs_per_family": pairs_per_family})
+    summary["source"] = {**({"data": str(data), "split": split} if data is not None
+                            else {"stockholm": [str(s) for s in stockholm], "pairs_per_family": pairs_per_family}),
+                         "max_pairs": max_pairs, "seed": seed}
     if predictor is not None:
         summary["training_overlap"] = training_overlap(predictor.path, ev.families)
         summary["provenance"] = predictor.provenance(decoding)
@@ -511,7 +512,7 @@ def figure(summary: dict):
     ax.set_ylim(0, 1.2)  # room above 1 for the intervals' caps and the legend
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.legend(fontsize=8, loc="upper center", ncol=min(len(methods), 3), frameon=False)
-    interval = ("95 % bootstrap intervals over pairs" if summary.get("n_boot") else "no intervals (--bootstrap 0)")
+    interval = ("95 % bootstrap intervals over pairs" if summary.get("n_boot", 1) else "no intervals (--bootstrap 0)")
     ax.set_title(f"{summary.get('n_pairs', '?')} pairs of {summary.get('n_families', '?')} families; {interval}",
                  fontsize=9)
     if calibrated:
@@ -550,7 +551,7 @@ def _reliability_panel(ax, tables: dict) -> None:
     ax.set_xlabel("confidence of an aligned pair (bin mean)")
     ax.set_ylabel("precision (fraction in the reference)")
     ax.set_title("reliability", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", frameon=False)  # above a calibrated curve: empty
 
 
 def plot(summary: dict, path) -> pathlib.Path:

@@ -624,7 +624,7 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
     run stopped while it tuned the decoder or recorded its data) loads, with a warning: its
     decoder and pair-HMM may be the defaults, not the model's own. So does a run stopped
     before its ``model/`` (its newest checkpoint)."""
-    if (path / "checkpoints").is_dir() and not (path / "model" / "params").is_dir():
+    if (path / "checkpoints").is_dir() and finished_run_model(path) is None:
         import sys
 
         from pfamalign.checkpoint import finished_steps

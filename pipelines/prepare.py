@@ -140,8 +140,9 @@ def _config_changes(old: dict | None, new: dict, prefix: str = "") -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             changes += _config_changes(a, b, f"{prefix}{key}.")
         elif a != b:
-            shown = [x if len(repr(x)) <= 60 else "(changed)" for x in (a, b)]
-            changes.append(f"{prefix}{key}: {shown[0]!r} -> {shown[1]!r}")
+            shown = ["(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"
+                     for x in (a, b)]
+            changes.append(f"{prefix}{key}: {shown[0]} -> {shown[1]}")
     return changes
 
 

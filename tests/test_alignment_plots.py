@@ -114,3 +114,18 @@ def test_the_barycenter_figure_shows_the_error_only_against_a_reference():
     alone = barycenter_figure(plan, np.full(len(target), -1), title="x")
     assert len(alone.axes) == 1 and alone.axes[0].get_title() == "x (no reference)"
     assert "reference $c_i$" not in [t.get_text() for t in alone.axes[0].get_legend().get_texts()]
+
+
+def test_figures_of_plans_with_empty_rows_or_failed_cells_still_draw():
+    from pfamalign.alignment.plots import barycenter_figure, plan_figure
+
+    plan, target = _plan_and_target(lq=30, lk=40, seed=2)
+    broken = plan.copy()
+    broken[3, 4] = np.nan  # a failed solve's cell: the scales take the finite values
+    plan_figure(broken, pairs=mea_decode(plan).pairs)
+    plan_figure(broken, band=True)
+    empty = plan.copy()
+    empty[5] = 0.0  # a row without mass has no barycenter: not scored, no "most likely key"
+    fig = barycenter_figure(empty, target)
+    scored = int(((target >= 0) & (np.arange(30) != 5)).sum())
+    assert f"of {scored} rows" in fig.axes[1].get_title() and "nan" not in fig.axes[1].get_title()

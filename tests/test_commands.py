@@ -326,7 +326,8 @@ def test_eval_warns_when_the_model_saw_the_evaluated_families(model_dir, dataset
         overlap = summary["training_overlap"]
         # what was scored on what: the model (name, content hash), its decoder, the data
         assert summary["provenance"] == Predictor(model).provenance()
-        assert summary["source"] == {"data": str(dataset), "split": split}
+        assert {k: summary["source"][k] for k in ("data", "split")} == {"data": str(dataset), "split": split}
+        assert {"max_pairs", "seed"} <= set(summary["source"])  # what decides the pairs scored
         evaluated = {r["family"].split(".")[0] for r in reader_pairs(dataset, split)}
         assert overlap == {"trained_on": sorted(evaluated & set(train)),
                            "tuned_on": sorted(evaluated & set(val))}

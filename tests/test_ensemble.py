@@ -232,8 +232,12 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     (ens / "decoding.json").write_text(json.dumps({**decoding, "alpha": 0.9}))  # a valid, edited decoder
     res = run(["verify", ens])
     assert res.exit_code == 1 and f"{ens / 'decoding.json'}: checksum mismatch" in res.stderr
-    (ens / "decoding.json").write_text(json.dumps(decoding, indent=2))
     shutil.copy(shipped_model_dir("ensemble") / "decoding.json", ens / "decoding.json")
+    (ens / "checksums.json").write_text("{")  # damaged: one problem line, not a traceback
+    res = run(["verify", ens])
+    assert res.exit_code == 1 and f"{ens / 'checksums.json'}: unreadable" in res.stderr
+    assert "Traceback" not in res.output
+    shutil.copy(shipped_model_dir("ensemble") / "checksums.json", ens / "checksums.json")
     victim = next(p for p in sorted((ens / members[1] / "params").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -591,6 +591,16 @@ def test_a_corrupt_model_fails_its_checksum_on_load_and_in_verify(saved_model, t
     assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksum mismatch")
 
 
+def test_a_model_saved_before_checksums_loads_unverified_and_verify_says_so(saved_model, tmp_path):
+    from pfamalign import checkpoint
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    (model / "checksums.json").unlink()
+    checkpoint.load_model(model)  # nothing recorded: nothing to fail, as the design says
+    assert_clear_error(run(["verify", model]), "no checksums.json", "cannot be verified")
+
+
 def test_a_config_that_does_not_fit_its_parameters_is_named_on_load_and_in_verify(saved_model, tmp_path):
     from pfamalign import checkpoint
 

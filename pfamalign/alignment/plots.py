@@ -23,6 +23,7 @@ import pathlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pfamalign.alignment.metrics import barycenters
 from pfamalign.alignment.pairs import check_pairs, check_target, diagonal_target
@@ -59,7 +60,7 @@ def save_figure(fig: Figure, path, dpi: int, fmt: str | None = None) -> pathlib.
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}):
-        fig.savefig(path, dpi=dpi, format=fmt)
+        fig.savefig(path, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=0.15)  # no label cut off
     return path
 
 
@@ -75,8 +76,15 @@ def _plan_norm(plan: np.ndarray, log_scale: bool):
 
     if log_scale:
         return np.log10(plan + 1e-12), None, "plan mass, log10 $P_{ij}$"
-    return plan, PowerNorm(0.5, vmin=0.0, vmax=max(float(plan.max()), 1e-12)), \
+    return plan, PowerNorm(0.5, vmin=0.0, vmax=_finite_max(plan)), \
         "plan mass $P_{ij}$ (square-root scale)"
+
+
+def _finite_max(values) -> float:
+    """The largest finite value, at least 1e-12 (an axis or colour scale needs a positive
+    finite top, whatever a plan holds: zeros, or NaN where a solve failed)."""
+    top = np.nanmax(np.where(np.isfinite(values), values, np.nan)) if np.isfinite(values).any() else 0.0
+    return max(float(top), 1e-12)
 
 
 def _cell_points(ax, n_rows: int, n_cols: int) -> float:
@@ -172,6 +180,8 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
                     label="decoded pair")
     ax.set_xlabel(residue_label(names[1]))
     ax.set_ylabel(residue_label(names[0]))
+    for axis in (ax.xaxis, ax.yaxis):  # residue numbers, not 2.5
+        axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
     col_mass = plan.sum(axis=0)  # [Lk]
     ax_top.bar(np.arange(1, lk + 1), col_mass, width=1.0, color="tab:blue", label="plan mass")
@@ -205,7 +215,7 @@ def _row_marginal(ax, plan: np.ndarray, row_dustbin, inside=None) -> None:
         dustbin = np.asarray(row_dustbin, dtype=np.float64).reshape(lq)
         ax.barh(rows, dustbin, height=1.0, left=row_mass, color="tab:gray")
         total = total + dustbin
-    ax.set_xlim(0, 1.1 * max(float(total.max()), 1e-12))
+    ax.set_xlim(0, 1.1 * _finite_max(total))
     ax.set_xlabel("row mass", fontsize=8)
     ax.tick_params(labelleft=False, labelsize=7)
 
@@ -275,9 +285,9 @@ def barycenter_figure(plan, target, *, diagonal: bool = True, title: str | None 
     target = check_target(target, key_length=lk)
     if target.shape != (lq,):
         raise ValueError(f"target has length {len(target)} but the plan has Lq={lq}")
-    b = barycenters(plan)  # [Lq]
+    b = barycenters(plan)  # [Lq]; NaN for a row without mass
     rows = np.arange(1, lq + 1)
-    ann = target >= 0
+    ann = (target >= 0) & np.isfinite(b)  # a row without mass has no barycenter to score
 
     fig = Figure(figsize=(7.0, 6.0 if ann.any() else 4.5))
     ax, ax_err = (fig.subplots(2, 1, sharex=True, height_ratios=[3, 1]) if ann.any()
@@ -285,10 +295,11 @@ def barycenter_figure(plan, target, *, diagonal: bool = True, title: str | None 
     ax.plot(rows, b + 1, "-", lw=1.2, color="tab:red", label="barycenter $b_i$")
     # a diffuse row's barycenter is an average of far-apart keys: its most likely key, drawn
     # by how much of the row it holds, tells a confident row from a spread one
-    row_mass = np.maximum(plan.sum(axis=1), 1e-300)
-    share = plan.max(axis=1) / row_mass
-    ax.scatter(rows, plan.argmax(axis=1) + 1, s=3 + 40 * share, color="tab:blue", alpha=0.45, linewidths=0,
-               label="most likely key (area: its share of the row)")
+    row_mass = plan.sum(axis=1)
+    held = row_mass > 0
+    share = plan.max(axis=1)[held] / row_mass[held]
+    ax.scatter(rows[held], plan.argmax(axis=1)[held] + 1, s=3 + 40 * share, color="tab:blue", alpha=0.45,
+               linewidths=0, label="most likely key (area: its share of the row)")
     if ann.any():
         ax.scatter(rows[ann], target[ann] + 1, s=8, color="black", label="reference $c_i$", zorder=3)
     if diagonal:

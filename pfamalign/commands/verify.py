@@ -38,19 +38,25 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                            "prepare into a new --out to record them")
     models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
     if ensemble.is_ensemble(directory):
+        own_damage = verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
+        problems += own_damage
         try:
             members = [directory / m.path for m in ensemble.read_members(directory)]
-        except ValueError as err:
-            return [], [str(err)]
+        except ValueError as err:  # a damaged ensemble.json: its checksum said so above, if recorded
+            problems.append(str(err))
+            members = []
         problems += [f"{d}: ensemble member missing" for d in members if not (d / "params").is_dir()]
         models += [d for d in members if (d / "params").is_dir()]
-        problems += verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
+        try:
+            recorded = read_checksums(directory)
+        except ValueError:  # reported among the damage
+            recorded = None
         own = [n for n in (ENSEMBLE_FILE, *MODEL_RECORDS) if (directory / n).is_file()]
-        bare = [n for n in own if n not in read_checksums(directory)]
+        bare = [] if recorded is None else [n for n in own if n not in recorded]
         if bare:
             checked.append(f"{UNVERIFIED}{directory}: {', '.join(bare)} (no checksum recorded: an edit to "
                            "them goes unnoticed)")
-        else:
+        elif recorded is not None:
             checked.append(f"ensemble {directory}: {len(own)} files")
     steps = directory / "checkpoints"
     saved = sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
@@ -97,9 +103,9 @@ NOTE = "note: "  # a ``checked`` line saying something worth knowing that is not
 
 
 def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str]:
-    """A model directory's settings and its parameters' shapes. Its JSON settings files are
-    edited by hand and by tuning, so they are not checksummed: each must parse and pass the
-    same field checks as on load, and the parameters' names, shapes and dtypes must be those
+    """A model directory's settings and its parameters' shapes. Its JSON settings files (whose
+    checksums a finished model records, ``checkpoint.write_training_record``) must each parse
+    and pass the same field checks as on load, and the parameters' names, shapes and dtypes must be those
     config.json asks for; a compiled operator (asap.json) must load; a training run's
     ``model/`` must be finished (training.json, written last). Files named in ``damaged``
     (checksum problems) are not read: a corrupt parameter file's metadata fails in orbax's
