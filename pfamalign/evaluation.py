@@ -457,12 +457,15 @@ def render(summary: dict, console=None) -> None:
     plan_methods = {m: e["plan_metrics"] for m, e in summary["methods"].items() if "plan_metrics" in e}
     if plan_methods:
         names = ["sparse_ce", "barycenter_mae", "within5", "monotonicity_violation", "reconstruction"]
+        finite = lambda x: x is not None and np.isfinite(x)  # noqa: E731  (null once read back from JSON)
+        # a metric no method has (reconstruction without a reconstruction head) is left out, not a column of —
+        names = [n for n in names if any(finite(pm.get(n)) for pm in plan_methods.values())]
         tab = Table(title="plan metrics (seed paper)")
         tab.add_column("method", no_wrap=True)
         for n in names:
             tab.add_column(n, justify="right")
         for m, pm in plan_methods.items():
-            tab.add_row(LABELS.get(m, m), *["—" if not np.isfinite(pm[n]) else f"{pm[n]:.4f}" for n in names])
+            tab.add_row(LABELS.get(m, m), *[f"{pm[n]:.4f}" if finite(pm.get(n)) else "—" for n in names])
         console.print(tab)
 
 

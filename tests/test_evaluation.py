@@ -282,3 +282,21 @@ def test_eval_plot_has_the_reliability_panel(tmp_path):
         [{"q_seq": "ACDEF", "k_seq": "ACDEF", "target": np.arange(5), "pid": 100.0}],
         baselines=("nw",)).summary(n_boot=0)
     assert len(evaluation.figure(baselines).axes) == 1
+
+
+def test_the_plan_metrics_table_leaves_out_a_metric_no_method_has():
+    import io
+
+    from rich.console import Console
+
+    summary = _calibration_evaluation().summary(n_boot=0)
+    pm = summary["methods"]["model"]["plan_metrics"]
+    assert not np.isfinite(pm["reconstruction"])  # no reconstruction head: nothing to report
+    out = io.StringIO()
+    evaluation.render(summary, console=Console(file=out, width=250))
+    table = out.getvalue()[out.getvalue().index("plan metrics"):]
+    assert "reconstruction" not in table and "barycenter_mae" in table
+    pm["reconstruction"] = 0.25  # one method has it: its column is back
+    out = io.StringIO()
+    evaluation.render(summary, console=Console(file=out, width=250))
+    assert "reconstruction" in out.getvalue() and "0.2500" in out.getvalue()
