@@ -98,8 +98,6 @@ def write_training_record(directory: str | os.PathLike, record: dict) -> None:
     model, then adds the checksums of its ``MODEL_RECORDS`` to those of its parameters (a
     model directory: one with ``params/``; an ensemble records them with its ``ensemble.json``),
     so that ``verify`` notices an edited decoder."""
-    import hashlib
-
     from pfamalign.inference import ENSEMBLE_FILE
 
     directory = pathlib.Path(directory)

@@ -40,6 +40,19 @@ def dumps_line(x) -> str:
 _SCALARS = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
 
 
+def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """``(key, old value, new value)`` of each field that differs between two settings
+    documents, nested fields named ``a.b`` (a field one lacks: None on that side)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out
+
+
 def check_fields(cls, data, what: str) -> dict:
     """``data`` (a settings dataclass's fields read from JSON) as a dict, after the checks
     that keep a bad file from becoming a traceback: a JSON object, no unknown keys, and each

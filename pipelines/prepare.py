@@ -24,6 +24,7 @@ import pathlib
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 
+from pfamalign import jsonio
 from pfamalign.outputs import is_temporary
 from pfamalign.pipelines import records as rec
 from pfamalign.pipelines import stages
@@ -128,22 +129,14 @@ def _user_entries(out: pathlib.Path) -> list[str]:
                   if p.name != LOCK_NAME and not is_temporary(p.name))
 
 
-def _config_changes(old: dict | None, new: dict, prefix: str = "") -> list[str]:
+def _config_changes(old: dict | None, new: dict) -> list[str]:
     """``key: old -> new`` of each setting that differs between two recorded configurations
     (nested settings as ``sampling.pairs_per_family``)."""
     if not isinstance(old, dict):
         return []
-    new = json.loads(json.dumps(new))  # as recorded: tuples are lists there
-    changes = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            changes += _config_changes(a, b, f"{prefix}{key}.")
-        elif a != b:
-            shown = ["(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"
-                     for x in (a, b)]
-            changes.append(f"{prefix}{key}: {shown[0]} -> {shown[1]}")
-    return changes
+    shown = lambda x: "(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"  # noqa: E731
+    return [f"{key}: {shown(a)} -> {shown(b)}"  # ``new`` as recorded: tuples are lists there
+            for key, a, b in jsonio.changes(old, json.loads(json.dumps(new)))]
 
 
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,

@@ -38,8 +38,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                            "prepare into a new --out to record them")
     models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
     if ensemble.is_ensemble(directory):
-        own_damage = verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
-        problems += own_damage
+        problems += verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
         try:
             members = [directory / m.path for m in ensemble.read_members(directory)]
         except ValueError as err:  # a damaged ensemble.json: its checksum said so above, if recorded
@@ -51,13 +50,9 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             recorded = read_checksums(directory)
         except ValueError:  # reported among the damage
             recorded = None
-        own = [n for n in (ENSEMBLE_FILE, *MODEL_RECORDS) if (directory / n).is_file()]
-        bare = [] if recorded is None else [n for n in own if n not in recorded]
-        if bare:
-            checked.append(f"{UNVERIFIED}{directory}: {', '.join(bare)} (no checksum recorded: an edit to "
-                           "them goes unnoticed)")
-        elif recorded is not None:
-            checked.append(f"ensemble {directory}: {len(own)} files")
+        if recorded is not None:
+            own = [n for n in (ENSEMBLE_FILE, *MODEL_RECORDS) if (directory / n).is_file()]
+            checked.append(_unrecorded(directory, own, recorded) or f"ensemble {directory}: {len(own)} files")
     steps = directory / "checkpoints"
     saved = sorted((d for d in steps.iterdir() if d.is_dir() and d.name.isdigit()),
                    key=lambda d: int(d.name)) if steps.is_dir() else []
@@ -78,10 +73,8 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         except ValueError:  # reported among the damage
             continue
         checked.append(f"{d}: {len(sums)} files")
-        bare = [name for name in MODEL_RECORDS if (d / name).is_file() and name not in sums]
-        if bare:  # saved before these were recorded, or unfinished (training.json records them)
-            checked.append(f"{UNVERIFIED}{d}: {', '.join(bare)} (no checksum recorded: an edit to them "
-                           "goes unnoticed)")
+        # settings saved before they were recorded, or unfinished (training.json records them)
+        checked += filter(None, [_unrecorded(d, [n for n in MODEL_RECORDS if (d / n).is_file()], sums)])
     if not (checked or problems):  # not one of ours: its temporary files are not ours either
         return [], []
     temporaries = sorted(directory.rglob(TEMPORARY_GLOB))
@@ -96,6 +89,14 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             temporaries = [p for p in temporaries if p not in mine]
     problems += [f"{p}: temporary file left by an interrupted run (safe to delete)" for p in temporaries]
     return checked, problems
+
+
+def _unrecorded(directory: pathlib.Path, names: list[str], recorded: dict) -> str | None:
+    """The ``UNVERIFIED`` line of the files ``names`` of ``directory`` that hold no recorded
+    checksum; None when every one has its checksum."""
+    bare = [name for name in names if name not in recorded]
+    return (f"{UNVERIFIED}{directory}: {', '.join(bare)} (no checksum recorded: an edit to them goes "
+            "unnoticed)") if bare else None
 
 
 UNVERIFIED = "not verified: "  # a ``checked`` line naming what has no checksum to check

@@ -119,15 +119,8 @@ def split_families(data_dir, split: str) -> list[str]:
                          "dataset, and prepare builds it again") from None
 
 
-def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            keys.append(f"{prefix}{k}: {vb!r} -> {va!r}")
-    return keys
+def _diff(new: dict, old: dict, prefix: str) -> list[str]:
+    return [f"{key}: {a!r} -> {b!r}" for key, a, b in jsonio.changes(old, new, prefix)]
 
 
 def check_resumable(cfg: RunConfig, saved: dict, data: dict, *,
