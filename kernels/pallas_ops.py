@@ -22,12 +22,14 @@ swapping (q, k), the masks, the potentials and (x, z) turns rows into columns.
 Wrapper dispatch follows the platform the op is *lowered* for, not the host
 (``jax.lax.platform_dependent``: only the target's branch is lowered): "tpu" -> ``pallas_tpu``
 (Mosaic), "cuda" / "rocm" -> ``pallas_gpu`` (Triton), "cpu" -> interpret mode of
-``CPU_WRAPPER``. So ``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`` on a CPU host
-gets the Mosaic kernels.
+``CPU_WRAPPER``. So ``lower(jax.jit(f), "tpu", *args)`` on a CPU host gets the Mosaic
+kernels (``lower``: jax's ``lower(lowering_platforms=...)``, with the GPU named that jax >= 0.11
+asks for when the host has none).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -48,6 +50,36 @@ CPU_WRAPPER = "gpu"
 # The Triton kernels that compute dots (the others read a stored band and sum): they take the
 # dot arithmetic (``TransportConfig.triton_dots``).
 DOT_KERNELS = ("band_scores", "band_lse", "band_product", "stored_product", "stored_linear_product")
+# The GPU a "cuda" lowering targets from a host without one: jax 0.10 assumed sm_90 there, and
+# jax >= 0.11 refuses to lower a Triton kernel until a GPU is named (by its device kind).
+OFFLINE_CUDA_DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+@contextlib.contextmanager
+def offline_target(platform: str, mesh=None):
+    """Context for lowering (or compiling, deviceless) the op for ``platform`` from this host.
+    For "cuda" on a host without a GPU, an abstract mesh on a GPU: ``mesh``'s (the mesh of a
+    described GPU's topology, whose shardings the inputs carry) or one device of kind
+    ``OFFLINE_CUDA_DEVICE``. jax >= 0.11 reads the Triton target from it; jax 0.10 ignores it
+    and takes sm_90 anyway. Otherwise nothing changes (a GPU host lowers for its own GPU)."""
+    if platform != "cuda" or accelerator() == "gpu":
+        yield
+        return
+    if mesh is None:
+        device = jax.sharding.AbstractDevice(device_kind=OFFLINE_CUDA_DEVICE, num_cores=None, platform="cuda")
+        abstract = jax.sharding.AbstractMesh((1,), ("_",), (jax.sharding.AxisType.Auto,), abstract_device=device)
+    else:
+        abstract = mesh.abstract_mesh
+    with jax.sharding.use_abstract_mesh(abstract):
+        yield
+
+
+def lower(jitted, platform: str, *args):
+    """``jitted.trace(*args).lower(lowering_platforms=(platform,))`` from any host, traced and
+    lowered inside ``offline_target`` (jax 0.11 lowers a trace for the mesh it was traced
+    under)."""
+    with offline_target(platform):
+        return jitted.trace(*args).lower(lowering_platforms=(platform,))
 
 
 class Scores(NamedTuple):

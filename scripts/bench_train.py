@@ -54,7 +54,6 @@ def pair_lengths(data: str | None, pairs_per_family: int, pfam: pathlib.Path = S
     from pfamalign.pipelines.config import PrepareConfig
     from pfamalign.pipelines.pairs import SamplingConfig
     from pfamalign.pipelines.prepare import run_prepare
-    from pfamalign.kernels import resolve_impl
     from pfamalign.pipelines import reader
 
     if data:
@@ -92,6 +91,7 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     import numpy as np
 
     from pfamalign import configs
+    from pfamalign.kernels import resolve_impl
     from pfamalign.training import step as train
     from pfamalign.pipelines import reader
 

@@ -150,6 +150,7 @@ def main(argv=None) -> None:
 
     from pfamalign.kernels import TransportConfig, transport
     from pfamalign.kernels.config import impl_variant
+    from pfamalign.kernels.pallas_ops import offline_target
 
     impls = args.impls.split(",")
     for name in impls:
@@ -165,7 +166,8 @@ def main(argv=None) -> None:
         for name in impls:
             cfg = TransportConfig(half_band=half_band, base_steps=15, tail_steps=2, **impl_variant(name))
             op = lambda q, k, v, cfg=cfg: transport(q, k, v, lens, lens, config=cfg)
-            hlo = jax.jit(_common.fwd_bwd(op)).lower(spec, spec, spec, spec).compile().as_text()
+            with offline_target("cuda", sharding.mesh):
+                hlo = jax.jit(_common.fwd_bwd(op)).lower(spec, spec, spec, spec).compile().as_text()
             kinds, syncs = count_launches(hlo)
             launches = sum(kinds.values())
             print(json.dumps({"L": length, "W": half_band, "impl": name, "target": "H100 (deviceless)",

@@ -143,16 +143,16 @@ def kernel_costs(cfg, length: int, workdir, hbm_gbs: float = HBM_GBS) -> list[di
     import jax
     from jax._src.lib.mlir import ir
 
-    from pfamalign.kernels import gpu_budget, pallas_gpu, triton_offline
+    from pfamalign.kernels import pallas_gpu, triton_offline
     from pfamalign.kernels.gpu_budget import KernelShape
+    from pfamalign.kernels.pallas_ops import lower
 
     os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"
     out = []
     for i, ((name, static, shapes), n_calls) in enumerate(sorted(_record_calls(cfg, length).items(), key=str)):
         static = dict(static)
         fn = getattr(pallas_gpu, name).__wrapped__
-        lowered = jax.jit(functools.partial(fn, interpret=False, **static)).trace(*shapes).lower(
-            lowering_platforms=("cuda",))
+        lowered = lower(jax.jit(functools.partial(fn, interpret=False, **static)), "cuda", *shapes)
         (call,) = triton_offline.custom_calls(lowered)
         config = call.attributes["mhlo.backend_config"]
         programs = 1

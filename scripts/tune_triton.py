@@ -37,6 +37,7 @@ def _collect_shapes(length: int, hb: int, d: int, t: int, r: int, impl: str = "p
 
     from pfamalign.kernels import TransportConfig, pallas_gpu, transport
     from pfamalign.kernels.config import impl_variant
+    from pfamalign.kernels.pallas_ops import lower
 
     seen, original = {}, pallas_gpu.tiling
 
@@ -50,7 +51,7 @@ def _collect_shapes(length: int, hb: int, d: int, t: int, r: int, impl: str = "p
         lens = jax.numpy.array([length])
         tc = TransportConfig(half_band=hb, base_steps=t, tail_steps=r, kernel="gpu", **impl_variant(impl))
         fb = _common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, config=tc))
-        fb.trace(q, k, v, w).lower(lowering_platforms=("cuda",))
+        lower(fb, "cuda", q, k, v, w)
     finally:
         pallas_gpu.tiling = original
     return seen

@@ -26,6 +26,7 @@ from jax._src.lib.mlir import ir
 from pfamalign.kernels import DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport, triton_offline
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import impl_variant
+from pfamalign.kernels.pallas_ops import lower
 
 PLATFORMS = ("tpu", "cuda")
 KERNEL_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
@@ -55,7 +56,7 @@ def _lowered(impl: str, dustbin: str, platform: str):
     cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, **impl_variant(impl))
     q, k, v, tokens, g = _inputs(LQ, LK)
     specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
-    return jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)).trace(*specs).lower(lowering_platforms=(platform,))
+    return lower(jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)), platform, *specs)
 
 
 # ---- reading precisions out of lowered modules --------------------------------------------------
@@ -115,7 +116,7 @@ def _lower_kernel(platform: str, monkeypatch=None, precision=None):
     mod = pallas_tpu if platform == "tpu" else pallas_gpu
     # The undecorated function: the jitted one would reuse its trace from before the override.
     f = functools.partial(mod.band_product.__wrapped__, geom=geom, interpret=False)
-    return jax.jit(f).trace(*specs).lower(lowering_platforms=(platform,))
+    return lower(jax.jit(f), platform, *specs)
 
 
 # ---- exact f32 ---------------------------------------------------------------------------------
@@ -165,8 +166,7 @@ def test_tf32x3_dots_lower_to_three_tf32_products():
 
 def test_an_unpinned_einsum_is_caught():
     f32 = jax.ShapeDtypeStruct((4, 8), jnp.float32)
-    text = jax.jit(lambda a, b: jnp.einsum("id,jd->ij", a, b)).trace(f32, f32).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = lower(jax.jit(lambda a, b: jnp.einsum("id,jd->ij", a, b)), "cuda", f32, f32).as_text()
     assert len(unpinned_f32_dots(text)) == 1
 
 
@@ -220,8 +220,7 @@ def test_a_branch_free_solve_lowers_without_a_conditional(dustbin):
     for branch_free in (False, True):
         cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, impl="xla",
                               branch_free=branch_free)
-        text = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)).trace(*specs).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = lower(jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g)), "cuda", *specs).as_text()
         branches[branch_free] = text.count("stablehlo.case") + text.count("stablehlo.if")
     assert branches[True] == 0 and branches[False] >= 2
 

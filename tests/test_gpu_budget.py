@@ -211,7 +211,7 @@ def _lower_triton(shape: KernelShape, geom, n: int = 1, transposed: bool = False
     if fn.__name__ in pallas_ops.DOT_KERNELS:
         static["dots"] = dots
     f = functools.partial(fn.__wrapped__, geom=geom, interpret=False, **static)
-    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    lowered = pallas_ops.lower(jax.jit(f), "cuda", *specs)
     (call,) = triton_offline.custom_calls(lowered)
     return lowered.as_text(), call.attributes["mhlo.backend_config"]
 
@@ -367,7 +367,7 @@ def _lower_half_step(kernel: str, shifted: bool, geom):
     specs = specs + [f32(1, lp)] if shifted else specs  # the lines' previous potential
     f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
                           interpret=False)
-    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    lowered = pallas_ops.lower(jax.jit(f), "cuda", *specs)
     (call,) = triton_offline.custom_calls(lowered)
     return call.attributes["mhlo.backend_config"]
 
@@ -454,7 +454,7 @@ def test_one_pass_step_kernels_compile_without_spills(kernel, length, half_band,
         specs = [f32(1, lp // group, width), f32(1, lp), f32(1, lp // group), f32(1, lp)]
     f = functools.partial(getattr(pallas_gpu, kernel).__wrapped__, geom=geom, kappa=1.0, centered=True,
                           interpret=False)
-    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",))
+    lowered = pallas_ops.lower(jax.jit(f), "cuda", *specs)
     (call,) = triton_offline.custom_calls(lowered)
     got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
     assert got.stack == 0, got
@@ -620,8 +620,7 @@ def test_gradient_band_kernels_compile_without_spills(kernel, dots, monkeypatch,
         shape = KernelShape(0, 64, stored=True)
         fn = functools.partial(pallas_gpu.stored_linear_product.__wrapped__, transposed=True)
         specs = [f32(1, lp, width), f32(1, lp, 64)]
-    lowered = jax.jit(functools.partial(fn, geom=geom, interpret=False, dots=dots)).trace(*specs).lower(
-        lowering_platforms=("cuda",))
+    lowered = pallas_ops.lower(jax.jit(functools.partial(fn, geom=geom, interpret=False, dots=dots)), "cuda", *specs)
     (call,) = triton_offline.custom_calls(lowered)
     got = _triton_compile(call.attributes["mhlo.backend_config"], 90, tmp_path)
     chosen = gpu_budget.choose(shape, geom.block, SMEM_BUDGET["h100"])

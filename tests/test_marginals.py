@@ -286,6 +286,5 @@ def test_new_modes_lower_for_platform(wrapper, monkeypatch):
     ql, kl = jnp.array([290]), jnp.array([260])
     loss = lambda q, k, v, t: jnp.sum(g * transport(q, k, v, ql, kl, t, config=cfg))
     specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
-    text = jax.jit(jax.grad(loss, (0, 1, 2, 3))).trace(*specs).lower(
-        lowering_platforms=({"tpu": "tpu", "gpu": "cuda"}[wrapper],)).as_text()
+    text = pallas_ops.lower(jax.jit(jax.grad(loss, (0, 1, 2, 3))), {"tpu": "tpu", "gpu": "cuda"}[wrapper], *specs).as_text()
     assert {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}[wrapper] in text

@@ -629,7 +629,7 @@ def _lower(wrapper: str, kernel: str, geom: BandGeometry):
     mod = pallas_ops.WRAPPERS[wrapper]
     fn = getattr(mod, kernel.removesuffix("_modulated"))
     f = functools.partial(fn, geom=geom, interpret=False)
-    return jax.jit(f).trace(*_kernel_specs(kernel, geom)).lower(lowering_platforms=(_PLATFORM[wrapper],))
+    return pallas_ops.lower(jax.jit(f), _PLATFORM[wrapper], *_kernel_specs(kernel, geom))
 
 
 @pytest.mark.parametrize("wrapper", ["tpu", "gpu"])
@@ -664,7 +664,7 @@ def test_stored_band_kernels_lower_for_cuda(kernel, transposed):
     static = {} if kernel == "band_scores" else {"transposed": transposed}
     fn = functools.partial(getattr(pallas_gpu, kernel.removesuffix("_modulated")), geom=geom, interpret=False,
                            **static)
-    text = jax.jit(fn).trace(*_stored_specs(kernel, geom)).lower(lowering_platforms=("cuda",)).as_text()
+    text = pallas_ops.lower(jax.jit(fn), "cuda", *_stored_specs(kernel, geom)).as_text()
     assert text.count(_CUSTOM_CALL["gpu"]) == 1
 
 
@@ -676,7 +676,7 @@ def test_fused_half_step_kernels_lower_for_cuda(kernel, centered):
     geom = pallas_gpu.stored_geometry(LOWER_GEOM)
     fn = functools.partial(getattr(pallas_gpu, kernel), geom=geom, kappa=1.0 if centered else 0.5,
                            centered=centered, interpret=False)
-    text = jax.jit(fn).trace(*_stored_specs(kernel, geom)).lower(lowering_platforms=("cuda",)).as_text()
+    text = pallas_ops.lower(jax.jit(fn), "cuda", *_stored_specs(kernel, geom)).as_text()
     assert text.count(_CUSTOM_CALL["gpu"]) == 1
     shares = f"tensor<2x{geom.n_blocks}xf32>"
     assert (shares in text) == centered
@@ -713,8 +713,7 @@ def test_public_op_gradient_lowers_for_platform(wrapper, monkeypatch):
     ql, kl = jnp.array([290]), jnp.array([260])
     loss = lambda q, k, v, t: jnp.sum(g * transport(q, k, v, ql, kl, t, config=cfg))
     specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (q, k, v, tokens))
-    text = jax.jit(jax.grad(loss, (0, 1, 2, 3))).trace(*specs).lower(
-        lowering_platforms=(_PLATFORM[wrapper],)).as_text()
+    text = pallas_ops.lower(jax.jit(jax.grad(loss, (0, 1, 2, 3))), _PLATFORM[wrapper], *specs).as_text()
     assert _CUSTOM_CALL[wrapper] in text
 
 

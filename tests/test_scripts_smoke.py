@@ -106,6 +106,20 @@ def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
                for impl in ("xla", "xla-branch-free"))
 
 
+def test_bench_train_prints_one_json_line_per_config(tmp_path, capsys):
+    """The training benchmark (issue 11's GPU throughput figure, ``gpu_session.sh train``) runs
+    to its JSON line: the test fixtures' pair lengths, the implementation the op resolves per
+    padded length (the XLA path on this CPU), a rate from the timed steps."""
+    bench = importlib.import_module("bench_train")
+    bench.main(["--configs", "align_ce", "--batch", "8", "--reps", "1", "--no-pad1024",
+                "--pairs-per-family", "1", "--pfam", str(tmp_path / "absent")])
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert row["config"] == "align_ce" and row["lengths"].endswith("tests/data/pfam_seed, 1 per family")
+    assert row["impl_by_padded_len"] and set(row["impl_by_padded_len"].values()) == {"xla"}
+    assert set(row["step_s_by_padded_len"]) == set(row["impl_by_padded_len"])
+    assert row["examples_per_s"] > 0 and row["host"]["backend"] == "cpu"
+
+
 def test_r2_memory_figures_of_the_paper():
     """L=16384, W=1024, b=128, d=64: 32.52M active entries, 496.23 vs 124.06 MiB."""
     est = importlib.import_module("estimate_r2_backward_memory")
@@ -328,9 +342,11 @@ def _tune_triton_calls_lower_for_cuda(module, shapes, swept):
     """Every shape's timed call lowers for cuda with the swept kernels (``swept[shape]``, by
     their Pallas names) in its module, once each; a stored band's readers after the kernel that
     stores the band, and nothing else."""
+    from pfamalign.kernels.pallas_ops import lower
+
     for shape, geom in shapes.items():
         fn, args = module._kernel_call(shape, geom)
-        text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        text = lower(fn, "cuda", *args).as_text()
         found = collections.Counter(re.findall(r'name = "((?:band|stored)_[a-z_]+)"', text))
         expected = collections.Counter(swept[shape]) + collections.Counter(
             ["band_scores"] if shape.stored and not shape.d else [])
