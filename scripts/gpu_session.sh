@@ -31,8 +31,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# What pfamalign needs that the GPU image does not hold, at the versions tested here.
-WHEELS="biopython==1.88 grain==0.2.18 array-record==0.8.6 ott-jax==0.6.0 jaxopt==0.8.5 portpicker==1.6.0"
+# What pfamalign needs that the GPU image does not hold, at the versions tested here; and
+# pytest-xdist (with execnet), which `issue11` runs the compiled tests on (-n 8): whether the
+# image has it is not known (its one run, 2026-11-24, was on one process).
+WHEELS="biopython==1.88 grain==0.2.18 array-record==0.8.6 ott-jax==0.6.0 jaxopt==0.8.5 portpicker==1.6.0
+  pytest-xdist==3.8.0 execnet==2.1.2"
 PLATFORMS="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 
