@@ -68,6 +68,7 @@ def test_unknown_embedder_ids():
 
 def test_missing_weights_say_which_file_and_where(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    pytest.importorskip("esm", reason="fair-esm not installed (pip install 'pfamalign[embed]')")  # else: the install message
     monkeypatch.delenv(embed.WEIGHTS_ENV, raising=False)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torchhome"))
     with pytest.raises(embed.EmbedderError) as info:

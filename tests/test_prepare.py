@@ -319,6 +319,7 @@ def test_esm_dataset_embeds_each_unique_sequence_once(tmp_path):
 
 def test_missing_esm_weights_fail_before_any_work(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    pytest.importorskip("esm", reason="fair-esm not installed (pip install 'pfamalign[embed]')")  # else: the install message
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
     monkeypatch.delenv("PFAMALIGN_ESM_WEIGHTS", raising=False)
     res = CliRunner().invoke(cli, ["prepare", "shards", "--pfam", str(SEED), "--out",
