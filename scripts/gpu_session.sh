@@ -4,6 +4,11 @@
 #
 #   bash scripts/gpu_session.sh fetch            # here: .gpu/whl (wheels the GPU image lacks)
 #                                                # and .gpu/pfam (the Pfam data), git-ignored
+#   bash scripts/gpu_session.sh replica          # here, no GPU: the lent machine's jax (GPU_JAX, 0.11.2)
+#                                                # in a Python 3.12 venv: every variant compiled for a
+#                                                # described H100 by XLA's Triton, the kernel tests in
+#                                                # interpret mode and lowered, `pytest -m gpu` collected
+#                                                # (PYTHON312 names the interpreter; ~7 min on 2 cores)
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh issue11          # the whole check in one call (< 9.5 min, a 15-minute lease
 #                                                # has room for one): targets (timed, gradients checked), then
@@ -64,6 +69,32 @@ install() {
     export PYTHONUNBUFFERED=1
 }
 
+# The jax of the lent GPU image (device.txt, 2026-11-24), which has no wheels for Python 3.11.
+GPU_JAX=${GPU_JAX:-0.11.2}
+replica() {
+    local py=${PYTHON312:-python3.12} venv=${REPLICA_VENV:-/tmp/gpu_replica} out=${OUT:-/tmp/gpu_replica_out}
+    "$py" -c 'import sys; assert sys.version_info[:2] >= (3, 12)' 2>/dev/null || {
+        echo "error: replica needs Python >= 3.12 (jax $GPU_JAX has no wheels for older ones): set PYTHON312" >&2
+        exit 2; }
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q "jax==$GPU_JAX" "jaxlib==$GPU_JAX" "jax-cuda13-plugin==$GPU_JAX" \
+        "jax-cuda13-pjrt==$GPU_JAX" -e ".[test]"
+    mkdir -p "$out"
+    "$venv/bin/python" -c "import jax; print('jax', jax.__version__, 'on Python', __import__('sys').version.split()[0])" \
+        | tee "$out/replica.txt"
+    # XLA's own compile for a described H100 (its Triton included): fails on any illegal kernel.
+    # Full logs in $out; each part's summary on the terminal, a failing part ends the step.
+    "$venv/bin/python" scripts/count_gpu_launches.py --impls "$TARGET_IMPLS,pallas-one-pass,pallas-resident-unrolled" \
+        --lengths 4096,16384 > "$out/launches.jsonl" 2> "$out/launches.log" || {
+        tail -5 "$out/launches.log" >&2; exit 1; }
+    cut -c1-110 "$out/launches.jsonl"
+    JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_pallas.py tests/test_transport.py \
+        tests/test_accelerators.py tests/test_marginals.py tests/test_gpu_budget.py > "$out/pytest_kernels.txt" 2>&1 || {
+        tail -15 "$out/pytest_kernels.txt" >&2; exit 1; }
+    tail -1 "$out/pytest_kernels.txt" | tee -a "$out/replica.txt"
+    JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -m gpu -q -p no:cacheprovider --co 2>&1 | tail -1 | tee -a "$out/replica.txt"
+}
+
 # XLA GPU settings that cut the per-iteration launch and loop overhead of the Sinkhorn scans,
 # tried one at a time by `flags` (each JSON line records its XLA_FLAGS): the XLA path loses
 # to dense autodiff below L 8192 on the H100 with a few microseconds of work per kernel.
@@ -122,6 +153,7 @@ PY
 
 case "${1:-}" in
     fetch) fetch ;;
+    replica) replica ;;
     issue11) install; issue11 ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
@@ -150,5 +182,5 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | train" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | train | replica" >&2; exit 2 ;;
 esac

@@ -459,8 +459,9 @@ def test_count_gpu_launches_counts_loop_bodies_per_trip():
 
 
 def test_gpu_session_script_parses_and_names_its_steps():
-    """scripts/gpu_session.sh (run on a lent GPU machine, never here) is valid bash, and without
-    a step it exits 2 naming each one, the one-call ``issue11`` first after ``fetch``."""
+    """scripts/gpu_session.sh (run on a lent GPU machine; its ``fetch`` and ``replica`` here) is
+    valid bash, and without a step it exits 2 naming each one, the one-call ``issue11`` first
+    after ``fetch``."""
     import subprocess
 
     script = SCRIPTS / "gpu_session.sh"
@@ -469,4 +470,4 @@ def test_gpu_session_script_parses_and_names_its_steps():
     assert run.returncode == 2
     steps = run.stderr.split("gpu_session.sh", 1)[1].split("|")
     assert [s.strip() for s in steps[:3]] == ["fetch", "issue11", "tests"]
-    assert {"targets", "resident", "profile", "train"} <= {s.strip() for s in steps}
+    assert {"targets", "resident", "profile", "train", "replica"} <= {s.strip() for s in steps}
