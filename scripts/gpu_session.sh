@@ -7,8 +7,9 @@
 #   bash scripts/gpu_session.sh replica          # here, no GPU: the lent machine's jax (GPU_JAX, 0.11.2)
 #                                                # in a Python 3.12 venv: every variant compiled for a
 #                                                # described H100 by XLA's Triton, the kernel tests in
-#                                                # interpret mode and lowered, `pytest -m gpu` collected
-#                                                # (PYTHON312 names the interpreter; ~7 min on 2 cores)
+#                                                # interpret mode and lowered, `pytest -m gpu` collected,
+#                                                # issue11's and train's scripts at a small size
+#                                                # (PYTHON312 names the interpreter; ~8 min on 2 cores)
 #   then, on the GPU machine, with .gpu carried, one step per call (each under 10 minutes):
 #   bash scripts/gpu_session.sh issue11          # the whole check in one call (< 9.5 min, a 15-minute lease
 #                                                # has room for one): targets (timed, gradients checked), then
@@ -93,6 +94,22 @@ replica() {
         tail -15 "$out/pytest_kernels.txt" >&2; exit 1; }
     tail -1 "$out/pytest_kernels.txt" | tee -a "$out/replica.txt"
     JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -m gpu -q -p no:cacheprovider --co 2>&1 | tail -1 | tee -a "$out/replica.txt"
+    # The scripts `issue11` and `train` run there, at a small size on this CPU (no timing):
+    # each must finish, every benchmarked variant with status "ok"
+    local cpu="env JAX_PLATFORMS=cpu $venv/bin/python"
+    $cpu scripts/bench_transport.py --impls "$TARGET_IMPLS,ott" --lengths 256 --half-band 32 --repeats 1 --json \
+        > "$out/bench_small.jsonl" 2> "$out/bench_small.log" \
+        && $cpu -c 'import json, sys; rows = [json.loads(s) for s in open(sys.argv[1]) if s.startswith("{")]
+bad = [r["impl"] for r in rows if r.get("status") != "ok"]
+sys.exit(f"not ok: {bad}" if bad or not rows else None)' "$out/bench_small.jsonl" || {
+        tail -5 "$out/bench_small.log" >&2; exit 1; }
+    $cpu scripts/profile_transport.py --impls pallas-fused-tf32x3 --lengths 256 --half-band 32 --top 3 \
+        --streaming-tiles 1 --out "$out/profile_small" > "$out/profile_small.jsonl" 2>&1 || {
+        tail -5 "$out/profile_small.jsonl" >&2; exit 1; }
+    $cpu scripts/bench_train.py --configs k2_eps1 --batch 2 --reps 1 --no-pad1024 --pairs-per-family 1 \
+        --pfam "$out/no-pfam" > "$out/bench_train_small.jsonl" 2>&1 || { tail -5 "$out/bench_train_small.jsonl" >&2; exit 1; }
+    echo "issue11's and train's scripts ran at L 256 (bench_transport, profile_transport) and on the fixtures (bench_train)" \
+        | tee -a "$out/replica.txt"
 }
 
 # XLA GPU settings that cut the per-iteration launch and loop overhead of the Sinkhorn scans,
