@@ -248,12 +248,10 @@ def plot_certificates(result: dict, path, *, title: str | None = None, names: tu
     of the solver's plans (title: the certified stable matches). Head 0. ``title``: the pair;
     ``names``: the sequences' names (rows are ``names[0]``'s residues, numbered from 1)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
-    from pfamalign.alignment.plots import residue_label, save_figure
+    from pfamalign.alignment.plots import integer_ticks as integer, residue_label, save_figure
 
     fig = Figure(figsize=(14, 7.5))
-    integer = lambda axis: axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # noqa: E731
     ax = fig.add_subplot(231)
     blocks = result["contraction"]["blocks"]
     shown = [(n, b) for n, b in enumerate(blocks, start=1) if b["strictly_positive"]]

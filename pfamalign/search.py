@@ -517,7 +517,8 @@ def blast7_block(result: QueryResult, database: str) -> str:
     (``BLAST_COLUMNS``)."""
     from pfamalign import __version__
 
-    lines = [f"# pfamalign search {__version__}", f"# Query: {' '.join(filter(None, (result.query.id, result.query.description)))}", f"# Database: {database}"]
+    definition = " ".join(filter(None, (result.query.id, result.query.description)))
+    lines = [f"# pfamalign search {__version__}", f"# Query: {definition}", f"# Database: {database}"]
     if result.hits:
         lines.append("# Fields: " + ", ".join(BLAST_FIELD_NAMES.values()))
     lines.append(f"# {len(result.hits)} hits found")

@@ -129,14 +129,17 @@ def _user_entries(out: pathlib.Path) -> list[str]:
                   if p.name != LOCK_NAME and not is_temporary(p.name))
 
 
-def _config_changes(old: dict | None, new: dict) -> list[str]:
-    """``key: old -> new`` of each setting that differs between two recorded configurations
-    (nested settings as ``sampling.pairs_per_family``)."""
-    if not isinstance(old, dict):
-        return []
-    shown = lambda x: "(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"  # noqa: E731
-    return [f"{key}: {shown(a)} -> {shown(b)}"  # ``new`` as recorded: tuples are lists there
-            for key, a, b in jsonio.changes(old, json.loads(json.dumps(new)))]
+def _what_differs(old: dict | None, new: dict, old_hash, chash: str) -> str:
+    """``key: old -> new`` of the settings that differ between two recorded configurations
+    (nested ones as ``sampling.pairs_per_family``; the first six), or the two config hashes
+    where the old configuration is not recorded."""
+    if isinstance(old, dict):
+        shown = lambda x: "(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"  # noqa: E731
+        changed = [f"{key}: {shown(a)} -> {shown(b)}"  # ``new`` as recorded: tuples are lists there
+                   for key, a, b in jsonio.changes(old, json.loads(json.dumps(new)))]
+        if changed:
+            return "; ".join(changed[:6])
+    return f"config hash {old_hash}, this run {chash}"
 
 
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
@@ -156,11 +159,10 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
         if manifest.get("config_hash") == chash:
             return manifest, None
         if not overwrite:
-            changed = _config_changes(manifest.get("config"), config or {})
             raise PrepareError(
                 f"{out} already holds a dataset built with a different configuration ("
-                + ("; ".join(changed[:6]) if changed else f"config hash {manifest.get('config_hash')}, "
-                   f"this run {chash}") + "). Use another --out, or pass --overwrite to replace it.")
+                f"{_what_differs(manifest.get('config'), config or {}, manifest.get('config_hash'), chash)}). "
+                "Use another --out, or pass --overwrite to replace it.")
         return None, manifest
     elif work_config.exists():
         try:
@@ -171,12 +173,11 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
         failed = (out / "work" / FAILED).exists()
         if old != chash:
             if not (overwrite or failed or old is None):
-                changed = _config_changes(old_config, config or {})
                 raise PrepareError(
-                    f"{out} holds an unfinished run with a different configuration ("
-                    + ("; ".join(changed[:6]) if changed else f"config hash {old}, this run {chash}")
-                    + "); it cannot be resumed with these options. Re-run with the original options "
-                    "to finish it, use another --out, or pass --overwrite to start over.")
+                    f"{out} holds an unfinished run with a different configuration "
+                    f"({_what_differs(old_config, config or {}, old, chash)}); it cannot be resumed with "
+                    "these options. Re-run with the original options to finish it, use another --out, "
+                    "or pass --overwrite to start over.")
             _remove_owned(out, None)  # a run that stopped on an error is not worth resuming
     elif out.exists() and set(_user_entries(out)) <= {"work", REPLACEMENT}:
         for name in ("work", REPLACEMENT):  # killed before its config was saved

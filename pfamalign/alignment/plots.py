@@ -25,7 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pfamalign.alignment.metrics import barycenters
+from pfamalign.alignment.metrics import barycenters, plan_metrics
 from pfamalign.alignment.pairs import check_pairs, check_target, diagonal_target
 
 
@@ -62,6 +62,12 @@ def save_figure(fig: Figure, path, dpi: int, fmt: str | None = None) -> pathlib.
     with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}):
         fig.savefig(path, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=0.15)  # no label cut off
     return path
+
+
+def integer_ticks(axis) -> None:
+    """Ticks of ``axis`` (an ``ax.xaxis`` / ``ax.yaxis``) on whole numbers only: residue
+    numbers, blocks, steps are never 2.5."""
+    axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def residue_label(name: str) -> str:
@@ -180,8 +186,8 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
                     label="decoded pair")
     ax.set_xlabel(residue_label(names[1]))
     ax.set_ylabel(residue_label(names[0]))
-    for axis in (ax.xaxis, ax.yaxis):  # residue numbers, not 2.5
-        axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    integer_ticks(ax.xaxis)
+    integer_ticks(ax.yaxis)
 
     col_mass = plan.sum(axis=0)  # [Lk]
     ax_top.bar(np.arange(1, lk + 1), col_mass, width=1.0, color="tab:blue", label="plan mass")
@@ -309,12 +315,12 @@ def barycenter_figure(plan, target, *, diagonal: bool = True, title: str | None 
     ax.set_ylabel(residue_label(names[1]))
     ax.legend(fontsize=8, loc="upper left")
     if ax_err is not None:
-        error = b[ann] - target[ann]
+        scored = plan_metrics(plan, target)  # the figures `eval` and training report
         ax_err.axhline(0, color="tab:gray", lw=0.8)
-        ax_err.bar(rows[ann], error, width=1.0, color="tab:red")
+        ax_err.bar(rows[ann], b[ann] - target[ann], width=1.0, color="tab:red")
         ax_err.set_ylabel("$b_i - c_i$", fontsize=9)
-        ax_err.set_title(f"mean |b - c| {np.abs(error).mean():.2f} residues; within 5: "
-                         f"{np.mean(np.abs(error) <= 5):.0%} of {int(ann.sum())} rows", fontsize=8)
+        ax_err.set_title(f"mean |b - c| {scored.barycenter_mae:.2f} residues; within 5: "
+                         f"{scored.within5:.0%} of {scored.n_barycenter} rows", fontsize=8)
     (ax_err or ax).set_xlabel(residue_label(names[0]))
     heading = (title or "") + ("" if ann.any() else (" (no reference)" if title else "no reference"))
     if heading:
