@@ -284,7 +284,7 @@ def test_ceta_layer_equals_float64_numpy_sinkhorn():
             np.testing.assert_allclose(plan.sum(1), 1, atol=1e-9)
             want = plan @ v[b, h, :n]
             got = np.asarray(o)[b, :n].reshape(n, cfg.attn_heads, -1)[:, h]
-            np.testing.assert_allclose(got, want, atol=2e-4)
+            np.testing.assert_allclose(got, want, atol=1e-5)  # the op's promise; 2.8e-7 measured
 
 
 @pytest.mark.parametrize("band,equivariant", [(0, True), (2, False)])

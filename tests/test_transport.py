@@ -214,17 +214,52 @@ def test_eps_schedule_matches_reference():
     _compare(cfg, 26, 22, [26, 20], [22, 17])
 
 
-def test_cold_scores_use_exact_fallback():
-    # eps small and scores large: the one-pass shifted log-sum-exp overflows on the first
-    # step and the exact two-pass form must take over, still matching the reference.
+def _cold_problem():
+    """eps 0.05 and scores x3: |S| / eps reaches 933, so the one-pass shifted log-sum-exp
+    leaves its window on the first step. Returns the config, inputs and the float64 dense
+    reference's output and gradients (q, k, v)."""
     cfg = TransportConfig(half_band=6, eps=0.05, base_steps=4, tail_steps=2, impl="xla",
                           blocks=BlockSizes(8))
     q, k, v, tokens, w = make_inputs(1, 1, 24, 24, 8, 4, seed=3, scale=3.0)
-    ql = kl = jnp.array([24])
-    out = _jit_transport(cfg)(q, k, v, ql, kl)
-    ref = _jit_transport(dataclasses.replace(cfg, impl="reference"))(q, k, v, ql, kl)
+    lens = jnp.array([24])
+    with jax.enable_x64(True):
+        args64 = [np.asarray(x, np.float64) for x in (q, k, v, w)]
+        (_, out64), grads64 = _cold_value_and_grad(dataclasses.replace(cfg, impl="reference"), lens, *args64)
+        out64, grads64 = np.asarray(out64), [np.asarray(g) for g in grads64]
+    scores = np.einsum("id,jd->ij", *(np.asarray(x[0, 0], np.float64) for x in (q, k))) / np.sqrt(8) / cfg.eps
+    return cfg, (q, k, v, w), lens, out64, grads64, np.abs(scores).max()
+
+
+def _cold_value_and_grad(cfg, lens, q, k, v, w):
+    def loss(q, k, v):
+        out = transport(q, k, v, lens, lens, config=cfg)
+        return jnp.sum(w * out), out
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
+
+
+def test_cold_scores_use_exact_fallback():
+    """The exact two-pass form takes over (without it the output is off by far more) and the
+    output stays within float32's forward error at this score scale of float64: an exponent
+    of size |S| / eps carries u |S| / eps, the plan's entries that relative error, the output
+    at most that times max |V| (1.8e-4 here; 9.6e-5 measured, float32 dense autodiff 2.1e-5)."""
+    cfg, (q, k, v, w), lens, out64, _, scale = _cold_problem()
+    (_, out), _ = _cold_value_and_grad(cfg, lens, q, k, v, w)
     assert np.all(np.isfinite(out))
-    np.testing.assert_allclose(out, ref, atol=1e-4)
+    bound = np.finfo(np.float32).eps / 2 * scale * np.abs(np.asarray(v)).max()
+    np.testing.assert_allclose(out, out64, atol=bound, rtol=0)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (2026-11-29): at |S| / eps ~ 900 the banded adjoint's "
+                   "dq is 7.3e-3 from float64 where dense float32 autodiff is 2.7e-4 (27x; 1.6e-3 vs 1.3e-5 "
+                   "at eps 0.1, matched by eps 0.5; dv is unaffected). The shipped model's |S| / eps is 20-30.")
+def test_cold_score_gradients_are_as_exact_as_dense_autodiff():
+    """At cold scores the banded gradients stay within 4x of dense float32 autodiff's own
+    distance from float64 (every implementation reaches that at eps >= 0.5)."""
+    cfg, (q, k, v, w), lens, _, grads64, _ = _cold_problem()
+    _, grads = _cold_value_and_grad(cfg, lens, q, k, v, w)
+    _, dense = _cold_value_and_grad(dataclasses.replace(cfg, impl="reference"), lens, q, k, v, w)
+    for got, ref, want in zip(grads, dense, grads64):
+        assert np.abs(np.asarray(got) - want).max() <= 4 * np.abs(np.asarray(ref) - want).max()
 
 
 def test_finite_differences_of_public_op():
