@@ -44,10 +44,11 @@ def _inputs(lq, lk, *, b=2, h=2, d=32, dv=16, seed=0):
 
 
 def _value_and_grad(cfg: TransportConfig, q_len, k_len, g):
-    """Loss and its gradient in (q, k, v, tokens): the op's forward and custom VJP."""
+    """((loss, output O), gradient in (q, k, v, tokens)): the op's forward and custom VJP."""
     def loss(q, k, v, tokens):
-        return jnp.sum(g * transport(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config=cfg))
-    return jax.value_and_grad(loss, (0, 1, 2, 3))
+        out = transport(q, k, v, jnp.asarray(q_len), jnp.asarray(k_len), tokens, config=cfg)
+        return jnp.sum(g * out), out
+    return jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,7 +201,7 @@ def _skip_without_gpu():
 
 
 def _float64_reference(cfg: TransportConfig, q_len, k_len, g, *operands):
-    """Loss and gradient of dense autodiff (``impl="reference"``) in float64, on this device."""
+    """((loss, output O), gradient) of dense autodiff (``impl="reference"``) in float64, on this device."""
     with jax.enable_x64(True):
         f64 = lambda tree: jax.tree.map(lambda x: jnp.asarray(np.asarray(x, np.float64)), tree)
         ref = dataclasses.replace(cfg, impl="reference")
@@ -264,6 +265,7 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, dustbin=dustbin, **impl_variant(impl))
     got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
     want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
+    np.testing.assert_allclose(got[0][1], want[0][1], atol=OUT_ATOL, rtol=OUT_ATOL)  # the output O
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=OUT_ATOL)
 
@@ -280,5 +282,6 @@ def test_benchmark_shape_runs_exactly_on_gpu(impl):
     run = lambda impl: jax.jit(_value_and_grad(
         TransportConfig(half_band=256, base_steps=15, tail_steps=2, **impl_variant(impl)), lens, lens, g))(q, k, v, tokens)
     got, want = run(impl), run("reference")
-    for a, b in zip(jax.tree.leaves(got[1])[:3], jax.tree.leaves(want[1])[:3]):
+    np.testing.assert_allclose(got[0][1], want[0][1], atol=OUT_ATOL, rtol=0)  # the output O
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):  # q, k, v and the (zero) tokens'
         np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=0)

@@ -118,6 +118,19 @@ def _float64_products(p, geom: BandGeometry):
             "plan_rows_vector": vector(out["plan_rows"]), "plan_cols_vector": vector(out["plan_cols"])}
 
 
+def _float64_lses(p, geom: BandGeometry):
+    """{"row_lse", "col_lse"}: ``LSE_j (S_ij + bias_j)`` and ``LSE_i (S_ij + bias_i)`` over the
+    support, dense in float64 (-inf on lines without support)."""
+    f = {name: np.asarray(v, np.float64) for name, v in p.items()}
+    pos = np.arange(f["q"].shape[1])
+    support = ((np.abs(pos[:, None] - pos[None, :]) <= geom.half_band)[None]
+               & np.asarray(p["row_active"])[:, :, None] & np.asarray(p["col_active"])[:, None, :])
+    s = 0.7 * np.einsum("nid,njd->nij", f["q"], f["k"])  # rescale(scores(q, k, ..., 0.5), 1.4)
+    with np.errstate(divide="ignore"):  # log(0) = -inf on lines without support
+        lse = lambda x, axis: np.log(np.sum(np.where(support, np.exp(x), 0.0), axis))
+        return {"row_lse": lse(s + f["bias"][:, None, :], 2), "col_lse": lse(s + f["bias"][:, :, None], 1)}
+
+
 def _error_units(got, exact, scale):
     """Largest |got - exact| in units of ``u * scale`` (exact zeros must come out exactly 0)."""
     err = np.abs(np.asarray(got, np.float64) - exact)
@@ -135,7 +148,7 @@ def _primitive_outputs(wrapper: str, interpret, band: str, block: int, resident:
     pallas = (StoredBandOps if resident else PallasBandOps)(geom, interpret, wrapper=wrapper, dots=dots)
     got, want = jax.jit(lambda p: (_all_primitives(pallas, p), _all_primitives(XlaBandOps(geom), p)))(p)
     out = {name: (np.asarray(got[name]), np.asarray(want[name])) for name in got}
-    return {**out, "float64": _float64_products(p, geom)}
+    return {**out, "float64": {**_float64_products(p, geom), **_float64_lses(p, geom)}}
 
 
 class _PrimitivesCase:
@@ -156,9 +169,13 @@ class _PrimitivesCase:
 
     @pytest.mark.parametrize("name", ["row_lse", "col_lse"])
     def test_lse(self, outputs, name):
+        """Both backends against the dense float64 LSE, and against each other."""
         got, want = outputs[name]
-        assert np.isneginf(want[2]).all()  # no active key in problem 2: empty lines are -inf
-        np.testing.assert_allclose(got, want, **PRIM_TOL)  # also requires the same -inf pattern
+        exact = outputs["float64"][name]
+        assert np.isneginf(exact[2]).all()  # no active key in problem 2: empty lines are -inf
+        for value in (got, want):  # assert_allclose also requires the same -inf pattern
+            np.testing.assert_allclose(np.asarray(value, np.float64), exact, **PRIM_TOL)
+        np.testing.assert_allclose(got, want, **PRIM_TOL)
 
     @pytest.mark.parametrize("name", ["plan_rows", "plan_cols", "plan_rows_modulated", "plan_cols_modulated",
                                       "modulated_products_rows", "modulated_products_cols", "plan_rows_vector",
@@ -179,6 +196,7 @@ class TestPrimitivesGPUInterpret(_PrimitivesCase):
     WRAPPER = "gpu"
 
 
+@pytest.mark.tpu
 class TestPrimitivesTPU(TestPrimitivesTPUInterpret):
     INTERPRET = False
 
