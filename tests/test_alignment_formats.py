@@ -4,6 +4,7 @@ same pairs; CIGAR decodes back; JSON loads back; hand-checked match line and CIG
 import dataclasses
 import io
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -108,22 +109,27 @@ def test_emboss_format_is_read_by_biopythons_strict_emboss_reader():
         ("# Aligned_pairs:", "# Mean_confidence:", "# Aligned_region:", "confidence "))]
 
 
-def test_every_stockholm_alignment_is_named_so_hmmer_reads_a_many_pair_file(tmp_path):
-    """Each block carries #=GF ID NAME_A_vs_NAME_B: HMMER refuses a file of several
-    alignments without one. Biopython reads every block; with HMMER installed, hmmbuild builds
-    one model per pair, named by its ID."""
-    import shutil
-    import subprocess
-
+def _many_pair_stockholm() -> str:
     recs = [_random_record(seed) for seed in SEEDS[:3]]
     recs = [dataclasses.replace(r, id_a=f"q{n}", id_b=f"s{n}") for n, r in enumerate(recs)]
-    text = "".join(to_stockholm(r) for r in recs)
+    return "".join(to_stockholm(r) for r in recs)
+
+
+def test_every_stockholm_alignment_is_named_and_biopython_reads_a_many_pair_file():
+    """Each block carries #=GF ID NAME_A_vs_NAME_B (HMMER refuses a file of several alignments
+    without one); Biopython reads every block."""
+    text = _many_pair_stockholm()
     assert [line for line in text.splitlines() if line.startswith("#=GF ID")] == [
         f"#=GF ID q{n}_vs_s{n}" for n in range(3)]
     assert len(list(AlignIO.parse(io.StringIO(text), "stockholm"))) == 3
-    if shutil.which("hmmbuild") is None:
-        return  # the Stockholm grammar is checked above; HMMER is not a dependency
-    (tmp_path / "pairs.sto").write_text(text)
+
+
+@pytest.mark.skipif(shutil.which("hmmbuild") is None, reason="HMMER's hmmbuild is not installed (apt install hmmer)")
+def test_hmmer_reads_a_many_pair_stockholm_file(tmp_path):
+    """hmmbuild builds one model per pair of a many-pair file, named by its ID."""
+    import subprocess
+
+    (tmp_path / "pairs.sto").write_text(_many_pair_stockholm())
     out = subprocess.run(["hmmbuild", "--amino", str(tmp_path / "p.hmm"), str(tmp_path / "pairs.sto")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

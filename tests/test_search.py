@@ -101,7 +101,9 @@ def test_local_evalues_of_real_forward_scores_hold_in_the_tail():
                                                          evalue=1, max_candidates=0, max_hits=None)
                  for h in r.hits]
         counts[tail] = [sum(x <= t for x in e) for t in (1.0, 0.1)]
-    assert counts[lib.TAIL_FROM][0] <= 3 * 4 and counts[lib.TAIL_FROM][1] <= 2, counts  # allowed: 4, 0.4
+    # allowed 4 and 0.4: Poisson(4) exceeds 10 with p = 0.003, Poisson(0.4) exceeds 2 with p = 0.008
+    # (measured 7 and 0; the plain law's 28 and 9)
+    assert counts[lib.TAIL_FROM][0] <= 10 and counts[lib.TAIL_FROM][1] <= 2, counts
     assert counts[None][1] >= 3 * max(counts[lib.TAIL_FROM][1], 2), counts  # the plain law: optimistic
 
 
@@ -613,7 +615,10 @@ def test_a_querys_evalues_do_not_depend_on_its_place_in_the_batch(fastas):
     assert tables["q_alone"] and tables["q_alone"] == tables["q_last"]
     other_seed = CliRunner().invoke(main, ["search", str(tmp / "q_alone.fasta"), str(tmp / "db.fasta"),
                                            "--decoys", "10", "--evalue", "1000", "-f", "blast6", "--seed", "1"])
-    assert other_seed.stdout.splitlines() != tables["q_alone"]  # the seed still draws the decoys
+    assert other_seed.exit_code == 0, other_seed.output
+    reseeded = [r for r in other_seed.stdout.splitlines() if r.startswith(queries[1][0] + "\t")]
+    assert len(reseeded) == len(tables["q_alone"])  # the same hits (E <= 1000 keeps them all) ...
+    assert reseeded != tables["q_alone"]  # ... with other E-values: the seed still draws the decoys
 
 
 def test_search_refuses_a_sequence_over_the_memory_budget_once(tmp_path):
