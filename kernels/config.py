@@ -327,15 +327,17 @@ class TransportConfig:
                 raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")
             if self.eps_schedule is not None:
                 raise ValueError("tol solves at one eps: use eps_schedule=None with tol")
-        if not isinstance(self.max_steps, int) or self.max_steps < 1:
-            raise ValueError(f"max_steps must be an integer >= 1, got {self.max_steps!r}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= MAX_STEPS:
+            raise ValueError(f"max_steps must be an integer from 1 to {MAX_STEPS}, got {self.max_steps!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
             if not sched:
                 raise ValueError("eps_schedule must not be empty (use None for a constant eps)")
-            if any(e <= 0 for e, _ in sched) or any(t < 0 for _, t in sched):
-                raise ValueError(f"eps_schedule needs eps > 0 and steps >= 0, got {sched}")
+            for e, _ in sched:
+                _check_eps(e, "every eps of eps_schedule")
+            if any(t < 0 for _, t in sched):
+                raise ValueError(f"eps_schedule needs steps >= 0, got {sched}")
             if any(a < b for (a, _), (b, _) in zip(sched, sched[1:])):
                 raise ValueError(f"eps_schedule must be non-increasing, got {sched}")
             if abs(sched[-1][0] - self.eps) > 1e-12 * max(1.0, self.eps):

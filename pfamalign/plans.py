@@ -53,7 +53,8 @@ class PairPlan:
         col_high = (1 + tol) * max(1.0, 1 / ratio)
         mean_row = float(rows.mean()) if len(rows) else 1.0
         entries = plan.ravel()[:-1]  # all but the dustbin corner (a capacity plan's may be > 1)
-        checks = [("negative mass", plan.min(initial=0.0) < -tol),
+        # every engine's plan is an exponential (or a mean of them): any negative entry is a bug
+        checks = [(f"negative mass ({plan.min(initial=0.0):.3g})", plan.min(initial=0.0) < 0),
                   (f"an entry of {entries.max(initial=0.0):.3g}", entries.max(initial=0.0) > 1 + tol)]
         if marginals:
             checks += [(f"a key column of mass {cols.max(initial=0.0):.3g}", cols.max(initial=0.0) > col_high),

@@ -220,6 +220,10 @@ def test_engine_plans_are_checked_for_overflow_not_for_their_marginals():
     with pytest.raises(ValueError, match="query row"):
         PairPlan(plan).check()
     PairPlan(plan).check(marginals=False)
+    plan[2, 2] = -1e-4  # no engine's plan can hold one (each is an exponential or a mean of them)
+    with pytest.raises(ValueError, match="negative mass"):
+        PairPlan(plan).check(marginals=False)
+    plan[2, 2] = 0.0
     plan[1, 1] = np.inf
     with pytest.raises(ValueError, match="not finite"):
         PairPlan(plan).check(marginals=False)

@@ -125,11 +125,14 @@ def test_residue_string_naming_a_file_is_read_as_residues_with_a_warning(tmp_pat
 
 @pytest.mark.parametrize("kw", [dict(eps=1e-6), dict(eps=float("nan")), dict(eps=float("inf")),
                                 dict(base_steps=0, tail_steps=0), dict(tail_steps=2.5),
-                                dict(base_steps=10 ** 9), dict(half_band=True)])
+                                dict(base_steps=10 ** 9), dict(half_band=True),
+                                dict(marginals="rows", tol=1e-6, max_steps=10 ** 9),
+                                dict(marginals="rows", tol=1e-6, max_steps=True),
+                                dict(base_steps=4, eps_schedule=((1e7, 2), (1.0, 2)))])
 def test_meaningless_transport_settings_are_refused(kw):
     from pfamalign.kernels import TransportConfig
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="eps|steps|half_band"):
         TransportConfig(**{"half_band": 8, **kw})
 
 
