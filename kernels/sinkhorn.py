@@ -263,6 +263,14 @@ def extended_scores(ops: BandOps, spec: Spec, flat: Flat, eps):
     return band, spoke_scores(flat, spec, scale)
 
 
+def at_eps(ops: BandOps, dots, raw_spk: Spokes | None, inv_eps):
+    """The band and spokes of ``extended_scores(..., 1.0)`` at temperature ``1 / inv_eps``. The
+    one way every step, the output and the backward scale them: the backward's plan must be the
+    forward's to the last bit, or at cold scores (|S| / eps in the hundreds) the adjoint's
+    cancellations against the forward's output fail by u |S| / eps."""
+    return ops.rescale(dots, inv_eps), None if raw_spk is None else Spokes(*(x * inv_eps for x in raw_spk))
+
+
 def step_eps(cfg: TransportConfig, tail_steps: int | None = None, *, base: bool = True) -> np.ndarray:
     """The eps of every full step: the base stages (unless ``base=False``), then the tail at
     ``cfg.eps``."""
@@ -325,8 +333,7 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.
     one_eps = n > 0 and bool(np.all(eps == eps[0]))
 
     def at(inv_eps):
-        spk = None if raw_spk is None else Spokes(*(x * inv_eps for x in raw_spk))
-        return ops.rescale(dots, inv_eps), spk
+        return at_eps(ops, dots, raw_spk, inv_eps)
 
     fixed = at(float(1.0 / eps[0])) if one_eps else None
 
@@ -445,8 +452,7 @@ def solve(spec: Spec, flat: Flat):
     n, lp1 = flat.q.shape[0], flat.q.shape[1] + 1
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
     t, r = cfg.base_steps, cfg.tail_steps
-    band = ops.rescale(dots, 1.0 / cfg.eps)
-    spk = None if raw_spk is None else Spokes(*(x / cfg.eps for x in raw_spk))
+    band, spk = at_eps(ops, dots, raw_spk, float(1.0 / cfg.eps))
     keep = None if spec.history else r  # the history needs every step's potentials
     if cfg.tol is not None:
         u_b, v_b, steps, (hu, hv) = _base_to_tol(ops, band, spk, sup, cfg.tol, cfg.max_steps, zeros)
@@ -763,7 +769,11 @@ def _fwd(spec, flat):
 def _bwd(spec, res, cotangents):
     flat, sol, out, kept = res
     g_out, g_logp, _, _ = cotangents  # the history's and the stats' cotangents are ignored
-    band, spk = kept if kept is not None else extended_scores(make_ops(spec), spec, flat, spec.cfg.eps)
+    if kept is not None:
+        band, spk = kept
+    else:  # recomputed as the forward computed it (at_eps), so that the plans are the same
+        ops = make_ops(spec)
+        band, spk = at_eps(ops, *extended_scores(ops, spec, flat, 1.0), float(1.0 / spec.cfg.eps))
     grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)
     return (Flat(*grads, None, None, None),)
 
