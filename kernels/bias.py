@@ -55,7 +55,7 @@ class TailBiasRow(NamedTuple):
 
 
 class TailBiasCertificate(NamedTuple):
-    """Per-R rows and the certified tail depth (first R with ``bias_norm <= tol``, or None)."""
+    """Per-R rows and the certified tail depth (the smallest R with ``bias_norm <= tol``, or None)."""
 
     rows: tuple[TailBiasRow, ...]
     tol: float
@@ -149,7 +149,11 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
         raise ValueError(f"g_out must have the output's shape [B, H, Lq, dv]={want}, got {jnp.shape(g_out)}")
     inputs = (q, k, v, None if config.dustbin == "none" else tokens)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    base_cfg = dataclasses.replace(config, tail_steps=0, impl="xla")  # one _bias compile for all R
+    if config.base_steps == 0 and depths[0] == 0:
+        raise ValueError("with base_steps=0 a tail depth of 0 leaves no step to certify (T + R >= 1): "
+                         "drop 0 from tail_depths")
+    # one _bias compile for all R; none at T = 0 (T + R = 0 is no config, and there is no base)
+    base_cfg = dataclasses.replace(config, tail_steps=0) if config.base_steps else None
     rows = []
     for r in depths:
         cfg = dataclasses.replace(config, tail_steps=int(r))

@@ -95,6 +95,21 @@ def test_identity_float32(dustbin):
     assert row.residual <= 1e-5 * row.grad_norm, row
 
 
+def test_no_base_steps_certify_zero_bias():
+    """T = 0: the base is the constant zero potential, so the stopped gradient is the full one:
+    every bias and gap is 0 and the smallest depth certifies; depth 0 (no step at all) is
+    refused by name."""
+    q, k, v, _, w = make_inputs(1, 1, 10, 10, 8, 4, seed=3)
+    ql = kl = jnp.array([10])
+    cfg = TransportConfig(half_band=3, base_steps=0, tail_steps=1, blocks=BlockSizes(8))
+    cert = tail_bias_certificate(q, k, v, ql, kl, config=cfg, g_out=w, tail_depths=(1, 2))
+    assert [row.tail_steps for row in cert.rows] == [1, 2] and cert.certified_depth == 1
+    for row in cert.rows:
+        assert row.bias_norm == 0.0 and row.gap_norm <= 1e-6 * row.grad_norm and row.grad_norm > 0, row
+    with pytest.raises(ValueError, match="base_steps=0.*tail depth of 0"):
+        tail_bias_certificate(q, k, v, ql, kl, config=cfg, g_out=w, tail_depths=(0, 1))
+
+
 def test_errors():
     q, k, v, tokens, w = make_inputs(1, 1, 10, 10, 8, 4)
     ql = kl = jnp.array([10])
