@@ -17,7 +17,8 @@ from pfamalign.kernels.sinkhorn import Flat, Spec, banded_transport
 
 
 class Potentials(NamedTuple):
-    """Centered potentials after each of the T + R full steps (base then tail).
+    """Centered potentials after each of the T + R full steps (base then tail; ``max_steps + R``
+    with ``tol``).
 
     ``u[..., t, :Lq]`` are the query rows and ``u[..., t, Lq]`` the dustbin row (0 without a
     dustbin); likewise ``v`` with the dustbin column at ``Lk``. Potentials are in units of the
@@ -150,7 +151,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
     Args:
       q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
       q_len, k_len: ``[B]`` true lengths; positions beyond them are inactive padding.
-      tokens: learned dustbin tokens for the ``widened`` and ``spoke`` modes.
+      tokens: learned dustbin tokens, for every dustbin mode but ``none``.
       config: a TransportConfig; or pass its fields as keywords (``half_band=64, eps=0.5``).
       targets: optional ``[B, Lq]`` int: each query row's target key (``Lk`` = the dustbin
         column, -1 = none). Their log plan entries are returned, differentiably, computed in

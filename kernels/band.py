@@ -50,7 +50,7 @@ def make_geometry(length: int, half_band: int, block: int | None = None, *,
     """Tiling for a padded problem of at least ``length`` rows and columns.
 
     With ``block=None``: one dense tile when the band covers the whole problem (the band then
-    costs nothing extra), else 128-wide tiles. With ``pallas=True`` the choice is legal for
+    costs nothing extra) or the length is at most 128, else 128-wide tiles. With ``pallas=True`` the choice is legal for
     both kernel wrappers: a single power-of-two tile (>= 16) when the length fits in 128
     (Triton wants powers of two; Mosaic accepts a block equal to the full padded length), else
     128 (the TPU lane width) even for a full band, since a dense tile must fit in VMEM.

@@ -36,25 +36,27 @@ class XlaBandOps(BandOps):
     """The ``BandOps`` primitives on a resident band of score tiles."""
 
     resident_band = True  # the tiles are in memory: a plan can be kept and reused
-    takes_shift = True  # one pass with the caller's shift (and its checked fallback) ...
+    takes_shift = True  # declares the protocol's flag; each instance sets its own below
 
     def __init__(self, geom: BandGeometry, *, shifted_lse: bool = True):
         self.g = geom
-        self.takes_shift = shifted_lse  # ... or, False, a max pass and a sum pass
+        # True: one pass with the caller's shift (and its checked fallback); False
+        # (TransportConfig.branch_free): a max pass and a sum pass
+        self.takes_shift = shifted_lse
 
     # ---- layout helpers -------------------------------------------------------------------
     def _blocks(self, x):  # [N, Lp, ...] -> [N, nI, b, ...]
         g = self.g
         return x.reshape(x.shape[:1] + (g.n_blocks, g.block) + x.shape[2:])
 
-    def _ext_blocks(self, x, fill=0.0):  # [N, Lp, ...] -> [N, nI + 2 wb, b, ...] (padded keys)
+    def _ext_blocks(self, x):  # [N, Lp, ...] -> [N, nI + 2 wb, b, ...] (keys padded with 0)
         g = self.g
         pad = [(0, 0), (g.wb * g.block, g.wb * g.block)] + [(0, 0)] * (x.ndim - 2)
-        xe = jnp.pad(x, pad, constant_values=fill)
+        xe = jnp.pad(x, pad)
         return xe.reshape(x.shape[:1] + (g.n_blocks + 2 * g.wb, g.block) + x.shape[2:])
 
-    def _windows(self, x, fill=0.0):  # [N, Lp] -> [n_diag, N, nI, b]: key vector per tile
-        xe = self._ext_blocks(x, fill)
+    def _windows(self, x):  # [N, Lp] -> [n_diag, N, nI, b]: key vector per tile
+        xe = self._ext_blocks(x)
         return jnp.stack([xe[:, kb : kb + self.g.n_blocks] for kb in range(self.g.n_diag)])
 
     def _fold(self, part, reduce):
@@ -86,7 +88,7 @@ class XlaBandOps(BandOps):
         mask = (
             jnp.asarray(g.band_mask())[:, None, None]
             & self._blocks(row_active)[None, :, :, :, None]
-            & self._windows(col_active, False)[:, :, :, None, :]
+            & self._windows(col_active)[:, :, :, None, :]
         )
         return Band(jnp.where(mask, tiles * scale, -jnp.inf))
 

@@ -152,8 +152,9 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
 class BlockSizes:
     """Tile edge of the banded layout (rows and columns alike).
 
-    ``block=None`` picks a size from the problem: one dense tile when the band covers the
-    whole padded length, else 128 (TPU lane width; also a good CPU tile).
+    ``block=None`` picks a size from the problem (``band.make_geometry``): one dense tile when
+    the band covers the whole padded length or it is at most 128, else 128 (TPU lane width;
+    also a good CPU tile); the Pallas paths take a power of two >= 16 up to 128.
     """
 
     block: int | None = None
@@ -215,7 +216,7 @@ class TransportConfig:
       max_steps: the base's step limit when ``tol`` is set.
       branch_free: False (the default, fastest on CPU): the XLA path's steps run in the
         scaling domain (one multiply-add per band entry and half step, the reference plan
-        rebuilt behind a ``lax.cond`` when the potentials drift) or, where it cannot, in the
+        rebuilt in a loop of zero or one trip when the potentials drift) or, where it cannot, in the
         log domain with one-pass log-sum-exps stabilized by the previous step (the exact form
         behind a ``lax.cond`` when a line drifted). True: log-domain steps whose log-sum-exps
         take a max pass and a sum pass, so the fixed-step loop holds no branch: on a GPU every
@@ -350,8 +351,7 @@ class TransportConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-able fields (a model directory's config.json stores them)."""
-        out = dataclasses.asdict(self)
-        out["blocks"] = {"block": self.blocks.block}
+        out = dataclasses.asdict(self)  # blocks too: {"block": ...}
         if self.eps_schedule is not None:
             out["eps_schedule"] = [list(s) for s in self.eps_schedule]
         return out

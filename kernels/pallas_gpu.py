@@ -1,6 +1,7 @@
 """GPU (Triton) wrapper of the banded kernels: one row block per program, band tiles in a loop.
 
-Grid ``(N, nI)``: GPU programs run in parallel, so each one owns a row block and walks its key
+Grid ``(N, nI)`` (the one-pass kernels: ``(N, Lp / G)`` row groups and ``(N, nI + 2 wb)`` key
+blocks): GPU programs run in parallel, so each one owns a row block and walks its key
 blocks ``max(I - wb, 0) .. min(I + wb, nI - 1)`` in a ``fori_loop`` with the running state
 (online LSE or the product accumulator) as the loop carry. The problem's keys stay in global
 memory and are sliced one tile at a time; each tile's scores are recomputed from q and k.
@@ -17,7 +18,8 @@ GPU the recomputation runs at fp32 without tensor cores, 64 FMAs an entry for d 
 of ~40 passes). The stored band is ``[N, Lp, n_diag b]``: row i holds its row block's key
 blocks ``I - wb .. I + wb`` side by side (``-inf`` off the band, on inactive lines and on key
 blocks off the problem). "rows" walks a row block's own band row; "cols" walks a key block's
-tiles down the band and transposes each, so that the column primitives run the row kernels.
+tiles down the band: the column LSE and vector product reduce each tile along its rows as it
+is, the products with dots transpose it.
 The gradient's modulated plan ``D = P ∘ <x_i, z_j>`` is stored the same way by the row product
 that computes it (``stored_product(keep_band=True)``) and walked as it is
 (``stored_linear_product``).
@@ -117,8 +119,8 @@ def _key_range(i_blk, geom: BandGeometry):
     return jnp.maximum(i_blk - geom.wb, 0), jnp.minimum(i_blk + geom.wb + 1, geom.n_blocks)
 
 
-# Band tiles a trip of the streaming walks (``STREAMING_KERNELS``: the stored band's LSE walks
-# and its row vector product), whose loads are in flight together. Such a walk is bound by its
+# Band tiles a trip of the streaming walks (``STREAMING_KERNELS``: the fused half steps, the
+# stored band's column LSE and its row vector product), whose loads are in flight together. Such a walk is bound by its
 # band's bytes, and
 # a program (4 warps, 32-wide f32 tiles) with one 4 KB tile in flight keeps L x 4 x 32 bytes in
 # flight over the GPU (2 MB at L 16384) where an H100's 3.35 TB/s over its ~1 us loaded latency
@@ -716,10 +718,10 @@ def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry,
 
 
 def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dots: str, linear: bool = False,
-                    keep_band: bool = False, tiles: int = 1):
+                    tiles: int = 1):
     """Refs: the source's two (one with ``linear``: the band of plan entries itself), the line
-    and walk offsets (not with ``linear``), y, x and z (``modulated``), the output and, with
-    ``keep_band``, the modulated plan's band (rows only)."""
+    and walk offsets (not with ``linear``), y, x and z (``modulated``), the output and, when the
+    call keeps it (``_product(keep_band=True)``), the modulated plan's band (rows only)."""
     refs = list(refs)
     take = lambda n: [refs.pop(0) for _ in range(n)]
     ref0, ref1 = (take(1)[0], None) if linear else take(2)
@@ -809,7 +811,7 @@ def _product(source: str, first, second, row_off, col_off, y, x, z, geom: BandGe
     name = kernel_name(source, "product", linear=linear, modulated=modulated, vector=vector, keep_band=keep_band)
     out = _call(
         functools.partial(_product_kernel, geom=geom, modulated=modulated, source=source,
-                          dots=_dot_mode(dots, interpret), linear=linear, keep_band=keep_band,
+                          dots=_dot_mode(dots, interpret), linear=linear,
                           tiles=tiles_a_trip(name)), geom, launch,
         in_specs=specs, out_spec=out_spec, out_shape=out_shape, interpret=interpret, name=name,
     )(*operands)

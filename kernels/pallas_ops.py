@@ -2,7 +2,7 @@
 
 ``PallasBandOps`` implements ``band_ops.BandOps`` (as ``XlaBandOps`` does) but keeps no
 score band: ``scores`` and ``plan`` return lazy handles of O(L) vectors, and every LSE or plan
-product recomputes its score tiles from q and k inside a kernel. Two kernels cover all five
+product recomputes its score tiles from q and k inside a kernel. Two kernels cover its
 compute primitives:
 
 - ``band_lse(q, k, c)``: ``LSE_j (<q_i, k_j> + c_j)`` over the band;
@@ -10,9 +10,11 @@ compute primitives:
 
 ``StoredBandOps`` (``TransportConfig.resident_scores``; Triton and interpret mode only) is
 the same backend with ``scores`` storing the masked band once (``pallas_gpu.band_scores``:
-O(L W) memory, as the XLA path) and the two primitives reading its tiles (``stored_lse``,
-``stored_product``) instead of recomputing ``<q_i, k_j>`` in every pass; its handles stay
-lazy in the scale and the potentials.
+O(L W) memory, as the XLA path) and its kernels reading the tiles (``stored_lse``,
+``stored_product``, ``stored_linear_product``, and the fused steps' ``stored_row_half`` /
+``stored_col_half`` / ``stored_one_pass_rows`` / ``stored_one_pass_combine``) instead of
+recomputing ``<q_i, k_j>`` in every pass; its handles stay lazy in the scale and the
+potentials.
 
 Activity masks become ``-inf`` offsets, the score scale is folded into q (one multiply per
 row instead of one per tile entry), and the column primitives are the row kernels on the
@@ -134,9 +136,8 @@ class PallasBandOps(BandOps):
     resident_band = False
     takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str = "auto",
                  dots: str = "ieee"):
-        wrapper = wrapper or "auto"
         if wrapper != "auto" and wrapper not in WRAPPERS:
             raise ValueError(f"wrapper must be one of {['auto', *sorted(WRAPPERS)]}, got {wrapper!r}")
         self.g = geom
@@ -177,9 +178,9 @@ class PallasBandOps(BandOps):
         return self.wrapper if self.wrapper != "auto" else (CPU_WRAPPER if kind == "cpu" else kind)
 
     def _kernel(self, name: str, **static) -> Callable:
-        """Kernel ``name`` ("band_lse", "band_product"; StoredBandOps: "band_scores",
-        "stored_lse", "stored_product") of the lowering platform's wrapper, with ``static``
-        keywords."""
+        """Kernel function ``name`` of the lowering platform's wrapper module ("band_lse",
+        "band_product"; StoredBandOps: "band_scores" and the ``stored_*`` kernels), with
+        ``static`` keywords."""
         fns = {}
         for platform in PLATFORMS:
             if (choice := self.branch(platform)) is not None:
@@ -250,7 +251,7 @@ class StoredBandOps(PallasBandOps):
     recomputation runs on the matrix unit; there is no TPU branch, and lowering for "tpu"
     fails. Arguments as ``PallasBandOps``."""
 
-    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str | None = "auto",
+    def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str = "auto",
                  dots: str = "ieee"):
         if wrapper == "tpu":
             raise ValueError("resident scores have GPU (Triton) kernels only: use wrapper 'gpu' or 'auto'")

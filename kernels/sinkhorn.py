@@ -53,7 +53,7 @@ class Flat(NamedTuple):
     tv: jax.Array  # [N, dv]  dustbin column value
     row_active: jax.Array  # [N, Lp] bool
     col_active: jax.Array  # [N, Lp] bool
-    target: jax.Array  # [N, Lp] int32: column of each row's target entry (Lp = dustbin), -1 none
+    target: jax.Array  # [N, Lp] int32: each row's target column (the dustbin: Lp with spokes, lmax widened), -1 none
 
 
 class Spokes(NamedTuple):
@@ -230,7 +230,7 @@ def marginal_errors(ops, band, spk: Spokes, sup: Support, u, v):
 
 
 def _full_step(ops, band, spk, sup: Support, v, u_prev):
-    """One centered Sinkhorn step from (u_prev, v): returns (û, u, v).
+    """One Sinkhorn step from (u_prev, v), centered when the problem is balanced: returns (û, u, v).
 
     The previous potentials only stabilize the log-sum-exps (the step depends on v alone).
     """
@@ -319,7 +319,7 @@ def _scan_keeping(step, carry, n: int, keep: int, xs=None, *, unroll: bool = Fal
 
 def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.ndarray, u, v, *,
               keep: int | None = None, unroll: bool = False):
-    """Full centered steps from (u, v), step t at temperature ``eps[t]``.
+    """Full steps from (u, v) (centered when balanced), step t at temperature ``eps[t]``.
 
     ``dots`` and ``raw_spk`` are the scores at eps = 1. Potentials are carried across a change
     of eps at fixed eps * potential. Returns ((u, v) before the kept steps, their (û, u, v),
@@ -630,7 +630,8 @@ def _half_step_weights(sup: Support, sol: Solution):
 def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products, unroll: bool):
     """The recursion r = R..1 of the module docstring, for either schedule: ``products(xs[r])``
     gives ``y -> B^r y`` and ``y -> A^{rT} y`` (``unroll``: straight-line steps). Returns eta
-    (the adjoint of v^0) and the stacked ``α_r / a``, ``β_r / b`` ``[R, N, Lp + 1]``."""
+    (the adjoint of v^0) and the stacked α_r, β_r ``[R, N, Lp + 1]`` (already divided by the
+    targets: ``_half_step_weights``)."""
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
     # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
     # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin; see
