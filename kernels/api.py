@@ -164,10 +164,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
       ``O [B, H, Lq, dv]`` (rows without support are 0); a ``TransportResult`` instead when
       targets, potentials or stats are requested.
     """
-    if config is None:
-        config = TransportConfig(**settings)
-    elif settings:
-        raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
+    config = _config(config, settings)
     check_inputs(q, k, v, q_len, k_len, tokens, config)
     config = config.resolved(length=max(q.shape[2], k.shape[2]))
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
@@ -194,8 +191,7 @@ def transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = None, *,
     densely by the reference solver; no gradient. Memory Lq x Lk per pair and head.
     ``scaling_transport_plan`` computes it several times faster where float32 allows.
     """
-    if config is None:
-        config = TransportConfig(**settings)
+    config = _config(config, settings)
     q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
     return jax.lax.stop_gradient(reference_solve(q, k, v, q_len, k_len, tokens, config)[0])
 
@@ -229,6 +225,16 @@ def scaling_plan_of_scores(dots, q_len, k_len, *, config: TransportConfig):
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
     plan, safe = scaling_solve(dots, *dense_constraints(q_len, k_len, lq, lk, config, dots.dtype), config)
     return jax.lax.stop_gradient(plan), safe
+
+
+def _config(config: TransportConfig | None, settings: dict) -> TransportConfig:
+    """The config given, or one built from keyword settings; both at once is an error (the
+    settings would be silently ignored)."""
+    if config is None:
+        return TransportConfig(**settings)
+    if settings:
+        raise ValueError(f"pass either config or settings, not both (got {sorted(settings)})")
+    return config
 
 
 def _plan_inputs(q, k, q_len, k_len, tokens, config):

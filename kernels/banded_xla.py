@@ -16,14 +16,7 @@ import jax.numpy as jnp
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
 from pfamalign.kernels.config import einsum as _einsum
-
-
-def _log_or_neg_inf(ssum):
-    """``log(ssum)`` with -inf for empty sums, and a zero (not NaN) cotangent there: the
-    banded primitives stay differentiable by autodiff (the bias certificate differentiates
-    the base solve through them)."""
-    pos = ssum > 0
-    return jnp.where(pos, jnp.log(jnp.where(pos, ssum, 1.0)), -jnp.inf)
+from pfamalign.kernels.config import log_or_neg_inf
 
 
 class Band(NamedTuple):
@@ -108,7 +101,7 @@ class XlaBandOps(BandOps):
             shift = self._blocks(shift)
         shift = jax.lax.stop_gradient(shift)  # the result does not depend on it
         ssum = jnp.sum(jnp.exp(x - shift[None, ..., None]), axis=(0, 4))
-        return (_log_or_neg_inf(ssum) + shift).reshape(shift.shape[0], -1)
+        return (log_or_neg_inf(ssum) + shift).reshape(shift.shape[0], -1)
 
     def col_lse(self, band: Band, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)``: as ``row_lse``, the partial sums folded onto key blocks."""
@@ -118,7 +111,7 @@ class XlaBandOps(BandOps):
             shift = jnp.where(jnp.isfinite(mx), mx, 0.0)
         shift = jax.lax.stop_gradient(shift)  # the result does not depend on it
         ssum = self._fold(jnp.sum(jnp.exp(x - self._windows(shift)[:, :, :, None, :]), axis=3), jnp.add)
-        return _log_or_neg_inf(ssum) + shift
+        return log_or_neg_inf(ssum) + shift
 
     # ---- plans and their products ---------------------------------------------------------
     def plan(self, band: Band, row_pot, col_pot) -> Band:

@@ -34,6 +34,14 @@ def damp(x, kappa: float):
     return x if kappa == 1.0 else (jnp.zeros_like(x) if kappa == 0.0 else kappa * x)
 
 
+def log_or_neg_inf(ssum):
+    """``log(ssum)`` with -inf for empty sums, and a zero (not NaN) cotangent there: the
+    banded steps stay differentiable by autodiff (the bias certificate differentiates the base
+    solve through them)."""
+    pos = ssum > 0
+    return jnp.where(pos, jnp.log(jnp.where(pos, ssum, 1.0)), -jnp.inf)
+
+
 # Largest |log(sum)| accepted from a shifted one-pass log-sum-exp (the XLA path's per call, the
 # fused Triton half steps' per program): the sum then lies in [e^-60, e^60] (times at most 2^13
 # terms), far from float32 overflow and from underflow of its leading terms.

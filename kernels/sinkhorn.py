@@ -39,7 +39,7 @@ import numpy as np
 
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import SAFE_LOG, TransportConfig, einsum, marginal_error, potential
+from pfamalign.kernels.config import SAFE_LOG, TransportConfig, einsum, log_or_neg_inf, marginal_error, potential
 
 
 class Flat(NamedTuple):
@@ -165,7 +165,7 @@ def _lse_last(x):
     mx = jax.lax.stop_gradient(jnp.max(x, -1))
     mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
     s = jnp.sum(jnp.exp(x - mx[:, None]), -1)
-    return jnp.where(s > 0, jnp.log(jnp.where(s > 0, s, 1.0)), -jnp.inf) + mx
+    return log_or_neg_inf(s) + mx
 
 
 def _logaddexp(a, b):
@@ -369,14 +369,12 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
     """
     keep = n_steps if keep is None else keep
     first = _full_step(ops, band, spk, sup, v, u)
-    log = lambda x: jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), -jnp.inf)
 
     def step(carry, _):
         u_c, v_c, p, u0, v0 = carry
-        rows = _ext_rows(ops, p, jnp.exp(v_c - v0)[..., None])[..., 0]
-        u_hat = potential(sup.log_rows, log(rows) - u0, sup.kappa_rows)
-        cols = _ext_cols(ops, p, jnp.exp(u_hat - u0)[..., None])[..., 0]
-        v_hat = potential(sup.log_cols, log(cols) - v0, sup.kappa_cols)
+        p_rows, p_cols = _products(ops, p)
+        u_hat = potential(sup.log_rows, log_or_neg_inf(p_rows(jnp.exp(v_c - v0))) - u0, sup.kappa_rows)
+        v_hat = potential(sup.log_cols, log_or_neg_inf(p_cols(jnp.exp(u_hat - u0))) - v0, sup.kappa_cols)
         u_c, v_c = _center(sup, u_hat, v_hat)
         drift = jnp.maximum(jnp.max(jnp.where(sup.rows, jnp.abs(u_c - u0), 0.0)),
                             jnp.max(jnp.where(sup.cols, jnp.abs(v_c - v0), 0.0)))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport
+from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport, transport_plan
 from pfamalign.kernels.band import active_entries, make_geometry
 
 GRAD_ATOL = 1e-5  # float32, absolute, as the issue requires
@@ -430,6 +430,10 @@ def test_input_errors():
         transport(q, k, v, ql, kl, tokens._replace(v=tokens.v[:, :2]), half_band=3, dustbin="spoke")
     with pytest.raises(ValueError, match="empty sequence axis"):
         transport(q[:, :, :0], k, v, ql * 0, kl, half_band=3)
+    cfg = TransportConfig(half_band=3)
+    for op, args in ((transport, (q, k, v, ql, kl)), (transport_plan, (q, k, ql, kl))):
+        with pytest.raises(ValueError, match="either config or settings"):  # eps would be ignored
+            op(*args, config=cfg, eps=0.5)
 
 
 @pytest.mark.parametrize("dustbin", ["spoke", "widened", "none", "capacity"])
@@ -465,7 +469,6 @@ def test_target_log_plan_and_its_gradient_match_reference(dustbin):
 
 
 def test_dense_plan_is_the_plan_the_op_applies():
-    from pfamalign.kernels import transport_plan
 
     cfg = TransportConfig(half_band=4, eps=0.8, base_steps=6, tail_steps=2, dustbin="spoke", impl="xla",
                           blocks=BlockSizes(8))
@@ -481,7 +484,6 @@ def test_dense_plan_is_the_plan_the_op_applies():
 def test_capacity_dustbin_marginals():
     """Capacity mode is balanced: real rows and columns carry 1, the dustbin row carries the
     active key count and the dustbin column the active query count; rows converge too."""
-    from pfamalign.kernels import transport_plan
 
     cfg = TransportConfig(half_band=6, eps=1.0, base_steps=300, tail_steps=2, dustbin="capacity", impl="xla",
                           blocks=BlockSizes(8))
