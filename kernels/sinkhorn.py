@@ -398,8 +398,10 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
 def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
                     unroll: bool = False, one_pass: bool = False):
     """``run_steps`` at one eps without a dustbin, each step two kernels that compute the
-    potentials and the centering themselves (``TransportConfig.fused_steps``; the stored-band
-    backend's ``row_half_step`` / ``col_half_step``). The carry is ``[N, Lp]``: without a
+    potentials and the centering themselves (``TransportConfig.fused_steps``). ``ops`` must be
+    the stored-band backend (``pallas_ops.StoredBandOps``): ``row_half_step``,
+    ``col_half_step``, ``one_pass_step`` and ``one_pass_pad`` are its own, outside the
+    ``BandOps`` protocol. The carry is ``[N, Lp]``: without a
     dustbin the extended slot of every potential is 0. Same steps as ``run_steps`` up to
     rounding (the centering constant is summed per row block); returns as ``run_steps``.
     ``one_pass``: each step reads the band once (``one_pass_step``), the carry padded as it
