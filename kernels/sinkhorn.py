@@ -96,7 +96,7 @@ class Spec(NamedTuple):
 
     cfg: TransportConfig
     geom: BandGeometry
-    has_dustbin: bool  # spokes present (modes spoke and capacity)
+    has_spokes: bool  # the dustbin spokes are present (modes spoke and capacity; widened has none)
     history: bool
     capacity: bool = False  # dustbin marginals = the other side's active length
     stats: bool = False  # also return (steps, row error, column error) of the output plan
@@ -134,8 +134,8 @@ def support(flat: Flat, spec: Spec) -> Support:
     band_rows = _band_has_entry(flat.row_active, flat.col_active, w)
     band_cols = _band_has_entry(flat.col_active, flat.row_active, w)
     rows, cols = band_rows, band_cols
-    db = jnp.full(rows.shape[:1] + (1,), spec.has_dustbin)
-    if spec.has_dustbin:
+    db = jnp.full(rows.shape[:1] + (1,), spec.has_spokes)
+    if spec.has_spokes:
         rows, cols = rows | flat.row_active, cols | flat.col_active
     log_rows = jnp.zeros(rows.shape[:1] + (rows.shape[1] + 1,), flat.q.dtype)
     log_cols = jnp.zeros_like(log_rows)
@@ -151,7 +151,7 @@ def spoke_scores(flat: Flat, spec: Spec, scale) -> Spokes | None:
     """The dustbin spokes' scores; None without a dustbin (no spoke: every step, plan and
     product skips the spoke terms, which would be -inf scores and 0 plan entries, in O(L)
     passes and reductions that are kernel launches of their own on a GPU)."""
-    if not spec.has_dustbin:
+    if not spec.has_spokes:
         return None
     col = einsum("nid,nd->ni", flat.q, flat.tk) * scale
     row = einsum("nd,njd->nj", flat.tq, flat.k) * scale
@@ -562,7 +562,7 @@ def _target_entries(spec: Spec, flat: Flat):
     lp = flat.q.shape[1]
     t = flat.target
     tc = jnp.clip(t, 0, lp)
-    col_ok = jnp.where(t == lp, spec.has_dustbin,
+    col_ok = jnp.where(t == lp, spec.has_spokes,
                        jnp.take_along_axis(flat.col_active, jnp.minimum(tc, lp - 1), -1)
                        & (jnp.abs(tc - jnp.arange(lp)) <= spec.geom.half_band))
     valid = (t >= 0) & flat.row_active & col_ok
@@ -736,7 +736,7 @@ def adjoint(spec: Spec, flat: Flat, sol: Solution, band, spk, out, g_out, g_logp
         dq_ext = dq_ext.at[:, :-1].add(scale * g_t[..., None] * k_t)
         dk_ext = jax.vmap(lambda dk, t, x: dk.at[t].add(x))(dk_ext, tc, scale * g_t[..., None] * flat.q)
     grads = (dq_ext[:, :-1], dk_ext[:, :-1], dv_ext[:, :-1], dq_ext[:, -1], dk_ext[:, -1], dv_ext[:, -1])
-    if not spec.has_dustbin:
+    if not spec.has_spokes:
         grads = grads[:3] + tuple(jnp.zeros_like(g) for g in grads[3:])
     return grads, eta
 
