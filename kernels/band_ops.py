@@ -31,9 +31,10 @@ class BandOps(Protocol):
     # The capability flags: a backend sets both as plain attributes.
     @property
     @abc.abstractmethod
-    def resident_band(self) -> bool:
-        """The score band is held in memory, so a plan can be kept and reused across steps
-        (``sinkhorn.run_steps_scaling``); False when scores are recomputed per product."""
+    def keeps_plans(self) -> bool:
+        """A plan handle holds its entries, so one plan can be kept and reused across steps
+        (``sinkhorn.run_steps_scaling``); False when every product rebuilds its plan tiles
+        (the Pallas backends, the stored band's included)."""
 
     @property
     @abc.abstractmethod

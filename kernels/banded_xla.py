@@ -28,7 +28,7 @@ class Band(NamedTuple):
 class XlaBandOps(BandOps):
     """The ``BandOps`` primitives on a resident band of score tiles."""
 
-    resident_band = True  # the tiles are in memory: a plan can be kept and reused
+    keeps_plans = True  # a plan's tiles are in memory: one plan can be kept and reused
     takes_shift = True  # declares the protocol's flag; each instance sets its own below
 
     def __init__(self, geom: BandGeometry, *, shifted_lse: bool = True):

@@ -133,7 +133,7 @@ class PallasBandOps(BandOps):
 
     # No plan is kept across steps (every product rebuilds its plan tiles from the scores, here
     # and in StoredBandOps), so the scaling-domain solve does not apply.
-    resident_band = False
+    keeps_plans = False
     takes_shift = False  # the kernels' log-sum-exp keeps a running max: exact in one pass
 
     def __init__(self, geom: BandGeometry, interpret: Any = None, *, wrapper: str = "auto",

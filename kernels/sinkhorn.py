@@ -462,7 +462,7 @@ def solve(spec: Spec, flat: Flat):
         if cfg.fused_steps and spk is None and cfg.eps_schedule is None:
             before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
                                            one_pass=cfg.one_pass_steps)
-        elif ops.resident_band and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
+        elif ops.keeps_plans and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
             before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep,
                                              unroll=cfg.unroll)
         else:

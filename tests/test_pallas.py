@@ -615,7 +615,7 @@ def test_every_backend_implements_band_ops(impl):
     spec = Spec(TransportConfig(half_band=3, **impl_variant(impl)), make_geometry(20, 3, pallas=True), False, False)
     ops = make_ops(spec)
     assert isinstance(ops, BandOps)
-    assert type(ops.resident_band) is bool and type(ops.takes_shift) is bool
+    assert type(ops.keeps_plans) is bool and type(ops.takes_shift) is bool
 
 
 @pytest.mark.parametrize("missing", sorted(BandOps.__abstractmethods__))
