@@ -137,7 +137,7 @@ def _base_to_tol(step, errors, u, v, tol: float, max_steps: int):
     return u, v, steps, (jnp.where(done, u, hu), jnp.where(done, v, hv))
 
 
-def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: TransportConfig):
+def reference_solve(q, k, v, q_len, k_len, tokens: DustbinTokens | None, cfg: TransportConfig):
     """Runs the stopped base and the differentiable tail densely.
 
     Returns ``(plan, log_plan, values, (u_hist, v_hist), stats)``: the plan and its log
@@ -146,7 +146,7 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     ``max_steps + R`` steps, see ``_base_to_tol``) and the ``SolveStats``.
     """
     lq, lk = q.shape[2], k.shape[2]
-    tokens = dustbin if cfg.dustbin != "none" else DustbinTokens(None, None, None)
+    tokens = tokens if cfg.dustbin != "none" else DustbinTokens(None, None, None)
     v_ext = extend_with_token(v, tokens.v)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
     kappa, centered = cfg.damping(), cfg.centered()
@@ -197,10 +197,10 @@ def reference_solve(q, k, v, q_len, k_len, dustbin: DustbinTokens | None, cfg: T
     return plan, log_plan, v_ext, hist, SolveStats(steps, row_err, col_err)
 
 
-def reference_transport(q, k, v, q_len, k_len, dustbin, cfg: TransportConfig, targets=None):
+def reference_transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None, cfg: TransportConfig, targets=None):
     """``O = P V`` for the real query rows and ``log P_{i, t_i}`` (targets ``[B, Lq]``, Lk = the
     dustbin column, -1 = none) densely; differentiable by autodiff."""
-    plan, log_plan, v_ext, hist, stats = reference_solve(q, k, v, q_len, k_len, dustbin, cfg)
+    plan, log_plan, v_ext, hist, stats = reference_solve(q, k, v, q_len, k_len, tokens, cfg)
     out = einsum("bhij,bhjv->bhiv", plan[:, :, :-1], v_ext)
     logp = None
     if targets is not None:
