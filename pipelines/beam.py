@@ -90,7 +90,7 @@ def run_ingest(files: Sequence[pathlib.Path], cfg, work: stages.WorkDir,
         if unwrapped is err:
             raise
         raise unwrapped from err
-    return sorted(work.chunks.glob("chunk-*.rec"))
+    return stages.in_stream_order(work.chunks.glob("chunk-*.rec"))
 
 
 def _run_ingest(files, cfg, work, opts) -> None:

@@ -196,6 +196,9 @@ def resolve_esm_weights(name: str, weights: str | os.PathLike | None = None) -> 
     for origin, path in candidates:
         if path.is_dir():
             path = path / f"{name}.pt"
+            if not path.is_file() and origin != "torch hub cache":  # a choice, not a hint: no fallback
+                raise EmbedderError(f"{origin} names the directory {path.parent}, which has no {name}.pt. "
+                                    + _weights_help(name))
         elif not path.exists() and origin != "torch hub cache":
             raise EmbedderError(f"{origin} points to {path}, which does not exist. "
                                 + _weights_help(name))

@@ -254,8 +254,8 @@ def _chunk_units(files: list[pathlib.Path], cfg: PrepareConfig, work: stages.Wor
                 buf = []
             current = chunk
             dup = None
-            if raw.error is None and cfg.skip_bad and raw.key not in seen:
-                raw = check_parses(raw)  # a family that fails to parse claims no key
+            if raw.error is None and cfg.skip_bad:  # every family, as the Beam engine does: a
+                raw = check_parses(raw)  # malformed one claims no key and is reported as malformed
             if raw.error is None:
                 if raw.key in seen:
                     dup = seen[raw.key]

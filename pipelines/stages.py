@@ -43,6 +43,12 @@ def chunk_name(input_index: int, chunk_index: int) -> str:
     return f"chunk-{input_index:04d}-{chunk_index:06d}.rec"
 
 
+def in_stream_order(chunks):
+    """Chunk files (``chunk_name``'s) in stream order: by their numbers, so that chunk-10000-*
+    (a 10,001st input) follows chunk-9999-*, where a sort by name would not."""
+    return sorted(chunks, key=lambda p: tuple(int(x) for x in pathlib.Path(p).stem.split("-")[1:]))
+
+
 def part_name(part: int) -> str:
     return f"part-{part:05d}"
 

@@ -97,6 +97,13 @@ def test_weights_found_by_file_dir_env_and_hub(tiny_esm, tmp_path, monkeypatch):
     assert embed.resolve_esm_weights(name) == hub / tiny_esm.name
     with pytest.raises(embed.EmbedderError, match="must be named 'esm2_t6_8M_UR50D.pt'"):
         embed.resolve_esm_weights("esm2_t6_8M_UR50D", tiny_esm)
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an explicit directory without the file is an error, not a hint: the hub copy is not taken
+    with pytest.raises(embed.EmbedderError, match=f"--weights names the directory .*empty, which has no {name}.pt"):
+        embed.resolve_esm_weights(name, empty)
+    monkeypatch.setenv(embed.WEIGHTS_ENV, str(empty))
+    with pytest.raises(embed.EmbedderError, match=f"PFAMALIGN_ESM_WEIGHTS names the directory .*which has no {name}.pt"):
+        embed.resolve_esm_weights(name)
 
 
 def test_unreadable_weights(tiny_esm, tmp_path):

@@ -362,6 +362,22 @@ def test_malformed_input_names_file_and_line_and_skip_bad_continues(tmp_path):
     assert "skipped:" in res.output and "b_bad.sto:4" in res.output
 
 
+def test_a_malformed_second_copy_of_a_family_is_reported_as_malformed(tmp_path):
+    """--skip-bad: a later copy of an accession already read that does not parse is skipped as
+    malformed Stockholm (what it is, and what the Beam engine, which parses every family, says),
+    not as a duplicate key; a well-formed copy is the duplicate."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    good = "# STOCKHOLM 1.0\n#=GF AC PF66666.1\ns1/1-10  ACDEFGHIKL\ns2/1-10  ACDEFGHIKM\n//\n"
+    (inputs / "a.sto").write_text(good)
+    (inputs / "b.sto").write_text(good.replace("ACDEFGHIKM", "ACDEFG*IKM"))
+    (inputs / "c.sto").write_text(good)
+    s = run_prepare(_cfg(tmp_path / "ds", inputs=[inputs], skip_bad=True), quiet=True).summary
+    assert s["skipped"]["families"] == {"malformed Stockholm": 1, "duplicate family key": 1}
+    errors = "\n".join(s["errors"])
+    assert "b.sto:4: invalid character '*'" in errors and "PF66666.1 already read from" in errors
+
+
 def test_duplicate_family_and_nonstandard_residues(tmp_path):
     odd = tmp_path / "odd.sto"
     odd.write_text("# STOCKHOLM 1.0\n#=GF AC PF66666.1\n"
@@ -451,6 +467,16 @@ def test_pfam_seed_gz_stream(shared_pfam, tmp_path):
         rb = [p for p in reader.iter_pairs(b.out, split) if p["family"] != "PF05371"]
         assert [(p["family"], p["q_id"], p["k_id"]) for p in ra] == \
             [(p["family"], p["q_id"], p["k_id"]) for p in rb]
+
+
+def test_chunks_are_read_in_stream_order_past_ten_thousand_inputs():
+    """The Beam engine globs its chunk files: past 9,999 inputs a sort by name would put
+    chunk-10000 before chunk-1001 (and reorder the shards); the stream order sorts by number."""
+    from pfamalign.pipelines.stages import chunk_name, in_stream_order
+
+    names = [chunk_name(i, c) for i in (999, 1000, 1001, 9999, 10000, 10001) for c in (0, 1)]
+    assert sorted(names) != names  # what a name sort does
+    assert in_stream_order(reversed(names)) == names
 
 
 def test_beam_engine_matches_local(reference, tmp_path):
