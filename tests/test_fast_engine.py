@@ -110,6 +110,20 @@ def test_batched_posteriors_reject_what_does_not_fit():
         batched_match_posteriors(default_pairhmm(), [("A" * 70, "A")], 64, 64)
 
 
+@pytest.mark.parametrize("local", [False, True])
+def test_batched_posteriors_of_a_short_key_on_a_wide_lattice_equal_the_reference(local):
+    """A 300-residue query against a 3-residue key, padded to 320 x 320 (the square pads that
+    ``hmm_posteriors`` uses): with short gaps (extend 0.05) the padded cells' mass grows about
+    20-fold a column; unless zeroed it drove the real cells of every rescaled row to underflow
+    and the posteriors to NaN."""
+    base = _single_hmm()
+    hmm = PairHMM(base.pair_probs, base.background, [0.02], [0.05], 0.1)
+    rng = np.random.default_rng(0)
+    a, b = _random_seq(rng, 300), "MKV"
+    (post,) = batched_match_posteriors(hmm, [(a, b)], 320, 320, local=local)
+    np.testing.assert_allclose(post, match_posteriors(hmm, a, b, local=local), rtol=1e-8, atol=1e-12)
+
+
 def test_numba_posteriors_of_long_pairs_stay_finite():
     """Rows scaled through the transitions: 1,500 rows of strong or weak emissions would leave
     float64's range unscaled (e^(+-5) per row); the posteriors of the reference come back."""

@@ -14,9 +14,11 @@ Differences from the reference, none of which changes the result beyond rounding
   small matrix products on blocks of columns (``_scan``), the gap type the leading axis.
 * **Padding**: a batch of pairs runs on one ``[Pq, B, Pk]`` lattice (query rows outermost: the
   scans' own layout, so no transposes). The forward pass on cells
-  ``(i, j) <= (Lq, Lk)`` does not read beyond them; the backward pass starts its paths only at
-  each pair's own end cell ``(Lq, Lk)`` (locally: at its own cells), so padded cells carry
-  zero backward mass. Results are exact for every pair whatever the padding.
+  ``(i, j) <= (Lq, Lk)`` does not read beyond them, and zeroes the cells past a pair's last
+  column (their mass would grow along the padding and, through the per-row rescaling, drive
+  the real cells to underflow); the backward pass starts its paths only at each pair's own
+  end cell ``(Lq, Lk)`` (locally: at its own cells), so padded cells carry zero backward mass.
+  Results are exact for every pair whatever the padding.
 * **Local** (``local=True``, the segment model): the start and end weights enter each row in
   that row's scaled units (``exp(log_start - c)``, c the running log scale). Every row holds
   at least one fresh start (forward) or end (backward), so the scaled weight stays bounded.
@@ -124,12 +126,20 @@ def _posteriors(p, emit, lq, lk, local=False):
     cols = jnp.arange(w)
     log_start = -(jnp.log(lq.astype(emit.dtype)) + jnp.log(lk.astype(emit.dtype)))  # [B], local
     in_cols = ((cols[None, :] >= 1) & (cols[None, :] <= lk[:, None])).astype(emit.dtype)  # [B, W]
+    # Forward cells past a pair's last column feed no cell of its lattice (every move goes
+    # right or down), but left in, their mass grows along the padding (ratio 1 there) and, as
+    # each row is rescaled by its largest cell, would drive the real cells to underflow: zeroed.
+    lattice = (cols[None, :] <= lk[:, None]).astype(emit.dtype)  # [B, W]
+
+    def forward_row(m, x):  # (M, X, Y) of a row within the lattice, rescaled
+        m, x = m * lattice, x * lattice[None]
+        return rescale(m, x, fwd_y(m, x) * lattice[None])
 
     # row 0: globally the path starts at the origin as if from M, leading key gaps along the
     # row; locally nothing is on row 0 (a segment starts with a pair)
     m0 = jnp.zeros((b, w)) if local else jnp.zeros((b, w)).at[:, 0].set(1.0)
     x0 = jnp.zeros((g, b, w))
-    (m0, x0, y0), c0 = rescale(m0, x0, fwd_y(m0, x0))
+    (m0, x0, y0), c0 = forward_row(m0, x0)
 
     rows = jnp.arange(b)
 
@@ -141,7 +151,7 @@ def _posteriors(p, emit, lq, lk, local=False):
             into = into + jnp.exp(log_start - c)[:, None]
         m_new = jnp.pad(into[:, :-1] * e_row, ((0, 0), (1, 0)))
         x_new = opn * m[None] + dec * x + switch(y)
-        (m_new, x_new, y_new), s = rescale(m_new, x_new, fwd_y(m_new, x_new))
+        (m_new, x_new, y_new), s = forward_row(m_new, x_new)
         ends = (m_new * in_cols).sum(-1) if local else None  # segments ending on this row
         if not local:  # globally Z is every state's mass at the pair's end cell (Lq, Lk)
             at_end = m_new[rows, lk] + x_new[:, rows, lk].sum(0) + y_new[:, rows, lk].sum(0)
