@@ -522,3 +522,11 @@ def test_the_f1_objective_scores_its_alignment_without_the_pair_cost():
         aln = mea_decode(plan, objective="f1", gap_cost=gap)
         unaligned = 9 + 11 - 2 * len(aln.pairs)
         assert aln.score == pytest.approx(plan[aln.pairs[:, 0], aln.pairs[:, 1]].sum() - gap * unaligned)
+
+
+@pytest.mark.parametrize("objective", ["accuracy", "f1"])
+def test_mea_decode_many_of_no_plans_is_empty_and_dustbins_must_match(objective):
+    assert mea_decode_many([], objective=objective) == []
+    plans = [np.full((2, 2), 0.4), np.full((3, 2), 0.3)]
+    with pytest.raises(ValueError, match="row_dustbins must hold one entry"):
+        mea_decode_many(plans, row_dustbins=[None], objective=objective)

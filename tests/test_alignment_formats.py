@@ -361,3 +361,9 @@ def test_local_records_keep_their_mode_through_json():
     nothing = to_pair_text(AlignmentRecord("GGG", "WWW", np.zeros((0, 2), int), local=True), plain=True)
     assert "# Length: 0" in nothing and "# Gaps:           0/0 ( 0.0%)" in nothing  # no region, no blocks
     assert not any(line.startswith(("seq_a ", "seq_b ")) for line in nothing.splitlines())
+
+
+def test_a_confidence_that_is_not_finite_is_refused():
+    """A NaN confidence (a JSON null read back) would print as a 20-character symbol."""
+    with pytest.raises(ValueError, match="confidence must be finite"):
+        AlignmentRecord("MKV", "MKV", [[0, 0], [1, 1]], confidence=[0.5, float("nan")])

@@ -333,3 +333,20 @@ def test_reliability_validation_and_empty():
         reliability(np.zeros((10, 3)))
     empty = reliability(reliability_sums([], np.zeros(0, bool)))
     assert empty["n_pairs"] == 0 and math.isnan(empty["ece"]) and math.isnan(empty["brier"])
+
+
+def test_one_pair_has_a_value_and_no_interval():
+    """A single pair has no spread to resample: its interval is NaN (as a one-group cell of
+    paired_f1_difference), not the zero-width interval a bootstrap of one would give."""
+    out = prf_summary([[3, 4, 5]], n_boot=200)
+    assert out["micro"]["f1"]["value"] == pytest.approx(6 / 9)
+    assert math.isnan(out["micro"]["f1"]["low"]) and math.isnan(out["micro"]["f1"]["high"])
+    two = prf_summary([[3, 4, 5], [1, 4, 5]], n_boot=200)
+    assert two["micro"]["f1"]["low"] < two["micro"]["f1"]["high"]
+
+
+def test_paired_difference_needs_one_identity_per_pair():
+    counts = [[3, 4, 5], [1, 4, 5], [2, 2, 2]]
+    for pid in (40.0, [40.0]):
+        with pytest.raises(ValueError, match="percent_identity must have shape"):
+            paired_f1_difference(counts, counts, pid)

@@ -25,6 +25,7 @@ from pfamalign.alignment import pairhmm
 from pfamalign.alignment.pairhmm import PairHMM, PairHMMMixture, default_pairhmm, match_posteriors
 from pfamalign.alignment import pairhmm_numba
 from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+from pfamalign.decoding import MAX_PLAN_POWER
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -97,12 +98,23 @@ def test_fast_posteriors_of_given_emission_tables_equal_the_reference(hmm, local
         ENGINES[engine](hmm, pairs, log_emissions=tables[:2])
     with pytest.raises(ValueError, match="shape"):  # a table that is not the pair's
         ENGINES[engine](hmm, pairs[:1], log_emissions=[np.zeros((2, 1))])
+    huge = [np.full((len(a), len(b)), 800.0) for a, b in pairs[:1]]  # exp overflows: NaN before
+    with pytest.raises(ValueError, match="within"):
+        ENGINES[engine](hmm, pairs[:1], log_emissions=huge)
+    # the largest odds the plan pair-HMM can give (MAX_PLAN_POWER, a plan entry at its floor)
+    extreme = [pairhmm.plan_log_odds(np.zeros((len(a), len(b))), MAX_PLAN_POWER) for a, b in pairs[:1]]
+    assert np.all(np.isfinite(ENGINES[engine](hmm, pairs[:1], log_emissions=extreme)[0]))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_fast_posteriors_reject_empty_sequences(engine):
     with pytest.raises(ValueError, match="non-empty"):
         ENGINES[engine](default_pairhmm(), [("MKV", "MK"), ("", "A")])
+
+
+def test_no_pairs_have_no_log_likelihood_ratios():
+    for hmm in (_single_hmm(), _mixture()):
+        assert pairhmm_numba.log_likelihood_ratios(hmm, []).shape == (0,)
 
 
 def test_batched_posteriors_reject_what_does_not_fit():

@@ -4,8 +4,12 @@ baselines, evaluation metrics, output formats, plots and certificates.
 Submodules (import what you need; ``plots`` pulls in matplotlib):
 
 * ``pairs``         -- ``PairAlignment``, pair / target conversions, the diagonal reference
-* ``decode``        -- ``mea_decode``: maximum-expected-accuracy alignment of a plan
+* ``decode``        -- ``mea_decode`` (maximum expected accuracy or F1 of a plan; ``mea_decode_many``
+                       for many), ``affine_decode`` and ``hybrid_decode`` (affine gaps)
 * ``pairhmm``       -- a learned pair-HMM: match posteriors by forward-backward, fitting by counting
+* ``pairhmm_numba``, ``pairhmm_batched`` -- the same posteriors, compiled (numba) and batched (XLA)
+* ``numba_jit``     -- when a process starts using numba, and its kernel cache
+* ``prefilter``     -- search's word prefilter
 * ``baselines``     -- Needleman-Wunsch, Smith-Waterman (BLOSUM62, 11/1), diagonal pairs
 * ``metrics``       -- aligned-pair P/R/F1 (micro, macro, bootstrap, identity bins), plan metrics
 * ``formats``       -- pair text, aligned FASTA, Stockholm, CIGAR, JSON

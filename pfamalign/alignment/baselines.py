@@ -190,5 +190,3 @@ def external_align(name: str, seq_a: str, seq_b: str, *, timeout: float = 600.0)
     return PairAlignment(pairs=aligned_fasta_pairs(text), confidence=None, score=float("nan"),
                          query_length=len(a), key_length=len(b))
 
-
-BASELINES = {"needleman_wunsch": needleman_wunsch, "smith_waterman": smith_waterman}

@@ -10,8 +10,8 @@ Projective contraction (seed paper, Prop. 4)
     Range bound: every cross term is at most ``2 Omega_S`` with ``Omega_S = max S - min S``
     over the block, so ``Delta <= 2 Omega_S`` and ``rho_H <= tanh^2(Omega_S / 2)``: a cruder
     certificate that needs only the score range (docs/design.md §6.1).
-    Blocks: query rows in consecutive blocks of ``block_rows`` (128) among the *active* rows
-    (rows with any support); a block's active columns are the union of its rows' supports. The
+    Blocks: query rows in consecutive ranges of ``block_rows`` (128) rows, each keeping its
+    *active* rows (rows with any support: a block may hold fewer); a block's active columns are the union of its rows' supports. The
     block is strictly positive iff every (row, active column) entry is in the support (and
     finite); only such blocks are certified. A banded support with ``W < Lk`` is generally
     not strictly positive on its row blocks (the band's corners are missing): those blocks are

@@ -101,7 +101,8 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
       col_dustbin: optional ``[Lk]`` mass each key column receives from the dustbin row.
       min_mass: pairs with ``P_ij < min_mass`` are never aligned.
       gap_cost: linear cost per unaligned residue (>= 0); 0 is plain MEA.
-      pair_cost: cost per aligned pair (>= 0): a pair is taken only where ``P_ij`` exceeds it.
+      pair_cost: cost per aligned pair (>= 0); at ``gap_cost = 0`` a pair is taken only where
+        ``P_ij`` exceeds it (a pair's weight is ``P_ij + 2 gap_cost - pair_cost`` in general).
       objective: ``"accuracy"`` maximizes the objective above; ``"f1"`` maximizes the
         expected F1 of the aligned pairs instead (``expected_f1``; the objective above with
         the pair cost that makes it so, ``pair_cost`` is then ignored); its ``score`` is the
@@ -136,6 +137,11 @@ def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: fl
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     local = _is_local(mode)
     count = len(plans)
+    for name, given in (("row_dustbins", row_dustbins), ("col_dustbins", col_dustbins)):
+        if given is not None and len(given) != count:
+            raise ValueError(f"{name} must hold one entry (or None) per plan: {len(given)} for {count} plans")
+    if not count:
+        return []
     oks = [_allowed(plan, row_db, col_db, min_mass) for plan, row_db, col_db in
            zip(plans, row_dustbins or [None] * count, col_dustbins or [None] * count)]
 
@@ -241,7 +247,7 @@ def _mea_pairs_many(plans: list[np.ndarray], oks: list[np.ndarray], bonuses: lis
     only ever reads columns to its left, so each plan's cells hold exactly its own DP. Three
     vector operations per row. The DP rows of a block of ``_MEA_BLOCK`` rows are kept and the
     traceback's two boolean tables -- whether ``M[i, j]`` equals its left neighbour, whether it
-    equals the cell above -- are filled a block at a time, so memory stays an eighth of a
+    equals the cell above -- are filled a block at a time, so memory stays a quarter of a
     float table's.
     """
     if numba_jit.started():  # the same DP and traceback, compiled (a third of the time)
@@ -338,8 +344,8 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
 
     Row-vectorized like ``mea_decode``: the horizontal-gap state of a row is a cumulative max
     (a gap opened at column k and extended to j scores ``open_k + k e - (j - 1) e``), so the
-    cost is ``Lq`` vector operations of length ``Lk``; the traceback keeps three ``[Lq, Lk]``
-    pointer tables (int8, int8, int32).
+    cost is ``Lq`` vector operations of length ``Lk``; the traceback keeps four ``[Lq, Lk]``
+    tables (pointers int8, int8 and int32, and an int8 source table).
 
     Args:
       plan: ``[Lq, Lk]`` non-negative plan over the real rows / columns.

@@ -131,7 +131,7 @@ def prf_summary(counts, *, n_boot: int = 1000, seed: int = 0, level: float = 0.9
 
     Returns:
       ``{"n_pairs": N, "micro": {"precision": {"value", "low", "high"}, "recall": ...,
-      "f1": ...}, "macro": {...}}``; every number is NaN when N == 0.
+      "f1": ...}, "macro": {...}}``; every number is NaN when N == 0, the intervals when N < 2.
     """
     counts = _check_counts(counts)
     if not 0 < level < 1:
@@ -144,7 +144,7 @@ def prf_summary(counts, *, n_boot: int = 1000, seed: int = 0, level: float = 0.9
     macro = _nanmean(per_pair, axis=0) if n else np.full(3, np.nan)  # [3]
 
     lo = hi = np.full((2, 3), np.nan)  # [micro/macro, metric]
-    if n and n_boot:
+    if n >= 2 and n_boot:  # one pair has no spread to resample: no interval (as paired_f1_difference)
         rng = np.random.default_rng(seed)
         chunk = max(1, 2_000_000 // n)
         boot = []  # [n_boot, 2, 3]
@@ -205,6 +205,8 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
     if a.shape != b.shape:
         raise ValueError(f"the two methods must be scored on the same pairs: {a.shape} vs {b.shape}")
     labels = identity_bin(percent_identity)
+    if labels.shape != (len(a),):
+        raise ValueError(f"percent_identity must have shape ({len(a)},), got {labels.shape}")
     group_ids = np.arange(len(a)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
     if group_ids.shape != (len(a),):
         raise ValueError(f"groups must have one label per pair ({len(a)}), got shape {group_ids.shape}")

@@ -330,12 +330,20 @@ def check_many(pairs, log_emissions) -> None:
         raise ValueError(f"{len(log_emissions)} emission tables for {len(pairs)} pairs")
 
 
+# The fast engines (numba, XLA) exponentiate each match log-odds: beyond this float64's exp
+# overflows or underflows to 0 (the plan pair-HMM reaches at most 691, at MAX_PLAN_POWER).
+MAX_LOG_EMISSION = 700.0
+
+
 def checked_emissions(log_emissions, lq: int, lk: int) -> np.ndarray:
     emit = np.asarray(log_emissions, np.float64)
     if emit.shape != (lq, lk):
         raise ValueError(f"log_emissions has shape {emit.shape}, the sequences need {(lq, lk)}")
     if not np.isfinite(emit).all():
         raise ValueError("log_emissions must be finite")
+    if np.abs(emit).max(initial=0.0) > MAX_LOG_EMISSION:
+        raise ValueError(f"log_emissions must lie within +-{MAX_LOG_EMISSION:g} (the fast engines "
+                         f"exponentiate them), got {np.abs(emit).max():.4g}")
     return emit
 
 

@@ -230,6 +230,7 @@ def log_likelihood_ratios(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
     """``pairhmm.log_likelihood_ratio`` of each ``(seq_a, seq_b)``, by the forward pass alone."""
     components, solved = _solved(hmm, pairs, local, None, posteriors=False)
     log_z = np.array([[solved[n, k][1] for k in range(len(components))] for n in range(len(pairs))])
+    log_z = log_z.reshape(len(pairs), len(components))  # [N, components], no pairs included
     if isinstance(hmm, PairHMMMixture):
         return hmm.log_z(log_z)
     return log_z[:, 0]

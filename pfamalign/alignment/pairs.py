@@ -21,6 +21,8 @@ def check_confidence(confidence, n_pairs: int) -> np.ndarray | None:
     conf = np.asarray(confidence, dtype=np.float64)
     if conf.shape != (n_pairs,):
         raise ValueError(f"confidence must have shape ({n_pairs},) to match pairs, got {conf.shape}")
+    if not np.isfinite(conf).all():
+        raise ValueError("confidence must be finite (a probability per pair)")
     return conf
 
 
