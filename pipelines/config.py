@@ -20,8 +20,8 @@ class PrepareConfig:
     """Options of ``pfamalign prepare shards`` (the CLI maps its flags onto these fields).
 
     Output-determining fields enter :meth:`output_config` / the config hash; ``workers``,
-    ``keep_work``, ``overwrite``, ``engine``, ``threads``, ``reuse_embeddings`` and paths do
-    not (any worker count gives the same bytes; reused embeddings are those of the same
+    ``keep_work``, ``overwrite``, ``engine``, ``beam_args``, ``device``, ``threads``,
+    ``reuse_embeddings`` and paths do not (any worker count gives the same bytes; reused embeddings are those of the same
     embedder and weights).
     """
 

@@ -174,15 +174,22 @@ def sample_family(family: Family, cfg: SamplingConfig, *, seed: int, split: str,
         return FamilyPairs({}, [], n, len(usable), skips, 0,
                            "fewer than two sequences within the length limits")
 
-    rng = family_rng(seed, family.key, "pairs")
     u = np.asarray(usable)
     n_pool = cfg.pairs_per_family * (cfg.pool_factor if cfg.stratify_pid else 2)
-    pool = u[_draw_unordered(len(u), n_pool, rng)]  # [P, 2] row indices
-    flip = rng.random(len(pool)) < 0.5
-    q = np.where(flip, pool[:, 1], pool[:, 0])
-    k = np.where(flip, pool[:, 0], pool[:, 1])
-    pid, n_al = pair_identity(fa, q, k)
-    keep = n_al >= cfg.min_aligned
+    total = len(u) * (len(u) - 1) // 2
+    while True:  # a pool short of usable pairs (fragments that share no column) is drawn again,
+        # twice as large, until it holds pairs_per_family of them or every pair; the first draw
+        # is the same whatever comes after, so a family it serves keeps its pairs
+        rng = family_rng(seed, family.key, "pairs")
+        pool = u[_draw_unordered(len(u), n_pool, rng)]  # [P, 2] row indices
+        flip = rng.random(len(pool)) < 0.5
+        q = np.where(flip, pool[:, 1], pool[:, 0])
+        k = np.where(flip, pool[:, 0], pool[:, 1])
+        pid, n_al = pair_identity(fa, q, k)
+        keep = n_al >= cfg.min_aligned
+        if keep.sum() >= cfg.pairs_per_family or n_pool >= total:
+            break
+        n_pool = min(2 * n_pool, total)
     no_aligned = int((~keep).sum())
     order = np.nonzero(keep)[0]
     if cfg.stratify_pid:

@@ -306,8 +306,9 @@ def collate(examples: Sequence[dict], *, batch_size: int | None = None, pad_mult
 
 def select_pairs(lengths: np.ndarray, *, max_len: int = 0, max_pairs: int = 0) -> np.ndarray:
     """Record indices of the pairs whose sequences are at most ``max_len`` long (0 = all),
-    then at most ``max_pairs`` of them evenly spaced in stored order (0 = all; every family
-    shows, as records are stored family by family)."""
+    then at most ``max_pairs`` of them evenly spaced in stored order (0 = all; records are
+    stored family by family, so the families spread evenly and most show, but a family of
+    fewer pairs than the spacing may not)."""
     lengths = np.asarray(lengths).reshape(-1, 2)
     keep = np.arange(len(lengths))
     if max_len:

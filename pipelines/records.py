@@ -115,11 +115,15 @@ def write_array_record(path: os.PathLike, records: Iterable[bytes], *,
     writer = ArrayRecordWriter(str(tmp), options)
     n = 0
     try:
-        for rec in records:
-            writer.write(rec)
-            n += 1
-    finally:
-        writer.close()
+        try:
+            for rec in records:
+                writer.write(rec)
+                n += 1
+        finally:
+            writer.close()
+    except BaseException:  # a failing producer (an embedder error mid-part) leaves no temporary
+        tmp.unlink(missing_ok=True)
+        raise
     commit(tmp, path)
     return n
 

@@ -127,6 +127,20 @@ def test_sampling_is_deterministic_distinct_and_bounded():
     assert len(out.pairs) == 3
 
 
+def test_a_family_of_fragments_still_gives_pairs_per_family():
+    """27 rows cover the first 20 columns, 13 the last 20: a third of the pairs share no
+    column. The first pool (twice pairs_per_family) holds 46 usable pairs; it is drawn again,
+    larger, until it holds the 50 asked for."""
+    rng = np.random.default_rng(0)
+    half = lambda: "".join(rng.choice(list("ACDEFGHIKL"), size=20))
+    rows = [half() + "-" * 20 for _ in range(27)] + ["-" * 20 + half() for _ in range(13)]
+    cfg = pp.SamplingConfig(pairs_per_family=50)
+    key = lambda out: [(p["q_id"], p["k_id"]) for p in out.pairs]  # noqa: E731
+    out = pp.sample_family(_family(rows), cfg, seed=0, split="train")
+    assert len(set(map(frozenset, key(out)))) == 50
+    assert key(pp.sample_family(_family(rows), cfg, seed=0, split="train")) == key(out)  # deterministic
+
+
 def test_large_family_uses_rejection_sampling():
     rng = np.random.default_rng(0)
     rows = ["".join(rng.choice(list("ACDE"), size=20)) for _ in range(400)]

@@ -147,3 +147,19 @@ def test_multiprocess_prefetch_state_restores(dataset):
     for a, b in zip(expected, first + rest):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_an_array_record_write_that_fails_midway_leaves_nothing(tmp_path):
+    """A producer that raises mid-file (an embedder error in a part) leaves neither the file nor
+    its temporary behind, and the error reaches the caller."""
+    from pfamalign.pipelines.records import count_array_record, write_array_record
+
+    def failing():
+        yield b"one"
+        raise RuntimeError("embedder failed")
+
+    with pytest.raises(RuntimeError, match="embedder failed"):
+        write_array_record(tmp_path / "part.rec", failing())
+    assert list(tmp_path.iterdir()) == []
+    assert write_array_record(tmp_path / "part.rec", [b"one", b"two"]) == 2
+    assert count_array_record(tmp_path / "part.rec") == 2 and len(list(tmp_path.iterdir())) == 1
