@@ -256,15 +256,16 @@ def _scale(flat: Flat, eps):
     return 1.0 / (jnp.sqrt(jnp.asarray(flat.q.shape[-1], flat.q.dtype)) * eps)
 
 
-def extended_scores(ops: BandOps, spec: Spec, flat: Flat, eps):
-    """The score band and the dustbin spokes at temperature ``eps``: ``<q, k> / (sqrt(d) eps)``."""
-    scale = _scale(flat, eps)
+def extended_scores(ops: BandOps, spec: Spec, flat: Flat):
+    """The score band and the dustbin spokes at unit temperature, ``<q, k> / sqrt(d)``: every
+    temperature is made from them by ``at_eps``."""
+    scale = _scale(flat, 1.0)
     band = ops.scores(flat.q, flat.k, flat.row_active, flat.col_active, scale)
     return band, spoke_scores(flat, spec, scale)
 
 
 def at_eps(ops: BandOps, dots, raw_spk: Spokes | None, inv_eps):
-    """The band and spokes of ``extended_scores(..., 1.0)`` at temperature ``1 / inv_eps``. The
+    """The band and spokes of ``extended_scores`` at temperature ``1 / inv_eps``. The
     one way every step, the output and the backward scale them: the backward's plan must be the
     forward's to the last bit, or at cold scores (|S| / eps in the hundreds) the adjoint's
     cancellations against the forward's output fail by u |S| / eps."""
@@ -332,8 +333,7 @@ def run_steps(ops: BandOps, dots, raw_spk: Spokes | None, sup: Support, eps: np.
     ratio = np.concatenate([[1.0], eps[:-1] / eps[1:]]) if n else eps
     one_eps = n > 0 and bool(np.all(eps == eps[0]))
 
-    def at(inv_eps):
-        return at_eps(ops, dots, raw_spk, inv_eps)
+    at = functools.partial(at_eps, ops, dots, raw_spk)  # inv_eps -> (band, spokes)
 
     fixed = at(float(1.0 / eps[0])) if one_eps else None
 
@@ -448,7 +448,7 @@ def solve(spec: Spec, flat: Flat):
     """
     ops, cfg = make_ops(spec), spec.cfg
     sup = support(flat, spec)
-    dots, raw_spk = extended_scores(ops, spec, flat, 1.0)
+    dots, raw_spk = extended_scores(ops, spec, flat)
     n, lp1 = flat.q.shape[0], flat.q.shape[1] + 1
     zeros = jnp.zeros((n, lp1), flat.q.dtype)
     t, r = cfg.base_steps, cfg.tail_steps
@@ -774,7 +774,7 @@ def _bwd(spec, res, cotangents):
         band, spk = kept
     else:  # recomputed as the forward computed it (at_eps), so that the plans are the same
         ops = make_ops(spec)
-        band, spk = at_eps(ops, *extended_scores(ops, spec, flat, 1.0), float(1.0 / spec.cfg.eps))
+        band, spk = at_eps(ops, *extended_scores(ops, spec, flat), float(1.0 / spec.cfg.eps))
     grads, _ = adjoint(spec, flat, sol, band, spk, out, g_out, g_logp)
     return (Flat(*grads, None, None, None),)
 
