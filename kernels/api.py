@@ -83,7 +83,7 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     per_head = lambda lens: jnp.repeat(jnp.asarray(lens).astype(jnp.int32), h)  # [N]
     pallas = cfg.impl == "pallas"  # kernel-legal tiles (see make_geometry)
     if cfg.dustbin == "widened":
-        # The paper's bridge: the dustbin tokens become ordinary positions at index lmax and
+        # The widened bridge: the dustbin tokens become ordinary positions at index lmax and
         # the band covers everything.
         geom = make_geometry(lmax + 1, lmax + 1, cfg.blocks.block, pallas=pallas)
     else:

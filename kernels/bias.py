@@ -1,4 +1,4 @@
-"""A-posteriori tail bias certificate (docs/design.md §6.2; seed paper Prop. 5 / Cor. 2).
+"""A-posteriori tail bias certificate (docs/design.md §6.2).
 
 The op's gradient is that of the *stopped-base surrogate*: the R-step tail is differentiated
 exactly, but the base state z_T — the column potential v^0 = v^T after the T stopped steps —

@@ -14,7 +14,7 @@ Tail (r = 1..R, from the stopped base potential v^0):
 Plans: row plans A^r = exp(S + û^r ⊕ v^{r-1}), column plans B^r = exp(S + u^r ⊕ v^r),
 output plan P = B^R, output O = P V.
 
-Adjoint (seed paper Prop. 1): with G_ij = <dO_i, V_j>,
+Adjoint (docs/design.md §3.5): with G_ij = <dO_i, V_j>,
     dS = P∘G - Σ_r [A^r ∘ (α_r ⊗ 1) + B^r ∘ (1 ⊗ β_r)],
 where, going r = R..1 with ū (adjoint of u^r; R(P∘G) at r = R, else 0) and v̄ (adjoint of
 v^r; C(P∘G) at r = R, else the previous -A^{r+1 T} α_{r+1}):
@@ -22,7 +22,7 @@ v^r; C(P∘G) at r = R, else the previous -A^{r+1 T} α_{r+1}):
     β_r = v̄ / b,   α_r = (ū + c̄ / n_rows - B^r β_r) / a,   v̄ ← -A^{rT} α_r.
 The targets a, b are 1 on every line except a capacity dustbin (a = active Lk on the dustbin
 row, b = active Lq on the dustbin column: every residue can go to the dustbin).
-One-reference schedule (Prop. 2 / the orbit identity, Prop. 6): every tail plan is a
+One-reference schedule (the orbit identity, docs/design.md §3.5): every tail plan is a
 diagonal rescaling of P, ``A^r = diag(e^{a_u}) P diag(e^{a_v})``, so every product above is a
 product with P and the whole dS is ``P ∘ <X_i, Z_j>`` for a rank-(dv + 2R) factorisation:
 one exponential per entry instead of 2R + 1.

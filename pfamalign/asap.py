@@ -7,7 +7,7 @@ per-residue features with a linear map fitted (closed-form ridge) on calibration
 the dustbin row's dual on its own, and rebuilds the plan by entropic c-transforms masked to the
 support: one key-side transform (``passes=1``, ASAP-0: column sums exact) or key, query, key
 (``passes=3``, ASAP). Every model weight stays frozen. docs/design.md §12 ("Compiled transport") says
-how this generalises the ASAP paper and what did not hold.
+how this generalises ASAP's original form and what did not hold.
 
 Features of query row i (per head, scores ``S = <q, k> / (sqrt(d) eps)`` with the substitution
 channel inside q and k):
@@ -15,7 +15,7 @@ channel inside q and k):
 * ``rowlse``: ``-LSE_j S_ij`` over the row's support (the row transform of v = 0);
 * ``norm``: ``||q_i||^2 / (sqrt(d) eps)``; ``spoke``: ``S_i,dustbin``; ``max``: ``max_j S_ij``;
 * ``slices``: the exact 1-D Kantorovich potential of q_i on L fixed random slices
-  (``kantorovich_1d``), the paper's feature family.
+  (``kantorovich_1d``), ASAP's original feature family.
 
 Features and targets are centred over each pair's real rows: a constant shift of u moves into
 v and leaves the plan unchanged, so only the within-pair variation is fitted.
@@ -28,7 +28,7 @@ engine's transport run in each direction): ``sinkhorn`` (the trained T + R steps
 operator compiles balanced plans (``TransportConfig.marginals == "balanced"``, the default);
 a model with semi-relaxed marginals is refused (``Operator.check``).
 
-The encoder's CETA layers (square, balanced, no dustbin: the paper's own setting) get one
+The encoder's CETA layers (square, balanced, no dustbin: ASAP's original setting) get one
 operator each (``fit_ceta``, ``Operator.layers``), fitted by the same pieces (``fit_problems``
 over problem batches) on each layer's actual inputs, captured by running the encoder
 (``ceta_inputs``); with ``--engine asap`` the encoder runs them instead of the layers' Sinkhorn
@@ -484,7 +484,7 @@ def fit(model, pairs, settings: AsapSettings = AsapSettings(), *, held_out=(), b
 
 # ---- the encoder's CETA layers ---------------------------------------------------------------
 
-# The paper's own setting: square, balanced, no dustbin. Features of a layer's operator:
+# ASAP's original setting: square, balanced, no dustbin. Features of a layer's operator:
 # per-residue ones (no dustbin spoke) plus slices; README / design §12 give the measurements.
 CETA_SETTINGS = AsapSettings(slices=64, features=("rowlse", "norm", "max"))
 

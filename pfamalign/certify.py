@@ -2,7 +2,7 @@
 trained aligner's scores and plans.
 
 - projective contraction per 128-row block of each head's scores (exact rho_H = tanh^2(Delta/4)
-  and the range bound tanh^2(Omega_S/2); summarised as in the seed paper's Table 7);
+  and the range bound tanh^2(Omega_S/2); summarised per pair);
 - the a-posteriori bias certificate of the stopped-base gradient and the certified tail depth
   (``pfamalign.kernels.bias``), for the reconstruction-loss cotangent of the pair;
 - ``marginals`` of the plan the model outputs: sender / receiver errors, total mass, whether

@@ -1,6 +1,6 @@
-"""Named configurations: the seed paper's four Pfam screens and the one built to align.
+"""Named configurations: the four reference Pfam screens and the one built to align.
 
-Every configuration uses the paper's solver settings: T = 15 stopped base steps, half band
+Every configuration uses the reference solver settings (docs/design.md §1): T = 15 stopped base steps, half band
 W = 1024, eps = 1, global batch 64. They differ in the tail depth R, the dustbin mode, the
 losses and the encoder:
 
@@ -30,7 +30,7 @@ overrides. ``align_ce`` is the configuration built to align: it optimises the sp
 true entry (unaligned residues target the dustbin through the O(L) spoke support), which — unlike
 reconstruction — no choice of the values can lower, plus a small barycenter monotonicity
 penalty, and — with ``builtin/onehot+blosum62`` features — a 17-residue windowed BLOSUM62
-channel with learned offset weights (``substitution_window=8``). The paper never trained it.
+channel with learned offset weights (``substitution_window=8``). No reference screen trains it.
 The monotonicity penalty is in residues (see ``pfamalign.model``). Relative-position Fourier
 features (``position_features=32``, a learnable diagonal prior) are available but off: on the
 validation families they cost 0.03 F1 (they learn the training families' offsets).
@@ -60,9 +60,9 @@ from pfamalign.kernels import TransportConfig
 from pfamalign.model import AlignerConfig
 from pfamalign.pipelines.embed import feature_layout
 
-PAPER_BASE_STEPS = 15  # T
-PAPER_HALF_BAND = 1024  # W
-PAPER_BATCH = 64  # global batch
+REFERENCE_BASE_STEPS = 15  # T
+REFERENCE_HALF_BAND = 1024  # W
+REFERENCE_BATCH = 64  # global batch
 
 
 def _check_ints(cfg, *, positive=(), non_negative=()) -> None:
@@ -114,7 +114,7 @@ class DataConfig:
       max_len: leave out pairs with a sequence longer than this (0 = keep all).
     """
 
-    batch_size: int = PAPER_BATCH
+    batch_size: int = REFERENCE_BATCH
     seed: int = 0
     pad_multiple: int = 64
     bucket_window: int = 32
@@ -210,10 +210,10 @@ class RunConfig:
         return cls(AlignerConfig.from_dict(data["model"]), TrainConfig.from_dict(data["train"]))
 
 
-def _paper_transport(**kw) -> TransportConfig:
-    kw.setdefault("half_band", PAPER_HALF_BAND)
+def _reference_transport(**kw) -> TransportConfig:
+    kw.setdefault("half_band", REFERENCE_HALF_BAND)
     kw.setdefault("eps", 1.0)
-    kw.setdefault("base_steps", PAPER_BASE_STEPS)
+    kw.setdefault("base_steps", REFERENCE_BASE_STEPS)
     kw.setdefault("tail_steps", 2)
     return TransportConfig(**kw)
 
@@ -237,7 +237,7 @@ def get_config(name: str, *, embedder_id: str, feature_dim: int,
         model_kw["substitution_window"] = 8 if feature_layout(embedder_id).has_substitution else -1
     cfg = RunConfig(
         model=AlignerConfig(name=name, feature_dim=int(feature_dim), embedder_id=embedder_id,
-                            transport=_paper_transport(**transport_kw), **model_kw),
+                            transport=_reference_transport(**transport_kw), **model_kw),
         train=TrainConfig.from_dict(train_kw))
     return apply_overrides(cfg, overrides or {})
 

@@ -7,7 +7,7 @@ Every method is scored on the same sequence pairs:
   identity bin, with bootstrap 95 % intervals over pairs (the same resamples for every method);
 - seconds spent per method (the model: plans and decoding; external aligners: their
   subprocesses included);
-- for methods with a plan (the model, the diagonal reference): the seed paper's plan metrics
+- for methods with a plan (the model, the diagonal reference): the plan metrics
   (sparse CE, barycenter MAE, within-5, monotonicity violation; reconstruction when the model
   exposes values), by ``model_plan_metrics`` in both paths;
 - for the model: the reliability of its per-pair confidences (confidence bin vs precision,
@@ -460,7 +460,7 @@ def render(summary: dict, console=None) -> None:
         finite = lambda x: x is not None and np.isfinite(x)  # noqa: E731  (null once read back from JSON)
         # a metric no method has (reconstruction without a reconstruction head) is left out, not a column of —
         names = [n for n in names if any(finite(pm.get(n)) for pm in plan_methods.values())]
-        tab = Table(title="plan metrics (seed paper)")
+        tab = Table(title="plan metrics")
         tab.add_column("method", no_wrap=True)
         for n in names:
             tab.add_column(n, justify="right")

@@ -5,7 +5,7 @@
 Every family is fitted on the same calibration pairs (``--split``, the model's training
 families) and scored on the same held-out pairs of ``--eval-split`` (unseen families): R^2 of
 the query-side dual (centred per pair) and of the dustbin's dual, and the relative l2 distance
-of the ASAP-0 / ASAP plans to the teacher's. Families: the slices alone (the paper's
+of the ASAP-0 / ASAP plans to the teacher's. Families: the slices alone (ASAP's original
 features), the per-residue features alone, both.
 """
 

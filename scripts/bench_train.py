@@ -1,4 +1,4 @@
-"""Training throughput (examples/s) at the seed paper's settings: one JSON line per config.
+"""Training throughput (examples/s) at the reference settings (docs/design.md §1): one JSON line per config.
 
     python scripts/bench_train.py                         # k2_eps1 (320-d) and align_ce (builtin)
     python scripts/bench_train.py --configs k2_eps1 --reps 3
@@ -18,7 +18,7 @@ its own (median of ``--reps`` steps after a warm-up step); ``examples_per_s`` is
 ``64 x batches / sum of their step times`` over one epoch of the plan, i.e. the steady-state
 rate of a training run on that data, compile excluded. ``examples_per_s_pad1024`` is the rate
 when every pair is padded to 1024 (no length bucketing), for comparison with a fixed-shape
-pipeline. The paper's figure is 8.5 examples/s on a TPU v6e-8 (whole training run).
+pipeline. The reference figure is 8.5 examples/s on a TPU v6e-8 (whole training run).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pfamalign import jsonio
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "pfam"
 FIXTURES = ROOT / "tests" / "data" / "pfam_seed"
-PAPER_EXAMPLES_PER_S = 8.5  # TPU v6e-8, balanced R=2 (seed paper, abstract)
+REFERENCE_EXAMPLES_PER_S = 8.5  # TPU v6e-8, balanced R=2 (docs/design.md §1)
 
 BENCHES = {
     # name: (embedder id, feature dim, encoder, features label)
@@ -154,8 +154,8 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
         idx = batches[int(np.argmax(padded))]
         t1024, _ = time_length(1024, idx)
         result["examples_per_s_pad1024"] = round(batch / t1024, 2)
-    result["paper_tpu_v6e8_examples_per_s"] = PAPER_EXAMPLES_PER_S
-    result["ratio_vs_paper"] = round(result["examples_per_s"] / PAPER_EXAMPLES_PER_S, 2)
+    result["reference_tpu_v6e8_examples_per_s"] = REFERENCE_EXAMPLES_PER_S
+    result["ratio_vs_reference"] = round(result["examples_per_s"] / REFERENCE_EXAMPLES_PER_S, 2)
     result["host"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                       "backend": jax.default_backend()}
     return result

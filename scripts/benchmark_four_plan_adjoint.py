@@ -1,4 +1,4 @@
-"""One-reference vs four-plan tail adjoint (seed paper Table 5) on the XLA path.
+"""One-reference vs four-plan tail adjoint (docs/design.md §3.5) on the XLA path.
 
 Both evaluate the same exact R-step tail adjoint. ``four_plan`` exponentiates every tail plan
 (row plans A^r and column plans B^r, r = 1..R) on its own; ``one_reference`` writes each as a

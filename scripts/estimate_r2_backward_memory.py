@@ -1,4 +1,4 @@
-"""Memory of the R = 2 backward (seed paper Table 6): analytic bytes plus XLA's own accounting.
+"""Memory of the R = 2 backward (docs/design.md §3.5): analytic bytes plus XLA's own accounting.
 
 Analytic, per problem (one pair, one head), float32:
   * ``active_M``: band entries |i - j| <= W (``band.active_entries``), in millions;

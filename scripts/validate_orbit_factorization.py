@@ -1,4 +1,4 @@
-"""Transport-orbit factorisation (seed paper Prop. 6): every plan of every step is a diagonal
+"""Transport-orbit factorisation (docs/design.md §3.5): every plan of every step is a diagonal
 rescaling of one reference plan.
 
 From the op's potentials history (T base + R tail steps, centered), for every step t:

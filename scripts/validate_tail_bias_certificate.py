@@ -1,4 +1,4 @@
-"""A-posteriori tail bias certificate (seed paper Table 2; Prop. 5 / Cor. 2).
+"""A-posteriori tail bias certificate (docs/design.md §6.2).
 
 For each tail depth R: ||eta_R|| (adjoint of the stopped base state after the R tail
 steps), ||c_R|| = ||D_x z_T^T eta_R|| (the bias of the op's stopped-base gradient), the gap

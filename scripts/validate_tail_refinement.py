@@ -1,4 +1,4 @@
-"""Tail refinement (seed paper, Table 1): what the R differentiable tail steps buy after a
+"""Tail refinement (docs/design.md §3.4): what the R differentiable tail steps buy after a
 T-step stopped base, on the banded XLA path.
 
 For each length L and tail depth R (one pair, one head, self-similar q / k so that the plan

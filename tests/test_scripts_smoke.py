@@ -60,7 +60,7 @@ def test_script_runs_and_prints_json_lines(name, capsys):
     assert rows, out.err
     assert all(r["script"] == name for r in rows)
     assert "---" in out.err  # the table went to stderr, stdout holds only JSON lines
-    if name.startswith("validate_ceta") or name.startswith("validate_softmax"):  # the papers' claims
+    if name.startswith("validate_ceta") or name.startswith("validate_softmax"):  # the methods' stated claims
         assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     if name == "bench_transport":
         assert {r["impl"] for r in rows} == {"reference", "ott", "xla"}
@@ -120,7 +120,7 @@ def test_bench_train_prints_one_json_line_per_config(tmp_path, capsys):
     assert row["examples_per_s"] > 0 and row["host"]["backend"] == "cpu"
 
 
-def test_r2_memory_figures_of_the_paper():
+def test_r2_memory_figures_of_the_reference_problem():
     """L=16384, W=1024, b=128, d=64: 32.52M active entries, 496.23 vs 124.06 MiB."""
     est = importlib.import_module("estimate_r2_backward_memory")
     row = est.analytic(16384, 1024, 128, 64, 64, 2)

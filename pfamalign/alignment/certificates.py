@@ -1,6 +1,6 @@
 """Certificates of docs/design.md §6 that need only scores and plans (numpy).
 
-Projective contraction (seed paper, Prop. 4)
+Projective contraction (docs/design.md §6.1)
     For a strictly positive kernel ``K = exp(S)`` (``S [n, m]``), Birkhoff's theorem gives the
     Hilbert-metric contraction ``tanh(Delta / 4)`` of ``x -> K x`` with
     ``Delta = max_{i,i',j,j'} (S_ij + S_i'j' - S_ij' - S_i'j)`` (the log of the largest cross

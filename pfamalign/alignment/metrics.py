@@ -1,4 +1,4 @@
-"""Evaluation metrics (docs/design.md §5), numpy only: aligned-pair P/R/F1 and the seed paper's plan
+"""Evaluation metrics (docs/design.md §5), numpy only: aligned-pair P/R/F1 and the plan
 metrics.
 
 Aligned-pair metrics
@@ -291,7 +291,7 @@ def reliability(sums) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plan metrics of the seed paper
+# Plan metrics (docs/design.md §5.2)
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)

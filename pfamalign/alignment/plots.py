@@ -12,7 +12,7 @@ touched, so this is safe in servers and tests).
 Every writer saves in the format its file extension names (``.png``, ``.svg``, ``.pdf``, ...;
 ``figure_format``), or ``fmt`` when given (an atomic writer's temporary name has none), through
 ``save_figure`` (SVG text as text, PDF fonts as TrueType).
-* ``plot_barycenter``: the seed paper's qualitative figure, barycenter ``b_i`` against the
+* ``plot_barycenter``: the qualitative picture of a plan, barycenter ``b_i`` against the
   target key ``c_i`` per query row, with the diagonal reference.
 """
 

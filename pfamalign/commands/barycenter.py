@@ -25,7 +25,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     \b
     For each query row i: b_i = sum_j P_ij j / sum_j P_ij over the real keys, beside the
     reference column c_i (when a reference alignment is given), |b_i - c_i|, the row's real
-    mass and its dustbin mass. The plot is the seed paper's qualitative figure. Rows,
+    mass and its dustbin mass. The plot shows the plan at a glance. Rows,
     columns and barycenters are 0-based plan indices (residue i + 1 of the sequence); a row
     without a reference column shows target — (--tsv: -1) and no error.
 

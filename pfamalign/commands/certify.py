@@ -38,7 +38,7 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
                    "vs R, tail mass per row.")
 def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, tail_depths, tol,
             perturbation, score_noise, block_rows, max_length, max_memory, json_out, plot):
-    """Certificates of the transport plan of one pair (seed paper §§ 4-5).
+    """Certificates of the transport plan of one pair (docs/design.md §6).
 
     \b
     - projective contraction per block: exact rho_H = tanh²(Δ/4) and the range bound

@@ -25,7 +25,7 @@ from pfamalign.commands._common import DatasetDirectory, Number, fail
               help="Further pairs of the split, not fitted, for the fit statistics.")
 @click.option("--slices", type=click.IntRange(min=0), default=0, show_default=True,
               help="Random slices whose 1-D Kantorovich potentials are features besides the "
-                   "per-residue ones (the paper's features; on the shipped model they add nothing).")
+                   "per-residue ones (ASAP's original features; on the shipped model they add nothing).")
 @click.option("--ceta-slices", type=click.IntRange(min=0), default=None,
               help="Slices of the operators of the encoder's CETA layers (a model with CETA "
                    "attention; they also use the per-residue features). [default: 64]")

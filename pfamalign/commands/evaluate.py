@@ -51,7 +51,7 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
     Metrics, every method on the same pairs: aligned-pair precision / recall / F1 of the
     decoded alignment (micro; macro in --json) overall and by percent identity (<30, 30-50,
     >=50 %), with bootstrap 95 % intervals; for the model and the diagonal reference also the
-    seed paper's plan metrics (sparse CE, barycenter MAE, within-5, monotonicity violation);
+    plan metrics (sparse CE, barycenter MAE, within-5, monotonicity violation);
     for the model the calibration of its pair confidences (precision per confidence bin,
     ECE, Brier; the reliability panel of --plot).
 

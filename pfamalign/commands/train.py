@@ -56,7 +56,7 @@ def _config_lines(width: int = 88) -> str:
 _HELP = """Train an aligner on a prepared dataset.
 
     \b
-    Configurations (seed paper settings: T=15 Sinkhorn steps with a stopped gradient, then
+    Configurations (reference settings: T=15 Sinkhorn steps with a stopped gradient, then
     R=2 differentiated ones, band 1024, global batch 64; losses:
     recon = reconstruction, CE = sparse CE, mono = monotonicity; encoder by features: conv
     for built-in features, none for ESM-2; details in pfamalign/configs.py):
