@@ -22,6 +22,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pfamalign import resources
 from pfamalign.alignment import numba_jit
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
@@ -594,7 +595,7 @@ class _Lookahead:
 
     def _submit_through(self, last: int) -> None:
         while self._next < min(len(self._items), last + 1):
-            self._futures[self._next] = _overlap_pool(self._worker).submit(self._fn, self._items[self._next])
+            self._futures[self._next] = resources.thread_pool(self._worker, 1).submit(self._fn, self._items[self._next])
             self._next += 1
 
     def get(self, n: int):
@@ -610,13 +611,6 @@ class _Lookahead:
             future.cancel()
         concurrent.futures.wait(list(self._futures.values()))
         self._futures.clear()
-
-
-@functools.lru_cache(maxsize=None)
-def _overlap_pool(worker: str):
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pfamalign-{worker}")
 
 
 def _warn_if_unfinished(path: pathlib.Path) -> None:

@@ -14,9 +14,11 @@ cell and plan model, 20-55 % above those peaks (a 20000 x 20000 pair: 53 GB);
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 BYTES_PER_CELL = 128
 FIXED_BYTES = 640 << 20
@@ -134,3 +136,20 @@ def check_memory(need: int, budget: int | None, doing: str) -> None:
             f"memory budget of {format_size(budget)}; split the sequences into domains, or "
             f"raise the budget with --max-memory (e.g. --max-memory {-(-need >> 30) + 1}G; 0 "
             "lifts the limit; max_memory= in Python)")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one: a container's
+    cpuset, ``taskset``), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=None)
+def thread_pool(name: str, workers: int | None = None) -> ThreadPoolExecutor:
+    """The process's one pool named ``name``, ``workers`` threads (default: ``usable_cpus()``),
+    made on first use and reused by every later call: the pair-HMM, the prefilter and the
+    overlapped stages each keep theirs rather than paying a pool per call."""
+    return ThreadPoolExecutor(max_workers=workers or usable_cpus(), thread_name_prefix=f"pfamalign-{name}")

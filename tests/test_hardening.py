@@ -1487,3 +1487,21 @@ def test_a_split_without_pairs_is_refused_with_the_splits_that_have_some(tmp_pat
     counts = ", ".join(f"{s} {ds.num_pairs(s)}" for s in ds.splits)
     assert_clear_error(run(["eval", "--data", out, "--split", empty, "--no-model"]),
                        f"has no pairs in split '{empty}' (pairs per split: {counts})", "--split", "--splits")
+
+
+def test_worker_pools_are_one_per_name_and_sized_by_the_usable_cpus(monkeypatch):
+    """``resources.thread_pool``: one pool per (name, size) for the process, threads named after
+    it, sized by the CPUs the process may use (its affinity mask), not the machine's count."""
+    import threading
+
+    from pfamalign import resources
+
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 3}, raising=False)
+    assert resources.usable_cpus() == 2
+    pool, single = resources.thread_pool("probe"), resources.thread_pool("probe", 1)
+    try:
+        assert pool is resources.thread_pool("probe") and pool._max_workers == 2
+        assert single is not pool and single._max_workers == 1
+        assert pool.submit(lambda: threading.current_thread().name).result().startswith("pfamalign-probe")
+    finally:
+        pool.shutdown(), single.shutdown()

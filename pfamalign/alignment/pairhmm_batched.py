@@ -29,10 +29,10 @@ Runs in float64 (``jax.enable_x64`` around the call: the rest of the package sta
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
+from pfamalign import resources
 from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMMMixture, check_many,
                                          checked_emissions, residue_indices)
 
@@ -234,13 +234,6 @@ def _exported(path, param_shapes: tuple, shape: tuple[int, int, int], local: boo
     return exported_program(path, export)
 
 
-@functools.lru_cache(maxsize=None)
-def _component_pool():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="pairhmm")
-
-
 def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_q: int, pad_k: int,
                              *, local: bool = False, log_emissions: list | None = None) -> list[np.ndarray]:
     """``[Lq, Lk]`` match posteriors of each ``(seq_a, seq_b)``, computed in one jitted call on
@@ -275,7 +268,8 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
 
     # a mixture's components are independent lattices: each on its own thread (a row scan
     # keeps one core busy; jax releases the GIL while it runs)
-    solved = (list(_component_pool().map(solve, components)) if len(components) > 1
+    pool = resources.thread_pool("mixture-components", min(4, resources.usable_cpus()))
+    solved = (list(pool.map(solve, components)) if len(components) > 1
               else [solve(components[0])])
     if isinstance(hmm, PairHMMMixture):
         weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])

@@ -23,12 +23,11 @@ GIL, so pairs and mixture components run on a pool of threads.
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numpy as np
 
+from pfamalign import resources
 from pfamalign.alignment.numba_jit import kernel_factory, njit
 from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, check_many,
                                          checked_emissions, residue_indices)
@@ -185,13 +184,6 @@ def _solve(component: PairHMM, emit: np.ndarray, local: bool, posteriors: bool) 
                                            t["switch"], emit, bool(local), bool(posteriors))
 
 
-@functools.lru_cache(maxsize=None)
-def _pool():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pairhmm-numba")
-
-
 def _solved(hmm: AnyPairHMM, pairs: list[tuple[str, str]], local: bool, log_emissions: list | None,
             posteriors: bool) -> tuple[tuple[PairHMM, ...], dict]:
     """Every (pair, component) solved on the thread pool: ``{(n, k): (posteriors, log Z)}``."""
@@ -206,7 +198,7 @@ def _solved(hmm: AnyPairHMM, pairs: list[tuple[str, str]], local: bool, log_emis
         return ratios[k][residue_indices(a)].take(residue_indices(b), axis=1)  # 4x a 2-d fancy index
 
     tasks = [(n, k) for n in range(len(pairs)) for k in range(len(components))]
-    return components, dict(zip(tasks, _pool().map(
+    return components, dict(zip(tasks, resources.thread_pool("lattices").map(
         lambda task: _solve(components[task[1]], emissions(*task), local, posteriors), tasks)))
 
 

@@ -57,11 +57,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Sequence
 
 import numpy as np
 
+from pfamalign import resources
 from pfamalign.alignment.numba_jit import kernel_factory, njit
 from pfamalign.residues import BLOSUM62_ALPHABET, blosum62_table, scoring_sequence
 
@@ -339,17 +339,10 @@ def _kernels():
     return lookup, scan, gapped
 
 
-@functools.lru_cache(maxsize=1)
-def _pool():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="prefilter")
-
-
 def _in_chunks(count: int, run) -> None:
     """``run(lo, hi)`` over ``[0, count)`` in ``SCAN_CHUNK`` pieces on the thread pool (the
     numba kernels release the GIL and write disjoint slices of their outputs)."""
-    list(_pool().map(lambda lo: run(lo, min(lo + SCAN_CHUNK, count)), range(0, count, SCAN_CHUNK)))
+    list(resources.thread_pool("prefilter").map(lambda lo: run(lo, min(lo + SCAN_CHUNK, count)), range(0, count, SCAN_CHUNK)))
 
 
 def hits(query: str, database: Database) -> tuple[np.ndarray, np.ndarray]:
