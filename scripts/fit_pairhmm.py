@@ -18,7 +18,7 @@ import pathlib
 import sys
 
 from pfamalign import jsonio
-from pfamalign.alignment.pairhmm import IDENTITY_EDGES, PairHMMMixture, asset_path, fit, fit_mixture
+from pfamalign.alignment.pairhmm import IDENTITY_EDGES, asset_path, fit, fit_mixture
 from pfamalign.pipelines import reader, records
 
 
@@ -46,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
               f"--identity-edges '{args.identity_edges}'")
     out = pathlib.Path(args.out) if args.out else asset_path()
     records.write_text(out, hmm.to_json(recipe))  # atomic: a reader never sees half a file
-    parts = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
-    print(jsonio.dumps_line({"out": str(out), "edges": edges,
-                             "prior": hmm.prior.tolist() if isinstance(hmm, PairHMMMixture) else [1.0],
+    parts = hmm.components
+    print(jsonio.dumps_line({"out": str(out), "edges": edges, "prior": hmm.prior.tolist(),
                              "gap_open": [c.gap_open.tolist() for c in parts],
                              "gap_extend": [c.gap_extend.tolist() for c in parts],
                              "gap_switch": [c.gap_switch for c in parts]}))

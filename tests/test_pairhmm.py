@@ -423,6 +423,20 @@ def test_mixture_posteriors_are_the_brute_force_bayes_mixture(a, b, seed):
     assert not np.allclose(expected, solved[0][0])  # the mixture is not one of its parts
 
 
+def test_a_single_pair_hmm_is_the_one_component_mixture_and_weights_batch_over_pairs():
+    # the engines never branch on the kind: one model mixes as a mixture of itself, exactly
+    single, mix = random_hmm(3, 2), _mixture(3)
+    post = np.random.default_rng(0).random((3, 4))
+    assert single.components == (single,) and single.weights([-7.5]).tolist() == [1.0]
+    assert single.log_z([-7.5]) == -7.5 and single.mix([post], [-7.5]) is post
+    log_z = np.array([[-3.0, -1.0, -2.0], [0.5, -4.0, 2.0]])  # [pairs, components]
+    batched = mix.weights(log_z)
+    np.testing.assert_allclose(batched, [mix.weights(row) for row in log_z], rtol=0, atol=0)
+    np.testing.assert_allclose(batched.sum(-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(batched[0], mix.prior * np.exp(log_z[0]) / (mix.prior * np.exp(log_z[0])).sum(),
+                               rtol=1e-12)
+
+
 @pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
 @pytest.mark.parametrize("a, b, seed", [("AC", "W", 0), ("MKV", "MKLV", 1), ("WYCH", "HCY", 2)])
 def test_log_likelihood_ratio_is_the_brute_force_sum_over_paths(a, b, seed, local):

@@ -81,8 +81,33 @@ def residue_indices(seq: str) -> np.ndarray:
     return _index_table()[np.frombuffer(seq.encode("ascii"), np.uint8)]
 
 
+class _Mixes:
+    """What the engines ask of any pair-HMM: its ``components``, their ``prior``, and how one
+    pair's per-component results combine. A single pair-HMM is the one-component mixture
+    (prior 1, weight exactly 1), so no engine branches on the kind."""
+
+    components: tuple["PairHMM", ...]
+    prior: np.ndarray
+
+    def weights(self, log_z) -> np.ndarray:
+        """``P(k | x, y)`` from the components' ``log Z_k`` (last axis; any leading axes are
+        pairs)."""
+        log_z = np.asarray(log_z, np.float64)
+        return np.exp(np.log(self.prior) + log_z - self.log_z(log_z)[..., None])
+
+    def log_z(self, log_z) -> np.ndarray:
+        """The mixture's ``log sum_k prior_k Z_k`` from the components' ``log Z_k`` (last axis)."""
+        return np.logaddexp.reduce(np.log(self.prior) + np.asarray(log_z, np.float64), axis=-1)
+
+    def mix(self, posteriors, log_z) -> np.ndarray:
+        """One pair's posteriors: the components' (one array each) weighted by ``weights``."""
+        if len(posteriors) == 1:
+            return posteriors[0]
+        return sum(w * post for w, post in zip(self.weights(log_z), posteriors))
+
+
 @dataclasses.dataclass(frozen=True)
-class PairHMM:
+class PairHMM(_Mixes):
     """Parameters: ``pair_probs [20, 20]`` joint residue-pair probabilities of the match state
     (symmetric), ``background [20]`` residue frequencies, ``gap_open [G]``, ``gap_extend [G]``
     per gap type and ``gap_switch`` (see the module docstring)."""
@@ -92,6 +117,14 @@ class PairHMM:
     gap_open: np.ndarray
     gap_extend: np.ndarray
     gap_switch: float
+
+    @property
+    def components(self) -> tuple["PairHMM", ...]:
+        return (self,)
+
+    @property
+    def prior(self) -> np.ndarray:
+        return np.ones(1)
 
     def __post_init__(self):
         for name in ("pair_probs", "background", "gap_open", "gap_extend"):
@@ -151,7 +184,7 @@ class PairHMM:
 
 
 @dataclasses.dataclass(frozen=True)
-class PairHMMMixture:
+class PairHMMMixture(_Mixes):
     """Pair-HMMs ``components`` (one background for all) with ``prior`` weights; ``edges``:
     the percent-identity boundaries of the reference pairs each component was counted on
     (``len(edges) + 1`` components), kept for the record."""
@@ -170,14 +203,6 @@ class PairHMMMixture:
             raise ValueError(f"the prior must be positive and sum to 1, got {self.prior}")
         if any(not np.array_equal(c.background, self.components[0].background) for c in self.components):
             raise ValueError("the components must share one background (their likelihoods are compared)")
-
-    def weights(self, log_z) -> np.ndarray:
-        """``P(k | x, y)`` from each component's ``log Z_k`` of one pair."""
-        return np.exp(np.log(self.prior) + np.asarray(log_z, np.float64) - self.log_z(log_z))
-
-    def log_z(self, log_z) -> np.ndarray:
-        """The mixture's ``log sum_k prior_k Z_k`` from the components' ``log Z_k`` (last axis)."""
-        return np.logaddexp.reduce(np.log(self.prior) + np.asarray(log_z, np.float64), axis=-1)
 
     def to_json(self, recipe: str = "") -> str:
         return jsonio.dumps({"format": MIXTURE_FORMAT, "residues": RESIDUES, "recipe": recipe,
@@ -356,11 +381,8 @@ def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = F
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
     kw = {"local": local, "log_emissions": log_emissions}
-    if isinstance(hmm, PairHMMMixture):
-        solved = [log_forward_backward(c, seq_a, seq_b, **kw) for c in hmm.components]
-        weights = hmm.weights([log_z for _, _, log_z in solved])
-        return sum(w * _posterior(*fb) for w, fb in zip(weights, solved))
-    return _posterior(*log_forward_backward(hmm, seq_a, seq_b, **kw))
+    solved = [log_forward_backward(c, seq_a, seq_b, **kw) for c in hmm.components]
+    return hmm.mix([_posterior(*fb) for fb in solved], [log_z for _, _, log_z in solved])
 
 
 def log_likelihood_ratio(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False) -> float:
@@ -370,9 +392,7 @@ def log_likelihood_ratio(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool
     (unrelated flanks cost nothing). The homology score of ``pfamalign search``."""
     if not seq_a or not seq_b:
         raise ValueError("both sequences must be non-empty")
-    if isinstance(hmm, PairHMMMixture):
-        return float(hmm.log_z([log_forward_backward(c, seq_a, seq_b, local=local)[2] for c in hmm.components]))
-    return log_forward_backward(hmm, seq_a, seq_b, local=local)[2]
+    return float(hmm.log_z([log_forward_backward(c, seq_a, seq_b, local=local)[2] for c in hmm.components]))
 
 
 def _posterior(fwd_m: np.ndarray, bwd_m: np.ndarray, log_z: float) -> np.ndarray:

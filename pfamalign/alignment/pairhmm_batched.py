@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 from pfamalign import resources
-from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMMMixture, check_many,
+from pfamalign.alignment.pairhmm import (AnyPairHMM, check_many,
                                          checked_emissions, residue_indices)
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
@@ -257,7 +257,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
         given = np.ones((pad_q, len(pairs), pad_k))
         for n, table in enumerate(log_emissions):
             given[: lq[n], n, : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
-    components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
+    components = hmm.components
 
     def solve(component):
         with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
@@ -271,9 +271,9 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
     pool = resources.thread_pool("mixture-components", min(4, resources.usable_cpus()))
     solved = (list(pool.map(solve, components)) if len(components) > 1
               else [solve(components[0])])
-    if isinstance(hmm, PairHMMMixture):
-        weights = np.stack([hmm.weights([log_z[n] for _, log_z in solved]) for n in range(len(pairs))])
-        out = sum(weights[None, :, k, None] * post for k, (post, _) in enumerate(solved))
-    else:
+    if len(components) == 1:
         out = solved[0][0]
+    else:  # [Lq, N, Lk] posteriors weighted per pair
+        weights = hmm.weights(np.stack([log_z for _, log_z in solved], axis=-1))  # [N, K]
+        out = sum(weights[None, :, k, None] * post for k, (post, _) in enumerate(solved))
     return [np.ascontiguousarray(out[: lq[n], n, : lk[n]]) for n in range(len(pairs))]

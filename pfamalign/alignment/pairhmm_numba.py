@@ -29,7 +29,7 @@ import numpy as np
 
 from pfamalign import resources
 from pfamalign.alignment.numba_jit import kernel_factory, njit
-from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, PairHMMMixture, check_many,
+from pfamalign.alignment.pairhmm import (AnyPairHMM, PairHMM, check_many,
                                          checked_emissions, residue_indices)
 
 
@@ -188,7 +188,7 @@ def _solved(hmm: AnyPairHMM, pairs: list[tuple[str, str]], local: bool, log_emis
             posteriors: bool) -> tuple[tuple[PairHMM, ...], dict]:
     """Every (pair, component) solved on the thread pool: ``{(n, k): (posteriors, log Z)}``."""
     check_many(pairs, log_emissions)
-    components = hmm.components if isinstance(hmm, PairHMMMixture) else (hmm,)
+    components = hmm.components
     ratios = [np.exp(c.log_odds()) for c in components]
 
     def emissions(n: int, k: int) -> np.ndarray:
@@ -208,14 +208,7 @@ def match_posteriors_many(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
     of each, to float64 rounding); ``local``: the segment model; ``log_emissions``: per pair,
     ``[Lq, Lk]`` match log-odds in place of the substitution table's."""
     components, solved = _solved(hmm, pairs, local, log_emissions, posteriors=True)
-    out = []
-    for n in range(len(pairs)):
-        if isinstance(hmm, PairHMMMixture):
-            weights = hmm.weights([solved[n, k][1] for k in range(len(components))])
-            out.append(sum(w * solved[n, k][0] for k, w in enumerate(weights)))
-        else:
-            out.append(solved[n, 0][0])
-    return out
+    return [hmm.mix(*zip(*(solved[n, k] for k in range(len(components))))) for n in range(len(pairs))]
 
 
 def log_likelihood_ratios(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, local: bool = False) -> np.ndarray:
@@ -223,6 +216,4 @@ def log_likelihood_ratios(hmm: AnyPairHMM, pairs: list[tuple[str, str]], *, loca
     components, solved = _solved(hmm, pairs, local, None, posteriors=False)
     log_z = np.array([[solved[n, k][1] for k in range(len(components))] for n in range(len(pairs))])
     log_z = log_z.reshape(len(pairs), len(components))  # [N, components], no pairs included
-    if isinstance(hmm, PairHMMMixture):
-        return hmm.log_z(log_z)
-    return log_z[:, 0]
+    return hmm.log_z(log_z)
