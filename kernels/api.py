@@ -209,11 +209,11 @@ def scaling_transport_plan(q, k, q_len, k_len, tokens: DustbinTokens | None = No
         return transport_plan(q, k, q_len, k_len, tokens, config=config), jnp.array(True)
     q_len, k_len, v, tokens = _plan_inputs(q, k, q_len, k_len, tokens, config)
     problem_tokens = tokens if config.dustbin != "none" else DustbinTokens(None, None, None)
-    dots = dense_problem(q, k, q_len, k_len, problem_tokens, config)[0]
-    return scaling_plan_of_scores(dots, q_len, k_len, config=config)
+    scores = dense_problem(q, k, q_len, k_len, problem_tokens, config)[0]
+    return scaling_plan_of_scores(scores, q_len, k_len, config=config)
 
 
-def scaling_plan_of_scores(dots, q_len, k_len, *, config: TransportConfig):
+def scaling_plan_of_scores(scores, q_len, k_len, *, config: TransportConfig):
     """``scaling_transport_plan`` from the extended scores ``[B, H, Lq + 1, Lk + 1]`` at eps
     = 1 (``dense_problem``'s: ``<q, k> / sqrt(d)``, the dustbin tokens in the last row and
     column), for a caller that has a cheaper way to them than the dot products of ``q`` and
@@ -221,9 +221,9 @@ def scaling_plan_of_scores(dots, q_len, k_len, *, config: TransportConfig):
     if not scaling_applies(config):
         raise ValueError("the scaling solve does not cover this transport configuration "
                          "(scaling_applies); use transport_plan")
-    lq, lk = dots.shape[-2] - 1, dots.shape[-1] - 1
+    lq, lk = scores.shape[-2] - 1, scores.shape[-1] - 1
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    plan, safe = scaling_solve(dots, *dense_constraints(q_len, k_len, lq, lk, config, dots.dtype), config)
+    plan, safe = scaling_solve(scores, *dense_constraints(q_len, k_len, lq, lk, config, scores.dtype), config)
     return jax.lax.stop_gradient(plan), safe
 
 

@@ -73,9 +73,9 @@ def _base_state(cfg: TransportConfig, q_len, k_len, inputs):
     """(u^T, v^T) ``[N, Lp + 1]`` after the T base steps from zero, differentiably."""
     flat, spec = _flatten(*inputs[:3], q_len, k_len, inputs[3], cfg)
     ops, sup = sk.make_ops(spec), sk.support(flat, spec)
-    dots, raw_spk = sk.extended_scores(ops, spec, flat)
+    scores, raw_spk = sk.extended_scores(ops, spec, flat)
     zeros = jnp.zeros((flat.q.shape[0], flat.q.shape[1] + 1), flat.q.dtype)
-    (u, v), _ = sk.run_steps(ops, dots, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros, keep=0)
+    (u, v), _ = sk.run_steps(ops, scores, raw_spk, sup, sk.step_eps(cfg, 0), zeros, zeros, keep=0)
     return u, v
 
 

@@ -483,13 +483,29 @@ def _half_walk(band_ref, scale_ref, c_ref, refs: list, geom: BandGeometry, sourc
     return _walk_lse(band_ref, scale_ref, c_ref, geom, source, tiles=tiles)
 
 
+def _centering_share(w_ref, u_hat):
+    """These rows' share of the step's centering constant ``c = Σ_i weight_i û_i``."""
+    return jnp.sum(w_ref[...] * u_hat, keepdims=True)
+
+
+def _write_centered(share_ref, chunk: int, lse, u_hat, w, u_ref, v_ref, kappa: float, inside=True):
+    """The step's centering, in the kernel that ends it: ``c = Σ shares`` (summed ``chunk`` at
+    a time, a Triton load's length), ``v = v̂ + c`` on columns with entries and ``u = û - c`` on
+    rows with entries (``w > 0``), 0 elsewhere and outside the problem (``inside`` false). The
+    program's line block is also a row block: the padded problem is square."""
+    c = jax.lax.fori_loop(0, share_ref.shape[0] // chunk,
+                          lambda k, s: s + jnp.sum(share_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
+    v_ref[...] = jnp.where(inside & jnp.isfinite(lse), potential(0.0, lse, kappa) + c, 0.0)
+    u_ref[...] = jnp.where(inside & (w > 0), u_hat - c, 0.0)
+
+
 def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
                      shifted: bool):
     refs = list(refs)
     u_hat = potential(0.0, _half_walk(band_ref, scale_ref, v_ref, refs, geom, "rows", kappa, shifted), kappa)
     if centered:
-        w_ref, u_hat_ref, part_ref = refs
-        part_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)  # this row block's share of c
+        w_ref, u_hat_ref, share_ref = refs
+        share_ref[...] = _centering_share(w_ref, u_hat)
     else:
         (u_hat_ref,) = refs
     u_hat_ref[...] = u_hat
@@ -499,20 +515,14 @@ def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, 
                      chunk: int, shifted: bool):
     refs = list(refs)
     lse = _half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted)
-    v_hat = potential(0.0, lse, kappa)
-    if not centered:
+    if centered:
+        share_ref, w_ref, u_ref, v_ref = refs
+        b = geom.block
+        _write_centered(share_ref, chunk, lse, u_hat_ref[pl.ds(pl.program_id(1) * b, b)], w_ref[...],
+                        u_ref, v_ref, kappa)
+    else:
         (v_ref,) = refs
-        v_ref[...] = v_hat
-        return
-    part_ref, w_ref, u_ref, v_ref = refs
-    n_parts = part_ref.shape[0]
-    c = jax.lax.fori_loop(0, n_parts // chunk,
-                          lambda k, s: s + jnp.sum(part_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
-    b = geom.block
-    # Columns without entries keep 0; this program's line block is also a row block (the
-    # padded problem is square): its centered u.
-    v_ref[...] = jnp.where(jnp.isfinite(lse), v_hat + c, 0.0)
-    u_ref[...] = jnp.where(w_ref[...] > 0, u_hat_ref[pl.ds(pl.program_id(1) * b, b)] - c, 0.0)
+        v_ref[...] = potential(0.0, lse, kappa)
 
 
 def _pow2_divisor(n: int, cap: int = 1024) -> int:
@@ -557,11 +567,11 @@ def stored_row_half(band, scale, v, weight, previous=None, *, geom: BandGeometry
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_col_half(band, scale, u_hat, parts, weight, previous=None, *, geom: BandGeometry, kappa: float,
+def stored_col_half(band, scale, u_hat, shares, weight, previous=None, *, geom: BandGeometry, kappa: float,
                     centered: bool, interpret=False):
     """The column half step after ``stored_row_half``: ``v̂_j = kappa (0 - LSE_i (scale_j S_ij
     + û_i))`` (0 on columns without entries; ``scale`` on the columns). With ``centered``
-    (``parts``, ``weight`` from the row half) the step's centering: ``c = Σ parts``, returns
+    (``shares``, ``weight`` from the row half) the step's centering: ``c = Σ shares``, returns
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
     (0 elsewhere); without, returns v̂ (û is then the row potential). ``previous``: the
     columns' potential before this step, as ``stored_row_half``'s."""
@@ -572,15 +582,15 @@ def stored_col_half(band, scale, u_hat, parts, weight, previous=None, *, geom: B
     specs, operands = _with_previous(specs, operands, previous, b)
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
-        n_parts = parts.shape[-1]
-        specs += [_whole(n_parts), _rows(b)]
-        operands += [parts.astype(jnp.float32), weight.astype(jnp.float32)]
+        n_shares = shares.shape[-1]
+        specs += [_whole(n_shares), _rows(b)]
+        operands += [shares.astype(jnp.float32), weight.astype(jnp.float32)]
         out_specs, out_shape = [_rows(b), _rows(b)], [line, line]
     else:
-        n_parts = 1
+        n_shares = 1
         out_specs, out_shape = _rows(b), line
     kernel = functools.partial(_col_half_kernel, geom=geom, kappa=kappa, centered=centered,
-                               chunk=_pow2_divisor(n_parts), shifted=previous is not None)
+                               chunk=_pow2_divisor(n_shares), shifted=previous is not None)
     out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
                 interpret=interpret, name="stored_col_half")(*operands)
     return tuple(out) if centered else out
@@ -611,7 +621,7 @@ def _pow2_pieces(width: int) -> list[tuple[int, int]]:
     return out
 
 
-def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref, part_ref, *refs,
+def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref, partial_ref, *refs,
                           geom: BandGeometry, group: int, kappa: float):
     b = geom.block
     start = (pl.program_id(1) * group // b) * b  # the row block's first band key, in the padded v
@@ -626,14 +636,14 @@ def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref,
         y = scol_ref[pl.ds(start + o, s)][None, :] * tile + u_hat[:, None]
         top = jnp.max(y, axis=0)
         shift = jnp.where(top == -jnp.inf, 0.0, top)
-        part_ref[pl.ds(o, s)] = jnp.log(jnp.sum(tile_math.exp(y - shift[None, :]), axis=0)) + shift
+        partial_ref[pl.ds(o, s)] = jnp.log(jnp.sum(tile_math.exp(y - shift[None, :]), axis=0)) + shift
     u_hat_ref[...] = u_hat
-    if refs:  # centered: these rows' share of the centering constant
+    if refs:  # centered
         (share_ref,) = refs
-        share_ref[...] = jnp.sum(w_ref[...] * u_hat, keepdims=True)
+        share_ref[...] = _centering_share(w_ref, u_hat)
 
 
-def _one_pass_combine_kernel(part_ref, u_hat_ref, w_ref, *refs, geom: BandGeometry, group: int, kappa: float,
+def _one_pass_combine_kernel(partial_ref, u_hat_ref, w_ref, *refs, geom: BandGeometry, group: int, kappa: float,
                              centered: bool, chunk: int):
     b, wb = geom.block, geom.wb
     j_blk = pl.program_id(1) - wb  # the grid covers the padding's blocks too: they get zeros
@@ -642,24 +652,18 @@ def _one_pass_combine_kernel(part_ref, u_hat_ref, w_ref, *refs, geom: BandGeomet
     per_block = b // group
 
     def fold(g, carry):  # row group g's partials of key block j_blk
-        return tile_math.lse_update(*carry, part_ref[g, pl.ds((j_blk - g // per_block + wb) * b, b)][:, None])
+        return tile_math.lse_update(*carry, partial_ref[g, pl.ds((j_blk - g // per_block + wb) * b, b)][:, None])
 
     lo, hi = _key_range(j_blk, geom)
     hi = jnp.where(inside, hi, lo)  # a padding block folds nothing
     lse = tile_math.lse_finalize(*jax.lax.fori_loop(lo * per_block, hi * per_block, fold,
                                                     tile_math.lse_init(b)))[:, 0]
-    v_hat = potential(0.0, lse, kappa)
     if centered:
         share_ref, u_ref, v_ref = refs
-        n_shares = share_ref.shape[0]
-        c = jax.lax.fori_loop(0, n_shares // chunk, lambda k, s: s + jnp.sum(share_ref[pl.ds(k * chunk, chunk)]),
-                              jnp.float32(0.0))
-        # columns without entries keep 0; this line block is also a row block (square problem)
-        v_ref[...] = jnp.where(inside & jnp.isfinite(lse), v_hat + c, 0.0)
-        u_ref[...] = jnp.where(inside & (w_ref[...] > 0), u_hat_ref[...] - c, 0.0)
+        _write_centered(share_ref, chunk, lse, u_hat_ref[...], w_ref[...], u_ref, v_ref, kappa, inside)
     else:
         (v_ref,) = refs
-        v_ref[...] = jnp.where(inside, v_hat, 0.0)
+        v_ref[...] = jnp.where(inside, potential(0.0, lse, kappa), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
@@ -688,18 +692,18 @@ def stored_one_pass_rows(band, scale_rows, scale_cols, v, weight, *, geom: BandG
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_one_pass_combine(parts, u_hat, shares, weight, *, geom: BandGeometry, kappa: float, centered: bool,
+def stored_one_pass_combine(partials, u_hat, shares, weight, *, geom: BandGeometry, kappa: float, centered: bool,
                             interpret=False):
     """The second kernel of a one-pass step: ``v̂_j = kappa (0 - LSE)`` of the folded partials.
     Centered (``shares`` from the rows kernel): ``(u, v)`` centered; else ``v̂``. Outputs are
     padded (``one_pass_pad``) with zeros, as the next rows kernel reads them."""
     n, lp = u_hat.shape
     b, wb = geom.block, geom.wb
-    group = lp // parts.shape[1]
+    group = lp // partials.shape[1]
     padded = jax.ShapeDtypeStruct((n, lp + 2 * wb * b), jnp.float32)
     line = lambda n, j: (n, jnp.clip(j - wb, 0, geom.n_blocks - 1))  # the padding's blocks read a neighbour
-    specs = [_whole(*parts.shape[1:]), pl.BlockSpec((None, b), line), pl.BlockSpec((None, b), line)]
-    operands = [parts, u_hat, weight.astype(jnp.float32)]
+    specs = [_whole(*partials.shape[1:]), pl.BlockSpec((None, b), line), pl.BlockSpec((None, b), line)]
+    operands = [partials, u_hat, weight.astype(jnp.float32)]
     if centered:
         specs.append(_whole(shares.shape[1]))
         operands.append(shares)

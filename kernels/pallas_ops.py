@@ -316,10 +316,10 @@ class StoredBandOps(PallasBandOps):
             s.band, s.scale_rows, jnp.pad(s.scale_cols, pad), v_pad, weight)
         combine = self._kernel("stored_one_pass_combine", kappa=kappa_cols, centered=centered)
         if centered:
-            u_hat, parts, shares = rows
-            return (u_hat, *combine(parts, u_hat, shares, weight))
-        u_hat, parts = rows
-        return u_hat, jnp.pad(u_hat, pad), combine(parts, u_hat, None, weight)
+            u_hat, partials, shares = rows
+            return (u_hat, *combine(partials, u_hat, shares, weight))
+        u_hat, partials = rows
+        return u_hat, jnp.pad(u_hat, pad), combine(partials, u_hat, None, weight)
 
     def _stored_product(self, p: Plan, transposed: bool, y, x, z):
         if (x is None) != (z is None):

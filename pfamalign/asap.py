@@ -247,8 +247,8 @@ def projections(model, q_feat, k_feat, q_len, k_len, ceta=None):
 def problem_of(cfg, q, k, tokens, q_len, k_len):
     """The dense extended problem: ``(S [B, H, Lq+1, Lk+1] at eps, mask, log_a, log_b)``."""
     tokens = tokens if cfg.dustbin != "none" else DustbinTokens(None, None, None)
-    dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
-    return dots / cfg.eps, mask, log_a, log_b
+    scores, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
+    return scores / cfg.eps, mask, log_a, log_b
 
 
 def problem(model, q_feat, k_feat, q_len, k_len):

@@ -412,8 +412,8 @@ def _mean_plan(model: Aligner, q_feat, k_feat, q_len, k_len, encoded=None, *, so
         return plan.mean(axis=1), jnp.array(True)
     if not scaling_applies(model.cfg.transport):  # the reference plan, safe
         return _mean_plan(model, q_feat, k_feat, q_len, k_len, encoded, solver="reference")
-    dots = model.dense_scores(q_feat, k_feat, q_len, k_len, encoded=encoded)
-    plan, safe = scaling_plan_of_scores(dots, q_len, k_len, config=model.cfg.transport)
+    scores = model.dense_scores(q_feat, k_feat, q_len, k_len, encoded=encoded)
+    plan, safe = scaling_plan_of_scores(scores, q_len, k_len, config=model.cfg.transport)
     return plan.mean(axis=1), safe
 
 
