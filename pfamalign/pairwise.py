@@ -27,7 +27,7 @@ import os
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pfamalign import search as search_lib
-from pfamalign.alignment.formats import AlignmentRecord
+from pfamalign.alignment.formats import AlignmentRecord, id_problem
 
 if TYPE_CHECKING:
     from pfamalign.search import QueryResult
@@ -161,6 +161,9 @@ class PairAligner:
             for n, item in enumerate(items, start=1):
                 name, seq = _side(item, f"{role}{n}", n, what=f"{role} {n}")
                 where = f"{role} {n} ({name})"
+                problem = id_problem(name)  # a hit's id is a tabular column: checked before any work
+                if problem is not None:
+                    raise ValueError(f"{where}: the sequence id {problem}")
                 try:  # residues checked as the FASTA reader checks them
                     out.append(FastaRecord(name, normalize_sequence(seq, name=name), where))
                 except ValueError as err:
@@ -170,6 +173,9 @@ class PairAligner:
         for name, items in (("queries", queries), ("database", database)):
             if isinstance(items, (str, bytes)):
                 raise TypeError(f"{name} is a list of sequences, got a single string: wrap it in a list")
+            if isinstance(items, (collections.abc.Mapping, collections.abc.Set)):  # keys / no order
+                raise TypeError(f"{name} is a list of sequences or (id, sequence) pairs, got a "
+                                f"{type(items).__name__}: pass list(d.items()) for a dict of id -> sequence")
         errors = BatchErrors(strict=True)  # a bad sequence raises (its BadRecord: a ValueError)
         query_records = search_lib.usable_records(records(queries, "query"), self.predictor, errors)
         db = (query_records if database is None

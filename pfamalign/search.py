@@ -400,21 +400,29 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         lengths = np.array([len(s.seq) for s in subjects])
         e_values = n_db * null.sf(score, lengths)
         # a subject whose composition resembles the query's (two membrane proteins) scores
-        # high against it without homology, where most decoys do not: each subject that may
-        # be reported is charged its own shift (a shift only lowers a score: the subjects
-        # past the cutoff stay past it; of the others, the max_hits best before the shift
-        # are the ones that may be reported)
+        # high against it without homology, where most decoys do not: each subject that is
+        # reported is charged its own shift. A shift only lowers a score, so a subject's
+        # unshifted E-value bounds its shifted one from below: the subjects past the cutoff
+        # stay past it, and the max_hits best are found by shifting the best by that bound
+        # until they are all shifted (usually one or two rounds; a shifted subject can fall
+        # behind one not yet shifted, which must then be charged too)
         shift = np.zeros(len(subjects))
-        order = np.lexsort((-score, e_values))
-        reportable = order[e_values[order] <= evalue] if evalue is not None else order
-        reportable = reportable[:max_hits]
-        if correct_composition and len(reportable):
-            shift[reportable] = shifts(query, reference, [subjects[i].seq for i in reportable])
-        e_values = n_db * null.sf(score - shift, lengths)
-        reranked = reportable[np.lexsort((-score[reportable], e_values[reportable]))]
-        ranked = [int(i) for i in reranked if evalue is None or e_values[i] <= evalue]
+        charged = np.zeros(len(subjects), bool) if correct_composition else np.ones(len(subjects), bool)
+        reportable = np.flatnonzero(e_values <= evalue) if evalue is not None else np.arange(len(subjects))
+        while True:
+            e_values = n_db * null.sf(score - shift, lengths)
+            ranked = reportable[np.lexsort((-(score - shift)[reportable], e_values[reportable]))]
+            if evalue is not None:
+                ranked = ranked[e_values[ranked] <= evalue]
+            ranked = ranked[:max_hits]
+            due = ranked[~charged[ranked]]
+            if not len(due):
+                break
+            shift[due] = shifts(query, reference, [subjects[i].seq for i in due])
+            charged[due] = True
+        ranked = [int(i) for i in ranked]
         hits = []
-        for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked[:max_hits]),
+        for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked),
                             settings, errors):
             if isinstance(item, BadRecord):
                 yield item

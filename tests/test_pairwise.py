@@ -201,6 +201,12 @@ def test_search_names_a_bad_sequence_before_any_work(aligner):
         list(aligner.search([3], [PDZ_B]))
     with pytest.raises(ValueError, match=r"all against all \(--all-vs-all; no database in Python\) needs"):
         list(aligner.search([PDZ_A]))  # as `search --all-vs-all` with one sequence
+    # an id no tabular output can carry, on a subject that would never be a hit: refused up front
+    with pytest.raises(ValueError, match=r"subject 1 \(bad id\): the sequence id must be a non-empty string"):
+        list(aligner.search([PDZ_A], [("bad id", "ACDEFGHIKLMNPQRSTVWY" * 3), PDZ_B]))
+    for queries, database, name in (({"q": PDZ_A}, [PDZ_B], "queries"), ([PDZ_A], {PDZ_B}, "database")):
+        with pytest.raises(TypeError, match=f"{name} is a list of sequences or \\(id, sequence\\) pairs"):
+            list(aligner.search(queries, database))  # a dict's keys are not sequences; a set has no order
 
 
 def test_a_shipped_model_is_named_as_on_the_command_line():

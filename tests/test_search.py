@@ -263,6 +263,42 @@ def test_a_subject_of_the_querys_biased_composition_is_not_reported_as_related()
     assert hits[True]["unrelated"].shift > 0 and not any(h.shift for h in hits[False].values())
 
 
+
+def test_max_hits_reports_the_best_hits_after_the_composition_shift(tmp_path):
+    """``max_hits=N`` reports the N best by the shifted E-value: the first N rows of the
+    unlimited search. A query with a charged (E/K-rich) tail against two subjects of that
+    composition and RRM relatives: the charged subjects rank high before their shift and fall
+    behind a relative after it, so choosing the N before the shift would report a worse hit."""
+    from pfamalign.batch import BatchErrors
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import FastaRecord
+
+    family = _family_fasta(tmp_path / "rrm.fasta", {"PF00076.sto": 4})
+    rng = np.random.default_rng(5)
+
+    def draw(n, letters="ACDEFGHIKLMNPQRSTVWY"):
+        return "".join(rng.choice(list(letters), size=n))
+
+    charged = lambda n: draw(n, "EKEKEKRDQ")
+    query = FastaRecord("query", family[1][1] + charged(40), "")
+    db = [FastaRecord("LC1", draw(30) + charged(90), ""), FastaRecord("LC2", charged(100) + draw(20), "")]
+    db += [FastaRecord(name.split("|")[0], seq, "") for name, seq in family[:1] + family[2:4]]
+    db += [FastaRecord(f"r{i}", draw(int(n)), "") for i, n in enumerate(rng.integers(60, 200, size=20))]
+    predictor = Predictor()
+    settings = dataclasses.replace(predictor.decoding, mode="local")
+
+    def hits(max_hits):
+        (result,) = lib.search(predictor, [query], db, settings, BatchErrors(), evalue=None, max_hits=max_hits)
+        return [(h.columns["sseqid"], h.columns["evalue"], h.score, h.shift) for h in result.hits]
+
+    every = hits(None)
+    assert [h[1] for h in every] == sorted(h[1] for h in every)
+    # the test bites: a charged subject that led a relative before its shift falls behind it
+    assert any(a[2] > b[2] and a[0].startswith("LC") and a[3] > 0 for i, a in enumerate(every)
+               for b in every[:i])
+    for n in (1, 2, 3):
+        assert hits(n) == every[:n], n
+
 def test_hit_columns_by_hand():
     # A: MKVLAAGIV, B: WKVLGIVW; pairs K-K V-V L-L | (A,A unaligned) G-G I-I V-V
     rec = AlignmentRecord("MKVLAAGIV", "WKVLGIVW", np.array([[1, 1], [2, 2], [3, 3], [6, 4], [7, 5], [8, 6]]),
