@@ -86,12 +86,21 @@ def inside(path: os.PathLike, directory: os.PathLike) -> bool:
     return pathlib.Path(directory).resolve() in pathlib.Path(path).resolve().parents
 
 
+def shipped_assets() -> pathlib.Path:
+    """The package's ``assets`` directory (the shipped models): an input of every command."""
+    import importlib.resources
+
+    return pathlib.Path(str(importlib.resources.files("pfamalign") / "assets"))
+
+
 def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) -> pathlib.Path:
     """``path`` as a Path after the checks every output gets: it is not one of ``inputs`` and
     replaces no file inside one that is a directory (a dataset, a model: a new file there is
     fine), its directory exists, and it is not a directory itself."""
+    if str(path).endswith(("/", os.sep)):  # pathlib would drop the slash and write a file
+        raise OutputError(f"output {path} names a directory; give a file name")
     path = pathlib.Path(path)
-    for source in inputs:
+    for source in (*inputs, shipped_assets()):  # the shipped models are read by every default run
         if source is None or str(source) == "-":
             continue
         source = pathlib.Path(source)

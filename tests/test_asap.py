@@ -275,6 +275,11 @@ def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_mod
     assert res.exit_code == 2 and "no compiled operator" in res.output
     res = _run(["align", "--checkpoint", src, "--steps", "2", "ACDEFGHIK", "ACDEGHIK"])
     assert res.exit_code == 2 and "--engine steps" in res.output
+    # its options read as every command's: a shipped model's name, a split of the three
+    res = _run(["compile", "--checkpoint", "ensemble", "-o", tmp_path / "c"])
+    assert res.exit_code == 2 and "is an ensemble" in res.output, res.output
+    res = _run(["compile", "--checkpoint", src, "--split", "foo", "-o", tmp_path / "c"])
+    assert res.exit_code == 2 and "'foo' is not one of 'train', 'val', 'test'" in res.output, res.output
 
 
 @pytest.mark.slow  # ~2 min: a dataset, a fit, three engines' compilations, the benchmark

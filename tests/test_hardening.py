@@ -62,6 +62,51 @@ def test_output_into_a_missing_directory_is_a_clear_error(tmp_path):
     assert_clear_error(result, "does not exist", "mkdir -p")
 
 
+def test_an_output_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path):
+    # pathlib drops the slash: without the check, `-o newdir/` wrote a file named newdir
+    for args in (["align", PDZ_A, PDZ_B, "-f", "cigar", "-o"], ["eval", "--no-model", "--json"]):
+        result = run([*args, f"{tmp_path / 'newdir'}/"])
+        assert result.exit_code == 2 and "names a directory; give a file name" in result.output, result.output
+    assert not (tmp_path / "newdir").exists()
+    from pfamalign.outputs import OutputError, check_output_path
+
+    with pytest.raises(OutputError, match="names a directory"):  # the library's check, for API callers
+        check_output_path(f"{tmp_path / 'newdir'}/")
+
+
+def test_an_output_onto_a_shipped_model_file_is_refused_without_a_checkpoint(tmp_path, monkeypatch):
+    """Every default run reads the shipped models, so no output may replace one of their files,
+    --checkpoint given or not (a stand-in assets directory: a failure must not break the package)."""
+    from pfamalign import inference, outputs
+
+    assets = tmp_path / "assets" / "default_model"
+    assets.mkdir(parents=True)
+    (assets / "decoding.json").write_text("{}")
+    monkeypatch.setattr(outputs, "shipped_assets", lambda: tmp_path / "assets")
+    result = run(["align", PDZ_A, PDZ_B, "-f", "cigar", "-o", assets / "decoding.json"])
+    assert_clear_error(result, "would replace a file of the input directory")
+    assert (assets / "decoding.json").read_text() == "{}"
+    monkeypatch.undo()  # the real one is the package's
+    assert outputs.shipped_assets() / "default_model" == inference.default_model_dir()
+
+
+def test_data_written_to_standard_output_comes_alone_the_tables_go_to_standard_error(tmp_path):
+    """`eval --json -`, `barycenter --tsv -`, `certify --json -`: standard output carries the
+    data and nothing else (eval wrote a file named "-"; the others mixed their tables in)."""
+    result = CliRunner().invoke(
+        main, ["eval", "--stockholm", str(SEED / "PF00076.sto"), "--no-model", "--baselines", "nw",
+               "--max-pairs", "3", "--bootstrap", "0", "-q", "--json", "-"], env={"CI": "1"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["n_pairs"] == 3 and "F1" in result.stderr
+    assert not pathlib.Path("-").exists()
+    result = CliRunner().invoke(main, ["barycenter", PDZ_A, PDZ_B, "--tsv", "-"],
+                                                env={"CI": "1"})
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    assert header.split("\t")[:2] == ["row", "residue"] and len(rows) == len(PDZ_A), result.stdout
+    assert "barycenters:" in result.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
 def test_output_where_no_file_can_be_made_names_the_path_given_not_the_temporary():
     """/proc takes no new file, for root too (tests may run as root): one Error line that names

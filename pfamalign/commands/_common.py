@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import pathlib
 import re
 import sys
@@ -23,7 +24,7 @@ def check_outputs(*outputs, inputs=()) -> None:
     input, not each other, in an existing directory); exits with the message otherwise."""
     from pfamalign.outputs import OutputError, check_output_path, same_file
 
-    named = [pathlib.Path(o) for o in outputs if o is not None and str(o) != "-"]
+    named = [o for o in outputs if o is not None and str(o) != "-"]
     for i, path in enumerate(named):
         if twin := next((o for o in named[:i] if same_file(o, path)), None):
             fail(f"two outputs name one file ({twin} and {path}); give each its own name")
@@ -48,6 +49,21 @@ class Number(click.FloatRange):
         if math.isnan(number) or (self.finite and math.isinf(number)):
             self.fail(f"{value!r} is not a {'finite ' if self.finite else ''}number.", param, ctx)
         return number
+
+
+class OutputFile(click.Path):
+    """An output file's path. A name ending in ``/`` names a directory and is refused here:
+    ``pathlib`` would drop the slash and the output would become a file of that name."""
+
+    name = "file"
+
+    def __init__(self):
+        super().__init__(dir_okay=False, path_type=pathlib.Path)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            self.fail(f"{value!r} names a directory; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class ModelDirectory(click.Path):

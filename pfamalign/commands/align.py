@@ -8,8 +8,8 @@ import time
 
 import click
 
-from pfamalign.commands._common import (Number, batch_options, batch_progress, check_figure, check_outputs,
-                                       checkpoint_option, decoder_options, decoder_settings, engine_options,
+from pfamalign.commands._common import (Number, OutputFile, batch_options, batch_progress, check_figure,
+                                       check_outputs, checkpoint_option, decoder_options, decoder_settings, engine_options,
                                        error_line, fail, max_length_option, max_memory_option,
                                        sequence_paths)
 
@@ -50,9 +50,9 @@ def _shipped_mix() -> str:
                    "for many pairs); cigar: seq_a the reference (D: its residues opposite a gap, "
                    "I: seq_b's), for many pairs ID_A<TAB>ID_B<TAB>CIGAR lines; fasta: two records "
                    "per pair, pairs one after another. Every format writes residues upper-cased.")
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("-o", "--out", type=OutputFile(),
               help="Write the alignment(s) here instead of standard output.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("--plot", type=OutputFile(),
               help="Figure of the plan with marginals and the decoded path (single pair), in the "
                    "format its extension names (.png, .svg, .pdf, ...). Sequences longer than "
                    "400 residues show the band around the path.")

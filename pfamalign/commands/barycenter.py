@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import pathlib
 
 import click
 import numpy as np
 
-from pfamalign.commands._common import (check_figure, check_outputs, fail, max_length_option,
+from pfamalign.commands._common import (OutputFile, check_figure, check_outputs, fail, max_length_option,
                                        pair_input_options, resolve_pair, sequence_paths)
 
 
 @click.command()
 @pair_input_options
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("--plot", type=OutputFile(),
               help="Figure (format from the extension: .png, .svg, .pdf, ...): barycenter of each query row "
                    "against its target column.")
-@click.option("--tsv", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="Write the per-row table as TSV here.")
+@click.option("--tsv", type=OutputFile(),
+              help="Write the per-row table as TSV here (- for standard output; the display then "
+                   "goes to standard error).")
 @max_length_option()
 def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, plot, tsv, max_length):
     """Row-normalized transport barycenters of a pair against its reference columns.
@@ -52,7 +52,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     table, pm = result.table, result.metrics
-    console = Console()
+    console = Console(stderr=str(tsv) == "-")  # stdout carries the TSV alone
     tab = Table(title=f"barycenters: {pair['q_id']} vs {pair['k_id']}")
     for col in table.columns:
         tab.add_column(col, justify="right")

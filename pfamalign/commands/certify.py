@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pathlib
 
 import click
 
 from pfamalign import interrupts, jsonio
-from pfamalign.commands._common import (Number, check_figure, check_outputs, fail, max_length_option,
+from pfamalign.commands._common import (Number, OutputFile, check_figure, check_outputs, fail, max_length_option,
                                        max_memory_option, pair_input_options, resolve_pair, sequence_paths)
 
 
@@ -31,9 +30,10 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
               help="Rows per contraction block.")
 @max_length_option()
 @max_memory_option("; certify solves the dense problem in float64: about 3 GB at 2,000 x 2,000 residues")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="Write every certificate (per block, per R) as JSON here.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("--json", "json_out", type=OutputFile(),
+              help="Write every certificate (per block, per R) as JSON here (- for standard output; "
+                   "the tables then go to standard error).")
+@click.option("--plot", type=OutputFile(),
               help="Figure (format from the extension: .png, .svg, .pdf, ...): contraction per block, bias "
                    "vs R, tail mass per row.")
 def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weights, tail_depths, tol,
@@ -101,7 +101,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
                                   block_rows=block_rows, score_noise=score_noise, progress=stage)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    console = Console()
+    console = Console(stderr=str(json_out) == "-")  # stdout carries the JSON alone
     c = result["contraction"]
     tab = Table(title=f"projective contraction: {c['certified_blocks']}/{c['total_blocks']} blocks certified")
     for col in ("", "count", "min", "median", "p90", "max"):

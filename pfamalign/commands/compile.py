@@ -7,17 +7,18 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import DatasetDirectory, Number, fail
+from pfamalign.commands._common import DatasetDirectory, ModelDirectory, Number, fail
 
 
 @click.command(name="compile")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path),
-              help="Model directory to compile. Default: the model shipped with pfamalign.")
+@click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
+              help="Model directory to compile, or a shipped model's name. Default: the model shipped "
+                   "with pfamalign.")
 @click.option("--data", type=DatasetDirectory(),
               help="Dataset (`pfamalign prepare` output) whose pairs calibrate the operator. "
                    "Default: the dataset the model trained on, when it is still at the path its "
                    "training record names.")
-@click.option("--split", default="train", show_default=True,
+@click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Split of --data to calibrate on (the model's training families: unlabeled use).")
 @click.option("--pairs", "n_pairs", type=click.IntRange(min=1), default=64, show_default=True,
               help="Calibration pairs (drawn across the families).")

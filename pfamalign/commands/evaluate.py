@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import click
 from click.core import ParameterSource
 
-from pfamalign.commands._common import (DatasetDirectory, check_figure, check_outputs, checkpoint_option,
+from pfamalign.commands._common import (DatasetDirectory, OutputFile, check_figure, check_outputs, checkpoint_option,
                                        decoder_options, decoder_settings, engine_options, fail,
                                        strict_option)
 
@@ -35,9 +36,10 @@ from pfamalign.commands._common import (DatasetDirectory, check_figure, check_ou
               help="Seed of the bootstrap and the sampling.")
 @decoder_options
 @engine_options
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="Write the full results (every number, with intervals) as JSON here.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("--json", "json_out", type=OutputFile(),
+              help="Write the full results (every number, with intervals) as JSON here (- for standard "
+                   "output; the tables then go to standard error).")
+@click.option("--plot", type=OutputFile(),
               help="Figure (format from the extension: .png, .svg, .pdf, ...) of F1 by identity bin per "
                    "method, beside the model's reliability curve.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -111,11 +113,12 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
             fail(str(err))
         settings = decoder_settings(predictor.decoding, decoding)
     errors = BatchErrors(strict)
+    json_to_stdout = str(json_out) == "-"  # written last, after the tables (to stderr)
     try:
         summary = evaluation.run(data=data, split=split, stockholm=stockholm,
                                  pairs_per_family=pairs_per_family, max_pairs=max_pairs,
                                  predictor=predictor, baselines=base, decoding=settings,
-                                 n_boot=bootstrap, seed=seed, json_path=json_out, plot_path=plot,
+                                 n_boot=bootstrap, seed=seed, json_path=None if json_to_stdout else json_out, plot_path=plot,
                                  quiet=quiet, errors=errors)
     except ValueError as err:
         fail(str(err))
@@ -133,6 +136,14 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
                        f"({', '.join(overlap[key])}): these scores overstate its accuracy on new "
                        "families; score families it never saw (the test split of its dataset).",
                        err=True)
-    evaluation.render(summary)
+    if json_to_stdout:
+        from rich.console import Console
+
+        from pfamalign import jsonio
+
+        evaluation.render(summary, Console(stderr=True, width=None if sys.stderr.isatty() else 150))
+        click.echo(jsonio.dumps(summary, indent=2))
+    else:
+        evaluation.render(summary)
     if errors:
         fail(errors.summary(), code=1)

@@ -8,8 +8,8 @@ import click
 
 from pfamalign import inputs
 from pfamalign import search as lib  # the defaults, one place (numpy: only this command loads it)
-from pfamalign.commands._common import (Number, batch_options, batch_progress, check_outputs, checkpoint_option,
-                                       decoder_options, decoder_settings, engine_options, error_line,
+from pfamalign.commands._common import (Number, OutputFile, batch_options, batch_progress, check_outputs,
+                                       checkpoint_option, decoder_options, decoder_settings, engine_options, error_line,
                                        fail, max_length_option, max_memory_option)
 
 
@@ -45,7 +45,7 @@ from pfamalign.commands._common import (Number, batch_options, batch_progress, c
                    "hit (JSON lines) with its columns, its `score` (the homology log-odds the E-value "
                    "comes from) and the full `alignment` (as `align -f json`, whose own `score` is "
                    "the aligner's).")
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=pathlib.Path),
+@click.option("-o", "--out", type=OutputFile(),
               help="Write the hits here instead of standard output.")
 @checkpoint_option()
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
