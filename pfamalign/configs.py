@@ -269,7 +269,7 @@ def _parse_value(text: Any, current: Any, annotation: Any, key: str) -> Any:
             return value.lower() in ("true", "yes")
         raise ValueError(f"--set {key}: expected true/false, got {text!r}")
     if isinstance(current, int) or annotation in ("int", "int | None"):
-        if isinstance(value, (int, float)) and float(value).is_integer():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
             return int(value)
         raise ValueError(f"--set {key}: expected an integer, got {text!r}")
     if isinstance(current, float) or annotation in ("float", "float | None"):
@@ -310,10 +310,8 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
             table, kw, current = {}, None, None
         if kw is None or field not in table:
             raise ValueError(f"unknown --set key {key!r}; valid keys: {', '.join(override_keys())}")
-        if field == "blocks":
-            value = _parse_value(text, None, "int | None", key)
-            from pfamalign.kernels.config import BlockSizes
-            kw[field] = BlockSizes(value)
+        if field == "blocks":  # --set blocks=N: the tile edge, as the JSON form {"block": N}
+            kw[field] = {"block": _parse_value(text, None, "int | None", key)}
             continue
         kw[field] = _parse_value(text, getattr(current, field), table[field].type, key)
     transport = cfg.model.transport

@@ -92,13 +92,15 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
     values (``diag/<metric>``); {} without pairs."""
     dustbin = model.cfg.dustbin
     device = jax.local_devices()[0]
-    ours, diag, sums, weight = [], [], {}, 0.0
+    # each term pooled over its own count (a mean of batch means would move with the batch size)
+    counts = {"recon": "n_annotated", "ce": "n_ce", "mono": "n_mono", "encoder_aux": "n_pairs"}
+    ours, diag, sums, weight = [], [], {k: 0.0 for k in counts}, {k: 0.0 for k in counts}
     for batch in batches:
         metrics, plan, v, tv = jax.device_get(eval_batch(model, jax.device_put(batch, device)))
-        w = float(metrics["n_annotated"])
-        for key in ("loss", "recon", "ce", "mono"):
-            sums[key] = sums.get(key, 0.0) + float(metrics[key]) * w
-        weight += w
+        metrics = {**metrics, "n_pairs": int(np.sum(batch["valid"]))}  # aux: a mean over the pairs
+        for key, count in counts.items():
+            sums[key] += float(metrics[key]) * float(metrics[count])
+            weight[key] += float(metrics[count])
         for b in np.flatnonzero(batch["valid"]):
             ql, kl = int(batch["q_len"][b]), int(batch["k_len"][b])
             target = batch["target"][b, :ql]
@@ -111,7 +113,10 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
             diag.append(diagonal_plan_metrics(target, kl, values=values, dustbin=dustbin))
     if not ours:
         return {}
-    out = {f"val/{k}": v / max(weight, 1.0) for k, v in sums.items()}
+    out = {f"val/{k}": sums[k] / max(weight[k], 1.0) for k in ("recon", "ce", "mono")}
+    cfg = model.cfg
+    out["val/loss"] = (cfg.recon_weight * out["val/recon"] + cfg.ce_weight * out["val/ce"]
+                       + cfg.mono_weight * out["val/mono"] + sums["encoder_aux"] / max(weight["encoder_aux"], 1.0))
     for prefix, items in (("val", ours), ("diag", diag)):
         pooled = PlanMetrics.pool(items)
         out.update({f"{prefix}/{m}": float(getattr(pooled, m)) for m in PLAN_METRICS})

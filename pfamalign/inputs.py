@@ -127,7 +127,8 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                     raise ValueError(f"{source}:{lineno}: a Stockholm alignment, not FASTA (convert it, "
                                      "e.g. `esl-reformat fasta`, or give it to --stockholm where a "
                                      "command takes one)")
-                raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header")
+                hint = " (a tab-separated pairs file? give it to --pairs)" if "\t" in line else ""
+                raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header{hint}")
             starts.append((size, lineno))
             line = line.strip().replace(" ", "").replace("\t", "")  # not other whitespace: a bad character
             size += len(line)

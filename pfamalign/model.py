@@ -566,7 +566,9 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
     Returns ``(loss, metrics)``; metrics are scalars: ``loss``, ``recon``, ``ce``, ``mono``,
     ``ce_offsupport`` (count of masked CE entries, rows x heads), ``bary_mae``, ``within5``,
     ``mono_violation`` (per-head barycenter diagnostics), ``dustbin_mass`` (mean dustbin mass
-    of annotated rows), ``value_spread``, ``temperature``, ``n_annotated``, ``encoder_aux``.
+    of annotated rows), ``value_spread``, ``temperature``, ``encoder_aux``, and each mean's
+    count (rows x heads), so that batches pool exactly: ``n_annotated`` (recon), ``n_ce``
+    (ce: finite target entries), ``n_mono`` (mono: adjacent annotated row pairs).
     """
     cfg = model.cfg
     q_len = jnp.asarray(batch["q_len"], jnp.int32)
@@ -628,6 +630,8 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
         "value_spread": _safe_div(jnp.sum(spread * has_keys), jnp.sum(has_keys) * h),
         "temperature": jnp.exp(sg(model.log_temp[...])),
         "n_annotated": n_ann,
+        "n_ce": jnp.sum(finite),
+        "n_mono": n_cons,
         "encoder_aux": jnp.asarray(res.aux, jnp.float32),
     }
     return loss, metrics

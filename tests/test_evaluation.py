@@ -54,6 +54,12 @@ def test_validation_and_eval_give_the_same_plan_metrics(name, dataset, tmp_path)
     pooled = PlanMetrics.pool(ev.plan["model"])
 
     assert val["val/n_pairs"] == len(records) == 8
+    # the objective's terms pool over their own counts: the eval batch size moves nothing
+    for size in (1, 3, 8):
+        resized = cfg.train.replace(eval_batch_size=size)
+        other = evaluation.validate(predictor.model, loop.val_batches(dataset, resized))
+        for key in ("val/loss", "val/recon", "val/ce", "val/mono", "val/sparse_ce"):
+            assert other[key] == pytest.approx(val[key], rel=2e-6), (key, size)
     for metric in ("sparse_ce", "barycenter_mae", "within5", "monotonicity_violation"):
         assert val[f"val/{metric}"] == pytest.approx(getattr(pooled, metric), rel=1e-4), metric
     diag = PlanMetrics.pool(ev.plan["diagonal"])

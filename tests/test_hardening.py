@@ -1550,3 +1550,11 @@ def test_worker_pools_are_one_per_name_and_sized_by_the_usable_cpus(monkeypatch)
         assert pool.submit(lambda: threading.current_thread().name).result().startswith("pfamalign-probe")
     finally:
         pool.shutdown(), single.shutdown()
+
+
+def test_one_sequence_or_a_pairs_file_where_fasta_is_expected_says_what_to_give(tmp_path):
+    result = run(["align", "MKVLAAG"])
+    assert result.exit_code == 2 and "MKVLAAG is not a file: give two sequences" in result.output, result.output
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"{PDZ_A}\t{PDZ_B}\n")
+    assert_clear_error(run(["align", pairs]), "not FASTA", "a tab-separated pairs file? give it to --pairs")

@@ -98,6 +98,14 @@ def test_overrides_and_roundtrip():
         _cfg("k2_eps1", feature_dim="3")  # comes from the dataset
     with pytest.raises(ValueError, match="expected an integer"):
         _cfg("k2_eps1", heads="two")
+    for key in ("train.steps", "encoder_layers"):  # a bool is no integer (Python's True is an int)
+        with pytest.raises(ValueError, match="expected an integer, got 'true'"):
+            _cfg("align_ce", **{key: "true"})
+    for key in ("transport.blocks", "blocks"):  # the tile edge, in the JSON form's shape
+        assert _cfg("align_ce", **{key: "64"}).model.transport.blocks.block == 64
+    assert _cfg("align_ce", **{"blocks": "null"}).model.transport.blocks.block is None
+    with pytest.raises(ValueError, match="power of two"):
+        _cfg("align_ce", blocks="100")
     with pytest.raises(ValueError, match="dustbin must be one of"):
         _cfg("k2_eps1", dustbin="maybe")
     with pytest.raises(ValueError, match="unknown configuration 'k3'"):

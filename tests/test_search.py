@@ -413,6 +413,7 @@ def test_search_json_alignment_matches_its_columns_and_limits_apply(fastas):
         assert hit["score"] == pytest.approx(log_likelihood_ratio(default_pairhmm(), hit["alignment"]["seq_a"],
                                                                   hit["alignment"]["seq_b"]), rel=1e-9)
         assert hit["score"] != pytest.approx(hit["alignment"]["score"])
+        assert hit["shift"] >= 0  # the composition shift the E-value charged
     none = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
                                      "--evalue", "0"])
     assert none.exit_code == 0 and _table(none.stdout)[1] == []

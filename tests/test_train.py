@@ -227,9 +227,10 @@ def test_verify_checks_each_checkpoints_data_state_and_the_model_settings(refere
 def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_path,
                                                         monkeypatch, capfd):
     out = tmp_path / "run"
+    logged = _cfg(dataset, **{"train.log_every": 4})  # a train/ line at steps 4 and 6: the save at 3 splits one
 
     faultkill.sigterm_at(monkeypatch, 2)
-    first = train.run(dataset, out, _cfg(dataset), quiet=True)
+    first = train.run(dataset, out, logged, quiet=True)
     assert first.interrupted and first.signal == signal.SIGTERM and first.step == 3
     assert checkpoint.TrainCheckpoints(out / "checkpoints").all_steps() == [2, 3]
     assert not (out / "model").exists()
@@ -246,12 +247,18 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     assert f"Warning: {out} is an unfinished run: aligning with its newest checkpoint (step 3)" in err
     assert "_CHECKPOINT_METADATA" not in err, err
     monkeypatch.undo()
-    second = train.run(dataset, out, _cfg(dataset), quiet=True, tune_pairs=None)
+    second = train.run(dataset, out, logged, quiet=True, tune_pairs=None)
     assert (second.start_step, second.step) == (3, STEPS)
     _assert_same(_params(out / "model"), _params(reference.out_dir / "model"))
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in lines if "train/loss" in r]
-    assert steps == list(range(1, STEPS + 1))  # no duplicated lines after the resume
+    losses = {r["step"]: r["train/loss"] for r in lines if "train/loss" in r}
+    assert list(losses) == [4, STEPS]  # no duplicated lines after the resume
+    # each line is its window's mean, the steps before the interrupt included (the reference
+    # logs every step)
+    ref = {r["step"]: r["train/loss"] for r in map(json.loads, (reference.out_dir / "metrics.jsonl")
+                                                   .read_text().splitlines()) if "train/loss" in r}
+    assert losses[4] == pytest.approx(np.mean([ref[s] for s in (1, 2, 3, 4)]), rel=1e-6)
+    assert losses[STEPS] == pytest.approx(np.mean([ref[s] for s in (5, 6)]), rel=1e-6)
     # without tuning the model gets the shipped model's decoder, and says so
     assert second.decoder["source"] == "default_model" and "--no-tune" in second.decoder["reason"]
     assert DecoderSettings.load(out / "model") == DecoderSettings.load(default_model_dir())
@@ -265,6 +272,26 @@ def test_sigterm_saves_and_the_resumed_run_is_identical(reference, dataset, tmp_
     text = " ".join(res.output.split())
     assert f"nothing to train: {os.path.relpath(out)} was already at step {STEPS} of {STEPS}" in text
     assert not re.search(r"trained \d", text), text
+
+
+def test_a_run_interrupted_in_its_first_validation_writes_that_line_once(dataset, tmp_path, monkeypatch):
+    """SIGTERM during the step-0 validation: the line is written, checkpoint 0 saved; the
+    resumed run does not validate step 0 again (metrics.jsonl would hold it twice)."""
+    out = tmp_path / "run"
+    validate = train.evaluation.validate
+
+    def interrupted(*args, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return validate(*args, **kw)
+
+    monkeypatch.setattr(train.evaluation, "validate", interrupted)
+    cfg = _cfg(dataset, **{"train.eval_every": STEPS, "train.steps": 2})
+    first = train.run(dataset, out, cfg, quiet=True, tune_pairs=None)
+    assert first.interrupted and first.step == 0
+    monkeypatch.undo()
+    train.run(dataset, out, cfg, quiet=True, tune_pairs=None)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "val/sparse_ce" in r] == [0, 2]
 
 
 def _sigint_here() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import time
 
@@ -133,6 +134,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
             pairs = inputs.read_pairs_tsv(pairs_file)
             total = inputs.count_pairs_tsv(pairs_file)  # None for a pipe: a bar without a total
         elif seq_b is None:
+            if seq_a != "-" and not os.path.exists(seq_a) and seq_a.isalpha():  # a sequence, not a file
+                raise click.UsageError(f"{seq_a[:20]}{'...' if len(seq_a) > 20 else ''} is not a file: give two "
+                                       "sequences (pfamalign align SEQ_A SEQ_B), or one FASTA file")
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
             total = len(pairs)
         else:

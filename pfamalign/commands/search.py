@@ -42,16 +42,17 @@ from pfamalign.commands._common import (Number, OutputFile, batch_options, batch
               show_default=True,
               help="tsv: the hit table below; blast6 / blast7: BLAST+ -outfmt 6 (no comments) / 7 "
                    "(comment lines per query), its twelve standard columns; json: one JSON object per "
-                   "hit (JSON lines) with its columns, its `score` (the homology log-odds the E-value "
-                   "comes from) and the full `alignment` (as `align -f json`, whose own `score` is "
-                   "the aligner's).")
+                   "hit (JSON lines) with its columns, its `score` (the homology log-odds), its "
+                   "composition `shift` (the E-value is that of score - shift) and the full "
+                   "`alignment` (as `align -f json`, whose own `score` is the aligner's).")
 @click.option("-o", "--out", type=OutputFile(),
               help="Write the hits here instead of standard output.")
 @checkpoint_option()
 @click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights.")
 @decoder_options
 @engine_options
-@max_length_option("Skip sequences longer than this (residues).")
+@max_length_option("Leave out sequences longer than this (residues), each reported as a bad record "
+                   "(exit status 1 at the end).")
 @max_memory_option()
 @batch_options
 def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates, composition_shift, seed, fmt, out,
@@ -170,7 +171,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
                 elif fmt == "json":
                     for hit in result.hits:
                         alignment = json.loads(to_json(hit.record, provenance=provenance))
-                        sink.write(dumps_line({**hit.columns, "score": hit.score,
+                        sink.write(dumps_line({**hit.columns, "score": hit.score, "shift": hit.shift,
                                                "alignment": alignment}) + "\n")
                 else:
                     names = lib.COLUMNS if fmt == "tsv" else lib.BLAST_COLUMNS

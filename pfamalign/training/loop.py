@@ -195,13 +195,14 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     # -- state --------------------------------------------------------------------------------
     state = init_state(cfg, mesh)
     checkpoints = ckpt.TrainCheckpoints(manager_dir, keep=loop.keep_checkpoints)
-    step = 0
+    step, window = 0, []
     if resume_step is not None:
         abs_params, abs_opt = abstract_state(state)
         state.params, state.opt_state, data_state, meta = checkpoints.restore(
             resume_step, params=abs_params, opt_state=abs_opt)
         it.set_state(data_state)
         step = int(meta["step"])
+        window = list(meta.get("log_window", []))  # older checkpoints: none kept
     start_step = step
     train_step = make_train_step(cfg, mesh)
     val = val_batches(data_dir, cfg.train) if loop.eval_every else []
@@ -224,9 +225,12 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
             writer.write(step, {"resume/changed": "; ".join(changed)})
 
     def save(at_step: int) -> None:
+        # the steps since the last train/ line go with the checkpoint: the resumed run's next
+        # line averages them too, as the uninterrupted run's does
+        pending = [{k: float(v) for k, v in r.items()} for r in window]
         checkpoints.save(at_step, params=state.params, opt_state=state.opt_state,
                          data_state=it.get_state(),
-                         meta={"step": at_step, "examples_seen": at_step * batch_size})
+                         meta={"step": at_step, "examples_seen": at_step * batch_size, "log_window": pending})
 
     def run_eval(at_step: int) -> dict:
         if not val:
@@ -242,12 +246,12 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                      f"{result['val/within5']:.3f} (diag {result['diag/within5']:.3f})")
         return result
 
-    last_eval, last_metrics, window, saved_step = {}, {}, [], resume_step
+    last_eval, last_metrics, saved_step = {}, {}, resume_step
     model_dir = decoder = None
     interrupted = False
     try:
         with _StopFlag() as stop:
-            if step == 0 and loop.eval_every:
+            if step == 0 and resume_step is None and loop.eval_every:  # a resumed step 0 has its line
                 last_eval = run_eval(0)
             while step < optim.steps:
                 if stop.stop_requested():
