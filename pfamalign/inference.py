@@ -227,15 +227,17 @@ class Predictor:
         return model_content_hash(self.path, self.pairhmm)
 
     def provenance(self, decoding: DecoderSettings | None = None) -> dict:
-        """What produced an alignment (every output format records it): program and
-        version, model name and content hash, decoder and its settings."""
+        """What produced an alignment (the formats with a place for it record it): program
+        and version, model name and content hash, decoder and the settings it reads (the
+        others changed nothing, as ``--gap-open`` with the posterior decoder is refused)."""
         from pfamalign import __version__
 
         shipped = " (shipped)" if self.path in {shipped_model_dir(n) for n in SHIPPED_MODELS} else ""
-        settings = dataclasses.asdict(decoding or self.decoding)
+        decoding = decoding or self.decoding
+        settings = {k: getattr(decoding, k) for k in decoding.reads(decoding.decoder) if k != "decoder"}
         return {"version": f"pfamalign {__version__}",
                 "model": f"{self.name}{shipped} {self.model_hash}",
-                "decoder": {"name": settings.pop("decoder"), **settings, "symmetrized": True},
+                "decoder": {"name": decoding.decoder, **settings, "symmetrized": True},
                 **({"engine": self.engine.describe()} if self.engine is not None else {})}
 
     # ---- featurization ------------------------------------------------------------------
@@ -677,7 +679,9 @@ def predictor_path(checkpoint: str | pathlib.Path | None) -> pathlib.Path:
 
 def model_directory(value: str | os.PathLike) -> pathlib.Path:
     """``value`` as a path, or the shipped model it names (``SHIPPED_MODELS``: ``default``,
-    ``ensemble``) where no such path exists."""
-    if isinstance(value, str) and value in SHIPPED_MODELS and not pathlib.Path(value).exists():
-        return shipped_model_dir(value)
+    ``ensemble``; ``ensemble/MEMBER``: one of its members) where no such path exists."""
+    if isinstance(value, str) and not pathlib.Path(value).exists():
+        name, _, member = value.partition("/")
+        if name in SHIPPED_MODELS:
+            return shipped_model_dir(name) / member if member else shipped_model_dir(name)
     return pathlib.Path(value)

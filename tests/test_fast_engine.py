@@ -351,6 +351,40 @@ def test_a_second_process_loads_the_numba_kernels_from_the_cache(tmp_path):
     assert first == [(0, 1)] * 3 and second == [(1, 0)] * 3, [r.stderr[-500:] for r in runs]
 
 
+_GAP_VARIANTS = """
+import dataclasses, sys
+from pfamalign.alignment import pairhmm_numba
+from pfamalign.alignment.pairhmm import default_pairhmm
+full = default_pairhmm().components[0]
+one = dataclasses.replace(full, gap_open=full.gap_open[:1], gap_extend=full.gap_extend[:1])
+for hmm in [{"1": one, "2": full}[g] for g in sys.argv[1:]]:
+    post = pairhmm_numba.match_posteriors_many(hmm, [("MKVLAAGIVGLLLAWE", "MKVLSAGIVGLAWE")])[0]
+    kernel = pairhmm_numba._kernel(hmm.n_gap_types)
+    (compiled,) = kernel.overloads.values()
+    print(hmm.n_gap_types, sum(kernel.stats.cache_hits.values()), compiled.fndesc.unique_name, repr(post.sum()))
+"""
+
+
+def test_kernel_variants_compiled_by_two_processes_load_into_one_apart(tmp_path):
+    """The pair-HMM kernel per gap count, each compiled by its own process, then both read from
+    the disk cache by a third: numba names a kernel by its qualified name and a per-process
+    counter, so without the variant in the name the two shared their symbols' and environment's
+    names ("descr is NULL" at the return)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+
+    def run(*gaps):
+        out = subprocess.run([sys.executable, "-c", _GAP_VARIANTS, *gaps], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [line.split() for line in out.stdout.splitlines()]
+
+    alone = run("1") + run("2")
+    both = run("1", "2")
+    assert [row[1] for row in alone] == ["0", "0"] and [row[1] for row in both] == ["1", "1"]  # from the cache
+    assert both[0][2] != both[1][2]  # two names
+    assert [row[3] for row in both] == [row[3] for row in alone]  # and each its own kernel's result
+
+
 def test_without_a_writable_cache_numba_kernels_still_compile(monkeypatch):
     import numba.core.caching
 

@@ -37,16 +37,22 @@ def for_job(pairs: int) -> bool:
     return _started
 
 
-def njit(**flags):
+def njit(variant: str | None = None, **flags):
     """``numba.njit`` with the GIL released and numba's disk cache (keyed by the kernel's
     source; under the command line's cache directory, ``compile_cache.enable``, else beside
     the module or in the user's cache; where none is writable, no disk cache: each process
-    compiles); starts numba."""
+    compiles); starts numba. ``variant``: what tells apart the kernels a ``kernel_factory``
+    builds from one source (e.g. ``"2gaps"``). numba names a kernel's symbols and environment
+    by its qualified name and a per-process counter, so two variants compiled by different
+    processes and read from the disk cache into one shared them (and failed: "descr is
+    NULL"); the variant goes into the name (and gives it a cache index of its own)."""
     import numba
 
     start()
 
     def decorate(fn):
+        if variant is not None:
+            fn.__qualname__ = f"{fn.__qualname__}_{variant}"
         try:
             kernel = numba.njit(nogil=True, cache=True, error_model="numpy", **flags)(fn)
         except RuntimeError:  # "cannot cache function ...: no locator available"

@@ -41,7 +41,7 @@ def _kernel(gaps: int):
     false: the forward pass alone (``log Z``; an empty table)."""
     G = gaps  # a closure constant: numba compiles it in, and keys its cache by it
 
-    @njit(fastmath={"reassoc", "contract"})  # reassoc: the row maxima vectorize
+    @njit(variant=f"{gaps}gaps", fastmath={"reassoc", "contract"})  # reassoc: the row maxima vectorize
     def forward_backward(mm, opn, dec, close, sw, emit, local, posteriors):
         lq, lk = emit.shape
         c = lk + 1

@@ -81,12 +81,15 @@ class ModelDirectory(click.Path):
         return super().convert(model_directory(value), param, ctx)
 
 
-def checkpoint_option(help: str = "Model directory"):
-    """``--checkpoint``: a model or ensemble directory, or a shipped model's name."""
+def checkpoint_option(help: str = "Model directory", *, ensembles: bool = True):
+    """``--checkpoint``: a model (or, where the command takes one, ensemble) directory, or a
+    shipped model's name."""
+    shipped = ("or `ensemble`: the shipped ensemble (more accurate, about 3x slower; "
+               "pfamalign/assets/ensemble_model/TRAINING.md in the package)" if ensembles else
+               "not an ensemble: name one of its members, e.g. `ensemble/align_ce` (a member of the shipped "
+               "ensemble)")
     return click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
-                        help=f"{help}, or `ensemble`: the shipped ensemble (more accurate, about 3x "
-                             "slower; pfamalign/assets/ensemble_model/TRAINING.md in the package). Default: "
-                             "the model shipped with pfamalign.")
+                        help=f"{help}, {shipped}. Default: the model shipped with pfamalign.")
 
 
 def sequence_paths(*args: str | None) -> list[pathlib.Path]:
@@ -97,10 +100,10 @@ def sequence_paths(*args: str | None) -> list[pathlib.Path]:
     return [p for p in (argument_path(a) for a in args if a) if p is not None]
 
 
-def pair_input_options(f):
+def pair_input_options(*, ensembles: bool = True):
     """Click options naming one sequence pair: SEQ_A SEQ_B, a Stockholm file with two row
-    ids, or a dataset pair; plus the model to use."""
-    options = [
+    ids, or a dataset pair; plus the model to use (``ensembles``: as ``checkpoint_option``)."""
+    return lambda f: _with_options(f, [
         click.argument("seq_a", required=False),
         click.argument("seq_b", required=False),
         click.option("--stockholm", type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path),
@@ -110,9 +113,12 @@ def pair_input_options(f):
                      help="Dataset directory: take pair --index of --split."),
         click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"])),
         click.option("--index", type=int, default=0, show_default=True, help="Pair index within the split."),
-        checkpoint_option(),
+        checkpoint_option(ensembles=ensembles),
         click.option("--weights", type=click.Path(exists=True, path_type=pathlib.Path), help="ESM-2 weights."),
-    ]
+    ])
+
+
+def _with_options(f, options: list):
     for option in reversed(options):
         f = option(f)
     return f

@@ -85,9 +85,10 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     \b
     Symmetric: the model reads its two inputs differently, so the plan is the mean of both
     directions (A against B and B against A, transposed). Swapping SEQ_A and SEQ_B swaps the
-    alignment and keeps its score. Pairs run in batches of similar length (--pairs). Every
-    output records the program version, the model (name and content hash) and the decoder
-    settings; residues are numbered 1-based inclusive (JSON pairs: 0-based indices).
+    alignment and keeps its score. Pairs run in batches of similar length (--pairs). The
+    text, Stockholm and JSON outputs record the program version, the model (name and content
+    hash) and the decoder settings (FASTA and CIGAR have no place for them); residues are
+    numbered 1-based inclusive (JSON pairs: 0-based indices).
 
     \b
     Many pairs: one multi-FASTA SEQ_A alone aligns its first record with each of the others

@@ -11,7 +11,7 @@ from pfamalign.commands._common import (OutputFile, check_figure, check_outputs,
 
 
 @click.command()
-@pair_input_options
+@pair_input_options()
 @click.option("--plot", type=OutputFile(),
               help="Figure (format from the extension: .png, .svg, .pdf, ...): barycenter of each query row "
                    "against its target column.")

@@ -14,7 +14,7 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
 
 
 @click.command()
-@pair_input_options
+@pair_input_options(ensembles=False)
 @click.option("--tail-depths", default="0,1,2,4", show_default=True,
               help="Tail depths R for the bias certificate (comma-separated, any order).")
 @click.option("--tol", type=Number(min=0, min_open=True), default=1e-5, show_default=True,

@@ -7,13 +7,11 @@ import pathlib
 
 import click
 
-from pfamalign.commands._common import DatasetDirectory, ModelDirectory, Number, fail
+from pfamalign.commands._common import DatasetDirectory, Number, checkpoint_option, fail
 
 
 @click.command(name="compile")
-@click.option("--checkpoint", type=ModelDirectory(), metavar="DIR|NAME",
-              help="Model directory to compile, or a shipped model's name. Default: the model shipped "
-                   "with pfamalign.")
+@checkpoint_option("Model directory to compile", ensembles=False)
 @click.option("--data", type=DatasetDirectory(),
               help="Dataset (`pfamalign prepare` output) whose pairs calibrate the operator. "
                    "Default: the dataset the model trained on, when it is still at the path its "
