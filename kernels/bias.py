@@ -124,7 +124,7 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
     Args:
       q, k, v, q_len, k_len, tokens: the op's inputs (as for ``transport``).
       config: the op's settings; its ``base_steps`` is T, its ``tail_steps`` is ignored (the
-        depths come from ``tail_depths``). Constant eps only.
+        depths come from ``tail_depths``). Constant eps and a fixed T only (no ``tol``).
       g_out: ``[B, H, Lq, dv]`` cotangent of the output (e.g. a loss gradient).
       tail_depths: the R to certify (certified in increasing order, each once).
       tol: the bias tolerance tau.
@@ -137,6 +137,10 @@ def tail_bias_certificate(q, k, v, q_len, k_len, tokens: DustbinTokens | None = 
     if config.eps_schedule is not None:
         raise ValueError(f"the tail bias certificate needs a constant eps (the full unrolled gradient "
                          f"is the (T=0, R=T+R) op only then); got eps_schedule={config.eps_schedule}")
+    if config.tol is not None:  # a base run to a tolerance has no fixed T to unroll
+        raise ValueError(f"the tail bias certificate needs a fixed number of base steps (the full "
+                         f"gradient unrolls exactly T); got tol={config.tol:g}: certify the model with "
+                         f"tol unset (transport.tol=null)")
     depths = tuple(tail_depths)
     if not depths or any(not isinstance(r, (int, np.integer)) or r < 0 for r in depths):
         raise ValueError(f"tail_depths must be a non-empty sequence of integers >= 0, got {tail_depths!r}")

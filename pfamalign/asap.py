@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pfamalign import jsonio
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
 from pfamalign.kernels import DustbinTokens, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
@@ -196,8 +197,9 @@ class Operator:
         have = params_hash(model)
         for op in (self,) + tuple(self.layers):
             if have != op.params_hash:
-                raise CompileError(f"the compiled operator was fitted to parameters {op.params_hash[:12]}, "
-                                   f"but the model's are {have[:12]}: recompile with `pfamalign compile`")
+                raise CompileError(f"the compiled operator was fitted to the model {op.params_hash[:12]} "
+                                   f"(parameters and configuration), but this model is {have[:12]}: "
+                                   "recompile with `pfamalign compile`")
         n = len(ceta_layers(model))
         if len(self.layers) != n:
             raise CompileError(f"the model's encoder has {n} CETA layers, but the compiled operator has "
@@ -215,8 +217,11 @@ def check_model(model) -> None:
 
 
 def params_hash(model) -> str:
-    """sha256 over the model's parameters (paths, shapes, dtypes and bytes, in path order)."""
+    """sha256 over the model's configuration (the transport's eps, band, dustbin and steps make
+    the teacher as much as the weights do) and its parameters (paths, shapes, dtypes and bytes,
+    in path order)."""
     h = hashlib.sha256()
+    h.update(b"config|" + jsonio.dumps(model.cfg.to_dict(), sort_keys=True).encode())
     flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]
     for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
         arr = np.ascontiguousarray(np.asarray(leaf))
@@ -276,7 +281,9 @@ def features(s, mask, q, k, q_len, k_len, slices, settings: AsapSettings, eps: f
         "rowlse": rowlse,
         "norm": jnp.sum(q * q, -1) * scale,
         "spoke": jnp.where(real_mask[..., -1], real[..., -1], 0.0),
-        "max": jnp.max(jnp.where(real_mask, real, -1e30), -1),
+        # 0 on a row with no support (no dustbin, beyond the band): a -1e30 there, centred
+        # over the pair, would swamp every row's feature and the fit's ridge scale
+        "max": jnp.where(jnp.any(real_mask, -1), jnp.max(jnp.where(real_mask, real, -1e30), -1), 0.0),
     }
     feats = [columns[f] for f in settings.features]
     if settings.slices:
@@ -361,8 +368,12 @@ def asap_of(cfg, op_arrays, settings: AsapSettings, q, k, tokens, q_len, k_len):
 
 def ridge(x, y, penalty: float):
     """Closed-form ridge ``argmin ||x w - y||^2 + lam ||w||^2`` (float64), ``lam = penalty``
-    times the mean diagonal of ``x^T x`` (scale-free)."""
+    times the mean diagonal of ``x^T x`` (scale-free). ``penalty`` 0: least squares, the
+    minimum-norm solution where features are collinear (a CETA layer's equal lengths, a spoke
+    column of zeros without a dustbin)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if penalty == 0:
+        return np.linalg.lstsq(x, y, rcond=None)[0]
     gram = x.T @ x
     lam = penalty * np.trace(gram) / max(gram.shape[0], 1)
     return np.linalg.solve(gram + lam * np.eye(gram.shape[0]), x.T @ y)

@@ -186,18 +186,24 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
     kappa, tau = tcfg.damping(), float(tcfg.eps)
     balanced = tcfg.marginals == "balanced"
     real_rows, real_cols = np.arange(lq + 1) < lq, np.arange(lk + 1) < lk
-    own = tuple(tcfg.base_stages()) + ((tau, tcfg.tail_steps),)  # the op's own steps
+    # the lines the support reaches (without a dustbin, rows beyond the band carry no mass)
+    active_rows, active_cols = real_rows & mask.any(1), real_cols & mask.any(0)
+    supported = mask[real_rows].any(1)  # per real row
+    # the op's own steps: its base (with tol: at eps until the marginals meet tol, up to
+    # max_steps), then its tail
+    base = ((tau, 0),) if tcfg.tol is not None else tuple(tcfg.base_stages())
+    own, tol_stage = base + ((tau, tcfg.tail_steps),), len(base) - 1
     rng = np.random.default_rng(seed)
     out, converged_plans = {"marginals": [], "ceta": [], "softmax_ot": []}, []
     for h in range(s.shape[0]):
         p_out = np.asarray(plan[0, h], np.float64)
         mine = cert.solve_dense(s[h], mask, log_a, log_b, kappa=kappa, stages=own, tol=tcfg.tol,
-                                max_steps=tcfg.max_steps + tcfg.tail_steps)
+                                max_steps=tcfg.max_steps, tol_stage=tol_stage)
         conv = _converge(s[h], mask, log_a, log_b, tcfg)
         noise = np.where(mask, perturbation * rng.uniform(-1, 1, size=s[h].shape), 0.0)
         conv_t = _converge(s[h] + noise, mask, log_a, log_b, tcfg)
         totals = _totals(mask, log_a, log_b)
-        marg = cert.plan_marginals(p_out, real_rows, real_cols, balanced=balanced, total_rows=totals[0],
+        marg = cert.plan_marginals(p_out, active_rows, active_cols, balanced=balanced, total_rows=totals[0],
                                    total_cols=totals[1], steps=mine.steps - tcfg.tail_steps)
         marg["l1_to_converged"] = float(np.abs(p_out - conv.plan).sum())
         out["marginals"].append(marg)
@@ -218,10 +224,10 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
 
         z_t = np.where(mask, (s[h] + noise) / tau, -np.inf)[real_rows]
         rows = cert.softmax_rows(z, z_t, mask[real_rows])
-        plan_delta = cert.tail_mass(p_out[real_rows], normalize=True)
-        rows["plan_tail_mass"] = cert.distribution_summary(plan_delta)
-        rows["per_row"]["plan_tail_mass"] = plan_delta.tolist()
-        rows["per_row"]["sender_error"] = np.abs(p_out[real_rows].sum(1) - 1).tolist()
+        plan_delta = np.where(supported, cert.tail_mass(p_out[real_rows], normalize=True), np.nan)
+        rows["plan_tail_mass"] = cert.distribution_summary(plan_delta[supported])
+        rows["per_row"]["plan_tail_mass"] = plan_delta.tolist()  # every real row; NaN: no support
+        rows["per_row"]["sender_error"] = np.where(supported, np.abs(p_out[real_rows].sum(1) - 1), np.nan).tolist()
         rows["drift"] = mine.drift.tolist()  # ||P^(t+1) - P^(t)||_1 over the op's own steps
         out["softmax_ot"].append(rows)
         converged_plans.append(conv.plan)

@@ -139,6 +139,12 @@ def test_ridge_equals_a_least_squares_solve():
     np.testing.assert_allclose(asap.ridge(x, y, penalty), np.linalg.lstsq(aug_x, aug_y, rcond=None)[0],
                                rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(asap.ridge(x, y, 0.0), np.linalg.lstsq(x, y, rcond=None)[0], rtol=1e-8)
+    # no penalty and collinear features (a column of zeros, two equal columns): the fit is
+    # least squares' minimum-norm solution, not a singular-matrix error
+    collinear = np.column_stack([x[:, :3], np.zeros(200), x[:, 0]])
+    w = asap.ridge(collinear, y, 0.0)
+    assert np.all(np.isfinite(w)) and w[3] == 0.0 and w[0] == pytest.approx(w[4], rel=1e-9)
+    np.testing.assert_allclose(collinear @ w, collinear @ np.linalg.pinv(collinear) @ y, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.slow  # ~45 s: five compilations (the compiled directory test fits fast)
@@ -249,6 +255,10 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
     np.testing.assert_array_equal(engine.operator.omega, op.omega)
     with pytest.raises(asap.CompileError, match="recompile"):
         asap.Engine.load("asap", out, _model(seed=1))
+    # the same weights under another transport (the teacher the operator fitted is another plan)
+    colder = dataclasses.replace(model.cfg, transport=dataclasses.replace(model.cfg.transport, eps=0.25))
+    with pytest.raises(asap.CompileError, match="parameters and configuration"):
+        asap.Engine.load("asap", out, build_model(colder, seed=0))
     with pytest.raises(asap.CompileError, match="no compiled operator"):
         asap.Engine.load("asap", src, model)
     with pytest.raises(ValueError, match="checkpoint itself"):
@@ -453,3 +463,16 @@ def test_a_compiled_ceta_model_refuses_missing_or_foreign_layer_operators(tmp_pa
     (tmp_path / "other").mkdir()
     with pytest.raises(ValueError, match="already exists"):
         asap.write_compiled(src, tmp_path / "other", op, replace=True)
+
+
+def test_rows_without_support_keep_the_features_finite_and_on_their_scale():
+    """No dustbin and a query longer than the key by more than the band: some real rows have
+    no support. Their 'max' feature is 0 (it was -1e30, which centring spread over every row
+    of the pair and which set the ridge's scale: the fit kept nothing)."""
+    model = _model(half_band=2, dustbin="none")
+    q_feat, k_feat, ql, kl = _inputs(length=16, q_len=(16,), k_len=(6,))
+    s, mask, _, _, q, k = asap.problem(model, q_feat, k_feat, ql, kl)
+    x, _, rows = asap.features(s, mask, q, k, ql, kl, None, asap.AsapSettings(), model.cfg.transport.eps)
+    supported = np.asarray(mask[0, 0, :16].any(-1))
+    assert not supported.all() and supported.any()  # the case in question
+    assert np.all(np.isfinite(np.asarray(x))) and float(jnp.max(jnp.abs(x))) < 1e3

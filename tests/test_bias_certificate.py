@@ -117,6 +117,9 @@ def test_errors():
     sched = TransportConfig(half_band=3, eps=0.5, base_steps=4, eps_schedule=((1.0, 2), (0.5, 2)))
     with pytest.raises(ValueError, match="constant eps.*eps_schedule"):
         tail_bias_certificate(q, k, v, ql, kl, config=sched, g_out=w)
+    to_tol = TransportConfig(half_band=3, base_steps=4, tol=1e-4, max_steps=50)  # no fixed T to unroll
+    with pytest.raises(ValueError, match="fixed number of base steps.*tol=0.0001"):
+        tail_bias_certificate(q, k, v, ql, kl, config=to_tol, g_out=w)
     with pytest.raises(ValueError, match="tail_depths"):
         tail_bias_certificate(q, k, v, ql, kl, config=cfg, g_out=w, tail_depths=())
     with pytest.raises(ValueError, match="tail_depths"):

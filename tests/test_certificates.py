@@ -272,3 +272,62 @@ def test_a_contraction_rate_just_below_one_is_not_printed_as_one():
     rho = float(np.tanh(32.51 / 4) ** 2)
     assert rho < 1 and _contraction_number(rho) == f"1 - {1 - rho:.2g}" != "1"
     assert [_contraction_number(x) for x in (1.0, 0.5, 0.99990, 32.51)] == ["1", "0.5", "0.9999", "32.51"]
+
+
+def test_rows_without_support_get_a_null_per_row_entry_and_the_figure_draws(tmp_path):
+    """No dustbin, a query longer than the key by more than the band: real rows beyond the band
+    have no support. Every per-row list has one entry per real row (null there), the sender
+    error is taken over the rows that can carry mass, and the figure draws (its row panels
+    need lists of one length)."""
+    import types
+
+    import jax.numpy as jnp
+
+    from pfamalign.certify import plan_certificates, plot_certificates
+    from pfamalign.kernels import TransportConfig
+    from pfamalign.kernels.reference import reference_solve
+
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 1, n, 8)), jnp.float32) for n in (12, 5, 5))
+    cfg = TransportConfig(half_band=2, eps=1.0, base_steps=5, tail_steps=2, dustbin="none", impl="xla")
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(transport=cfg))
+    plan, *_ = reference_solve(q, k, v, jnp.array([12]), jnp.array([5]), None, cfg)
+    with np.errstate(all="ignore"):
+        secs, _ = plan_certificates(model, q, k, None, 12, 5, plan)
+    per_row = secs["softmax_ot"][0]["per_row"]
+    assert {name: len(values) for name, values in per_row.items()} == dict.fromkeys(per_row, 12)
+    empty = np.isnan(per_row["sender_error"])
+    assert empty[7:].all() and not empty[:7].any()  # rows 8-12 lie beyond the band of a 5-residue key
+    assert np.array_equal(np.isnan(per_row["tail_mass"]), empty)
+    assert secs["marginals"][0]["sender_error"] == pytest.approx(np.nanmax(per_row["sender_error"]))
+    result = {"lengths": [12, 5], "heads": 1, "contraction": {"blocks": []},
+              "bias": {"rows": [{"tail_steps": 0, "bias_norm": 1.0, "eta_norm": 1.0}], "tol": 1e-5,
+                       "certified_tail_depth": None}, **secs}
+    plot_certificates(result, tmp_path / "cert.png")
+    assert (tmp_path / "cert.png").stat().st_size > 0
+
+
+def test_certify_counts_the_steps_of_a_solve_to_a_tolerance_as_the_op_takes_them():
+    """With tol the op's base runs until the marginals meet it, then its R tail steps: the
+    certificate's base step count is the op's, per head (the tol loop used to run in the tail)."""
+    import types
+
+    import jax.numpy as jnp
+
+    from pfamalign.certify import plan_certificates
+    from pfamalign.kernels import DustbinTokens, TransportConfig
+    from pfamalign.kernels.reference import reference_solve
+
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 2, 12, 8)), jnp.float32) for _ in range(3))
+    tokens = DustbinTokens(*(jnp.asarray(rng.normal(size=(2, n)), jnp.float32) for n in (8, 8, 8)))
+    cfg = TransportConfig(half_band=3, eps=1.0, base_steps=5, tail_steps=2, dustbin="spoke", tol=1e-4,
+                          max_steps=300, impl="xla")
+    plan, *_, stats = reference_solve(q, k, v, jnp.array([12]), jnp.array([12]), tokens, cfg)
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(transport=cfg))
+    with np.errstate(all="ignore"):
+        secs, _ = plan_certificates(model, q, k, tokens, 12, 12, plan)
+    op_steps = np.asarray(stats.steps).reshape(-1).tolist()
+    assert min(op_steps) > cfg.base_steps  # the tolerance, not base_steps, ended the base
+    assert [m["steps"] for m in secs["marginals"]] == op_steps
+    assert [len(s["drift"]) for s in secs["softmax_ot"]] == [n + cfg.tail_steps - 1 for n in op_steps]

@@ -211,12 +211,13 @@ def _neg_lse(x, mask, axis):
 
 
 def solve_dense(scores, mask, log_a, log_b, *, kappa=(1.0, 1.0), stages=((1.0, 17),), tol=None,
-                max_steps: int = 20000) -> DenseSolve:
+                max_steps: int = 20000, tol_stage: int = -1) -> DenseSolve:
     """The op's solve in float64 numpy on one ``[m, n]`` problem (``scores`` at unit
     temperature, -inf or masked off the support): full steps ``u = kappa_a (log a - LSE(S + v))``,
     ``v = kappa_b (log b - LSE(S + u))`` at each stage's temperature (``stages``: (eps, steps),
-    potentials carried at fixed eps * potential); with ``tol`` the last stage goes on until both
-    marginal errors are <= tol or ``max_steps`` steps in all."""
+    potentials carried at fixed eps * potential); with ``tol`` stage ``tol_stage`` (the last by
+    default; the op's base before its tail) goes on until both marginal errors are <= tol or
+    ``max_steps`` steps in all, in place of its own count."""
     s = np.where(mask, np.asarray(scores, np.float64), 0.0)
     rows, cols = mask.any(1), mask.any(0)
     u, v = np.zeros(s.shape[0]), np.zeros(s.shape[1])
@@ -238,8 +239,8 @@ def solve_dense(scores, mask, log_a, log_b, *, kappa=(1.0, 1.0), stages=((1.0, 1
         if prev_eps is not None:
             v = v * prev_eps / eps
         prev_eps = eps
-        last = n_stage == len(stages) - 1
-        limit = max_steps - steps if (tol is not None and last) else n
+        to_tol = tol is not None and n_stage == tol_stage % len(stages)
+        limit = max_steps - steps if to_tol else n
         for _ in range(limit):
             u = np.where(rows, ka * (log_a + _neg_lse(s / eps + v[None], mask, 1)), 0.0)
             v = np.where(cols, kb * (log_b + _neg_lse(s / eps + u[:, None], mask, 0)), 0.0)
@@ -248,7 +249,7 @@ def solve_dense(scores, mask, log_a, log_b, *, kappa=(1.0, 1.0), stages=((1.0, 1
             if prev is not None:
                 drift.append(float(np.abs(p - prev).sum()))
             prev = p
-            if tol is not None and last and max(errors(p)) <= tol:
+            if to_tol and max(errors(p)) <= tol:
                 break
     p = plan_of(s / prev_eps) if prev is None else prev
     return DenseSolve(p, steps, *errors(p), np.asarray(drift))
@@ -335,9 +336,16 @@ def softmax_rows(z, z_pert, mask, *, locked: float = LOCKED) -> dict:
     the half-oscillation bound ``||sm(z) - sm(z')||_1 <= (1/2) osc(z - z')`` and its per-row
     tightness; tail mass ``delta``; the exact local constant ``4 delta (1 - delta)``; the argmax
     margin (top-two logit gap: the argmax cannot change while ``osc(z - z') < margin``);
-    ``locked_fraction`` (rows with ``p_max >= locked``, float64)."""
+    ``locked_fraction`` (rows with ``p_max >= locked``, float64). ``per_row``: one entry per
+    row of ``z``, NaN on a row without support (no softmax there)."""
     mask = np.asarray(mask, bool)
     rows = mask.sum(1) > 0
+
+    def per_row(values) -> list:
+        out = np.full(len(rows), np.nan)
+        out[rows] = values
+        return out.tolist()
+
     p, pp = masked_softmax(z, mask), masked_softmax(z_pert, mask)
     lhs = np.abs(p - pp).sum(1)[rows]
     osc = np.array([oscillation((np.asarray(z_pert) - z)[i], mask[i]) for i in np.flatnonzero(rows)])
@@ -353,7 +361,7 @@ def softmax_rows(z, z_pert, mask, *, locked: float = LOCKED) -> dict:
             "local_constant": distribution_summary(local_constant(delta)),
             "margin": distribution_summary(margin),
             "locked_fraction": locked_fraction(pmax, locked=locked),
-            "per_row": {"tail_mass": delta.tolist(), "row_bound_ratio": ratio.tolist()}}
+            "per_row": {"tail_mass": per_row(delta), "row_bound_ratio": per_row(ratio)}}
 
 
 def stable_matches(plan, pairs, *, mass: float, tau: float, radius: float) -> dict:
