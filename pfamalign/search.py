@@ -136,9 +136,14 @@ class Gumbel:
     lengths: tuple[float, float] = (0.0, 0.0)
     tail_from: float | None = None
 
-    def location(self, length=0) -> np.ndarray:
+    def location(self, length=0, *, lower: bool = False) -> np.ndarray:
+        """The law's location at ``length``; outside the fitted lengths the larger of the line
+        and its value at the nearest fitted length (extrapolating never lowers an E-value), or
+        with ``lower`` the smaller (what a composition shift is measured against: a higher
+        location would understate the shift and so lower the E-value)."""
         n = np.asarray(length, np.float64)
-        return self.mu + np.maximum(self.slope * n, self.slope * np.clip(n, *self.lengths))
+        pick = np.minimum if lower else np.maximum
+        return self.mu + pick(self.slope * n, self.slope * np.clip(n, *self.lengths))
 
     def _z(self, s, length=0) -> np.ndarray:
         """The standardized score ``z`` with ``P(S >= s) = 1 - exp(-exp(-z))``: ``lam (s -
@@ -232,7 +237,7 @@ def composition_shift(null: Gumbel, shuffle_scores: np.ndarray, length: int) -> 
     ``SHIFT_STANDARD_ERRORS`` standard errors (a lower bound: what the shuffles do not
     establish is not charged), and never below 0 (a shift only lowers a score)."""
     x = np.asarray(shuffle_scores, np.float64)
-    excess = x.mean() - (float(null.location(length)) + EULER_GAMMA / null.lam)
+    excess = x.mean() - (float(null.location(length, lower=True)) + EULER_GAMMA / null.lam)
     return max(0.0, float(excess - SHIFT_STANDARD_ERRORS * x.std(ddof=1) / math.sqrt(len(x))))
 
 

@@ -224,6 +224,12 @@ def test_composition_shift_by_hand():
     assert lib.composition_shift(null, x - 7.0, 100) == 0.0  # below the null's mean: nothing charged
     sloped = lib.Gumbel(mu=2.0, lam=0.5, slope=-0.01, lengths=(50.0, 150.0))  # location at 100: 1
     assert lib.composition_shift(sloped, x, 100) == pytest.approx(lib.composition_shift(null, x, 100) + 1.0)
+    # outside the fitted lengths the shift is measured against the lower location (the line,
+    # not its clamp): a higher one would understate the shift and lower the E-value
+    low = sloped.location(1000, lower=True)
+    assert low == pytest.approx(-8.0) and low < sloped.location(1000)
+    assert lib.composition_shift(sloped, x, 1000) == pytest.approx(lib.composition_shift(null, x, 100) + 10.0)
+    assert lib.composition_shift(sloped, x, 10) == pytest.approx(lib.composition_shift(sloped, x, 50))
 
 
 def test_a_subject_of_the_querys_biased_composition_is_not_reported_as_related():

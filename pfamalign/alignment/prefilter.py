@@ -385,5 +385,6 @@ def candidates(query: str, database: Database, keep: int, *, exclude: int | None
     pool = (order if exclude is None else order[order != exclude])[:POOL * keep]
     if len(pool) <= keep:
         return np.sort(pool)
+    pool = np.sort(pool)  # the second stage's ties go to the earlier subject too
     rank = gapped_scores(query, database, pool, diagonal[pool]) - log_length[pool] / GAPPED_LAMBDA
     return np.sort(pool[np.argsort(-rank, kind="stable")[:keep]])
