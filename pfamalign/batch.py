@@ -78,11 +78,11 @@ def aligned(predictor, items: Iterable[dict | BadRecord], settings, errors: Batc
                     item = check_pair(item, predictor)
                 except BadRecord as err:
                     item = err
-            if isinstance(item, BadRecord) and errors.strict:
-                raise item
             pending.append(item)
             if not isinstance(item, BadRecord):
                 yield item
+            elif errors.strict:  # read no further: the pairs before it are aligned and
+                return  # yielded, then it raises in its turn (flush_errors)
 
     def flush_errors() -> Iterator[BadRecord]:
         while pending and isinstance(pending[0], BadRecord):

@@ -149,6 +149,11 @@ def test_strict_stops_at_the_first_bad_record_and_writes_no_file(model_dir, tmp_
     res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "--strict",
                                     "-o", str(out)])
     assert res.exit_code == 2 and f"{bad}:2: expected 2" in res.stderr and not out.exists()
+    # on standard output the pairs before it are written, in order, and nothing after it
+    res = CliRunner().invoke(main, ["align", "--pairs", str(bad), "--checkpoint", str(model_dir), "--strict",
+                                    "-f", "cigar"])
+    assert res.exit_code == 2 and f"{bad}:2: expected 2" in res.stderr
+    assert len([line for line in res.stdout.splitlines() if line and not line.startswith("#")]) == 1, res.stdout
 
 
 def test_align_multi_fasta_first_against_others_all_pairs_and_stdin(model_dir, tmp_path):
