@@ -395,6 +395,27 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
     return before[:2], rest
 
 
+def _scaling_base_log_tail(ops: BandOps, band, spk, dots, raw_spk, sup: Support, cfg, zeros, keep):
+    """``run_steps``' result for the T + R steps of one eps from zero: the base in the scaling
+    domain (a multiply-add per band entry), the tail in the log domain. The adjoint
+    differentiates log-domain steps; at cold scores (|S| / eps in the hundreds) the scaling
+    domain's rounding of the tail's potentials broke the cancellation of its O(1) terms
+    (docs/design.md §3.5)."""
+    t = cfg.base_steps
+    if t:
+        before, kept = run_steps_scaling(ops, band, spk, sup, t, zeros, zeros, keep=None if keep is None else 0,
+                                         unroll=cfg.unroll)
+        base = before if keep is not None else (kept[1][-1], kept[2][-1])
+    else:
+        before, kept, base = (zeros, zeros), None, (zeros, zeros)
+    _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), *base, unroll=cfg.unroll)
+    if keep is not None:  # the tail's steps: what the adjoint needs
+        return base, tail
+    if kept is None:
+        return before, tail
+    return before, tuple(jnp.concatenate([b, a]) for b, a in zip(kept, tail))  # every step's
+
+
 def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
                     unroll: bool = False, one_pass: bool = False):
     """``run_steps`` at one eps without a dustbin, each step two kernels that compute the
@@ -463,8 +484,7 @@ def solve(spec: Spec, flat: Flat):
             before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
                                            one_pass=cfg.one_pass_steps)
         elif ops.keeps_plans and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
-            before, kept = run_steps_scaling(ops, band, spk, sup, t + r, zeros, zeros, keep=keep,
-                                             unroll=cfg.unroll)
+            before, kept = _scaling_base_log_tail(ops, band, spk, dots, raw_spk, sup, cfg, zeros, keep)
         else:
             before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep,
                                      unroll=cfg.unroll)
