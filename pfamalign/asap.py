@@ -172,9 +172,17 @@ class Operator:
     def from_dict(cls, data: dict) -> "Operator":
         if data.get("format") != OPERATOR_FORMAT:
             raise CompileError(f"not a compiled ASAP operator (format {data.get('format')!r})")
-        return cls(AsapSettings(**data["settings"]), np.asarray(data["omega"], np.float32),
-                   np.asarray(data["omega_dustbin"], np.float32), np.asarray(data["slices"], np.float32),
-                   data["params_hash"], data.get("stats", {}),
+        settings = AsapSettings(**data["settings"])
+        omega, omega_db, slices = (np.asarray(data[k], np.float32) for k in ("omega", "omega_dustbin", "slices"))
+        heads = omega.shape[0] if omega.ndim == 2 else -1
+        # a hand-edited file fails here, by name, not as a shape error inside the plan
+        for name, shape, want in (("omega", omega.shape, (heads, len(settings.features) + settings.slices)),
+                                  ("omega_dustbin", omega_db.shape, (heads, 4)),
+                                  ("slices", slices.shape[::2], (heads, settings.slices))):
+            if heads < 1 or shape != want:
+                raise ValueError(f"{name} has shape {shape}, where its settings ({len(settings.features)} "
+                                 f"features, {settings.slices} slices) give {want}")
+        return cls(settings, omega, omega_db, slices, data["params_hash"], data.get("stats", {}),
                    tuple(cls.from_dict(layer) for layer in data.get("layers", [])))
 
     def arrays(self):

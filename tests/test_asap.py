@@ -4,6 +4,7 @@ compiled directories."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -263,6 +264,13 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.Engine.load("asap", src, model)
     with pytest.raises(ValueError, match="checkpoint itself"):
         asap.write_compiled(src, src, op)
+    # the settings' own shapes, slices or not: a hand-edited operator is named, not a shape error
+    for settings in (asap.AsapSettings(), asap.AsapSettings(slices=2)):
+        fitted = op if settings.slices else asap.fit(model, _pairs(0, 4), settings)
+        assert asap.Operator.from_dict(json.loads(json.dumps(fitted.to_dict()))).omega.shape == fitted.omega.shape
+        edited = {**fitted.to_dict(), "omega": np.asarray(fitted.omega)[:, :-1].tolist()}
+        with pytest.raises(ValueError, match=r"omega has shape \(2, \d\), where its settings"):
+            asap.Operator.from_dict(edited)
     with pytest.raises(ValueError, match="already exists"):
         asap.write_compiled(src, out, op)
 
@@ -294,7 +302,6 @@ def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_mod
 
 @pytest.mark.slow  # ~2 min: a dataset, a fit, three engines' compilations, the benchmark
 def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp_path, capsys):
-    import json
     import pathlib
 
     from pfamalign.pipelines.config import PrepareConfig
