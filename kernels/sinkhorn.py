@@ -395,25 +395,22 @@ def run_steps_scaling(ops: BandOps, band, spk: Spokes | None, sup: Support, n_st
     return before[:2], rest
 
 
-def _scaling_base_log_tail(ops: BandOps, band, spk, dots, raw_spk, sup: Support, cfg, zeros, keep):
-    """``run_steps``' result for the T + R steps of one eps from zero: the base in the scaling
-    domain (a multiply-add per band entry), the tail in the log domain. The adjoint
-    differentiates log-domain steps; at cold scores (|S| / eps in the hundreds) the scaling
-    domain's rounding of the tail's potentials broke the cancellation of its O(1) terms
-    (docs/design.md §3.5)."""
+def _scaling_base_log_tail(ops: BandOps, band, spk, dots, raw_spk, sup: Support, cfg, zeros, history: bool):
+    """The T + R steps of one eps from zero, the base in the scaling domain (a multiply-add per
+    band entry), the tail in the log domain: the adjoint differentiates log-domain steps, and
+    at cold scores (|S| / eps in the hundreds) the scaling domain's rounding of the tail's
+    potentials broke the cancellation of its O(1) terms (docs/design.md §3.5). Returns (the
+    base's end (u, v), its every step's (u, v) with ``history`` else None, the tail's (û, u, v))."""
     t = cfg.base_steps
     if t:
-        before, kept = run_steps_scaling(ops, band, spk, sup, t, zeros, zeros, keep=None if keep is None else 0,
+        before, kept = run_steps_scaling(ops, band, spk, sup, t, zeros, zeros, keep=None if history else 0,
                                          unroll=cfg.unroll)
-        base = before if keep is not None else (kept[1][-1], kept[2][-1])
+        base, base_hist = ((kept[1][-1], kept[2][-1]), kept[1:]) if history else (before, None)
     else:
-        before, kept, base = (zeros, zeros), None, (zeros, zeros)
+        empty = jnp.zeros((0,) + zeros.shape, zeros.dtype)
+        base, base_hist = (zeros, zeros), ((empty, empty) if history else None)
     _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), *base, unroll=cfg.unroll)
-    if keep is not None:  # the tail's steps: what the adjoint needs
-        return base, tail
-    if kept is None:
-        return before, tail
-    return before, tuple(jnp.concatenate([b, a]) for b, a in zip(kept, tail))  # every step's
+    return base, base_hist, tail
 
 
 def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
@@ -480,19 +477,22 @@ def solve(spec: Spec, flat: Flat):
         _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b, unroll=cfg.unroll)
         base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
-        if cfg.fused_steps and spk is None and cfg.eps_schedule is None:
-            before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
-                                           one_pass=cfg.one_pass_steps)
-        elif ops.keeps_plans and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
-            before, kept = _scaling_base_log_tail(ops, band, spk, dots, raw_spk, sup, cfg, zeros, keep)
+        fused = cfg.fused_steps and spk is None and cfg.eps_schedule is None
+        if not fused and ops.keeps_plans and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
+            base_end, base_hist, tail = _scaling_base_log_tail(ops, band, spk, dots, raw_spk, sup, cfg, zeros,
+                                                               history=keep is None)
         else:
-            before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep,
-                                     unroll=cfg.unroll)
-        if keep is None:  # every step kept: the base's, then the tail's
-            base_end = (kept[1][t - 1], kept[2][t - 1]) if t else (zeros, zeros)
-            base_hist, tail = (kept[1][:t], kept[2][:t]), tuple(x[t:] for x in kept)
-        else:
-            base_end, base_hist, tail = before, None, kept
+            if fused:
+                before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
+                                               one_pass=cfg.one_pass_steps)
+            else:
+                before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep,
+                                         unroll=cfg.unroll)
+            if keep is None:  # every step kept: the base's, then the tail's
+                base_end = (kept[1][t - 1], kept[2][t - 1]) if t else (zeros, zeros)
+                base_hist, tail = (kept[1][:t], kept[2][:t]), tuple(x[t:] for x in kept)
+            else:
+                base_end, base_hist, tail = before, None, kept
         steps = jnp.full((n,), t, jnp.int32)
     u_hat, u_tail, v_tail = tail
     u_final, v_final = (u_tail[-1], v_tail[-1]) if r else base_end

@@ -188,7 +188,7 @@ def plan_certificates(model, q, k, tokens, lq, lk, plan, *, perturbation=1e-2, s
     real_rows, real_cols = np.arange(lq + 1) < lq, np.arange(lk + 1) < lk
     # the lines the support reaches (without a dustbin, rows beyond the band carry no mass)
     active_rows, active_cols = real_rows & mask.any(1), real_cols & mask.any(0)
-    supported = mask[real_rows].any(1)  # per real row
+    supported = active_rows[real_rows]  # per real row
     # the op's own steps: its base (with tol: at eps until the marginals meet tol, up to
     # max_steps), then its tail
     base = ((tau, 0),) if tcfg.tol is not None else tuple(tcfg.base_stages())
