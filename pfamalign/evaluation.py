@@ -44,7 +44,7 @@ from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIAB
                                          paired_f1_difference, pairs_in_reference, plan_metrics,
                                          prf_by_identity, reliability, reliability_sums)
 from pfamalign.checkpoint import read_training_record
-from pfamalign.model import Aligner, aligner_loss
+from pfamalign.model import Aligner, aligner_loss, objective
 from pfamalign.pipelines.records import write_json
 
 BASELINES: dict[str, Callable] = {
@@ -113,10 +113,9 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
             diag.append(diagonal_plan_metrics(target, kl, values=values, dustbin=dustbin))
     if not ours:
         return {}
-    out = {f"val/{k}": sums[k] / max(weight[k], 1.0) for k in ("recon", "ce", "mono")}
-    cfg = model.cfg
-    out["val/loss"] = (cfg.recon_weight * out["val/recon"] + cfg.ce_weight * out["val/ce"]
-                       + cfg.mono_weight * out["val/mono"] + sums["encoder_aux"] / max(weight["encoder_aux"], 1.0))
+    terms = {k: sums[k] / max(weight[k], 1.0) for k in counts}
+    out = {f"val/{k}": terms[k] for k in ("recon", "ce", "mono")}
+    out["val/loss"] = objective(model.cfg, terms["recon"], terms["ce"], terms["mono"], terms["encoder_aux"])
     for prefix, items in (("val", ours), ("diag", diag)):
         pooled = PlanMetrics.pool(items)
         out.update({f"{prefix}/{m}": float(getattr(pooled, m)) for m in PLAN_METRICS})

@@ -553,6 +553,12 @@ def loss_targets(target, q_len, *, dustbin: bool, key_length: int):
     return jnp.where(rows & (target >= 0), target, jnp.where(rows, unaligned, -1))
 
 
+def objective(cfg, recon, ce, mono, aux):
+    """The training loss from its terms (each a mean over its own count) and the encoder's
+    auxiliary loss: ``recon_weight·recon + ce_weight·ce + mono_weight·mono + aux``."""
+    return cfg.recon_weight * recon + cfg.ce_weight * ce + cfg.mono_weight * mono + aux
+
+
 def _safe_div(num, den):
     return num / jnp.maximum(den, 1.0)
 
@@ -607,7 +613,7 @@ def aligner_loss(model: Aligner, batch: dict) -> tuple[jax.Array, dict[str, jax.
     step = bary[..., :-1] - bary[..., 1:]  # b_i - b_{i+1}
     mono = _safe_div(jnp.sum(jax.nn.relu(step) * cons), n_cons)
 
-    loss = cfg.recon_weight * recon + cfg.ce_weight * ce + cfg.mono_weight * mono + res.aux
+    loss = objective(cfg, recon, ce, mono, res.aux)
 
     # diagnostics (no gradient needed)
     sg = jax.lax.stop_gradient
