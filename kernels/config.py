@@ -85,17 +85,21 @@ IMPL_VARIANTS = {
                                "one_pass_steps": True, "triton_dots": "tf32x3"},
 }
 
-# ``impl="auto"`` on GPU, measured (``scripts/bench_transport.py --impls reference,xla,pallas`` on
-# an NVIDIA H100, 2026-11-24; the table is in the README): dense autodiff ("reference") below
-# ``GPU_DENSE_CROSSOVER`` (the benchmark's ``dense crossover`` of the banded XLA path), the
-# banded XLA path (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on. The Triton
-# kernels that recompute each score tile in every pass (memory O(L W / b) instead of the
-# resident band's O(L W)) cost more than the resident band at every size measured there, so
-# they run only when named; "pallas-resident" (a stored band read by the kernels), its
-# straight-line steps ("pallas-resident-unrolled") and its two-kernel steps ("pallas-fused")
-# are not yet measured on a GPU (``bash scripts/gpu_session.sh resident``).
-GPU_DENSE_CROSSOVER: int | None = 8192
-GPU_BANDED_IMPL = "xla"
+# ``impl="auto"`` on GPU, measured (``bash scripts/gpu_session.sh issue11`` and ``... resident
+# --impls reference,pallas-fused-tf32x3,xla --lengths 1024,8192`` on an NVIDIA H200, 2026-11-29;
+# the table is in the README, the JSON lines in docs/measurements/h200-2026-11-29/): dense
+# autodiff ("reference") below ``GPU_DENSE_CROSSOVER``, the stored-band kernels with fused
+# two-kernel steps (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on: fwd + bwd 5.0x
+# dense at L 4096 and 11.0x at 16384 (W 1024). Their "ieee" dots, as the op's exactness contract
+# names them: the "tf32x3" dots were 1.14x / 1.08x faster still, and lost to dense at L 1024
+# (0.97x; 10.8x at 8192), a choice made by name (``impl_variant("pallas-fused-tf32x3")``). The
+# fused steps are straight-line (``unroll``), which compiles in time proportional to the step
+# count: past ``GPU_UNROLLED_MAX_STEPS`` steps, auto takes the looped XLA path (7.1x dense at
+# L 8192 there) instead.
+GPU_DENSE_CROSSOVER: int | None = 4096
+GPU_BANDED_IMPL = "pallas-fused"
+GPU_LOOPED_IMPL = "xla"
+GPU_UNROLLED_MAX_STEPS = 64
 
 
 def impl_variant(name: str) -> dict:
@@ -136,11 +140,14 @@ def accelerator(platform: str | None = None) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else "cpu"
 
 
-def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None) -> str:
+def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None,
+                 steps: int | None = None) -> str:
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
     on CPU (where Pallas would run in interpret mode). On GPU, ``GPU_BANDED_IMPL``, and dense
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
-    sequence; a None crossover or length keeps the banded path). Other values pass through.
+    sequence; a None crossover or length keeps the banded path); ``GPU_LOOPED_IMPL`` where the
+    banded variant's steps are straight-line and ``steps`` (the fixed steps it would unroll)
+    exceeds ``GPU_UNROLLED_MAX_STEPS``. Other values pass through.
     ``platform`` defaults to this host's backend: a config lowered for another platform from
     here names its impl explicitly. Returns a name of ``IMPL_VARIANTS`` (its settings:
     ``impl_variant``; ``TransportConfig.resolved`` applies them)."""
@@ -152,6 +159,8 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     if kind == "gpu":
         if GPU_DENSE_CROSSOVER is not None and length is not None and length < GPU_DENSE_CROSSOVER:
             return "reference"
+        if steps is not None and steps > GPU_UNROLLED_MAX_STEPS and IMPL_VARIANTS[GPU_BANDED_IMPL].get("unroll"):
+            return GPU_LOOPED_IMPL
         return GPU_BANDED_IMPL
     return "pallas"
 
@@ -252,14 +261,17 @@ class TransportConfig:
       one_pass_steps: False (the default). True (with ``fused_steps``): each of those steps
         reads the band once instead of twice, a program holding a few rows of it in registers
         (``pallas_gpu.stored_one_pass_rows``; the column LSE from per-row-group partials).
-        Same plans up to rounding. Not yet measured on a GPU.
+        Same plans up to rounding. Slower than two passes on an H200 (fwd + bwd at L 16384:
+        5.94 ms against 3.75, tf32x3 dots both; README "On a GPU").
       triton_dots: how the Triton kernels compute their f32 dots (the scores, the plan
         products and their modulations; the XLA path and Mosaic are untouched). "ieee" (the
         default): fp32 FMAs. "tf32x3": on tensor cores, as three TF32 products of each
         operand's rounded high part and its remainder (Triton's ``input_precision="tf32x3"``),
         accumulated in fp32: the dots' error stays at fp32's (interpret mode emulates the
         arithmetic: the primitives stay within f32's bounds of float64, the op within 1e-5 of
-        dense autodiff). Not yet measured on a GPU.
+        dense autodiff; on an H200 every compiled-kernel test passes against float64, and
+        the op's gradients are 2.9e-6 from dense autodiff's at L 16384). 1.08x faster than
+        "ieee" with fused steps at L 16384, 1.14x at 4096 (H200, 2026-11-29).
     """
 
     half_band: int
@@ -388,8 +400,18 @@ class TransportConfig:
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
         """This config with ``impl="auto"`` replaced by the implementation that runs it
         (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
-        impl = resolve_impl(self.impl, platform, length=length)
+        # a base run to a tolerance is a loop whatever the variant: only the tail is unrolled
+        steps = self.tail_steps if self.tol is not None else self.base_steps + self.tail_steps
+        impl = resolve_impl(self.impl, platform, length=length, steps=steps)
         return self if impl == self.impl else dataclasses.replace(self, **impl_variant(impl))
+
+    def dense_reference(self) -> "TransportConfig":
+        """The same problem solved by dense autodiff (``impl="reference"``): every setting an
+        implementation variant names (``IMPL_VARIANTS``), and the tile sizes, back at their
+        defaults, so checking a variant against it needs no list of the variant's settings."""
+        names = {name for variant in IMPL_VARIANTS.values() for name in variant} | {"blocks"}
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in names}
+        return dataclasses.replace(self, **{**defaults, "impl": "reference"})
 
     def damping(self) -> tuple[float, float]:
         """(kappa_rows, kappa_cols): each half step is ``kappa (log target - LSE)``. 1 on a

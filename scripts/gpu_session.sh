@@ -136,13 +136,14 @@ issue11() {
         echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
         timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
     }
-    part 190 bench_16384.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS,ott" --lengths 16384 \
+    # H200, 2026-11-29: 63 s, 42 s, 127 s (the tests) and 8 s each profile
+    part 120 bench_16384.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS,ott" --lengths 16384 \
         --repeats 5 --json --mem-budget-gib 60 --timeout 100
-    part 120 bench_4096.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 4096 \
-        --repeats 5 --json --timeout 100
+    part 90 bench_4096.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 4096 \
+        --repeats 5 --json --timeout 80
     # 162 tests, mostly Triton compiles: 8 workers on the machine's 16 cores, sharing the GPU
-    part 90 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
-        -p no:cacheprovider
+    part 180 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
+        -p no:cacheprovider --tb=short -rfE
     part 60 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
         --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
     # the same with one band tile a trip in the streaming walks, as before 2026-11-29: which

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -445,8 +444,7 @@ class _TransportCase:
         cfg = TransportConfig(half_band=3, eps=0.7, base_steps=5, tail_steps=2, dustbin=request.param,
                               impl="pallas", blocks=BlockSizes(8),  # 3 row blocks, 3 diagonals
                               resident_scores=cls.RESIDENT)
-        ref = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes(),
-                                              resident_scores=False), None)
+        ref = _op_results(cfg.dense_reference(), None)
         return _op_results(cfg, cls.WRAPPER), ref
 
     def test_forward_matches_reference(self, results):
@@ -488,8 +486,7 @@ def test_transport_variants_match_reference(dustbin, adjoint, block, resident):
     cfg = TransportConfig(half_band=4, eps=0.6, base_steps=6, tail_steps=2, dustbin=dustbin,
                           adjoint=adjoint, impl="pallas", blocks=BlockSizes(block), resident_scores=resident)
     out, grads = _op_results(cfg, None)
-    ref, ref_grads = _op_results(dataclasses.replace(cfg, impl="reference", blocks=BlockSizes(),
-                                                     resident_scores=False), None)
+    ref, ref_grads = _op_results(cfg.dense_reference(), None)
     np.testing.assert_allclose(out, ref, atol=OUT_ATOL, rtol=0)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(got, want, atol=GRAD_ATOL, rtol=0)

@@ -389,7 +389,10 @@ def test_tune_triton_sweeps_the_stored_band_kernels():
         KernelShape(0, 16, 20, stored=True): walks("modulated_product")})
 
 
-def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, capsys):
+def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, capsys, monkeypatch):
+    """Innermost events only, the slowest first, the HLO written; GPU command buffers turned off
+    for the trace (their kernels are not attributed) unless asked for."""
+    import os
     import types
 
     import profile_transport
@@ -397,11 +400,14 @@ def test_profile_transport_lists_innermost_ops_and_writes_the_hlo(tmp_path, caps
     ev = lambda name, start, end: types.SimpleNamespace(name=name, start_ns=start, end_ns=end)
     nested = [ev("while", 0, 100), ev("body_a", 10, 40), ev("body_b", 50, 90), ev("after", 120, 130)]
     assert [e.name for e in profile_transport._leaves(nested)] == ["body_a", "body_b", "after"]
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored after the test
     profile_transport.main(["--lengths", "64", "--half-band", "16", "--impls", "xla", "--repeats", "1",
                             "--top", "5", "--out", str(tmp_path)])
+    assert os.environ["XLA_FLAGS"].endswith("--xla_gpu_enable_command_buffer=")
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     head, ops = rows[0], rows[1:]
     assert head["op"] == "(whole call)" and head["ms_per_call"] > 0 and head["ops"] >= len(ops) > 0
+    assert head["command_buffers"] is False and 0 < head["traced_share"]
     assert all(r["script"] == "profile_transport" and r["ms"] >= 0 for r in ops)
     assert sum(r["share"] for r in ops) <= 1 + 1e-9  # innermost events only: shares add up
     assert [r["ms"] for r in ops] == sorted((r["ms"] for r in ops), reverse=True)
@@ -471,3 +477,9 @@ def test_gpu_session_script_parses_and_names_its_steps():
     steps = run.stderr.split("gpu_session.sh", 1)[1].split("|")
     assert [s.strip() for s in steps[:3]] == ["fetch", "issue11", "tests"]
     assert {"targets", "resident", "profile", "train", "replica"} <= {s.strip() for s in steps}
+    # issue11's parts, each stopped at its limit (+10 s to kill), and ~30 s of install fit one
+    # 600 s call of a 15-minute lease
+    import re
+
+    limits = [int(n) for n in re.findall(r"^\s*part (\d+) ", script.read_text(), re.M)]
+    assert len(limits) == 5 and sum(limits) + 10 * len(limits) + 30 <= 600

@@ -52,8 +52,7 @@ def _jit_transport(cfg: TransportConfig):
 def _compare(cfg, lq, lk, q_len, k_len, *, b=2, h=2, d=8, dv=4, seed=0):
     q, k, v, tokens, w = make_inputs(b, h, lq, lk, d, dv, seed)
     q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    ref_cfg = dataclasses.replace(cfg, impl="reference", resident_scores=False, fused_steps=False,
-                                  one_pass_steps=False)
+    ref_cfg = cfg.dense_reference()
     (_, out), grads = _value_and_grad(cfg)(q, k, v, tokens, q_len, k_len, w)
     (_, ref_out), ref_grads = _value_and_grad(ref_cfg)(q, k, v, tokens, q_len, k_len, w)
     np.testing.assert_allclose(out, ref_out, atol=OUT_ATOL, rtol=0)
@@ -514,7 +513,7 @@ def test_auto_impl_is_resolved_by_the_kernels_per_platform():
 
     assert resolve_impl("auto", "cpu") == "xla"
     assert resolve_impl("auto", "tpu") == "pallas"
-    assert resolve_impl("auto", "cuda") == "xla"  # the measured-faster banded path on GPU
+    assert resolve_impl("auto", "cuda") == "pallas-fused"  # the measured-faster banded path on GPU, "ieee" dots
     assert resolve_impl("reference", "tpu") == "reference"  # explicit choices pass through
     assert TransportConfig(half_band=4).impl == "auto"
     assert TransportConfig(half_band=4).resolved("cpu").impl == "xla"
@@ -540,6 +539,27 @@ def test_gpu_auto_is_dense_below_the_measured_crossover(monkeypatch):
     resolved = TransportConfig(half_band=4, dustbin="spoke").resolved("cuda", length=10_000)
     assert (resolved.impl, resolved.resident_scores, resolved.dustbin) == ("pallas", True, "spoke")
     assert TransportConfig(half_band=4).resolved("cpu").resident_scores is False
+
+
+def test_gpu_auto_loops_where_straight_line_steps_would_be_many(monkeypatch):
+    """A banded variant with straight-line steps gives way to ``GPU_LOOPED_IMPL`` past
+    ``GPU_UNROLLED_MAX_STEPS`` fixed steps (its compile grows with them); a base run to a
+    tolerance is a loop, so only its tail counts; a looped variant is kept at any count."""
+    from pfamalign.kernels import config, resolve_impl
+
+    monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", 4096)
+    monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-fused-tf32x3")
+    cap = config.GPU_UNROLLED_MAX_STEPS
+    assert resolve_impl("auto", "cuda", length=8192, steps=cap) == "pallas-fused-tf32x3"
+    assert resolve_impl("auto", "cuda", length=8192, steps=cap + 1) == config.GPU_LOOPED_IMPL == "xla"
+    assert resolve_impl("auto", "cuda", length=1024, steps=cap + 1) == "reference"
+    long_base = TransportConfig(half_band=4, base_steps=cap, tail_steps=2)
+    assert long_base.resolved("cuda", length=8192).impl == "xla"
+    to_tol = TransportConfig(half_band=4, base_steps=cap, tail_steps=2, tol=1e-4)
+    resolved = to_tol.resolved("cuda", length=8192)
+    assert (resolved.impl, resolved.unroll, resolved.triton_dots) == ("pallas", True, "tf32x3")
+    monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-resident")
+    assert resolve_impl("auto", "cuda", length=8192, steps=10 * cap) == "pallas-resident"
 
 
 def test_dense_crossover_is_where_the_kernels_win_from_then_on():

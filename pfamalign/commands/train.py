@@ -87,7 +87,7 @@ _HELP = """Train an aligner on a prepared dataset.
     --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
     each process loads only its rows of every global batch. The transport op picks its
     implementation per backend (transport.impl=auto): the Pallas kernels on TPU, on GPU dense
-    autodiff below L 8192 and the banded XLA path above, the XLA path on CPU; force one with
+    autodiff below L 4096 and the stored-band Triton kernels above, the XLA path on CPU; force one with
     --set transport.impl=xla (or reference, pallas).
     """
 _HELP = inspect.cleandoc(_HELP.format(configs=_config_lines()))
