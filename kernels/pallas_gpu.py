@@ -531,10 +531,14 @@ def _pow2_divisor(n: int, cap: int = 1024) -> int:
     return min(n & -n, cap)
 
 
-def _with_previous(specs: list, operands: list, previous, b: int) -> tuple[list, list]:
-    """A half step's walk operands followed by its lines' previous potential, if any."""
+def _with_previous(specs: list, operands: list, previous, b: int, kappa: float) -> tuple[list, list]:
+    """A half step's walk operands followed by its lines' previous potential, if any (which
+    implies an LSE only where it is not 0 by definition: kappa > 0)."""
     if previous is None:
         return specs, operands
+    if not kappa > 0:
+        raise ValueError(f"a previous potential guesses the LSE of a side with kappa > 0; got kappa={kappa} "
+                         f"(a free side's potential is 0: pass previous=None)")
     return specs + [_rows(b)], operands + [previous.astype(jnp.float32)]
 
 
@@ -553,7 +557,7 @@ def stored_row_half(band, scale, v, weight, previous=None, *, geom: BandGeometry
     geom, launch, specs, operands = _walk_operands("rows", band, scale, v, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_previous(specs, operands, previous, b)
+    specs, operands = _with_previous(specs, operands, previous, b, kappa)
     out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
@@ -580,7 +584,7 @@ def stored_col_half(band, scale, u_hat, shares, weight, previous=None, *, geom: 
     geom, launch, specs, operands = _walk_operands("cols", band, scale, u_hat, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_previous(specs, operands, previous, b)
+    specs, operands = _with_previous(specs, operands, previous, b, kappa)
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         n_shares = shares.shape[-1]

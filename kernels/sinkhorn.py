@@ -432,14 +432,17 @@ def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, kee
     def two_walks(carry, _):
         # The previous potentials let each walk take one pass (they guess its LSE; the result
         # does not depend on them). The kernels read them as they are: no XLA op, no launch.
+        # A free side's potential is 0 (kappa = 0): it guesses nothing, its walk is the exact one.
         u_prev, v_prev = carry
-        row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, u_prev)
+        guess = lambda prev, kappa: prev if kappa > 0 else None
+        row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, guess(u_prev, sup.kappa_rows))
+        v_guess = guess(v_prev, sup.kappa_cols)
         if sup.centered:  # the row half also gives each row block's share of the constant
             u_hat, shares = row
-            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_prev)
+            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_guess)
         else:
             u_hat = u_c = row
-            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_prev)
+            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_guess)
         return (u_c, v_c), (u_hat, u_c, v_c)
 
     def one_pass_walk(carry, _):  # û as two_walks gives it; u and v padded

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 from jax._src.lib.mlir import ir
 
-from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, pallas_gpu, pallas_tpu, tile_math, transport, triton_offline
+from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, config, pallas_gpu, pallas_tpu, tile_math, transport, triton_offline
 from pfamalign.kernels.band import make_geometry
 from pfamalign.kernels.config import IMPL_VARIANTS, impl_variant
 from pfamalign.kernels.pallas_ops import lower
@@ -277,6 +278,30 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
     np.testing.assert_allclose(got[0][1], want[0][1], atol=OUT_ATOL, rtol=OUT_ATOL)  # the output O
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=OUT_ATOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("marginals, relax", [("rows", None), ("cols", None), ("cols", 0.7)])
+def test_auto_banded_impl_runs_every_marginal_on_gpu(marginals, relax):
+    """What ``impl="auto"`` takes on a GPU from its crossover on (``GPU_BANDED_IMPL``), with a free
+    or damped side (the semi-relaxed softmax), against float64 dense autodiff as above."""
+    _skip_without_gpu()
+    q, k, v, tokens, g = _inputs(LQ, LK)
+    cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, marginals=marginals, relax=relax,
+                          **impl_variant(config.GPU_BANDED_IMPL))
+    got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
+    want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=OUT_ATOL)
+
+
+def test_the_gpu_tests_own_code_runs_here(monkeypatch):
+    """The compiled-kernel tests' harness (inputs, the float64 reference, the comparison) run on
+    this CPU, the kernels in interpret mode: a GPU lease is not spent finding a harness bug (18
+    of them failed on an H200 on one, 2026-11-29)."""
+    monkeypatch.setattr(sys.modules[__name__], "_skip_without_gpu", lambda: None)
+    test_compiled_op_matches_float64_on_gpu("none", "pallas-fused")
+    test_auto_banded_impl_runs_every_marginal_on_gpu("cols", None)
 
 
 @pytest.mark.gpu

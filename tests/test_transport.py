@@ -146,8 +146,9 @@ def test_unrolled_steps_match_reference(variant):
 @pytest.mark.parametrize("variant", [
     dict(marginals="balanced"),  # the centering inside the column kernel
     dict(marginals="rows", relax=0.5),  # a damped side, no centering
+    dict(marginals="cols"),  # a free side: its potential 0 guesses no LSE (was a ZeroDivisionError)
     pytest.param(dict(dustbin="spoke"), marks=pytest.mark.slow),  # spokes: the unfused steps
-], ids=["balanced", "damped", "spoke"])
+], ids=["balanced", "damped", "free", "spoke"])
 def test_fused_steps_match_reference(variant, one_pass):
     """``fused_steps=True`` (two kernels a step on the stored band; interpret mode), reading the
     band twice a step or once (``one_pass_steps``): the same outputs and gradients as dense
