@@ -9,6 +9,7 @@ A **model directory** is what ``align`` / ``eval`` load::
                           validation families at the end of ``pfamalign train``
     MODEL/training.json   what the model learnt from: {"dataset": {path, config_hash,
                           embedder_id}, "trained_on": {"split", "families": [accessions]},
+                          "step": the training step the model is (a run's),
                           "decoder": {"source": "tuned" | "default_model" | ..., "split",
                           "families", "n_pairs", "f1", "f1_below30", "settings"}}; ``eval``
                           warns when the families it scores overlap these

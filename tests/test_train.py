@@ -456,6 +456,26 @@ def test_a_finished_run_loads_as_its_model_and_a_rerun_keeps_it(reference, datas
     assert {p: p.read_bytes() for p in sorted(model.rglob("*")) if p.is_file()} == before
 
 
+def test_a_finished_run_extended_and_stopped_loads_its_model_with_a_warning(reference, tmp_path, capsys):
+    """The model's record names its step; a finished run extended (``--steps``) past it and
+    stopped before it finished again still loads its old model (the newer parameters have no
+    decoder of their own), and says so: which step loads, which newer one exists, how to finish.
+    (It loaded silently before.) A finished run with no newer checkpoint loads without a word."""
+    run = tmp_path / "run"
+    shutil.copytree(reference.out_dir, run)
+    assert checkpoint.read_training_record(run / "model")["step"] == STEPS
+    capsys.readouterr()
+    Predictor(run)
+    assert "Warning" not in capsys.readouterr().err
+    # the extension's checkpoint (what an interrupted `--steps 2N` run leaves): the newest
+    shutil.copytree(run / "checkpoints" / str(STEPS), run / "checkpoints" / str(2 * STEPS))
+    for path in (run, run / "model"):
+        assert Predictor(path).path == run / "model"
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"is the model of step {STEPS}, but its run has trained on to step {2 * STEPS} since" in err
+        assert "re-run the same `pfamalign train` command" in err and f"checkpoints/{2 * STEPS}" in err
+
+
 def test_cli_help_lists_every_configuration_and_decoder_family():
     from pfamalign.commands.train import train as train_command
 

@@ -328,7 +328,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                 if tune_pairs:
                     progress.log(f"choosing the decoder on up to {tune_pairs} val pairs")
                 decoder = finish_model(model_dir, data_dir, tune_pairs=tune_pairs,
-                                       seed=cfg.train.data.seed)
+                                       seed=cfg.train.data.seed, step=step)
                 writer.write(step, {f"tune/{k}": v for k, v in decoder.items()})
                 progress.log(tuning.describe(decoder))
     finally:
@@ -340,18 +340,19 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
 
 
 def finish_model(model_dir: pathlib.Path, data_dir, *, tune_pairs: int | None,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, step: int | None = None) -> dict:
     """Counts the model's own pair-HMM on the train split (``pairhmm.fit_for_model``), chooses
     the model's decoder on the val split (``tuning.choose_decoder``, at most ``tune_pairs``
     pairs; None skips tuning) and writes ``MODEL/training.json``: the dataset and the families
-    the model trained and was tuned on. Returns the decoder record."""
+    the model trained and was tuned on, and ``step``, the training step it is (which tells a
+    model from the newer checkpoints of a run extended since). Returns the decoder record."""
     pairhmm.fit_for_model(model_dir, data_dir, split="train")
     decoder = tuning.choose_decoder(model_dir, data_dir, split="val", max_pairs=tune_pairs,
                                     seed=seed)
     ckpt.write_training_record(model_dir, {
         "dataset": data_info(data_dir),
         "trained_on": {"split": "train", "families": split_families(data_dir, "train")},
-        "decoder": decoder})
+        "decoder": decoder, **({} if step is None else {"step": int(step)})})
     return decoder
 
 
