@@ -92,13 +92,17 @@ IMPL_VARIANTS = {
 # two-kernel steps (``GPU_BANDED_IMPL``, a name of ``IMPL_VARIANTS``) from it on: fwd + bwd 5.0x
 # dense at L 4096 and 11.0x at 16384 (W 1024). Their "ieee" dots, as the op's exactness contract
 # names them: the "tf32x3" dots were 1.14x / 1.08x faster still, and lost to dense at L 1024
-# (0.97x; 10.8x at 8192), a choice made by name (``impl_variant("pallas-fused-tf32x3")``). The
-# fused steps are straight-line (``unroll``), which compiles in time proportional to the step
-# count: past ``GPU_UNROLLED_MAX_STEPS`` steps, auto takes the looped XLA path (7.1x dense at
-# L 8192 there) instead.
+# (0.97x; 10.8x at 8192), a choice made by name (``impl_variant("pallas-fused-tf32x3")``).
+# Those figures hold where the fused steps run: no dustbin spokes, one eps, no tolerance (the
+# benchmark's problem; other problems would take the variant's unfused stored-band steps, never
+# timed on a GPU). Elsewhere auto keeps the measured rule before it: the looped XLA path
+# (``GPU_LOOPED_IMPL``) from ``GPU_LOOPED_CROSSOVER`` on (H100, 2026-11-24: 0.69x dense at
+# L 4096, 4.5x at 8192; H200: 7.1x at 8192). So too past ``GPU_UNROLLED_MAX_STEPS`` fixed steps:
+# the fused steps are straight-line (``unroll``), which compiles in time proportional to them.
 GPU_DENSE_CROSSOVER: int | None = 4096
 GPU_BANDED_IMPL = "pallas-fused"
 GPU_LOOPED_IMPL = "xla"
+GPU_LOOPED_CROSSOVER: int | None = 8192
 GPU_UNROLLED_MAX_STEPS = 64
 
 
@@ -141,13 +145,15 @@ def accelerator(platform: str | None = None) -> str:
 
 
 def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None,
-                 steps: int | None = None) -> str:
+                 steps: int | None = None, fused: bool = True) -> str:
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
     on CPU (where Pallas would run in interpret mode). On GPU, ``GPU_BANDED_IMPL``, and dense
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
-    sequence; a None crossover or length keeps the banded path); ``GPU_LOOPED_IMPL`` where the
-    banded variant's steps are straight-line and ``steps`` (the fixed steps it would unroll)
-    exceeds ``GPU_UNROLLED_MAX_STEPS``. Other values pass through.
+    sequence; a None crossover or length keeps the banded path); ``GPU_LOOPED_IMPL`` (dense
+    below ``GPU_LOOPED_CROSSOVER``) where the banded variant's fused steps do not apply
+    (``fused`` false: spokes, an eps schedule, a tolerance, the TPU kernels forced) or its steps
+    are straight-line and ``steps`` (the fixed steps it would unroll) exceeds
+    ``GPU_UNROLLED_MAX_STEPS``. Other values pass through.
     ``platform`` defaults to this host's backend: a config lowered for another platform from
     here names its impl explicitly. Returns a name of ``IMPL_VARIANTS`` (its settings:
     ``impl_variant``; ``TransportConfig.resolved`` applies them)."""
@@ -157,11 +163,14 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     if kind == "cpu":
         return "xla"
     if kind == "gpu":
-        if GPU_DENSE_CROSSOVER is not None and length is not None and length < GPU_DENSE_CROSSOVER:
+        banded, crossover = GPU_BANDED_IMPL, GPU_DENSE_CROSSOVER
+        variant = IMPL_VARIANTS[banded]
+        if (variant.get("fused_steps") and not fused) or \
+                (variant.get("unroll") and steps is not None and steps > GPU_UNROLLED_MAX_STEPS):
+            banded, crossover = GPU_LOOPED_IMPL, GPU_LOOPED_CROSSOVER
+        if crossover is not None and length is not None and length < crossover:
             return "reference"
-        if steps is not None and steps > GPU_UNROLLED_MAX_STEPS and IMPL_VARIANTS[GPU_BANDED_IMPL].get("unroll"):
-            return GPU_LOOPED_IMPL
-        return GPU_BANDED_IMPL
+        return banded
     return "pallas"
 
 
@@ -397,12 +406,20 @@ class TransportConfig:
             data["eps_schedule"] = tuple(tuple(s) for s in schedule)
         return cls(**data)
 
-    def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
-        """This config with ``impl="auto"`` replaced by the implementation that runs it
-        (``length``: the longer sequence, for the size rule of ``resolve_impl``)."""
+    def resolved_impl(self, platform: str | None = None, *, length: int | None = None) -> str:
+        """The name (``IMPL_VARIANTS``) of the implementation that runs this config
+        (``resolve_impl``; ``length``: the longer sequence, for its size rule)."""
         # a base run to a tolerance is a loop whatever the variant: only the tail is unrolled
         steps = self.tail_steps if self.tol is not None else self.base_steps + self.tail_steps
-        impl = resolve_impl(self.impl, platform, length=length, steps=steps)
+        # where the fused steps run (sinkhorn.solve): no spokes, one eps, no tolerance; Triton
+        fused = (self.dustbin in ("none", "widened") and self.eps_schedule is None and self.tol is None
+                 and self.kernel != "tpu")
+        return resolve_impl(self.impl, platform, length=length, steps=steps, fused=fused)
+
+    def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
+        """This config with ``impl="auto"`` replaced by the implementation that runs it
+        (``resolved_impl``) and that variant's settings."""
+        impl = self.resolved_impl(platform, length=length)
         return self if impl == self.impl else dataclasses.replace(self, **impl_variant(impl))
 
     def dense_reference(self) -> "TransportConfig":

@@ -287,8 +287,8 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     """``(model, config)`` from a model directory, a run directory or a checkpoint step.
 
     ``impl="auto"`` lets the kernels choose for this host (``kernels.resolve_impl``: the
-    Pallas kernels on TPU, the XLA path on CPU, on GPU dense autodiff or the XLA path by
-    length; the plan is the same); ``None`` keeps
+    Pallas kernels on TPU, the XLA path on CPU, on GPU dense autodiff, the stored-band
+    kernels or the XLA path by length and problem; the plan is the same); ``None`` keeps
     the saved implementation; any other value forces it.
     """
     config_path, params_path = resolve_model_path(path)

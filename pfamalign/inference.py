@@ -631,24 +631,26 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
                   f"{steps[-1]}) and the shipped model's decoder; re-run the same `pfamalign train` "
                   "command to finish it", file=sys.stderr)
         return
-    if (path / "checkpoints").is_dir():  # a finished run: its model
-        path = path / "model"
     if path.name != "model" or not (path.parent / "checkpoints").is_dir():
         return  # not a run's model (checked first: a warm align imports no checkpoint code)
     from pfamalign.checkpoint import TRAINING_RECORD, finished_steps, read_training_record
     from pfamalign.pipelines.locks import holder, names_this_process
 
-    record = read_training_record(path)
-    if record is not None and "step" in record:
-        newer = [s for s in finished_steps(path.parent / "checkpoints") if s > record["step"]]
+    try:
+        record = read_training_record(path)
+    except (OSError, ValueError):  # unreadable: `pfamalign verify` names it; the model still loads
+        record = {}
+    step = record.get("step") if isinstance(record, dict) else None
+    if isinstance(step, int) and not isinstance(step, bool):
+        newer = [s for s in finished_steps(path.parent / "checkpoints") if s > step]
         if newer:  # a finished run extended (--steps) since: in progress, or stopped before it finished
             import sys
 
             running = holder(path.parent)
             state = ("stopped before it finished: re-run the same `pfamalign train` command to finish it"
                      if running is None else f"still running ({running})")
-            print(f"Warning: {path} is the model of step {record['step']}, but its run has trained on to "
-                  f"step {newer[-1]} since, {state}; this loads step {record['step']} "
+            print(f"Warning: {path} is the model of step {step}, but its run has trained on to "
+                  f"step {newer[-1]} since, {state}; this loads step {step} "
                   f"({path.parent / 'checkpoints' / str(newer[-1])} holds the newer parameters)", file=sys.stderr)
     if record is None:
         import sys

@@ -91,7 +91,6 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
     import numpy as np
 
     from pfamalign import configs
-    from pfamalign.kernels import resolve_impl
     from pfamalign.training import step as train
     from pfamalign.pipelines import reader
 
@@ -141,7 +140,7 @@ def bench(name: str, lengths, source: str, *, batch: int, reps: int, seed: int,
         "half_band": cfg.model.transport.half_band, "eps": cfg.model.transport.eps,
         # As the op resolves impl="auto" (a kernels.config.IMPL_VARIANTS name): per padded length
         # (dense autodiff below the GPU crossover).
-        "impl_by_padded_len": {str(n): resolve_impl(cfg.model.transport.impl, length=n) for n in per_length},
+        "impl_by_padded_len": {str(n): cfg.model.transport.resolved_impl(length=n) for n in per_length},
         "devices": mesh.devices.size,
         "lengths": source, "pairs": int(len(lengths)),
         "mean_pair_max_len": round(float(lengths.max(axis=1).mean()), 1),

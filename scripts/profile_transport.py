@@ -101,8 +101,8 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
             "hlo": str(hlo)}
     if head["traced_share"] < 0.5:
         print(f"warning: L {length} {impl}: the trace accounts for {head['traced_share']:.0%} of the call "
-              f"({traced_ms:.3f} of {head['ms_per_call']:.3f} ms): the per-op times miss most of it "
-              f"(GPU command buffers on?)", file=sys.stderr)
+              f"({traced_ms:.3f} of {head['ms_per_call']:.3f} ms): the per-op times miss most of it"
+              + (" (GPU command buffers on?)" if jax.default_backend() == "gpu" else ""), file=sys.stderr)
     rows = [{"L": length, "W": half_band, "impl": impl, "op": name, "calls": count[name] // repeats,
              "ms": ns / 1e6 / repeats, "share": ns / max(sum(total.values()), 1)}
             for name, ns in total.most_common(top)]

@@ -72,6 +72,20 @@ def test_script_runs_and_prints_json_lines(name, capsys):
 
 
 
+def test_bench_transport_times_a_dustbin_mode_without_ott(capsys):
+    """``--dustbin spoke`` (the shipped models' mode, where impl="auto" on GPU has its own
+    rule): every implementation with spokes, its gradients checked, ott-jax skipped by name, and
+    no target stated (issue 11's are for the problem without a dustbin)."""
+    bench = importlib.import_module("bench_transport")
+    bench.main(["--lengths", "32", "--half-band", "8", "--repeats", "1", "--tail-steps", "1", "--impls",
+                "reference,xla,ott", "--dustbin", "spoke", "--json"])
+    out = capsys.readouterr()
+    rows = {r["impl"]: r for r in map(json.loads, out.out.splitlines())}
+    assert rows["ott"]["status"] == "skipped" and "no dustbin" in rows["ott"]["reason"]
+    assert rows["xla"]["status"] == "ok" and rows["xla"]["grad_err_vs"] == "reference" and rows["xla"]["grad_err"] <= 1e-5
+    assert rows["xla"]["config"]["dustbin"] == "spoke" and "dustbin spoke" in out.err and "target" not in out.err
+
+
 def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
     """Issue 11's GPU targets are judged on a GPU only, the CPU's on a CPU: a CPU run must not
     print 'PASS' against a GPU target. A GPU target passes only with the gradients checked

@@ -474,6 +474,12 @@ def test_a_finished_run_extended_and_stopped_loads_its_model_with_a_warning(refe
         err = " ".join(capsys.readouterr().err.split())
         assert f"is the model of step {STEPS}, but its run has trained on to step {2 * STEPS} since" in err
         assert "re-run the same `pfamalign train` command" in err and f"checkpoints/{2 * STEPS}" in err
+    # a record with no usable step, or none readable, loads without the warning (and without a crash)
+    record = run / "model" / checkpoint.TRAINING_RECORD
+    for text in ('{"step": "3"}', '{"step": null}', "[]", "{not json"):
+        record.write_text(text)
+        Predictor(run / "model")
+        assert "trained on to" not in capsys.readouterr().err, text
 
 
 def test_cli_help_lists_every_configuration_and_decoder_family():

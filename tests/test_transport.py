@@ -542,25 +542,32 @@ def test_gpu_auto_is_dense_below_the_measured_crossover(monkeypatch):
     assert TransportConfig(half_band=4).resolved("cpu").resident_scores is False
 
 
-def test_gpu_auto_loops_where_straight_line_steps_would_be_many(monkeypatch):
-    """A banded variant with straight-line steps gives way to ``GPU_LOOPED_IMPL`` past
-    ``GPU_UNROLLED_MAX_STEPS`` fixed steps (its compile grows with them); a base run to a
-    tolerance is a loop, so only its tail counts; a looped variant is kept at any count."""
+def test_gpu_auto_loops_where_the_fused_steps_do_not_apply(monkeypatch):
+    """The fused banded variant is taken only where its measured fused steps run (no spokes, one
+    eps, no tolerance, Triton kernels) and at most ``GPU_UNROLLED_MAX_STEPS`` straight-line
+    steps (its compile grows with them; a base run to a tolerance is a loop, so only its tail
+    counts); elsewhere the looped ``GPU_LOOPED_IMPL``, with its own dense crossover. A looped
+    banded variant is kept at any step count."""
     from pfamalign.kernels import config, resolve_impl
 
     monkeypatch.setattr(config, "GPU_DENSE_CROSSOVER", 4096)
+    monkeypatch.setattr(config, "GPU_LOOPED_CROSSOVER", 8192)
     monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-fused-tf32x3")
     cap = config.GPU_UNROLLED_MAX_STEPS
-    assert resolve_impl("auto", "cuda", length=8192, steps=cap) == "pallas-fused-tf32x3"
+    assert resolve_impl("auto", "cuda", length=4096, steps=cap) == "pallas-fused-tf32x3"
     assert resolve_impl("auto", "cuda", length=8192, steps=cap + 1) == config.GPU_LOOPED_IMPL == "xla"
-    assert resolve_impl("auto", "cuda", length=1024, steps=cap + 1) == "reference"
-    long_base = TransportConfig(half_band=4, base_steps=cap, tail_steps=2)
-    assert long_base.resolved("cuda", length=8192).impl == "xla"
-    to_tol = TransportConfig(half_band=4, base_steps=cap, tail_steps=2, tol=1e-4)
-    resolved = to_tol.resolved("cuda", length=8192)
-    assert (resolved.impl, resolved.unroll, resolved.triton_dots) == ("pallas", True, "tf32x3")
+    assert resolve_impl("auto", "cuda", length=4096, steps=cap + 1) == "reference"  # the looped crossover
+    assert resolve_impl("auto", "cuda", length=8192, fused=False) == "xla"
+    resolved = lambda **kw: TransportConfig(half_band=4, **kw).resolved("cuda", length=8192)
+    for kw in (dict(base_steps=cap, tail_steps=2), dict(dustbin="spoke"), dict(dustbin="capacity"),
+               dict(eps_schedule=((2.0, 10), (1.0, 5))), dict(kernel="tpu")):
+        assert resolved(**kw).impl == "xla", kw  # kernel="tpu" resolved to the stored band was refused
+    assert resolved(base_steps=cap, tail_steps=2, tol=1e-4).impl == "xla"  # a tolerance: unfused steps
+    for kw in (dict(), dict(dustbin="widened")):  # no spokes: the fused steps
+        assert (resolved(**kw).impl, resolved(**kw).fused_steps, resolved(**kw).triton_dots) == \
+            ("pallas", True, "tf32x3"), kw
     monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-resident")
-    assert resolve_impl("auto", "cuda", length=8192, steps=10 * cap) == "pallas-resident"
+    assert resolve_impl("auto", "cuda", length=8192, steps=10 * cap, fused=False) == "pallas-resident"
 
 
 def test_dense_crossover_is_where_the_kernels_win_from_then_on():

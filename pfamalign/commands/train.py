@@ -87,7 +87,9 @@ _HELP = """Train an aligner on a prepared dataset.
     --data and --out must be on storage every host reads and writes (NFS, GCS fuse);
     each process loads only its rows of every global batch. The transport op picks its
     implementation per backend (transport.impl=auto): the Pallas kernels on TPU, on GPU dense
-    autodiff below L 4096 and the stored-band Triton kernels above, the XLA path on CPU; force one with
+    autodiff for short pairs and banded kernels above (the stored-band Triton kernels from
+    L 4096 without dustbin spokes and at most 64 steps, else the XLA path from 8192), the XLA
+    path on CPU; force one with
     --set transport.impl=xla (or reference, pallas).
     """
 _HELP = inspect.cleandoc(_HELP.format(configs=_config_lines()))
