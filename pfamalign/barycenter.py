@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pfamalign.alignment.metrics import PlanMetrics, barycenters, plan_metrics
+from pfamalign.alignment.metrics import PlanMetrics, barycenters
+from pfamalign.evaluation import model_plan_metrics
 from pfamalign.inference import Predictor
 from pfamalign.plans import PairPlan
 
@@ -41,5 +42,6 @@ def pair_barycenters(predictor: Predictor, pair: dict) -> PairBarycenters:
         "abs_error": np.where(target >= 0, np.abs(b - target), np.nan),
         "real_mass": pp.real.sum(1), "dustbin_mass": pp.row_dustbin,
     })
-    metrics = plan_metrics(pp.real, target, dustbin_mass=pp.row_dustbin) if known else None
+    metrics = (model_plan_metrics(pp.real, pp.row_dustbin, target, dustbin=predictor.config.dustbin)
+               if known else None)
     return PairBarycenters(table, pp, metrics)

@@ -404,6 +404,9 @@ def pair_from_stockholm(path: pathlib.Path, id_a: str, id_b: str) -> dict:
             return {"q_id": id_a, "k_id": id_b, "q_seq": fa.residues[qi], "k_seq": fa.residues[ki],
                     "target": pair_target(fa, qi, ki), "pid": float(pid[0]), "family": family.key}
     absent = [name for name in (id_a, id_b) if name not in seen]
+    if absent and not seen:
+        raise ValueError(f"{path} holds no sequence rows (an empty family?): give a Stockholm file "
+                         "with the two rows to align")
     if absent:
         raise ValueError(f"{path} has no row named {' or '.join(map(repr, absent))} (row names are "
                          f"NAME/START-END as in the file, e.g. {sorted(seen)[0]!r})")

@@ -93,12 +93,18 @@ def pair_target(fa: FamilyArrays, q: int, k: int) -> np.ndarray:
     return np.where(aligned, fa.pos[k, cols], -1).astype(np.int32)
 
 
-def pair_identity(fa: FamilyArrays, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Percent identity and aligned-pair count for arrays of row indices ``q``, ``k`` [P]."""
-    aligned = fa.is_match[q] & fa.is_match[k]  # [P, C]
-    same = aligned & (fa.upper[q] == fa.upper[k])
-    n_al = aligned.sum(axis=1)
-    n_id = same.sum(axis=1)
+def pair_identity(fa: FamilyArrays, q: np.ndarray, k: np.ndarray, *, batch: int = 2048
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Percent identity and aligned-pair count for arrays of row indices ``q``, ``k`` [P],
+    ``batch`` pairs at a time (a pool can grow to every pair of a large family: its ``[P, C]``
+    masks at once took gigabytes)."""
+    n_al = np.zeros(len(q), np.int64)
+    n_id = np.zeros(len(q), np.int64)
+    for start in range(0, len(q), batch):
+        qb, kb = q[start:start + batch], k[start:start + batch]
+        aligned = fa.is_match[qb] & fa.is_match[kb]  # [batch, C]
+        n_al[start:start + batch] = aligned.sum(axis=1)
+        n_id[start:start + batch] = (aligned & (fa.upper[qb] == fa.upper[kb])).sum(axis=1)
     pid = np.where(n_al > 0, 100.0 * n_id / np.maximum(n_al, 1), 0.0)
     return pid, n_al
 

@@ -150,12 +150,17 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
     ``overwrite`` removes an unfinished run at once (prepare's own files only)."""
     manifest_path = out / "manifest.json"
     work_config = out / "work" / "config.json"
+    not_ours = lambda what: PrepareError(  # noqa: E731
+        f"{out} is not empty and is not a pfamalign dataset ({what}); choose an empty or new --out "
+        "directory. --overwrite replaces only a pfamalign dataset.")
     if manifest_path.exists():
         try:
             manifest = json.loads(manifest_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise PrepareError(f"{manifest_path} is damaged ({err}); remove {out} or choose "
                                "another --out") from None
+        if not (isinstance(manifest, dict) and "format_version" in manifest and "config_hash" in manifest):
+            raise not_ours("its manifest.json is not a pfamalign manifest: no format_version / config_hash")
         if manifest.get("config_hash") == chash:
             return manifest, None
         if not overwrite:
@@ -165,28 +170,37 @@ def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
                 "Use another --out, or pass --overwrite to replace it.")
         return None, manifest
     elif work_config.exists():
-        try:
+        try:  # prepare writes it whole (atomically): one of another shape is not prepare's
             recorded = json.loads(work_config.read_text())
-            old, old_config = recorded.get("config_hash"), recorded.get("config")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            old = old_config = None  # torn by hand: the unfinished run cannot be resumed anyway
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            recorded = None
+        if not (isinstance(recorded, dict) and isinstance(recorded.get("config_hash"), str)):
+            raise not_ours("work/config.json is not a pfamalign run's: no config_hash")
+        old, old_config = recorded["config_hash"], recorded.get("config")
         failed = (out / "work" / FAILED).exists()
         if old != chash:
-            if not (overwrite or failed or old is None):
+            if not (overwrite or failed):
                 raise PrepareError(
                     f"{out} holds an unfinished run with a different configuration "
                     f"({_what_differs(old_config, config or {}, old, chash)}); it cannot be resumed with "
                     "these options. Re-run with the original options to finish it, use another --out, "
                     "or pass --overwrite to start over.")
             _remove_owned(out, None)  # a run that stopped on an error is not worth resuming
-    elif out.exists() and set(_user_entries(out)) <= {"work", REPLACEMENT}:
+    elif out.exists() and set(_user_entries(out)) <= {"work", REPLACEMENT} and \
+            all(_holds_only_temporaries(out / name) for name in ("work", REPLACEMENT)):
         for name in ("work", REPLACEMENT):  # killed before its config was saved
             shutil.rmtree(out / name, ignore_errors=True)
     elif out.exists() and _user_entries(out):
-        raise PrepareError(f"{out} is not empty and is not a pfamalign dataset (no manifest.json; "
-                           f"it holds {', '.join(_user_entries(out)[:5])}); choose an empty or "
-                           "new --out directory. --overwrite replaces only a pfamalign dataset.")
+        raise not_ours(f"no manifest.json; it holds {', '.join(_user_entries(out)[:5])}")
     return None, None
+
+
+def _holds_only_temporaries(directory: pathlib.Path) -> bool:
+    """Whether ``directory`` (absent counts) holds no file but temporary ones: what a run killed
+    between making its work directory and saving its config there leaves, and nothing of a
+    user's."""
+    return not directory.exists() or (directory.is_dir() and all(
+        is_temporary(p.name) for p in directory.rglob("*") if not p.is_dir()))
 
 
 # In --out: the new dataset of an --overwrite, built beside the finished one it replaces.

@@ -333,6 +333,7 @@ def parse_family(raw: RawFamily) -> Family:
     pieces: dict[str, list[str]] = {}
     first_line: dict[str, int] = {}
     last_block: dict[str, int] = {}
+    last_line: dict[str, int] = {}  # the id's line in the block it was last seen in
     rf_pieces: list[str] = []
     block = 0
     prev_blank = False
@@ -362,15 +363,15 @@ def parse_family(raw: RawFamily) -> Family:
                                  "gaps '-', '.', '~')")
         if seq_id in pieces:
             if last_block[seq_id] == block:
-                raise StockholmError(source, lineno, f"duplicate sequence id {seq_id!r} (first at "
-                                     f"line {first_line[seq_id]}); sequence ids must be unique "
-                                     "within a family")
+                raise StockholmError(source, lineno, f"duplicate sequence id {seq_id!r} (also at "
+                                     f"line {last_line[seq_id]} of this block); sequence ids must be "
+                                     "unique within a family")
             pieces[seq_id].append(aligned)
         else:
             ids.append(seq_id)
             pieces[seq_id] = [aligned]
             first_line[seq_id] = lineno
-        last_block[seq_id] = block
+        last_block[seq_id], last_line[seq_id] = block, lineno
     rows = tuple("".join(pieces[i]) for i in ids)
     if rows:  # the most common width is the alignment's: the odd row is the one to blame
         width, n_width = collections.Counter(map(len, rows)).most_common(1)[0]

@@ -88,6 +88,14 @@ def test_stockholm_pair_and_missing_ids():
         inputs.pair_from_stockholm(sto, names[0], names[0])
 
 
+def test_stockholm_pair_from_a_family_without_rows_says_so(tmp_path):
+    """(It was an IndexError, printed as 'list index out of range'.)"""
+    empty = tmp_path / "empty.sto"
+    empty.write_text("# STOCKHOLM 1.0\n#=GF ID empty\n//\n")
+    with pytest.raises(ValueError, match="holds no sequence rows"):
+        inputs.pair_from_stockholm(empty, "a/1-2", "b/1-2")
+
+
 def test_json_policy_is_strict_and_plain():
     obj = {"nan": float("nan"), "inf": np.float32("inf"), "arr": np.array([1.5, np.nan]),
            "flag": np.bool_(True), "path": pathlib.Path("a/b"), 3: (1, 2)}

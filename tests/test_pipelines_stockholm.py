@@ -194,7 +194,10 @@ GOOD = "# STOCKHOLM 1.0\n#=GF AC PF00001.1\nseqA  ACDE\nseqB  AC-E\n//\n"
     ("# STOCKHOLM 1.0\nseqA ACDE\n# STOCKHOLM 1.0\nseqB AC\n//\n", 3, "before the '//'"),
     ("# STOCKHOLM 1.0\nseqA AC DE\n//\n", 2, "found 3 fields"),
     ("# STOCKHOLM 1.0\nseqA AC*E\n//\n", 2, "invalid character '*' at column 3"),
-    ("# STOCKHOLM 1.0\nseqA ACDE\nseqB ACDE\nseqA ACDE\n//\n", 4, "duplicate sequence id 'seqA'"),
+    ("# STOCKHOLM 1.0\nseqA ACDE\nseqB ACDE\nseqA ACDE\n//\n", 4, "duplicate sequence id 'seqA' (also at line 2 "),
+    # interleaved: the clash is in the second block, with its own earlier line (it named line 2)
+    ("# STOCKHOLM 1.0\nseqA AC\nseqB AC\n\nseqA DE\nseqB DE\nseqA DE\n//\n", 7,
+     "duplicate sequence id 'seqA' (also at line 5 of this block)"),
     ("# STOCKHOLM 1.0\nseqA ACDE\nseqB ACD\n//\n", 3, "has 3 alignment columns"),
     ("", 1, "no Stockholm alignment found (empty file?)"),
 ])

@@ -175,6 +175,30 @@ def test_refuses_a_foreign_non_empty_directory(tmp_path):
     assert (tmp_path / "precious.txt").exists()
 
 
+@pytest.mark.parametrize("layout", ["work_notes", "work_input", "work_foreign_config", "manifest_list",
+                                    "manifest_foreign", "replacement_notes"])
+def test_a_users_work_or_manifest_is_not_taken_for_prepares(tmp_path, layout):
+    """An --out holding a user's ``work/``, ``replacement/`` or ``manifest.json`` (names prepare
+    uses too) is refused as a foreign directory, with --overwrite too, and loses nothing: it used
+    to delete a ``work/`` holding no ``config.json`` or one of another shape (the input, when
+    --pfam named it), and crash on a manifest that is not a JSON object."""
+    out = tmp_path / "out"
+    files = {"work_notes": {"work/notes.txt": "mine"},
+             "work_input": {"work/PF00076.sto": (SEED / "PF00076.sto").read_text()},  # --pfam out/work
+             "work_foreign_config": {"work/config.json": '{"lr": 0.1}', "work/data.txt": "mine"},
+             "manifest_list": {"manifest.json": "[1, 2]"},
+             "manifest_foreign": {"manifest.json": '{"name": "my app"}', "families.tsv": "mine"},
+             "replacement_notes": {"replacement/notes.txt": "mine"}}[layout]
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    inputs = (out / "work",) if layout == "work_input" else (SEED,)
+    for overwrite in (False, True):
+        with pytest.raises(PrepareError, match="not a pfamalign dataset"):
+            run_prepare(_cfg(out, inputs, overwrite=overwrite), quiet=True)
+        assert {name: (out / name).read_text() for name in files} == files
+
+
 def test_worker_pool_gives_identical_bytes(reference, tmp_path):
     out = tmp_path / "ds"
     run_prepare(_cfg(out, workers=2), quiet=True)
