@@ -173,6 +173,9 @@ def expand_inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[pathlib.Path
                     notes.append(f"ignored {child} (not a Stockholm file)")
         elif path.is_file():
             files.append(path)
+        elif path.exists():  # a pipe (`<(...)`), a device: read twice (hashed, then parsed)
+            raise FileNotFoundError(f"input {path} is not a regular file (a pipe?): prepare reads each "
+                                    "input twice; save it to a file first")
         else:
             raise FileNotFoundError(f"input {path} does not exist")
     return files, notes

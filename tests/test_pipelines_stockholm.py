@@ -126,8 +126,13 @@ def test_inputs_expand_directories_in_name_order(tmp_path):
     files, notes = st.expand_inputs([tmp_path])
     assert [f.name for f in files] == ["a.sto", "b.sto"]
     assert any("notes.txt" in n for n in notes)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         st.expand_inputs([tmp_path / "missing.sto"])
+    import os
+
+    os.mkfifo(tmp_path / "pipe.sto")  # what `--pfam <(zcat x.sto.gz)` passes: there, but read once
+    with pytest.raises(FileNotFoundError, match="not a regular file"):
+        st.expand_inputs([tmp_path / "pipe.sto"])
 
 
 # ------------------------------------------------------------------------------------------
