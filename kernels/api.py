@@ -43,10 +43,14 @@ def check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
         raise ValueError(f"k and v lengths differ: {k.shape[2]} vs {v.shape[2]}")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise ValueError(f"empty sequence axis: Lq={q.shape[2]}, Lk={k.shape[2]}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k need at least one feature (d >= 1), got d={q.shape[-1]}")
     b = q.shape[0]
     for name, lens, cap in (("q_len", q_len, q.shape[2]), ("k_len", k_len, k.shape[2])):
         if jnp.ndim(lens) != 1 or jnp.shape(lens)[0] != b:
             raise ValueError(f"{name} must have shape [B]=[{b}], got {jnp.shape(lens)}")
+        if not jnp.issubdtype(jnp.result_type(lens), jnp.integer):  # a float would be truncated
+            raise ValueError(f"{name} must be integers, got dtype {jnp.result_type(lens)}")
         if not isinstance(lens, jax.core.Tracer):
             arr = np.asarray(lens)
             if arr.min(initial=0) < 0 or arr.max(initial=0) > cap:
@@ -167,9 +171,30 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
     config = _config(config, settings)
     check_inputs(q, k, v, q_len, k_len, tokens, config)
     config = config.resolved(length=max(q.shape[2], k.shape[2]))
-    q_len, k_len = jnp.asarray(q_len), jnp.asarray(k_len)
-    if targets is not None and jnp.shape(targets) != (q.shape[0], q.shape[2]):
-        raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, got {jnp.shape(targets)}")
+    # lengths past the arrays (checked above unless traced) mean the whole axis, on every path
+    q_len, k_len = jnp.clip(jnp.asarray(q_len), 0, q.shape[2]), jnp.clip(jnp.asarray(k_len), 0, k.shape[2])
+    if targets is not None:
+        if jnp.shape(targets) != (q.shape[0], q.shape[2]):
+            raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, "
+                             f"got {jnp.shape(targets)}")
+        if not jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+            raise ValueError(f"targets must be integers (a key index, Lk for the dustbin, -1 for "
+                             f"none), got dtype {jnp.result_type(targets)}")
+        if not isinstance(targets, jax.core.Tracer):
+            arr = np.asarray(targets)
+            if arr.size and (arr.min() < -1 or arr.max() > k.shape[2]):
+                raise ValueError(f"targets must lie in [-1, Lk={k.shape[2]}] (-1: none, Lk: the dustbin "
+                                 f"column), got values from {arr.min()} to {arr.max()}")
+    if config.impl == "pallas" and q.dtype != jnp.float32:
+        # the kernels compute in float32 (their offsets and scale are): the op does too, and
+        # returns the caller's dtype (the gradients follow the casts)
+        dtype = q.dtype
+        cast = lambda x: None if x is None else jax.tree.map(lambda a: a.astype(jnp.float32), x)  # noqa: E731
+        result = transport(cast(q), cast(k), cast(v), q_len, k_len, cast(tokens), config=config, targets=targets,
+                           return_potentials=return_potentials, return_stats=return_stats)
+        if isinstance(result, TransportResult):
+            return result._replace(out=result.out.astype(dtype))
+        return result.astype(dtype)
     if config.impl == "reference":
         out, logp, hist, stats = reference_transport(q, k, v, q_len, k_len, tokens, config, targets=targets)
         pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))

@@ -350,8 +350,9 @@ class TransportConfig:
         if self.relax is not None:
             if self.marginals == "balanced":
                 raise ValueError("relax needs a free side: marginals='rows' or 'cols'")
-            if not self.relax > 0:
-                raise ValueError(f"relax (the KL weight lam) must be > 0 or None, got {self.relax!r}")
+            if not 0 < self.relax < float("inf"):  # inf: the balanced side, marginals="balanced"
+                raise ValueError(f"relax (the KL weight lam) must be finite and > 0, or None, got {self.relax!r} "
+                                 "(lam -> inf is the prescribed side: use marginals='balanced')")
         if self.tol is not None:
             if not self.tol > 0:
                 raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")

@@ -440,6 +440,47 @@ def test_input_errors():
     for op, args in ((transport, (q, k, v, ql, kl)), (transport_plan, (q, k, ql, kl))):
         with pytest.raises(ValueError, match="either config or settings"):  # eps would be ignored
             op(*args, config=cfg, eps=0.5)
+    # each of these ran before, on some paths silently wrong (a float length truncated by the
+    # banded paths, not by the reference; a target past Lk "none" there, the dustbin here)
+    with pytest.raises(ValueError, match="q_len must be integers"):
+        transport(q, k, v, jnp.array([3.5, 10.0]), kl, half_band=3)
+    with pytest.raises(ValueError, match=r"targets must lie in \[-1, Lk=12\]"):
+        transport(q, k, v, ql, kl, half_band=3, targets=jnp.full((2, 10), 13))
+    with pytest.raises(ValueError, match="targets must be integers"):
+        transport(q, k, v, ql, kl, half_band=3, targets=jnp.zeros((2, 10)))
+    with pytest.raises(ValueError, match="d >= 1"):
+        transport(q[..., :0], k[..., :0], v, ql, kl, half_band=3)
+    with pytest.raises(ValueError, match="relax .* must be finite"):  # inf / inf was a NaN plan
+        TransportConfig(half_band=3, marginals="rows", relax=float("inf"))
+
+
+def test_traced_lengths_past_the_arrays_mean_the_whole_axis():
+    """Under jit the lengths cannot be range-checked: one past the array is clamped to it, on
+    every path alike (the banded path let its zero padding into the problem)."""
+    q, k, v, tokens, _ = make_inputs(1, 1, 6, 6, 8, 4, seed=3)
+    full = jnp.array([6])
+    for impl in ("xla", "reference"):
+        cfg = TransportConfig(half_band=2, dustbin="spoke", impl=impl, base_steps=4)
+        want = transport(q, k, v, full, full, tokens, config=cfg)
+        got = jax.jit(lambda ql: transport(q, k, v, ql, full, tokens, config=cfg))(jnp.array([9]))
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=impl)
+
+
+def test_pallas_takes_any_float_dtype_and_answers_in_it():
+    """The kernels compute in float32: bfloat16 inputs (and float64 ones) crashed the Pallas
+    paths' step loops; now the op casts in and out, gradients included, and matches the
+    float32 result to the input dtype's precision."""
+    q, k, v, tokens, w = make_inputs(1, 1, 12, 12, 8, 4, seed=5)
+    lens = jnp.array([12])
+    cfg = TransportConfig(half_band=3, base_steps=4, impl="pallas", blocks=BlockSizes(8))
+    loss = lambda q, k, v: jnp.sum(w.astype(q.dtype) * transport(q, k, v, lens, lens, config=cfg))
+    want, want_g = jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+    half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    got, got_g = jax.value_and_grad(loss, (0, 1, 2))(*half)
+    assert got.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in got_g)
+    np.testing.assert_allclose(np.float32(got), want, rtol=0.05, atol=0.05)
+    for a, b in zip(got_g, want_g):
+        np.testing.assert_allclose(np.float32(a), b, atol=0.1 * float(jnp.abs(b).max()))
 
 
 @pytest.mark.parametrize("dustbin", ["spoke", "widened", "none", "capacity"])
