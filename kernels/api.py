@@ -154,11 +154,13 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
 
     Args:
       q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
-      q_len, k_len: ``[B]`` true lengths; positions beyond them are inactive padding.
+      q_len, k_len: ``[B]`` integer true lengths; positions beyond them are inactive padding
+        (traced lengths past the arrays are clamped to them; concrete ones are refused). Any
+        float dtype: the Pallas paths compute in float32 and answer in the inputs' dtype.
       tokens: learned dustbin tokens, for every dustbin mode but ``none``.
       config: a TransportConfig; or pass its fields as keywords (``half_band=64, eps=0.5``).
-      targets: optional ``[B, Lq]`` int: each query row's target key (``Lk`` = the dustbin
-        column, -1 = none). Their log plan entries are returned, differentiably, computed in
+      targets: optional ``[B, Lq]`` int in [-1, Lk]: each query row's target key (``Lk`` =
+        the dustbin column, -1 = none). Their log plan entries are returned, differentiably, computed in
         the log domain (a sparse cross-entropy needs no dense plan).
       return_potentials: also return the ``Potentials`` history (for the certificates).
       return_stats: also return the ``SolveStats``: base steps taken and the output plan's
