@@ -187,22 +187,18 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
             if arr.size and (arr.min() < -1 or arr.max() > k.shape[2]):
                 raise ValueError(f"targets must lie in [-1, Lk={k.shape[2]}] (-1: none, Lk: the dustbin "
                                  f"column), got values from {arr.min()} to {arr.max()}")
-    if config.impl == "pallas" and q.dtype != jnp.float32:
+    dtype = q.dtype
+    if config.impl == "pallas" and dtype != jnp.float32:
         # the kernels compute in float32 (their offsets and scale are): the op does too, and
-        # returns the caller's dtype (the gradients follow the casts)
-        dtype = q.dtype
-        cast = lambda x: None if x is None else jax.tree.map(lambda a: a.astype(jnp.float32), x)  # noqa: E731
-        result = transport(cast(q), cast(k), cast(v), q_len, k_len, cast(tokens), config=config, targets=targets,
-                           return_potentials=return_potentials, return_stats=return_stats)
-        if isinstance(result, TransportResult):
-            return result._replace(out=result.out.astype(dtype))
-        return result.astype(dtype)
+        # answers in the caller's dtype (the gradients follow the casts)
+        q, k, v, tokens = jax.tree.map(lambda a: a.astype(jnp.float32), (q, k, v, tokens))
     if config.impl == "reference":
         out, logp, hist, stats = reference_transport(q, k, v, q_len, k_len, tokens, config, targets=targets)
         pots = Potentials(*(jax.lax.stop_gradient(x) for x in hist))
     else:
         out, logp, pots, stats = _banded(q, k, v, q_len, k_len, tokens, targets, config,
                                          return_potentials, return_stats)
+    out = out.astype(dtype)
     if targets is None and not return_potentials and not return_stats:
         return out
     return TransportResult(out, logp if targets is not None else None, pots if return_potentials else None,

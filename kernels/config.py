@@ -412,10 +412,13 @@ class TransportConfig:
         (``resolve_impl``; ``length``: the longer sequence, for its size rule)."""
         # a base run to a tolerance is a loop whatever the variant: only the tail is unrolled
         steps = self.tail_steps if self.tol is not None else self.base_steps + self.tail_steps
-        # where the fused steps run (sinkhorn.solve): no spokes, one eps, no tolerance; Triton
-        fused = (self.dustbin in ("none", "widened") and self.eps_schedule is None and self.tol is None
-                 and self.kernel != "tpu")
+        fused = self.fusable() and self.kernel != "tpu"  # the stored band has Triton kernels only
         return resolve_impl(self.impl, platform, length=length, steps=steps, fused=fused)
+
+    def fusable(self) -> bool:
+        """Whether ``fused_steps`` apply to this problem (``sinkhorn.solve``): no dustbin spokes,
+        one eps, no tolerance; other problems take the unfused steps."""
+        return self.dustbin in ("none", "widened") and self.eps_schedule is None and self.tol is None
 
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
         """This config with ``impl="auto"`` replaced by the implementation that runs it

@@ -480,7 +480,7 @@ def solve(spec: Spec, flat: Flat):
         _, tail = run_steps(ops, dots, raw_spk, sup, step_eps(cfg, base=False), u_b, v_b, unroll=cfg.unroll)
         base_end, base_hist = (u_b, v_b), (hu, hv)
     else:
-        fused = cfg.fused_steps and spk is None and cfg.eps_schedule is None
+        fused = cfg.fused_steps and cfg.fusable()
         if not fused and ops.keeps_plans and cfg.eps_schedule is None and t + r > 1 and not cfg.branch_free:
             base_end, base_hist, tail = _scaling_base_log_tail(ops, band, spk, dots, raw_spk, sup, cfg, zeros,
                                                                history=keep is None)
