@@ -416,9 +416,11 @@ class TransportConfig:
         return resolve_impl(self.impl, platform, length=length, steps=steps, fused=fused)
 
     def fusable(self) -> bool:
-        """Whether ``fused_steps`` apply to this problem (``sinkhorn.solve``): no dustbin spokes,
-        one eps, no tolerance; other problems take the unfused steps."""
-        return self.dustbin in ("none", "widened") and self.eps_schedule is None and self.tol is None
+        """Whether ``fused_steps`` apply to this problem (``sinkhorn.solve``): one eps, no
+        tolerance, and for ``one_pass_steps`` no dustbin spokes; other problems take the
+        unfused steps."""
+        spokes = self.dustbin not in ("none", "widened")
+        return self.eps_schedule is None and self.tol is None and not (self.one_pass_steps and spokes)
 
     def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
         """This config with ``impl="auto"`` replaced by the implementation that runs it

@@ -489,21 +489,36 @@ def _centering_share(w_ref, u_hat):
     return jnp.sum(w_ref[...] * u_hat, keepdims=True)
 
 
-def _write_centered(share_ref, chunk: int, lse, u_hat, w, u_ref, v_ref, kappa: float, inside=True):
+def _write_centered(share_ref, chunk: int, lse, u_hat, w, u_ref, v_ref, kappa: float, inside=True,
+                    extra_ref=None):
     """The step's centering, in the kernel that ends it: ``c = Σ shares`` (summed ``chunk`` at
-    a time, a Triton load's length), ``v = v̂ + c`` on columns with entries and ``u = û - c`` on
-    rows with entries (``w > 0``), 0 elsewhere and outside the problem (``inside`` false). The
-    program's line block is also a row block: the padded problem is square."""
+    a time, a Triton load's length; plus ``extra_ref``'s one share, the dustbin row's), ``v =
+    v̂ + c`` on columns with entries and ``u = û - c`` on rows with entries (``w > 0``), 0
+    elsewhere and outside the problem (``inside`` false). The program's line block is also a
+    row block: the padded problem is square."""
     c = jax.lax.fori_loop(0, share_ref.shape[0] // chunk,
                           lambda k, s: s + jnp.sum(share_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
+    if extra_ref is not None:
+        c = c + jnp.sum(extra_ref[...])
     v_ref[...] = jnp.where(inside & jnp.isfinite(lse), potential(0.0, lse, kappa) + c, 0.0)
     u_ref[...] = jnp.where(inside & (w > 0), u_hat - c, 0.0)
 
 
+def _with_spoke(lse, refs: list, spoke: bool):
+    """A half step's band LSE with its lines' dustbin entry folded in, the LSE over the
+    extended line: with ``spoke``, the next two of ``refs`` (taken off them) are the lines'
+    dustbin scores ``[b]`` and the dustbin's potential ``[1]``."""
+    if not spoke:
+        return lse
+    scores_ref, pot_ref = refs.pop(0), refs.pop(0)
+    return tile_math.logaddexp(lse, scores_ref[...] + pot_ref[...])
+
+
 def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
-                     shifted: bool):
+                     shifted: bool, spoke: bool):
     refs = list(refs)
-    u_hat = potential(0.0, _half_walk(band_ref, scale_ref, v_ref, refs, geom, "rows", kappa, shifted), kappa)
+    lse = _half_walk(band_ref, scale_ref, v_ref, refs, geom, "rows", kappa, shifted)
+    u_hat = potential(0.0, _with_spoke(lse, refs, spoke), kappa)
     if centered:
         w_ref, u_hat_ref, share_ref = refs
         share_ref[...] = _centering_share(w_ref, u_hat)
@@ -513,14 +528,16 @@ def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kapp
 
 
 def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
-                     chunk: int, shifted: bool):
+                     chunk: int, shifted: bool, spoke: bool):
     refs = list(refs)
-    lse = _half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted)
+    lse = _with_spoke(_half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted), refs, spoke)
     if centered:
-        share_ref, w_ref, u_ref, v_ref = refs
+        share_ref, w_ref = refs[:2]
+        extra_ref = refs[2] if spoke else None  # the dustbin row's share
+        u_ref, v_ref = refs[-2:]
         b = geom.block
         _write_centered(share_ref, chunk, lse, u_hat_ref[pl.ds(pl.program_id(1) * b, b)], w_ref[...],
-                        u_ref, v_ref, kappa)
+                        u_ref, v_ref, kappa, extra_ref=extra_ref)
     else:
         (v_ref,) = refs
         v_ref[...] = potential(0.0, lse, kappa)
@@ -542,29 +559,47 @@ def _with_previous(specs: list, operands: list, previous, b: int, kappa: float) 
     return specs + [_rows(b)], operands + [previous.astype(jnp.float32)]
 
 
+def _per_problem():
+    """Spec of a ``[N, 1]`` operand: one number a problem, read by all its programs."""
+    return pl.BlockSpec((None, 1), lambda n, i: (n, 0))
+
+
+def _with_spoke_operand(specs: list, operands: list, spoke, b: int) -> tuple[list, list]:
+    """A half step's operands followed by its lines' dustbin scores ``[N, Lp]`` and the
+    dustbin's potential ``[N]`` (``spoke``), if any."""
+    if spoke is None:
+        return specs, operands
+    scores, pot = spoke
+    return (specs + [_rows(b), _per_problem()],
+            operands + [scores.astype(jnp.float32), pot.astype(jnp.float32)[:, None]])
+
+
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_row_half(band, scale, v, weight, previous=None, *, geom: BandGeometry, kappa: float, centered: bool,
-                    interpret=False):
+def stored_row_half(band, scale, v, weight, previous=None, spoke=None, *, geom: BandGeometry, kappa: float,
+                    centered: bool, interpret=False):
     """The row half step of a Sinkhorn step with unit row targets on a stored band:
     ``û_i = kappa (0 - LSE_j (scale_i S_ij + v_j))`` (0 on rows without entries), and with
     ``centered`` each row block's share of the centering constant, ``Σ_i weight_i û_i``
     ``[N, nI]`` (``weight``: 1 / (the number of rows with entries) on those rows, else 0).
     ``v`` may be longer than Lp (its first Lp entries are read). ``previous`` ``[N, Lp]``, when
     given, is the rows' potential before this step: the walk takes one pass against the LSE
-    it implies, ``-previous / kappa`` (``_shifted_walk_lse``; exact either way). Returns û
+    it implies, ``-previous / kappa`` (``_shifted_walk_lse``; exact either way). ``spoke``,
+    when given, is the rows' dustbin scores ``S_i,dustbin`` ``[N, Lp]`` (-inf on inactive rows)
+    and the dustbin column's potential ``[N]``: the LSE runs over the extended row. Returns û
     ``[N, Lp]`` (and the shares)."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("rows", band, scale, v, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_previous(specs, operands, previous, b, kappa)
+    specs, operands = _with_spoke_operand(*_with_previous(specs, operands, previous, b, kappa), spoke, b)
     out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
         out_specs = [out_specs, pl.BlockSpec((None, 1), lambda n, i: (n, i))]
         out_shape = [out_shape, jax.ShapeDtypeStruct((n, geom.n_blocks), jnp.float32)]
     return _call(
-        functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered, shifted=previous is not None),
+        functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered, shifted=previous is not None,
+                          spoke=spoke is not None),
         geom, launch,
         in_specs=specs, out_spec=out_specs, out_shape=out_shape, interpret=interpret,
         name="stored_row_half",
@@ -572,30 +607,35 @@ def stored_row_half(band, scale, v, weight, previous=None, *, geom: BandGeometry
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_col_half(band, scale, u_hat, shares, weight, previous=None, *, geom: BandGeometry, kappa: float,
-                    centered: bool, interpret=False):
+def stored_col_half(band, scale, u_hat, shares, weight, previous=None, spoke=None, *, geom: BandGeometry,
+                    kappa: float, centered: bool, interpret=False):
     """The column half step after ``stored_row_half``: ``v̂_j = kappa (0 - LSE_i (scale_j S_ij
     + û_i))`` (0 on columns without entries; ``scale`` on the columns). With ``centered``
     (``shares``, ``weight`` from the row half) the step's centering: ``c = Σ shares``, returns
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
     (0 elsewhere); without, returns v̂ (û is then the row potential). ``previous``: the
-    columns' potential before this step, as ``stored_row_half``'s."""
+    columns' potential before this step, as ``stored_row_half``'s; ``spoke`` the columns'
+    dustbin scores ``S_dustbin,j``, the dustbin row's potential û and, centered, its share of
+    the constant (``[N]`` each; ``c`` adds it)."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("cols", band, scale, u_hat, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_previous(specs, operands, previous, b, kappa)
+    specs, operands = _with_spoke_operand(*_with_previous(specs, operands, previous, b, kappa),
+                                          None if spoke is None else spoke[:2], b)
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
         n_shares = shares.shape[-1]
         specs += [_whole(n_shares), _rows(b)]
         operands += [shares.astype(jnp.float32), weight.astype(jnp.float32)]
+        if spoke is not None:
+            specs, operands = specs + [_per_problem()], operands + [spoke[2].astype(jnp.float32)[:, None]]
         out_specs, out_shape = [_rows(b), _rows(b)], [line, line]
     else:
         n_shares = 1
         out_specs, out_shape = _rows(b), line
     kernel = functools.partial(_col_half_kernel, geom=geom, kappa=kappa, centered=centered,
-                               chunk=_pow2_divisor(n_shares), shifted=previous is not None)
+                               chunk=_pow2_divisor(n_shares), shifted=previous is not None, spoke=spoke is not None)
     out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
                 interpret=interpret, name="stored_col_half")(*operands)
     return tuple(out) if centered else out

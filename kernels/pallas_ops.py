@@ -284,22 +284,25 @@ class StoredBandOps(PallasBandOps):
         return self._kernel("stored_lse", transposed=True)(s.band, s.scale_cols, row_bias)
 
     # ---- fused half steps (TransportConfig.fused_steps): a Sinkhorn step in two kernels ----------
-    def row_half_step(self, s: StoredScores, v, weight, kappa: float, centered: bool, previous=None):
+    def row_half_step(self, s: StoredScores, v, weight, kappa: float, centered: bool, previous=None,
+                      spoke=None):
         """``û = kappa (0 - LSE_row(S + v))`` with unit row targets (0 on rows without
         entries) ``[N, Lp]``, and with ``centered`` each row block's share of the centering
         constant (``pallas_gpu.stored_row_half``; ``weight``: 1 / (rows with entries) on them).
         ``previous`` ``[N, Lp]``: the rows' potential before the step, whose LSE guess lets the
-        walk take one pass (the result is exact either way)."""
+        walk take one pass (the result is exact either way). ``spoke``: the rows' dustbin scores
+        ``[N, Lp]`` and the dustbin column's potential ``[N]``, in the LSE (None: no dustbin)."""
         return self._kernel("stored_row_half", kappa=kappa, centered=centered)(
-            s.band, s.scale_rows, v, weight, previous)
+            s.band, s.scale_rows, v, weight, previous, spoke)
 
     def col_half_step(self, s: StoredScores, u_hat, shares, weight, kappa: float, centered: bool,
-                      previous=None):
+                      previous=None, spoke=None):
         """The column half step after ``row_half_step``: centered, ``(u, v)`` ``[N, Lp]``;
-        else ``v̂`` (``pallas_gpu.stored_col_half``); ``previous``: the columns' potential
-        before the step, as ``row_half_step``'s."""
+        else ``v̂`` (``pallas_gpu.stored_col_half``); ``previous``: as ``row_half_step``'s;
+        ``spoke``: the columns' dustbin scores, the dustbin row's potential û and (centered)
+        its share of the constant."""
         return self._kernel("stored_col_half", kappa=kappa, centered=centered)(
-            s.band, s.scale_cols, u_hat, shares, weight, previous)
+            s.band, s.scale_cols, u_hat, shares, weight, previous, spoke)
 
     # ---- one-pass steps (TransportConfig.one_pass_steps): the band read once a step -------------
     def one_pass_pad(self) -> int:

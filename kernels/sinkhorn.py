@@ -413,51 +413,77 @@ def _scaling_base_log_tail(ops: BandOps, band, spk, dots, raw_spk, sup: Support,
     return base, base_hist, tail
 
 
-def run_steps_fused(ops: BandOps, band, sup: Support, n_steps: int, u, v, *, keep: int | None = None,
-                    unroll: bool = False, one_pass: bool = False):
-    """``run_steps`` at one eps without a dustbin, each step two kernels that compute the
-    potentials and the centering themselves (``TransportConfig.fused_steps``). ``ops`` must be
-    the stored-band backend (``pallas_ops.StoredBandOps``): ``row_half_step``,
-    ``col_half_step``, ``one_pass_step`` and ``one_pass_pad`` are its own, outside the
-    ``BandOps`` protocol. The carry is ``[N, Lp]``: without a
-    dustbin the extended slot of every potential is 0. Same steps as ``run_steps`` up to
-    rounding (the centering constant is summed per row block); returns as ``run_steps``.
-    ``one_pass``: each step reads the band once (``one_pass_step``), the carry padded as it
-    reads it (``one_pass_pad`` zeros each side)."""
+def run_steps_fused(ops: BandOps, band, spk: Spokes | None, sup: Support, n_steps: int, u, v, *,
+                    keep: int | None = None, unroll: bool = False, one_pass: bool = False):
+    """``run_steps`` at one eps, each step two kernels that compute the potentials and the
+    centering themselves (``TransportConfig.fused_steps``). ``ops`` must be the stored-band
+    backend (``pallas_ops.StoredBandOps``): ``row_half_step``, ``col_half_step``,
+    ``one_pass_step`` and ``one_pass_pad`` are its own, outside the ``BandOps`` protocol. The
+    carry is the real lines' potentials ``[N, Lp]`` and the dustbin's ``[N]`` (0 without
+    spokes). With spokes, each real line's dustbin entry goes into its kernel's LSE, and the
+    dustbin lines (an O(L) reduction each) and their share of the centering constant are XLA
+    ops between the kernels. Same steps as ``run_steps`` up to rounding (the centering constant
+    is summed per row block); returns as ``run_steps``. ``one_pass``: each step reads the band
+    once (``one_pass_step``; no spokes), the carry padded as it reads it (``one_pass_pad``
+    zeros each side)."""
     keep = n_steps if keep is None else keep
     lp = u.shape[-1] - 1
-    rows = sup.rows[:, :lp]
-    weight = jnp.where(rows, 1.0 / jnp.maximum(jnp.sum(rows, -1, keepdims=True), 1), 0.0).astype(u.dtype)
+    n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)  # the dustbin row included
+    weight_ext = jnp.where(sup.rows, 1.0 / n_rows, 0.0).astype(u.dtype)
+    weight = weight_ext[:, :lp]
+    if one_pass and spk is not None:
+        raise ValueError("one-pass steps take no dustbin spokes")
+
+    def dustbin_potential(log_target, spoke, pot, corner_pot, kappa):  # LSE over the dustbin line
+        return potential(log_target, _logaddexp(_lse_last(spoke + pot), spk.corner + corner_pot), kappa)
 
     def two_walks(carry, _):
         # The previous potentials let each walk take one pass (they guess its LSE; the result
         # does not depend on them). The kernels read them as they are: no XLA op, no launch.
         # A free side's potential is 0 (kappa = 0): it guesses nothing, its walk is the exact one.
-        u_prev, v_prev = carry
+        u_prev, v_prev, u_db, v_db = carry
         guess = lambda prev, kappa: prev if kappa > 0 else None
-        row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, guess(u_prev, sup.kappa_rows))
+        row_spoke = col_spoke = None
+        u_hat_db = u_db
+        if spk is not None:  # the dustbin row, from the previous v
+            u_hat_db = dustbin_potential(sup.log_rows[:, -1], spk.row, v_prev, v_db, sup.kappa_rows)
+            row_spoke = (spk.col, v_db)
+        row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, guess(u_prev, sup.kappa_rows),
+                                row_spoke)
+        u_hat, shares = row if sup.centered else (row, None)
+        v_hat_db = v_db
+        if spk is not None:  # the dustbin column, from û; the dustbin row's share of the constant
+            v_hat_db = dustbin_potential(sup.log_cols[:, -1], spk.col, u_hat, u_hat_db, sup.kappa_cols)
+            db_share = weight_ext[:, -1] * u_hat_db
+            col_spoke = (spk.row, u_hat_db, db_share)
         v_guess = guess(v_prev, sup.kappa_cols)
-        if sup.centered:  # the row half also gives each row block's share of the constant
-            u_hat, shares = row
-            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_guess)
+        if sup.centered:
+            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_guess, col_spoke)
+            if spk is not None:
+                c = jnp.sum(shares, -1) + db_share
+                u_db, v_db = u_hat_db - c, v_hat_db + c
         else:
-            u_hat = u_c = row
-            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_guess)
-        return (u_c, v_c), (u_hat, u_c, v_c)
+            u_c = u_hat
+            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_guess, col_spoke)
+            u_db, v_db = u_hat_db, v_hat_db
+        return (u_c, v_c, u_db, v_db), (u_hat, u_hat_db, u_c, v_c, u_db, v_db)
 
     def one_pass_walk(carry, _):  # û as two_walks gives it; u and v padded
         u_hat, u_c, v_c = ops.one_pass_step(band, carry[1], weight, sup.kappa_rows, sup.kappa_cols,
                                             sup.centered)
-        return (u_c, v_c), (u_hat, u_c, v_c)
+        zero = carry[2]
+        return (u_c, v_c, zero, zero), (u_hat, zero, u_c, v_c, zero, zero)
 
-    ext = lambda x: jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], -1)
-    start, unpad, step = (u[..., :lp], v[..., :lp]), lambda x: x, two_walks
+    ext = lambda x, db: jnp.concatenate([x, db[..., None]], -1)
+    start, unpad, step = (u[..., :lp], v[..., :lp], u[..., -1], v[..., -1]), lambda x: x, two_walks
     if one_pass:
         pad = ops.one_pass_pad()
         unpad, step = (lambda x: x[..., pad:pad + lp]), one_pass_walk
-        start = tuple(jnp.pad(x, ((0, 0), (pad, pad))) for x in start)
-    (u_end, v_end), (u_hat, u_kept, v_kept) = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
-    return (ext(unpad(u_end)), ext(unpad(v_end))), (ext(u_hat), ext(unpad(u_kept)), ext(unpad(v_kept)))
+        start = tuple(jnp.pad(x, ((0, 0), (pad, pad))) for x in start[:2]) + start[2:]
+    (u_end, v_end, u_db, v_db), kept = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
+    u_hat, u_hat_db, u_kept, v_kept, u_kept_db, v_kept_db = kept
+    return ((ext(unpad(u_end), u_db), ext(unpad(v_end), v_db)),
+            (ext(u_hat, u_hat_db), ext(unpad(u_kept), u_kept_db), ext(unpad(v_kept), v_kept_db)))
 
 
 def solve(spec: Spec, flat: Flat):
@@ -486,7 +512,7 @@ def solve(spec: Spec, flat: Flat):
                                                                history=keep is None)
         else:
             if fused:
-                before, kept = run_steps_fused(ops, band, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
+                before, kept = run_steps_fused(ops, band, spk, sup, t + r, zeros, zeros, keep=keep, unroll=cfg.unroll,
                                                one_pass=cfg.one_pass_steps)
             else:
                 before, kept = run_steps(ops, dots, raw_spk, sup, step_eps(cfg), zeros, zeros, keep=keep,

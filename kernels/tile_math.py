@@ -143,6 +143,12 @@ def lse_finalize(m, l):
     return jnp.log(l) + _finite_or_zero(m)
 
 
+def logaddexp(a, b):
+    """``log(e^a + e^b)`` elementwise; ``-inf`` where both are (no NaN from ``-inf - -inf``)."""
+    m = _finite_or_zero(jnp.maximum(a, b))
+    return jnp.log(exp(a - m) + exp(b - m)) + m
+
+
 def plan_tile(logits):
     """Plan entries ``exp(S_ij + row_pot_i + col_pot_j)``: 0 wherever the logit is masked."""
     return exp(logits)

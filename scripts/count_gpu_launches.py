@@ -144,11 +144,13 @@ def main(argv=None) -> None:
                     help="comma-separated names of kernels.config.IMPL_VARIANTS")
     ap.add_argument("--lengths", type=_common.int_list, default=[1024, 4096, 16384])
     ap.add_argument("--half-band", type=int, default=256, help="W (1024 from L 16384, as bench_transport)")
+    ap.add_argument("--dustbin", choices=("none", "spoke", "capacity"), default="none",
+                    help="dustbin mode (default none, bench_transport's; spoke: the shipped models')")
     args = ap.parse_args(argv)
     import jax
     import jax.numpy as jnp
 
-    from pfamalign.kernels import TransportConfig, transport
+    from pfamalign.kernels import DustbinTokens, TransportConfig, transport
     from pfamalign.kernels.config import impl_variant
     from pfamalign.kernels.pallas_ops import offline_target
 
@@ -164,13 +166,16 @@ def main(argv=None) -> None:
         spec = jax.ShapeDtypeStruct((1, 1, length, 64), jnp.float32, sharding=sharding)
         lens = jnp.array([length])
         for name in impls:
-            cfg = TransportConfig(half_band=half_band, base_steps=15, tail_steps=2, **impl_variant(name))
-            op = lambda q, k, v, cfg=cfg: transport(q, k, v, lens, lens, config=cfg)
+            cfg = TransportConfig(half_band=half_band, base_steps=15, tail_steps=2, dustbin=args.dustbin,
+                                  **impl_variant(name))
+            tokens = None if args.dustbin == "none" else DustbinTokens(*(jnp.ones((1, 64)) / 8,) * 3)
+            op = lambda q, k, v, cfg=cfg, tokens=tokens: transport(q, k, v, lens, lens, tokens, config=cfg)
             with offline_target("cuda", sharding.mesh):
                 hlo = jax.jit(_common.fwd_bwd(op)).lower(spec, spec, spec, spec).compile().as_text()
             kinds, syncs = count_launches(hlo)
             launches = sum(kinds.values())
-            print(json.dumps({"L": length, "W": half_band, "impl": name, "target": "H100 (deviceless)",
+            print(json.dumps({"L": length, "W": half_band, "impl": name, "dustbin": args.dustbin,
+                              "target": "H100 (deviceless)",
                               "launches": launches, "floor_ms": round(launches * US_PER_LAUNCH / 1e3, 3),
                               "host_syncs": dict(syncs), "by_kind": dict(kinds.most_common()),
                               "jax": jax.__version__}), flush=True)

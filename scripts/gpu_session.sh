@@ -170,10 +170,49 @@ PY
         tail -1 "$OUT_DIR/pytest_gpu.txt" || true; } 2>&1 | tee -a "$log"
 }
 
+# The fused steps with dustbin spokes (the shipped models' dustbin), one call (< 6 minutes):
+# their compiled tests against float64, the benchmark with spokes against dense and the XLA
+# path at three lengths (what impl="auto" takes there), and one profile whose trace comes
+# back whole (trace/*.xplane.pb; its head line lists every trace line: where the Triton
+# kernels are, which the per-op times missed on 2026-11-30 with command buffers off too)
+spokes() {
+    local log="$OUT_DIR/spokes_summary.txt"
+    part() {  # seconds, output file, command...
+        local limit=$1 file=$2
+        shift 2
+        echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
+        timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
+    }
+    part 90 pytest_gpu_spokes.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 4 \
+        -p no:cacheprovider --tb=short -rfE -k "(fused and (spoke or capacity)) or auto_banded"
+    part 200 bench_spoke.txt python3 scripts/bench_transport.py --dustbin spoke \
+        --impls reference,xla,pallas-fused,pallas-fused-tf32x3 --lengths 4096,8192,16384 --repeats 5 --json \
+        --mem-budget-gib 60 --timeout 60
+    part 40 profile_fused_4096.jsonl python3 scripts/profile_transport.py --impls pallas-fused --lengths 4096 \
+        --half-band 256 --top 30 --out "$OUT_DIR"
+    {   tail -1 "$OUT_DIR/pytest_gpu_spokes.txt" || true
+        grep -h "^target\|crossover" "$OUT_DIR/bench_spoke.txt" || true
+        python3 - "$OUT_DIR/bench_spoke.txt" "$OUT_DIR/profile_fused_4096.jsonl" <<'PY' || true
+import json, os, sys
+lines = lambda path: [json.loads(s) for s in open(path) if s.startswith("{")] if os.path.exists(path) else []
+for r in lines(sys.argv[1]):
+    if "impl" in r:
+        print(f"{r['L']:>6} {r['impl']:<24} {r['status']:<8} {r.get('fwd_bwd_ms') or 0:9.3f} ms  "
+              f"grad_err {float('nan') if r.get('grad_err') is None else r['grad_err']:.1e}  {r.get('reason') or ''}"[:160])
+for r in lines(sys.argv[2]):
+    if r.get("op") == "(whole call)":
+        print(f"whole call {r['ms_per_call']:.3f} ms, traced {r['traced_ms_per_call']:.3f}")
+        for name, (n, ms, sample) in r.get("lines", {}).items():
+            print(f"  {name[:60]:<60} {n:>6} events {ms:9.3f} ms  {sample[:3]}")
+PY
+    } 2>&1 | tee -a "$log"
+}
+
 case "${1:-}" in
     fetch) fetch ;;
     replica) replica ;;
     issue11) install; issue11 ;;
+    spokes) install; spokes ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install
         python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
@@ -201,5 +240,5 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | train | replica" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | spokes | train | replica" >&2; exit 2 ;;
 esac

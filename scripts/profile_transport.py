@@ -27,6 +27,7 @@ import glob
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -48,6 +49,22 @@ def _leaves(events: list) -> list:
         if after is None or after.start_ns >= event.end_ns:
             leaves.append(event)
     return leaves
+
+
+def trace_lines(xspace: str) -> dict:
+    """``{"plane / line": [events, ms, a sample of names]}`` of every line of a trace: where its
+    kernels went when the per-op times miss them."""
+    import jax
+
+    data = jax.profiler.ProfileData.from_file(xspace)
+    summary = {}
+    for plane in data.planes:
+        for line in plane.lines:
+            events = list(line.events)
+            names = sorted({e.name for e in events})
+            summary[f"{plane.name} / {line.name}"] = [len(events), sum(e.duration_ns for e in events) / 1e6,
+                                                      names[:6]]
+    return summary
 
 
 def op_times(xspace: str) -> tuple[str, collections.Counter, collections.Counter]:
@@ -94,11 +111,15 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
                 _common.block(compiled(q, k, v, w))
         (xspace,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
         planes, total, count = op_times(xspace)
+        lines = trace_lines(xspace)
+        kept = out / "trace" / f"L{length}_W{half_band}_{impl}.xplane.pb"  # for another reader (TensorBoard)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(xspace, kept)
     traced_ms = sum(total.values()) / 1e6 / repeats
     head = {"L": length, "W": half_band, "impl": impl, "op": "(whole call)", "calls": 1,
             "ms_per_call": 1e3 * timing["min_s"], "traced_ms_per_call": traced_ms,
             "traced_share": traced_ms / (1e3 * timing["min_s"]), "ops": len(total), "planes": planes,
-            "hlo": str(hlo)}
+            "hlo": str(hlo), "trace": str(kept), "lines": lines}
     if head["traced_share"] < 0.5:
         print(f"warning: L {length} {impl}: the trace accounts for {head['traced_share']:.0%} of the call "
               f"({traced_ms:.3f} of {head['ms_per_call']:.3f} ms): the per-op times miss most of it"
@@ -122,7 +143,8 @@ def main(argv=None) -> None:
                              "kernels.pallas_gpu.STREAMING_TILES_A_TRIP); 1 measures the walks as they were before "
                              "2026-11-29")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
-                        help="where the HLO text goes (default: $OUT, else /tmp/profile_transport)")
+                        help="where the HLO text and the trace (xplane.pb) go (default: $OUT, else "
+                             "/tmp/profile_transport)")
     parser.add_argument("--command-buffers", action="store_true",
                         help="keep XLA's GPU command buffers (CUDA graphs) on: the call as it runs, but the "
                              "kernels they launch are missing from the trace")

@@ -250,13 +250,14 @@ def test_an_unrolled_solve_lowers_without_a_loop(dustbin):
                                            ("pallas-one-pass", ("stored_one_pass_rows", "stored_one_pass_combine"))])
 @pytest.mark.parametrize("dustbin", ["none", "spoke"])
 def test_fused_steps_lower_to_the_fused_kernels(dustbin, impl, kernels):
-    """``fused_steps`` (and ``one_pass_steps``) lowered for ``cuda``: without a dustbin the
-    steps call their two kernels and no stored-band LSE is left; with spokes (not fused) the
-    reverse."""
+    """``fused_steps`` (and ``one_pass_steps``) lowered for ``cuda``: the steps call their two
+    kernels and no stored-band LSE is left, with dustbin spokes too (each line's dustbin entry
+    goes into the kernels); one-pass steps take no spokes: with them, the reverse."""
     text = _lowered(impl, dustbin, "cuda").as_text()
     fused = all(f"func.func private @{name}(" in text for name in kernels)
-    assert fused == (dustbin == "none")
-    assert ("func.func private @stored_lse(" in text) == (dustbin != "none")
+    want_fused = dustbin == "none" or impl == "pallas-fused"
+    assert fused == want_fused
+    assert ("func.func private @stored_lse(" in text) == (not want_fused)
 
 
 @pytest.mark.gpu

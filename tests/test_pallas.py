@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
@@ -310,6 +311,45 @@ def test_fused_half_steps_match_dense_float64(band, kappa, centered):
     for name, got, exact in zip(("u_hat", "u", "v"), (u_hat, u, v), want):
         np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
     assert not np.any(np.asarray(u)[2]) and not np.any(np.asarray(v)[2])  # no active key: all 0
+
+@pytest.mark.parametrize("band", ["half_tile", "1.5_tiles"])
+@pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
+def test_fused_half_steps_fold_in_each_lines_dustbin_entry(band, kappa, centered):
+    """The half steps given each line's dustbin score and the dustbin's potential (``spoke``:
+    the spoke dustbin's extended line, ``sinkhorn.run_steps_fused``) against a dense float64
+    step over the band plus that entry: ``û_i = -kappa LSE(S_i· + v, e_i + p)``, ``v̂_j = -kappa
+    LSE(S_·j + û, f_j + q)``; the scores are -inf on inactive lines (problem 3's rows have only
+    their entry: no band). Centered, the dustbin row's share enters the constant."""
+    geom, p, ops, s, weight = _stored_step_problem(band, 8)
+    rng = np.random.default_rng(3)
+    row_active, col_active = np.asarray(p["row_active"]), np.asarray(p["col_active"])
+    e = np.where(row_active, rng.normal(size=row_active.shape), -np.inf)
+    f = np.where(col_active, rng.normal(size=col_active.shape), -np.inf)
+    pot_p, pot_q, extra = np.array([0.5, -1.0, 0.2]), np.array([-0.4, 0.9, 0.0]), np.array([0.3, -0.2, 0.0])
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    row = ops.row_half_step(s, p["bias"], weight, kappa, centered, None, (f32(e), f32(pot_p)))
+    u_hat, shares = row if centered else (row, None)
+    if centered:
+        u, v = ops.col_half_step(s, u_hat, shares, weight, kappa, True, None, (f32(f), f32(pot_q), f32(extra)))
+    else:
+        u, v = u_hat, ops.col_half_step(s, u_hat, None, weight, kappa, False, None, (f32(f), f32(pot_q), None))
+
+    w64 = {name: np.asarray(x, np.float64) for name, x in p.items()}
+    band64 = np.where(_support(p, geom), 0.7 * np.einsum("nid,njd->nij", w64["q"], w64["k"]), -np.inf)
+    pot = lambda x: np.where(np.isfinite(x), -kappa * x, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = lambda x, axis: scipy.special.logsumexp(x, axis)
+        want_u_hat = pot(np.logaddexp(lse(band64 + w64["bias"][:, None, :], 2), e + pot_p[:, None]))
+        want_lse_v = np.logaddexp(lse(band64 + want_u_hat[:, :, None], 1), f + pot_q[:, None])
+    want_u, want_v = want_u_hat, pot(want_lse_v)
+    if centered:
+        c = np.sum(np.asarray(weight, np.float64) * want_u_hat, 1, keepdims=True) + extra[:, None]
+        want_u = np.where(np.asarray(weight) > 0, want_u_hat - c, 0.0)
+        want_v = np.where(np.isfinite(want_lse_v), want_v + c, 0.0)
+    for name, got, exact in zip(("u_hat", "u", "v"), (u_hat, u, v), (want_u_hat, want_u, want_v)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert np.all(np.asarray(u_hat)[2][row_active[2]] != 0)  # problem 3: rows with their entry only
+
 
 @pytest.mark.parametrize("guess", ["close", "one_line_far", "far"])
 @pytest.mark.parametrize("band", ["half_tile", "full"])

@@ -147,12 +147,15 @@ def test_unrolled_steps_match_reference(variant):
     dict(marginals="balanced"),  # the centering inside the column kernel
     dict(marginals="rows", relax=0.5),  # a damped side, no centering
     dict(marginals="cols"),  # a free side: its potential 0 guesses no LSE (was a ZeroDivisionError)
-    pytest.param(dict(dustbin="spoke"), marks=pytest.mark.slow),  # spokes: the unfused steps
-], ids=["balanced", "damped", "free", "spoke"])
+    dict(dustbin="spoke"),  # spokes: each line's dustbin entry in the kernels (one pass: unfused steps)
+    pytest.param(dict(dustbin="capacity", marginals="rows", relax=0.5), marks=pytest.mark.slow),  # dustbin targets
+], ids=["balanced", "damped", "free", "spoke", "capacity-damped"])
 def test_fused_steps_match_reference(variant, one_pass):
     """``fused_steps=True`` (two kernels a step on the stored band; interpret mode), reading the
     band twice a step or once (``one_pass_steps``): the same outputs and gradients as dense
-    autodiff, looped and unrolled; fused steps need resident scores, one pass fused steps."""
+    autodiff, looped and unrolled; fused steps need resident scores, one pass fused steps.
+    With dustbin spokes the two-walk steps fold each line's dustbin entry into its kernel's LSE
+    and solve the dustbin lines between the kernels; one-pass steps take the unfused ones."""
     _, lq, lk, ql, kl, w, block = SHAPES[1]
     cfg = TransportConfig(half_band=w, eps=0.7, base_steps=5, tail_steps=2, impl="pallas", resident_scores=True,
                           fused_steps=True, one_pass_steps=one_pass, blocks=BlockSizes(block), **variant)
