@@ -261,13 +261,16 @@ class TransportConfig:
         156 -> 108 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
         a CPU gains nothing consistent (two runs at L 1024 and 4096 differed in sign). The
         same plans; ``tol``'s data-dependent loop stays a loop.
-      fused_steps: False (the default). True (with ``resident_scores``): without a dustbin and
-        at one eps (no ``eps_schedule``, no ``tol``), each Sinkhorn step is two kernels that
-        compute the potentials and the centering themselves, instead of two LSE kernels and
-        two XLA kernels between them (``scripts/count_gpu_launches.py``, H100, L 4096: 108 ->
-        73 launches with ``unroll``). The same plans up to rounding (the centering constant is
-        summed per row block); other problems take the unfused steps.
-      one_pass_steps: False (the default). True (with ``fused_steps``): each of those steps
+      fused_steps: False (the default). True (with ``resident_scores``): at one eps (no
+        ``eps_schedule``, no ``tol``), each Sinkhorn step is two kernels that compute the
+        potentials and the centering themselves, instead of two LSE kernels and two XLA kernels
+        between them (``scripts/count_gpu_launches.py``, H100, L 4096: 108 -> 73 launches with
+        ``unroll``); with dustbin spokes the kernels also fold each line's dustbin entry into
+        its LSE and solve the dustbin lines (from per-block partial LSEs of the other side's),
+        so a step stays two kernels (238 -> 92 launches at L 4096). The same plans up to
+        rounding (sums and LSEs taken per line block); other problems take the unfused steps.
+      one_pass_steps: False (the default). True (with ``fused_steps``; no dustbin spokes: with
+        them the unfused steps run): each of those steps
         reads the band once instead of twice, a program holding a few rows of it in registers
         (``pallas_gpu.stored_one_pass_rows``; the column LSE from per-row-group partials).
         Same plans up to rounding. Slower than two passes on an H200 (fwd + bwd at L 16384:

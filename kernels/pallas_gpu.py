@@ -36,6 +36,7 @@ of two; the band mask is exact at any edge). Interpret mode runs the same tiling
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -489,58 +490,115 @@ def _centering_share(w_ref, u_hat):
     return jnp.sum(w_ref[...] * u_hat, keepdims=True)
 
 
-def _write_centered(share_ref, chunk: int, lse, u_hat, w, u_ref, v_ref, kappa: float, inside=True,
-                    extra_ref=None):
-    """The step's centering, in the kernel that ends it: ``c = Σ shares`` (summed ``chunk`` at
-    a time, a Triton load's length; plus ``extra_ref``'s one share, the dustbin row's), ``v =
-    v̂ + c`` on columns with entries and ``u = û - c`` on rows with entries (``w > 0``), 0
-    elsewhere and outside the problem (``inside`` false). The program's line block is also a
-    row block: the padded problem is square."""
-    c = jax.lax.fori_loop(0, share_ref.shape[0] // chunk,
-                          lambda k, s: s + jnp.sum(share_ref[pl.ds(k * chunk, chunk)]), jnp.float32(0.0))
-    if extra_ref is not None:
-        c = c + jnp.sum(extra_ref[...])
-    v_ref[...] = jnp.where(inside & jnp.isfinite(lse), potential(0.0, lse, kappa) + c, 0.0)
-    u_ref[...] = jnp.where(inside & (w > 0), u_hat - c, 0.0)
+def _sum_of(ref, chunk: int):
+    """The sum of a whole per-block operand, ``chunk`` entries (a Triton load's length) at a time."""
+    return jax.lax.fori_loop(0, ref.shape[0] // chunk, lambda k, s: s + jnp.sum(ref[pl.ds(k * chunk, chunk)]),
+                             jnp.float32(0.0))
 
 
-def _with_spoke(lse, refs: list, spoke: bool):
-    """A half step's band LSE with its lines' dustbin entry folded in, the LSE over the
-    extended line: with ``spoke``, the next two of ``refs`` (taken off them) are the lines'
-    dustbin scores ``[b]`` and the dustbin's potential ``[1]``."""
+def _lse_of(ref, chunk: int):
+    """The LSE of a whole per-block operand of partial LSEs (``_block_lse``), ``chunk`` at a time."""
+    n = ref.shape[0] // chunk
+    top = jax.lax.fori_loop(0, n, lambda k, m: jnp.maximum(m, jnp.max(ref[pl.ds(k * chunk, chunk)])),
+                            jnp.float32(-jnp.inf))
+    top = jnp.where(top == -jnp.inf, 0.0, top)
+    total = jax.lax.fori_loop(0, n, lambda k, t: t + jnp.sum(tile_math.exp(ref[pl.ds(k * chunk, chunk)] - top)),
+                              jnp.float32(0.0))
+    return jnp.log(total) + top
+
+
+def _centered(share_ref, chunk: int, lse, u_hat, w, kappa: float, inside=True, extra=0.0):
+    """The step's centering, in the kernel that ends it: ``c = Σ shares + extra`` (the
+    dustbin row's share), ``v = v̂ + c`` on columns with entries and ``u = û - c`` on rows
+    with entries (``w > 0``), 0 elsewhere and outside the problem (``inside`` false). The
+    program's line block is also a row block: the padded problem is square. Returns (u, v, c)."""
+    c = _sum_of(share_ref, chunk) + extra
+    v = jnp.where(inside & jnp.isfinite(lse), potential(0.0, lse, kappa) + c, 0.0)
+    return jnp.where(inside & (w > 0), u_hat - c, 0.0), v, c
+
+
+def _block_lse(x):
+    """``[1]``: the LSE of this program's lines ``x [b]`` (-inf when none is finite), a partial
+    that ``_lse_of`` folds with the other programs'."""
+    top = jnp.max(x, keepdims=True)
+    top = jnp.where(top == -jnp.inf, 0.0, top)
+    return jnp.log(jnp.sum(tile_math.exp(x - top), keepdims=True)) + top
+
+
+class _SpokeRefs(NamedTuple):
+    """A fused half step's spoke-dustbin operands in a kernel (``SpokeLines``)."""
+
+    scores: object  # [b] the program lines' dustbin scores
+    partials: object  # [nB] the other side's dustbin line, as per-block partial LSEs
+    other: object  # [1] the other side's dustbin potential
+    corner: object  # [1]
+    log_target: object  # [1] this side's dustbin target
+    weight: object = None  # [1] the dustbin row's centering weight (column half, centered)
+
+
+def _spoke_refs(refs: list, spoke: bool, weighted: bool) -> _SpokeRefs | None:
+    """Takes the spoke operands off ``refs`` (after the walk's), if any."""
     if not spoke:
-        return lse
-    scores_ref, pot_ref = refs.pop(0), refs.pop(0)
-    return tile_math.logaddexp(lse, scores_ref[...] + pot_ref[...])
+        return None
+    n = 6 if weighted else 5
+    taken, refs[:n] = refs[:n], []
+    return _SpokeRefs(*taken)
+
+
+def _dustbin_step(sp: _SpokeRefs, lse, chunk: int, kappa: float):
+    """(the band LSE with each line's dustbin entry folded in, this side's dustbin potential
+    ``[1]``): the dustbin line's LSE runs over the other side's lines (their partials) and the
+    corner, each program computing the same value."""
+    other = sp.other[...]
+    line = tile_math.logaddexp(jnp.zeros_like(other) + _lse_of(sp.partials, chunk), sp.corner[...] + other)
+    return tile_math.logaddexp(lse, sp.scores[...] + other), potential(sp.log_target[...], line, kappa)
 
 
 def _row_half_kernel(band_ref, scale_ref, v_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
-                     shifted: bool, spoke: bool):
+                     shifted: bool, spoke: bool, chunk: int):
     refs = list(refs)
     lse = _half_walk(band_ref, scale_ref, v_ref, refs, geom, "rows", kappa, shifted)
-    u_hat = potential(0.0, _with_spoke(lse, refs, spoke), kappa)
-    if centered:
-        w_ref, u_hat_ref, share_ref = refs
-        share_ref[...] = _centering_share(w_ref, u_hat)
-    else:
-        (u_hat_ref,) = refs
+    sp = _spoke_refs(refs, spoke, False)
+    if sp is not None:
+        lse, u_hat_db = _dustbin_step(sp, lse, chunk, kappa)
+    u_hat = potential(0.0, lse, kappa)
+    w_ref = refs.pop(0) if centered else None
+    u_hat_ref = refs.pop(0)
     u_hat_ref[...] = u_hat
+    if centered:
+        refs.pop(0)[...] = _centering_share(w_ref, u_hat)
+    if sp is not None:  # the dustbin column's partial over these rows; the dustbin row's û
+        partial_ref, db_ref = refs
+        partial_ref[...] = _block_lse(sp.scores[...] + u_hat)
+        db_ref[...] = u_hat_db
 
 
 def _col_half_kernel(band_ref, scale_ref, u_hat_ref, *refs, geom: BandGeometry, kappa: float, centered: bool,
                      chunk: int, shifted: bool, spoke: bool):
+    """The column walk, then (centered) the step's centering (``_centered``)."""
     refs = list(refs)
-    lse = _with_spoke(_half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted), refs, spoke)
+    lse = _half_walk(band_ref, scale_ref, u_hat_ref, refs, geom, "cols", kappa, shifted)
+    sp = _spoke_refs(refs, spoke, centered)
+    u_hat_db = v_hat_db = c = 0.0
+    if sp is not None:
+        u_hat_db = sp.other[...]
+        lse, v_hat_db = _dustbin_step(sp, lse, chunk, kappa)
     if centered:
-        share_ref, w_ref = refs[:2]
-        extra_ref = refs[2] if spoke else None  # the dustbin row's share
-        u_ref, v_ref = refs[-2:]
+        share_ref, w_ref, u_ref, v_ref = refs[:4]
         b = geom.block
-        _write_centered(share_ref, chunk, lse, u_hat_ref[pl.ds(pl.program_id(1) * b, b)], w_ref[...],
-                        u_ref, v_ref, kappa, extra_ref=extra_ref)
+        extra = 0.0 if sp is None else jnp.sum(sp.weight[...] * u_hat_db)
+        u, v, c = _centered(share_ref, chunk, lse, u_hat_ref[pl.ds(pl.program_id(1) * b, b)], w_ref[...], kappa,
+                            extra=extra)
+        u_ref[...] = u
+        refs = refs[4:]
     else:
-        (v_ref,) = refs
-        v_ref[...] = potential(0.0, lse, kappa)
+        v, (v_ref, refs) = potential(0.0, lse, kappa), (refs[0], refs[1:])
+    v_ref[...] = v
+    if sp is not None:  # the dustbin row's partial over these columns; both dustbin potentials
+        partial_ref, u_db_ref, v_db_ref = refs
+        partial_ref[...] = _block_lse(sp.scores[...] + v)
+        u_db_ref[...] = u_hat_db - c
+        v_db_ref[...] = v_hat_db + c
 
 
 def _pow2_divisor(n: int, cap: int = 1024) -> int:
@@ -560,85 +618,142 @@ def _with_previous(specs: list, operands: list, previous, b: int, kappa: float) 
 
 
 def _per_problem():
-    """Spec of a ``[N, 1]`` operand: one number a problem, read by all its programs."""
+    """Spec of a ``[N, 1]`` operand or output: one number a problem, read by all its programs
+    (an output: written by all, the same value)."""
     return pl.BlockSpec((None, 1), lambda n, i: (n, 0))
 
 
-def _with_spoke_operand(specs: list, operands: list, spoke, b: int) -> tuple[list, list]:
-    """A half step's operands followed by its lines' dustbin scores ``[N, Lp]`` and the
-    dustbin's potential ``[N]`` (``spoke``), if any."""
+def _per_block():
+    """Spec of a ``[N, nB]`` output: one number a program."""
+    return pl.BlockSpec((None, 1), lambda n, i: (n, i))
+
+
+class SpokeLines(NamedTuple):
+    """What a fused half step takes of the spoke dustbin (``stored_row_half``,
+    ``stored_col_half``): its lines' dustbin scores ``scores [N, Lp]`` (``S_i,dustbin`` for the
+    row half, ``S_dustbin,j`` for the column half; -inf on inactive lines); the other side's
+    dustbin line as per-block partial LSEs ``partials [N, nB]`` (the previous half step's
+    output, or ``dustbin_partials`` before the first); the other dustbin's potential ``other
+    [N]`` (v_dustbin, û_dustbin); the corner score ``corner [N]``; this side's dustbin log target
+    ``log_target [N]``; and for a centered column half the dustbin row's centering weight
+    ``weight [N]``."""
+
+    scores: jax.Array
+    partials: jax.Array
+    other: jax.Array
+    corner: jax.Array
+    log_target: jax.Array
+    weight: jax.Array | None = None
+
+
+def _with_spoke_operands(specs: list, operands: list, spoke: SpokeLines | None, b: int, n_blocks: int):
+    """A half step's operands followed by the spoke dustbin's, if any."""
     if spoke is None:
         return specs, operands
-    scores, pot = spoke
-    return (specs + [_rows(b), _per_problem()],
-            operands + [scores.astype(jnp.float32), pot.astype(jnp.float32)[:, None]])
+    per_problem = [x for x in spoke[2:] if x is not None]
+    return (specs + [_rows(b), _whole(n_blocks)] + [_per_problem()] * len(per_problem),
+            operands + [spoke.scores.astype(jnp.float32), spoke.partials.astype(jnp.float32)]
+            + [x.astype(jnp.float32)[:, None] for x in per_problem])
+
+
+def _spoke_outputs(n: int, n_blocks: int, count: int) -> tuple[list, list]:
+    """(specs, shapes) of a half step's spoke outputs: the partials of this side's dustbin
+    line ``[N, nB]``, then ``count`` dustbin potentials ``[N, 1]``."""
+    return ([_per_block()] + [_per_problem()] * count,
+            [jax.ShapeDtypeStruct((n, n_blocks), jnp.float32)] + [jax.ShapeDtypeStruct((n, 1), jnp.float32)] * count)
+
+
+def dustbin_partials(x, *, geom: BandGeometry):
+    """``[N, nB]`` partial LSEs of ``x [N, Lp]`` over the half steps' line blocks (-inf on
+    all-inf blocks): a dustbin line's ``SpokeLines.partials`` before the first half step."""
+    geom, _ = tiling(geom, KernelShape(0, stored=True))
+    blocks = x.reshape(x.shape[0], geom.n_blocks, geom.block)
+    top = jax.lax.stop_gradient(jnp.max(blocks, -1, keepdims=True))
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    return jnp.log(jnp.sum(jnp.exp(blocks - top), -1)) + top[..., 0]
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_row_half(band, scale, v, weight, previous=None, spoke=None, *, geom: BandGeometry, kappa: float,
-                    centered: bool, interpret=False):
+def stored_row_half(band, scale, v, weight, previous=None, spoke: SpokeLines | None = None, *, geom: BandGeometry,
+                    kappa: float, centered: bool, interpret=False):
     """The row half step of a Sinkhorn step with unit row targets on a stored band:
     ``û_i = kappa (0 - LSE_j (scale_i S_ij + v_j))`` (0 on rows without entries), and with
     ``centered`` each row block's share of the centering constant, ``Σ_i weight_i û_i``
     ``[N, nI]`` (``weight``: 1 / (the number of rows with entries) on those rows, else 0).
     ``v`` may be longer than Lp (its first Lp entries are read). ``previous`` ``[N, Lp]``, when
     given, is the rows' potential before this step: the walk takes one pass against the LSE
-    it implies, ``-previous / kappa`` (``_shifted_walk_lse``; exact either way). ``spoke``,
-    when given, is the rows' dustbin scores ``S_i,dustbin`` ``[N, Lp]`` (-inf on inactive rows)
-    and the dustbin column's potential ``[N]``: the LSE runs over the extended row. Returns û
-    ``[N, Lp]`` (and the shares)."""
+    it implies, ``-previous / kappa`` (``_shifted_walk_lse``; exact either way). With
+    ``spoke`` (``SpokeLines``) each row's LSE also runs over its dustbin entry ``S_i,dustbin +
+    v_dustbin``, and the dustbin row is solved too (from the dustbin column's partials and the
+    corner). Returns û ``[N, Lp]``, then the shares (centered), then with ``spoke`` the
+    dustbin column's partials over the row blocks ``[N, nB]`` (for the column half) and the
+    dustbin row's û ``[N]``."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("rows", band, scale, v, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_spoke_operand(*_with_previous(specs, operands, previous, b, kappa), spoke, b)
-    out_specs, out_shape = _rows(b), jax.ShapeDtypeStruct((n, lp), jnp.float32)
+    specs, operands = _with_spoke_operands(*_with_previous(specs, operands, previous, b, kappa), spoke, b,
+                                           geom.n_blocks)
+    out_specs, out_shape = [_rows(b)], [jax.ShapeDtypeStruct((n, lp), jnp.float32)]
     if centered:
         specs, operands = specs + [_rows(b)], operands + [weight.astype(jnp.float32)]
-        out_specs = [out_specs, pl.BlockSpec((None, 1), lambda n, i: (n, i))]
-        out_shape = [out_shape, jax.ShapeDtypeStruct((n, geom.n_blocks), jnp.float32)]
-    return _call(
+        out_specs, out_shape = out_specs + [_per_block()], out_shape + [jax.ShapeDtypeStruct((n, geom.n_blocks),
+                                                                                             jnp.float32)]
+    if spoke is not None:
+        more_specs, more_shapes = _spoke_outputs(n, geom.n_blocks, 1)
+        out_specs, out_shape = out_specs + more_specs, out_shape + more_shapes
+    out = _call(
         functools.partial(_row_half_kernel, geom=geom, kappa=kappa, centered=centered, shifted=previous is not None,
-                          spoke=spoke is not None),
+                          spoke=spoke is not None, chunk=_pow2_divisor(geom.n_blocks)),
         geom, launch,
         in_specs=specs, out_spec=out_specs, out_shape=out_shape, interpret=interpret,
         name="stored_row_half",
     )(*operands)
+    if spoke is not None:
+        out = (*out[:-1], out[-1][:, 0])
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "kappa", "centered", "interpret"))
-def stored_col_half(band, scale, u_hat, shares, weight, previous=None, spoke=None, *, geom: BandGeometry,
-                    kappa: float, centered: bool, interpret=False):
+def stored_col_half(band, scale, u_hat, shares, weight, previous=None, spoke: SpokeLines | None = None, *,
+                    geom: BandGeometry, kappa: float, centered: bool, interpret=False):
     """The column half step after ``stored_row_half``: ``v̂_j = kappa (0 - LSE_i (scale_j S_ij
     + û_i))`` (0 on columns without entries; ``scale`` on the columns). With ``centered``
     (``shares``, ``weight`` from the row half) the step's centering: ``c = Σ shares``, returns
     ``(u, v) = (û - c on rows with entries, v̂ + c on columns with entries)``, each ``[N, Lp]``
     (0 elsewhere); without, returns v̂ (û is then the row potential). ``previous``: the
-    columns' potential before this step, as ``stored_row_half``'s; ``spoke`` the columns'
-    dustbin scores ``S_dustbin,j``, the dustbin row's potential û and, centered, its share of
-    the constant (``[N]`` each; ``c`` adds it)."""
+    columns' potential before this step, as ``stored_row_half``'s. With ``spoke``
+    (``SpokeLines``: ``other`` is the dustbin row's û, ``partials`` the row half's) each
+    column's LSE also runs over its dustbin entry, the dustbin column is solved, ``c`` takes
+    the dustbin row's share, and the return adds the dustbin row's partials over the column
+    blocks ``[N, nB]`` (for the next row half) and the dustbin potentials ``(u, v)`` ``[N]``
+    each (centered as the lines are; û and v̂ without centering)."""
     n, lp = band.shape[:2]
     geom, launch, specs, operands = _walk_operands("cols", band, scale, u_hat, geom, KernelShape(0, stored=True),
                                                    interpret)
     b = geom.block
-    specs, operands = _with_spoke_operand(*_with_previous(specs, operands, previous, b, kappa),
-                                          None if spoke is None else spoke[:2], b)
+    if spoke is not None and not centered:
+        spoke = spoke._replace(weight=None)
+    specs, operands = _with_spoke_operands(*_with_previous(specs, operands, previous, b, kappa), spoke, b,
+                                           geom.n_blocks)
     line = jax.ShapeDtypeStruct((n, lp), jnp.float32)
     if centered:
-        n_shares = shares.shape[-1]
-        specs += [_whole(n_shares), _rows(b)]
+        specs += [_whole(shares.shape[-1]), _rows(b)]
         operands += [shares.astype(jnp.float32), weight.astype(jnp.float32)]
-        if spoke is not None:
-            specs, operands = specs + [_per_problem()], operands + [spoke[2].astype(jnp.float32)[:, None]]
         out_specs, out_shape = [_rows(b), _rows(b)], [line, line]
     else:
-        n_shares = 1
-        out_specs, out_shape = _rows(b), line
+        out_specs, out_shape = [_rows(b)], [line]
+    if spoke is not None:
+        more_specs, more_shapes = _spoke_outputs(n, geom.n_blocks, 2)
+        out_specs, out_shape = out_specs + more_specs, out_shape + more_shapes
     kernel = functools.partial(_col_half_kernel, geom=geom, kappa=kappa, centered=centered,
-                               chunk=_pow2_divisor(n_shares), shifted=previous is not None, spoke=spoke is not None)
+                               chunk=_pow2_divisor(geom.n_blocks), shifted=previous is not None,
+                               spoke=spoke is not None)
     out = _call(kernel, geom, launch, in_specs=specs, out_spec=out_specs, out_shape=out_shape,
                 interpret=interpret, name="stored_col_half")(*operands)
-    return tuple(out) if centered else out
+    if spoke is not None:
+        out = (*out[:-2], out[-2][:, 0], out[-1][:, 0])
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 # ---- one-pass Sinkhorn steps on a stored band --------------------------------------------------
@@ -705,7 +820,7 @@ def _one_pass_combine_kernel(partial_ref, u_hat_ref, w_ref, *refs, geom: BandGeo
                                                     tile_math.lse_init(b)))[:, 0]
     if centered:
         share_ref, u_ref, v_ref = refs
-        _write_centered(share_ref, chunk, lse, u_hat_ref[...], w_ref[...], u_ref, v_ref, kappa, inside)
+        u_ref[...], v_ref[...], _ = _centered(share_ref, chunk, lse, u_hat_ref[...], w_ref[...], kappa, inside)
     else:
         (v_ref,) = refs
         v_ref[...] = jnp.where(inside, potential(0.0, lse, kappa), 0.0)

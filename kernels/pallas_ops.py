@@ -285,24 +285,28 @@ class StoredBandOps(PallasBandOps):
 
     # ---- fused half steps (TransportConfig.fused_steps): a Sinkhorn step in two kernels ----------
     def row_half_step(self, s: StoredScores, v, weight, kappa: float, centered: bool, previous=None,
-                      spoke=None):
+                      spoke: "pallas_gpu.SpokeLines | None" = None):
         """``û = kappa (0 - LSE_row(S + v))`` with unit row targets (0 on rows without
         entries) ``[N, Lp]``, and with ``centered`` each row block's share of the centering
         constant (``pallas_gpu.stored_row_half``; ``weight``: 1 / (rows with entries) on them).
         ``previous`` ``[N, Lp]``: the rows' potential before the step, whose LSE guess lets the
-        walk take one pass (the result is exact either way). ``spoke``: the rows' dustbin scores
-        ``[N, Lp]`` and the dustbin column's potential ``[N]``, in the LSE (None: no dustbin)."""
+        walk take one pass (the result is exact either way). ``spoke``: the spoke dustbin's
+        lines (``pallas_gpu.SpokeLines``), in the LSE and solved too."""
         return self._kernel("stored_row_half", kappa=kappa, centered=centered)(
             s.band, s.scale_rows, v, weight, previous, spoke)
 
     def col_half_step(self, s: StoredScores, u_hat, shares, weight, kappa: float, centered: bool,
-                      previous=None, spoke=None):
+                      previous=None, spoke: "pallas_gpu.SpokeLines | None" = None):
         """The column half step after ``row_half_step``: centered, ``(u, v)`` ``[N, Lp]``;
-        else ``v̂`` (``pallas_gpu.stored_col_half``); ``previous``: as ``row_half_step``'s;
-        ``spoke``: the columns' dustbin scores, the dustbin row's potential û and (centered)
-        its share of the constant."""
+        else ``v̂`` (``pallas_gpu.stored_col_half``, which also says what ``spoke`` adds);
+        ``previous``: as ``row_half_step``'s."""
         return self._kernel("stored_col_half", kappa=kappa, centered=centered)(
             s.band, s.scale_cols, u_hat, shares, weight, previous, spoke)
+
+    def dustbin_partials(self, x):
+        """``[N, nB]`` partial LSEs of ``x [N, Lp]`` over the half steps' line blocks: a
+        dustbin line's ``SpokeLines.partials`` before the first half step."""
+        return pallas_gpu.dustbin_partials(x, geom=self.kernel_geom)
 
     # ---- one-pass steps (TransportConfig.one_pass_steps): the band read once a step -------------
     def one_pass_pad(self) -> int:

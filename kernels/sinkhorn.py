@@ -418,14 +418,16 @@ def run_steps_fused(ops: BandOps, band, spk: Spokes | None, sup: Support, n_step
     """``run_steps`` at one eps, each step two kernels that compute the potentials and the
     centering themselves (``TransportConfig.fused_steps``). ``ops`` must be the stored-band
     backend (``pallas_ops.StoredBandOps``): ``row_half_step``, ``col_half_step``,
-    ``one_pass_step`` and ``one_pass_pad`` are its own, outside the ``BandOps`` protocol. The
-    carry is the real lines' potentials ``[N, Lp]`` and the dustbin's ``[N]`` (0 without
-    spokes). With spokes, each real line's dustbin entry goes into its kernel's LSE, and the
-    dustbin lines (an O(L) reduction each) and their share of the centering constant are XLA
-    ops between the kernels. Same steps as ``run_steps`` up to rounding (the centering constant
-    is summed per row block); returns as ``run_steps``. ``one_pass``: each step reads the band
-    once (``one_pass_step``; no spokes), the carry padded as it reads it (``one_pass_pad``
-    zeros each side)."""
+    ``dustbin_partials``, ``one_pass_step`` and ``one_pass_pad`` are its own, outside the
+    ``BandOps`` protocol. The carry is the real lines' potentials ``[N, Lp]``, the dustbin's
+    ``[N]`` (0 without spokes) and, with spokes, the dustbin row's line as per-block partial
+    LSEs (``pallas_gpu.SpokeLines``): the kernels fold each line's dustbin entry into its LSE
+    and solve the dustbin lines themselves, so a step stays two launches. Same steps as
+    ``run_steps`` up to rounding (sums and LSEs are taken per line block); returns as
+    ``run_steps``. ``one_pass``: each step reads the band once (``one_pass_step``; no spokes),
+    the carry padded as it reads it (``one_pass_pad`` zeros each side)."""
+    from pfamalign.kernels.pallas_gpu import SpokeLines
+
     keep = n_steps if keep is None else keep
     lp = u.shape[-1] - 1
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)  # the dustbin row included
@@ -434,53 +436,47 @@ def run_steps_fused(ops: BandOps, band, spk: Spokes | None, sup: Support, n_step
     if one_pass and spk is not None:
         raise ValueError("one-pass steps take no dustbin spokes")
 
-    def dustbin_potential(log_target, spoke, pot, corner_pot, kappa):  # LSE over the dustbin line
-        return potential(log_target, _logaddexp(_lse_last(spoke + pot), spk.corner + corner_pot), kappa)
-
     def two_walks(carry, _):
         # The previous potentials let each walk take one pass (they guess its LSE; the result
         # does not depend on them). The kernels read them as they are: no XLA op, no launch.
         # A free side's potential is 0 (kappa = 0): it guesses nothing, its walk is the exact one.
-        u_prev, v_prev, u_db, v_db = carry
+        u_prev, v_prev, u_db, v_db, partials = carry
         guess = lambda prev, kappa: prev if kappa > 0 else None
         row_spoke = col_spoke = None
-        u_hat_db = u_db
-        if spk is not None:  # the dustbin row, from the previous v
-            u_hat_db = dustbin_potential(sup.log_rows[:, -1], spk.row, v_prev, v_db, sup.kappa_rows)
-            row_spoke = (spk.col, v_db)
+        if spk is not None:
+            row_spoke = SpokeLines(spk.col, partials, v_db, spk.corner, sup.log_rows[:, -1])
         row = ops.row_half_step(band, v_prev, weight, sup.kappa_rows, sup.centered, guess(u_prev, sup.kappa_rows),
                                 row_spoke)
-        u_hat, shares = row if sup.centered else (row, None)
-        v_hat_db = v_db
-        if spk is not None:  # the dustbin column, from û; the dustbin row's share of the constant
-            v_hat_db = dustbin_potential(sup.log_cols[:, -1], spk.col, u_hat, u_hat_db, sup.kappa_cols)
-            db_share = weight_ext[:, -1] * u_hat_db
-            col_spoke = (spk.row, u_hat_db, db_share)
-        v_guess = guess(v_prev, sup.kappa_cols)
-        if sup.centered:
-            u_c, v_c = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, True, v_guess, col_spoke)
-            if spk is not None:
-                c = jnp.sum(shares, -1) + db_share
-                u_db, v_db = u_hat_db - c, v_hat_db + c
-        else:
-            u_c = u_hat
-            v_c = ops.col_half_step(band, u_hat, None, weight, sup.kappa_cols, False, v_guess, col_spoke)
-            u_db, v_db = u_hat_db, v_hat_db
-        return (u_c, v_c, u_db, v_db), (u_hat, u_hat_db, u_c, v_c, u_db, v_db)
+        row = row if isinstance(row, tuple) else (row,)
+        u_hat, shares = row[0], row[1] if sup.centered else None
+        u_hat_db = u_db
+        if spk is not None:
+            partials, u_hat_db = row[-2:]
+            col_spoke = SpokeLines(spk.row, partials, u_hat_db, spk.corner, sup.log_cols[:, -1], weight_ext[:, -1])
+        cols = ops.col_half_step(band, u_hat, shares, weight, sup.kappa_cols, sup.centered,
+                                 guess(v_prev, sup.kappa_cols), col_spoke)
+        cols = cols if isinstance(cols, tuple) else (cols,)
+        u_c, v_c = cols[:2] if sup.centered else (u_hat, cols[0])
+        if spk is not None:
+            partials, u_db, v_db = cols[-3:]
+        return (u_c, v_c, u_db, v_db, partials), (u_hat, u_hat_db, u_c, v_c, u_db, v_db)
 
     def one_pass_walk(carry, _):  # û as two_walks gives it; u and v padded
         u_hat, u_c, v_c = ops.one_pass_step(band, carry[1], weight, sup.kappa_rows, sup.kappa_cols,
                                             sup.centered)
         zero = carry[2]
-        return (u_c, v_c, zero, zero), (u_hat, zero, u_c, v_c, zero, zero)
+        return (u_c, v_c, zero, zero, carry[4]), (u_hat, zero, u_c, v_c, zero, zero)
 
     ext = lambda x, db: jnp.concatenate([x, db[..., None]], -1)
-    start, unpad, step = (u[..., :lp], v[..., :lp], u[..., -1], v[..., -1]), lambda x: x, two_walks
+    # the dustbin row's line before the first step, over the columns' potentials v
+    partials = (ops.dustbin_partials(spk.row + v[..., :lp]) if spk is not None
+                else jnp.zeros(u.shape[:1] + (0,), u.dtype))
+    start, unpad, step = (u[..., :lp], v[..., :lp], u[..., -1], v[..., -1], partials), lambda x: x, two_walks
     if one_pass:
         pad = ops.one_pass_pad()
         unpad, step = (lambda x: x[..., pad:pad + lp]), one_pass_walk
         start = tuple(jnp.pad(x, ((0, 0), (pad, pad))) for x in start[:2]) + start[2:]
-    (u_end, v_end, u_db, v_db), kept = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
+    (u_end, v_end, u_db, v_db, _), kept = _scan_keeping(step, start, n_steps, keep, unroll=unroll)
     u_hat, u_hat_db, u_kept, v_kept, u_kept_db, v_kept_db = kept
     return ((ext(unpad(u_end), u_db), ext(unpad(v_end), v_db)),
             (ext(u_hat, u_hat_db), ext(unpad(u_kept), u_kept_db), ext(unpad(v_kept), v_kept_db)))

@@ -170,11 +170,11 @@ PY
         tail -1 "$OUT_DIR/pytest_gpu.txt" || true; } 2>&1 | tee -a "$log"
 }
 
-# The fused steps with dustbin spokes (the shipped models' dustbin), one call (< 6 minutes):
-# their compiled tests against float64, the benchmark with spokes against dense and the XLA
-# path at three lengths (what impl="auto" takes there), and one profile whose trace comes
-# back whole (trace/*.xplane.pb; its head line lists every trace line: where the Triton
-# kernels are, which the per-op times missed on 2026-11-30 with command buffers off too)
+# The fused steps with dustbin spokes (the shipped models' dustbin: the kernels solve the
+# dustbin lines too), one call (< 6 minutes): the compiled fused-step tests against float64
+# (every dustbin mode), the benchmark with spokes against dense and the XLA path at three
+# lengths (what impl="auto" takes there), and the per-kernel profile with spokes at L 16384
+# (its trace comes back too: trace/*.xplane.pb)
 spokes() {
     local log="$OUT_DIR/spokes_summary.txt"
     part() {  # seconds, output file, command...
@@ -184,15 +184,15 @@ spokes() {
         timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
     }
     part 90 pytest_gpu_spokes.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 4 \
-        -p no:cacheprovider --tb=short -rfE -k "(fused and (spoke or capacity)) or auto_banded"
+        -p no:cacheprovider --tb=short -rfE -k "fused or auto_banded"
     part 200 bench_spoke.txt python3 scripts/bench_transport.py --dustbin spoke \
         --impls reference,xla,pallas-fused,pallas-fused-tf32x3 --lengths 4096,8192,16384 --repeats 5 --json \
         --mem-budget-gib 60 --timeout 60
-    part 40 profile_fused_4096.jsonl python3 scripts/profile_transport.py --impls pallas-fused --lengths 4096 \
-        --half-band 256 --top 30 --out "$OUT_DIR"
+    part 45 profile_fused_spoke.jsonl python3 scripts/profile_transport.py --impls pallas-fused --lengths 16384 \
+        --half-band 1024 --dustbin spoke --top 30 --out "$OUT_DIR"
     {   tail -1 "$OUT_DIR/pytest_gpu_spokes.txt" || true
         grep -h "^target\|crossover" "$OUT_DIR/bench_spoke.txt" || true
-        python3 - "$OUT_DIR/bench_spoke.txt" "$OUT_DIR/profile_fused_4096.jsonl" <<'PY' || true
+        python3 - "$OUT_DIR/bench_spoke.txt" "$OUT_DIR/profile_fused_spoke.jsonl" <<'PY' || true
 import json, os, sys
 lines = lambda path: [json.loads(s) for s in open(path) if s.startswith("{")] if os.path.exists(path) else []
 for r in lines(sys.argv[1]):
@@ -202,8 +202,8 @@ for r in lines(sys.argv[1]):
 for r in lines(sys.argv[2]):
     if r.get("op") == "(whole call)":
         print(f"whole call {r['ms_per_call']:.3f} ms, traced {r['traced_ms_per_call']:.3f}")
-        for name, (n, ms, sample) in r.get("lines", {}).items():
-            print(f"  {name[:60]:<60} {n:>6} events {ms:9.3f} ms  {sample[:3]}")
+    elif "op" in r:
+        print(f"  {r['ms']:8.3f} ms  {r['calls']:>4}x  {r['op'][:80]}")
 PY
     } 2>&1 | tee -a "$log"
 }

@@ -78,30 +78,38 @@ def op_times(xspace: str) -> tuple[str, collections.Counter, collections.Counter
              [p for p in data.planes if p.name.startswith("/host:CPU")]
     total, count = collections.Counter(), collections.Counter()
     for plane in planes:
+        # A GPU stream's kernels do not nest, but back-to-back ones overlap by their clocks'
+        # skew: as "leaves" only the last of each run was kept (on an H200, 2026-11-30, 0.2 of
+        # 0.8 ms traced, every Triton kernel missing). A CPU line nests ops in their loops.
+        leaves = (lambda events: events) if plane.name.startswith("/device:") else _leaves
         for line in plane.lines:
             if line.name in _SKIP_LINES:
                 continue
-            for event in _leaves([e for e in line.events
-                                  if e.name not in _SKIP_EVENTS and not e.name.startswith("end: ")]):
+            for event in leaves([e for e in line.events
+                                 if e.name not in _SKIP_EVENTS and not e.name.startswith("end: ")]):
                 total[event.name] += event.duration_ns
                 count[event.name] += 1
     return ",".join(p.name for p in planes), total, count
 
 
-def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.Path, top: int) -> list[dict]:
+def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.Path, top: int,
+            dustbin: str = "none") -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from pfamalign.kernels import TransportConfig, transport
+    from pfamalign.kernels import DustbinTokens, TransportConfig, transport
     from pfamalign.kernels.config import impl_variant
 
     q, k, v, w = _common.make_problem(1, 1, length, 64, 64)
     lens = jnp.array([length])
     tc = TransportConfig(half_band=half_band, eps=1.0, base_steps=15, tail_steps=2,
-                         **impl_variant(impl))
-    fb = jax.jit(_common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, config=tc)))
+                         dustbin=dustbin, **impl_variant(impl))
+    tokens = None if dustbin == "none" else DustbinTokens(  # as bench_transport's
+        *(jax.random.normal(jax.random.PRNGKey(i), (1, 64)) / 2 for i in range(3)))
+    fb = jax.jit(_common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, tokens, config=tc)))
     compiled = fb.lower(q, k, v, w).compile()
-    hlo = out / "hlo" / f"L{length}_W{half_band}_{impl}.txt"
+    name = f"L{length}_W{half_band}_{impl}" + ("" if dustbin == "none" else f"_{dustbin}")
+    hlo = out / "hlo" / f"{name}.txt"
     hlo.parent.mkdir(parents=True, exist_ok=True)
     hlo.write_text(compiled.as_text())
     timing = _common.time_fn(compiled, q, k, v, w, repeats=repeats)
@@ -112,11 +120,11 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
         (xspace,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
         planes, total, count = op_times(xspace)
         lines = trace_lines(xspace)
-        kept = out / "trace" / f"L{length}_W{half_band}_{impl}.xplane.pb"  # for another reader (TensorBoard)
+        kept = out / "trace" / f"{name}.xplane.pb"  # for another reader (TensorBoard)
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(xspace, kept)
     traced_ms = sum(total.values()) / 1e6 / repeats
-    head = {"L": length, "W": half_band, "impl": impl, "op": "(whole call)", "calls": 1,
+    head = {"L": length, "W": half_band, "impl": impl, "dustbin": dustbin, "op": "(whole call)", "calls": 1,
             "ms_per_call": 1e3 * timing["min_s"], "traced_ms_per_call": traced_ms,
             "traced_share": traced_ms / (1e3 * timing["min_s"]), "ops": len(total), "planes": planes,
             "hlo": str(hlo), "trace": str(kept), "lines": lines}
@@ -145,6 +153,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
                         help="where the HLO text and the trace (xplane.pb) go (default: $OUT, else "
                              "/tmp/profile_transport)")
+    parser.add_argument("--dustbin", choices=("none", "spoke", "capacity"), default="none",
+                        help="dustbin mode (default none, bench_transport's; spoke: the shipped models')")
     parser.add_argument("--command-buffers", action="store_true",
                         help="keep XLA's GPU command buffers (CUDA graphs) on: the call as it runs, but the "
                              "kernels they launch are missing from the trace")
@@ -158,7 +168,7 @@ def main(argv=None) -> None:
     print(f"device: {_common.device_name()}", file=sys.stderr)
     for length in args.lengths:
         for impl in args.impls.split(","):
-            for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top):
+            for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top, args.dustbin):
                 print(json.dumps({**row, "streaming_tiles": pallas_gpu.STREAMING_TILES_A_TRIP,
                                   "command_buffers": args.command_buffers,
                                   "script": "profile_transport", "env": _common.environment()}), flush=True)

@@ -282,14 +282,16 @@ def test_compiled_op_matches_float64_on_gpu(dustbin, impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dustbin", ["none", "spoke"])
 @pytest.mark.parametrize("marginals, relax", [("rows", None), ("cols", None), ("cols", 0.7)])
-def test_auto_banded_impl_runs_every_marginal_on_gpu(marginals, relax):
+def test_auto_banded_impl_runs_every_marginal_on_gpu(marginals, relax, dustbin):
     """What ``impl="auto"`` takes on a GPU from its crossover on (``GPU_BANDED_IMPL``), with a free
-    or damped side (the semi-relaxed softmax), against float64 dense autodiff as above."""
+    or damped side (the semi-relaxed softmax), without and with the spoke dustbin (whose lines
+    its kernels solve too), against float64 dense autodiff as above."""
     _skip_without_gpu()
     q, k, v, tokens, g = _inputs(LQ, LK)
     cfg = TransportConfig(half_band=70, base_steps=3, tail_steps=2, marginals=marginals, relax=relax,
-                          **impl_variant(config.GPU_BANDED_IMPL))
+                          dustbin=dustbin, **impl_variant(config.GPU_BANDED_IMPL))
     got = jax.jit(_value_and_grad(cfg, Q_LEN, K_LEN, g))(q, k, v, tokens)
     want = _float64_reference(cfg, Q_LEN, K_LEN, g, q, k, v, tokens)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -302,7 +304,7 @@ def test_the_gpu_tests_own_code_runs_here(monkeypatch):
     of them failed on an H200 on one, 2026-11-29)."""
     monkeypatch.setattr(sys.modules[__name__], "_skip_without_gpu", lambda: None)
     test_compiled_op_matches_float64_on_gpu("none", "pallas-fused")
-    test_auto_banded_impl_runs_every_marginal_on_gpu("cols", None)
+    test_auto_banded_impl_runs_every_marginal_on_gpu("cols", None, "spoke")
 
 
 @pytest.mark.gpu

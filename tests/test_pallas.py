@@ -314,40 +314,53 @@ def test_fused_half_steps_match_dense_float64(band, kappa, centered):
 
 @pytest.mark.parametrize("band", ["half_tile", "1.5_tiles"])
 @pytest.mark.parametrize("kappa, centered", [(1.0, True), (0.6, False)], ids=["balanced", "damped"])
-def test_fused_half_steps_fold_in_each_lines_dustbin_entry(band, kappa, centered):
-    """The half steps given each line's dustbin score and the dustbin's potential (``spoke``:
-    the spoke dustbin's extended line, ``sinkhorn.run_steps_fused``) against a dense float64
-    step over the band plus that entry: ``û_i = -kappa LSE(S_i· + v, e_i + p)``, ``v̂_j = -kappa
-    LSE(S_·j + û, f_j + q)``; the scores are -inf on inactive lines (problem 3's rows have only
-    their entry: no band). Centered, the dustbin row's share enters the constant."""
+def test_fused_half_steps_solve_the_spoke_dustbin(band, kappa, centered):
+    """The half steps with the spoke dustbin (``pallas_gpu.SpokeLines``) against a dense float64
+    step on the extended problem: each real line's LSE runs over its band and its dustbin
+    entry, the dustbin row and column are solved from the other side's lines (handed over as
+    per-block partial LSEs) and the corner, and centered, the dustbin row's share enters the
+    constant and both dustbin potentials are centered. Scores are -inf on inactive lines;
+    problem 3 has no active key, so its rows have only their dustbin entry."""
     geom, p, ops, s, weight = _stored_step_problem(band, 8)
     rng = np.random.default_rng(3)
     row_active, col_active = np.asarray(p["row_active"]), np.asarray(p["col_active"])
-    e = np.where(row_active, rng.normal(size=row_active.shape), -np.inf)
-    f = np.where(col_active, rng.normal(size=col_active.shape), -np.inf)
-    pot_p, pot_q, extra = np.array([0.5, -1.0, 0.2]), np.array([-0.4, 0.9, 0.0]), np.array([0.3, -0.2, 0.0])
+    s_col = np.where(row_active, rng.normal(size=row_active.shape), -np.inf)  # S_i,dustbin
+    s_row = np.where(col_active, rng.normal(size=col_active.shape), -np.inf)  # S_dustbin,j
+    corner, v_db, log_a, log_b = (np.array(x) for x in ([0.4, -0.3, 0.1], [0.5, -1.0, 0.2],
+                                                          [0.0, 1.5, 0.7], [0.0, 2.0, -0.5]))
+    n_rows = row_active.sum(1) + 1  # the dustbin row is a row
+    w_db = 1.0 / n_rows
+    weight = jnp.asarray(np.where(row_active, 1.0 / n_rows[:, None], 0.0), jnp.float32)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-    row = ops.row_half_step(s, p["bias"], weight, kappa, centered, None, (f32(e), f32(pot_p)))
-    u_hat, shares = row if centered else (row, None)
-    if centered:
-        u, v = ops.col_half_step(s, u_hat, shares, weight, kappa, True, None, (f32(f), f32(pot_q), f32(extra)))
-    else:
-        u, v = u_hat, ops.col_half_step(s, u_hat, None, weight, kappa, False, None, (f32(f), f32(pot_q), None))
+    bias = np.asarray(p["bias"], np.float64)
+    lines = ops.dustbin_partials(f32(s_row + bias))
+    row = ops.row_half_step(s, f32(bias), weight, kappa, centered, None,
+                            pallas_gpu.SpokeLines(f32(s_col), lines, f32(v_db), f32(corner), f32(log_a)))
+    u_hat, shares = row[0], row[1] if centered else None
+    col = ops.col_half_step(s, u_hat, shares, weight, kappa, centered, None,
+                            pallas_gpu.SpokeLines(f32(s_row), row[-2], row[-1], f32(corner), f32(log_b), f32(w_db)))
+    (u, v), (u_db, v_db_out) = (col[:2] if centered else (u_hat, col[0])), col[-2:]
 
     w64 = {name: np.asarray(x, np.float64) for name, x in p.items()}
     band64 = np.where(_support(p, geom), 0.7 * np.einsum("nid,njd->nij", w64["q"], w64["k"]), -np.inf)
-    pot = lambda x: np.where(np.isfinite(x), -kappa * x, 0.0)
+    pot = lambda log_t, x: np.where(np.isfinite(x), kappa * (log_t - x), 0.0)
+    lse = scipy.special.logsumexp
     with np.errstate(divide="ignore", invalid="ignore"):
-        lse = lambda x, axis: scipy.special.logsumexp(x, axis)
-        want_u_hat = pot(np.logaddexp(lse(band64 + w64["bias"][:, None, :], 2), e + pot_p[:, None]))
-        want_lse_v = np.logaddexp(lse(band64 + want_u_hat[:, :, None], 1), f + pot_q[:, None])
-    want_u, want_v = want_u_hat, pot(want_lse_v)
+        want_u_hat = pot(0.0, np.logaddexp(lse(band64 + bias[:, None, :], 2), s_col + v_db[:, None]))
+        want_u_hat_db = pot(log_a, np.logaddexp(lse(s_row + bias, 1), corner + v_db))
+        lse_v = np.logaddexp(lse(band64 + want_u_hat[:, :, None], 1), s_row + want_u_hat_db[:, None])
+        want_v_hat_db = pot(log_b, np.logaddexp(lse(s_col + want_u_hat, 1), corner + want_u_hat_db))
+    want = dict(u_hat=want_u_hat, u_hat_db=want_u_hat_db, u=want_u_hat, v=pot(0.0, lse_v),
+                u_db=want_u_hat_db, v_db=want_v_hat_db)
     if centered:
-        c = np.sum(np.asarray(weight, np.float64) * want_u_hat, 1, keepdims=True) + extra[:, None]
-        want_u = np.where(np.asarray(weight) > 0, want_u_hat - c, 0.0)
-        want_v = np.where(np.isfinite(want_lse_v), want_v + c, 0.0)
-    for name, got, exact in zip(("u_hat", "u", "v"), (u_hat, u, v), (want_u_hat, want_u, want_v)):
-        np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-5, atol=1e-5, err_msg=name)
+        c = np.sum(np.asarray(weight, np.float64) * want_u_hat, 1) + w_db * want_u_hat_db
+        want.update(u=np.where(np.asarray(weight) > 0, want_u_hat - c[:, None], 0.0),
+                    v=np.where(np.isfinite(lse_v), want["v"] + c[:, None], 0.0),
+                    u_db=want_u_hat_db - c, v_db=want_v_hat_db + c)
+    got = dict(u_hat=u_hat, u_hat_db=row[-1], u=u, v=v, u_db=u_db, v_db=v_db_out)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name], np.float64), want[name], rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
     assert np.all(np.asarray(u_hat)[2][row_active[2]] != 0)  # problem 3: rows with their entry only
 
 

@@ -587,8 +587,8 @@ def test_gpu_auto_is_dense_below_the_measured_crossover(monkeypatch):
 
 
 def test_gpu_auto_loops_where_the_fused_steps_do_not_apply(monkeypatch):
-    """The fused banded variant is taken only where its measured fused steps run (no spokes, one
-    eps, no tolerance, Triton kernels) and at most ``GPU_UNROLLED_MAX_STEPS`` straight-line
+    """The fused banded variant is taken only where its measured fused steps run (one eps, no
+    tolerance, Triton kernels; any dustbin) and at most ``GPU_UNROLLED_MAX_STEPS`` straight-line
     steps (its compile grows with them; a base run to a tolerance is a loop, so only its tail
     counts); elsewhere the looped ``GPU_LOOPED_IMPL``, with its own dense crossover. A looped
     banded variant is kept at any step count."""
@@ -603,11 +603,10 @@ def test_gpu_auto_loops_where_the_fused_steps_do_not_apply(monkeypatch):
     assert resolve_impl("auto", "cuda", length=4096, steps=cap + 1) == "reference"  # the looped crossover
     assert resolve_impl("auto", "cuda", length=8192, fused=False) == "xla"
     resolved = lambda **kw: TransportConfig(half_band=4, **kw).resolved("cuda", length=8192)
-    for kw in (dict(base_steps=cap, tail_steps=2), dict(dustbin="spoke"), dict(dustbin="capacity"),
-               dict(eps_schedule=((2.0, 10), (1.0, 5))), dict(kernel="tpu")):
+    for kw in (dict(base_steps=cap, tail_steps=2), dict(eps_schedule=((2.0, 10), (1.0, 5))), dict(kernel="tpu")):
         assert resolved(**kw).impl == "xla", kw  # kernel="tpu" resolved to the stored band was refused
     assert resolved(base_steps=cap, tail_steps=2, tol=1e-4).impl == "xla"  # a tolerance: unfused steps
-    for kw in (dict(), dict(dustbin="widened")):  # no spokes: the fused steps
+    for kw in (dict(), dict(dustbin="widened"), dict(dustbin="spoke"), dict(dustbin="capacity")):  # fused steps
         assert (resolved(**kw).impl, resolved(**kw).fused_steps, resolved(**kw).triton_dots) == \
             ("pallas", True, "tf32x3"), kw
     monkeypatch.setattr(config, "GPU_BANDED_IMPL", "pallas-resident")
