@@ -93,9 +93,12 @@ IMPL_VARIANTS = {
 # dense at L 4096 and 11.0x at 16384 (W 1024). Their "ieee" dots, as the op's exactness contract
 # names them: the "tf32x3" dots were 1.14x / 1.08x faster still, and lost to dense at L 1024
 # (0.97x; 10.8x at 8192), a choice made by name (``impl_variant("pallas-fused-tf32x3")``).
-# Those figures hold where the fused steps run: no dustbin spokes, one eps, no tolerance (the
-# benchmark's problem; other problems would take the variant's unfused stored-band steps, never
-# timed on a GPU). Elsewhere auto keeps the measured rule before it: the looped XLA path
+# Those figures hold where the fused steps run: one eps, no tolerance, no dustbin (the
+# benchmark's problem); with the spoke dustbin of the shipped models (its lines solved in the
+# same two kernels) 3.1x / 5.3x / 6.1x dense at L 4096 / 8192 / 16384 against the XLA path's
+# 0.92x / 0.94x / 4.1x (H200, 2026-11-30, ``gpu_session.sh spokes``; docs/measurements/
+# h200-2026-11-30/). Other problems take the variant's unfused stored-band steps, so there
+# auto keeps the measured rule before it: the looped XLA path
 # (``GPU_LOOPED_IMPL``) from ``GPU_LOOPED_CROSSOVER`` on (H100, 2026-11-24: 0.69x dense at
 # L 4096, 4.5x at 8192; H200: 7.1x at 8192). So too past ``GPU_UNROLLED_MAX_STEPS`` fixed steps:
 # the fused steps are straight-line (``unroll``), which compiles in time proportional to them.

@@ -193,7 +193,16 @@ def _with_dustbin_lse(band_lse, to_slot, from_slot, corner, x):
         return jnp.concatenate([band_lse, jnp.full(band_lse.shape[:1] + (1,), -jnp.inf, band_lse.dtype)], -1)
     real = _logaddexp(band_lse, to_slot + x[:, -1:])
     db = _logaddexp(_lse_last(from_slot + x[:, :-1]), corner + x[:, -1])
-    return jnp.concatenate([real, db[:, None]], -1)
+    return jnp.concatenate([real, _unfused(db)[:, None]], -1)
+
+
+def _unfused(x):
+    """``x`` (an O(L) reduction's result: a dustbin line, a sum over lines) computed on its
+    own: XLA's GPU compiler fused such reductions into the elementwise kernel that consumes
+    them (a concatenation appending the dustbin line), where every output entry recomputed
+    the whole reduction: two such kernels took 1.6 ms each of a 7.3 ms call at L 16384 (spoke
+    dustbin, H200, 2026-11-30). ``tests/test_accelerators.py`` checks the compiled module."""
+    return jax.lax.optimization_barrier(x)
 
 
 def _row_lse(ops, band, spk: Spokes | None, sup: Support, v, shift=None):
@@ -568,7 +577,7 @@ def _with_spokes(real, to_slot, from_slot, corner, y):
         return jnp.concatenate([real, jnp.zeros_like(real[:, :1])], 1)
     real = real + to_slot[..., None] * y[:, -1:]
     db = einsum("nl,nlm->nm", from_slot, y[:, :-1]) + corner[:, None] * y[:, -1]
-    return jnp.concatenate([real, db[:, None]], 1)
+    return jnp.concatenate([real, _unfused(db)[:, None]], 1)
 
 
 def _ext_rows(ops, p: _ExtPlan, y, x=None, z=None):
@@ -686,8 +695,8 @@ def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products, unrol
     def step(carry, xs_r):
         (u_bar, v_bar), (xs_r, inv_a, inv_b) = carry, xs_r
         b_rows, a_cols = products(xs_r)
-        c_bar = jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
-            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True)  # the centering ledger
+        c_bar = _unfused(jnp.sum(jnp.where(sup.cols, v_bar, 0.0), -1, keepdims=True) - jnp.sum(
+            jnp.where(sup.rows, u_bar, 0.0), -1, keepdims=True))  # the centering ledger
         beta = v_bar
         shift = c_bar / n_rows if sup.centered else 0.0
         alpha = jnp.where(sup.rows, u_bar + shift, 0.0) - b_rows(beta * inv_b)

@@ -478,6 +478,53 @@ def test_count_gpu_launches_counts_loop_bodies_per_trip():
     assert sum(kinds.values()) == 37
 
 
+# Three fusions as XLA prints them: a concatenation that holds a 4096-long sum (flagged), a
+# reduction kernel (its reduce is its hero), and a concatenation holding a 16-long one.
+_RECOMPUTE_HLO = """HloModule m
+
+%fused_concatenate (p0: f32[4096], p1: f32[4096]) -> f32[4097] {
+  %p0 = f32[4096]{0} parameter(0)
+  %p1 = f32[4096]{0} parameter(1)
+  %z = f32[] constant(0)
+  %s = f32[] reduce(%p1, %z), dimensions={0}, to_apply=%add
+  %b = f32[1]{0} bitcast(%s)
+  ROOT %c = f32[4097]{0} concatenate(%p0, %b), dimensions={0}
+}
+
+%fused_reduce (p0: f32[4096]) -> f32[] {
+  %p0 = f32[4096]{0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %s = f32[] reduce(%p0, %z), dimensions={0}, to_apply=%add
+}
+
+%fused_small (p0: f32[4096], p1: f32[16]) -> f32[4097] {
+  %p0 = f32[4096]{0} parameter(0)
+  %p1 = f32[16]{0} parameter(1)
+  %z = f32[] constant(0)
+  %s = f32[] reduce(%p1, %z), dimensions={0}, to_apply=%add
+  %b = f32[1]{0} bitcast(%s)
+  ROOT %c = f32[4097]{0} concatenate(%p0, %b), dimensions={0}
+}
+
+ENTRY %main (x: f32[4096], y: f32[16]) -> f32[4097] {
+  %x = f32[4096]{0} parameter(0)
+  %y = f32[16]{0} parameter(1)
+  %a = f32[4097]{0} fusion(%x, %x), kind=kInput, calls=%fused_concatenate
+  %r = f32[] fusion(%x), kind=kInput, calls=%fused_reduce
+  ROOT %c = f32[4097]{0} fusion(%x, %y), kind=kLoop, calls=%fused_small
+}
+"""
+
+
+def test_count_gpu_launches_flags_a_long_reduction_fused_into_an_elementwise_kernel():
+    """``recomputed_reductions``: the concatenation that holds a sum over 4096 entries (each of
+    its 4097 outputs may compute it again: what cost 1.6 ms a kernel on an H200) is named; the
+    reduction kernel and the concatenation with a 16-long sum are not."""
+    module = importlib.import_module("count_gpu_launches")
+    assert module.recomputed_reductions(_RECOMPUTE_HLO) == [{"fusion": "a", "reduces": 4096, "outputs": 4097}]
+    assert module.recomputed_reductions(_RECOMPUTE_HLO, length=8192) == []
+
+
 def test_gpu_session_script_parses_and_names_its_steps():
     """scripts/gpu_session.sh (run on a lent GPU machine; its ``fetch`` and ``replica`` here) is
     valid bash, and without a step it exits 2 naming each one, the one-call ``issue11`` first
@@ -495,5 +542,8 @@ def test_gpu_session_script_parses_and_names_its_steps():
     # 600 s call of a 15-minute lease
     import re
 
-    limits = [int(n) for n in re.findall(r"^\s*part (\d+) ", script.read_text(), re.M)]
-    assert len(limits) == 5 and sum(limits) + 10 * len(limits) + 30 <= 600
+    text = script.read_text()
+    limits = lambda step: [int(n) for n in re.findall(r"^\s*part (\d+) ", text.split(f"\n{step}() {{")[1].split("\n}\n")[0],
+                                                      re.M)]
+    assert len(limits("issue11")) == 5 and sum(limits("issue11")) + 10 * 5 + 30 <= 600
+    assert len(limits("spokes")) == 3 and sum(limits("spokes")) + 10 * 3 + 30 <= 600
