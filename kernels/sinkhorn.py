@@ -21,7 +21,10 @@ v^r; C(P∘G) at r = R, else the previous -A^{r+1 T} α_{r+1}):
     c̄ = Σ v̄ - Σ ū  (the centering ledger: 0 up to rounding, kept exact),
     β_r = v̄ / b,   α_r = (ū + c̄ / n_rows - B^r β_r) / a,   v̄ ← -A^{rT} α_r.
 The targets a, b are 1 on every line except a capacity dustbin (a = active Lk on the dustbin
-row, b = active Lq on the dustbin column: every residue can go to the dustbin).
+row, b = active Lq on the dustbin column: every residue can go to the dustbin). The code
+divides by the tail plans' line sums as it computes them, which equal a and b in exact
+arithmetic: at cold scores the difference is what keeps dS's cancellations exact
+(``_half_step_weights``).
 One-reference schedule (the orbit identity, docs/design.md §3.5): every tail plan is a
 diagonal rescaling of P, ``A^r = diag(e^{a_u}) P diag(e^{a_v})``, so every product above is a
 product with P and the whole dS is ``P ∘ <X_i, Z_j>`` for a rank-(dv + 2R) factorisation:
@@ -666,31 +669,31 @@ class _Seed(NamedTuple):
     v_bar: jax.Array  # [N, Lp + 1] adjoint of v^R: column sums of P∘G (+ the targets')
 
 
-def _half_step_weights(sup: Support, sol: Solution):
+def _half_step_weights(sup: Support, row_sums, col_sums):
     """``kappa / (line sum)`` of each tail half step's plan ``[R, N, Lp + 1]``: d û_i / d S_ij
-    = -kappa_a A_ij / r_i with r the row sums of A^r (likewise columns of B^r). A constrained
-    side's sums are its targets (1, or a capacity dustbin's count); a damped side's are its
-    fixed-point targets ``a exp(-û (1 - kappa) / kappa)`` (no centering then: û = u); a free
-    side contributes nothing."""
-    def side(log_t, pot, kappa):
-        if kappa == 1.0:
-            return jnp.broadcast_to(jnp.exp(-log_t), pot.shape)
+    = -kappa_a A_ij / r_i with r the row sums of A^r, and likewise the columns of B^r; a free
+    side (kappa 0) contributes nothing. The sums are the plans' as the adjoint's products
+    compute them (``row_sums``, ``col_sums``), not what they equal in exact arithmetic (the
+    targets; a damped side's fixed point): at cold scores (|S| / eps in the thousands) a plan
+    entry carries a rounding of u |S| / eps in its exponent, its line sums are that far off
+    their targets, and dividing by the targets left the adjoint's cancellations that far off
+    too (dq 0.25 from float64 at eps 1e-3, T 0, where dense f32 autodiff is 2.5e-4; with the
+    computed sums 6.7e-4; at T 4 0.12 -> 0.0079 against dense's 0.018; 2026-11-30)."""
+    def side(sums, has, kappa):
         if kappa == 0.0:
-            return jnp.zeros_like(pot)
-        return kappa * jnp.exp(pot * (1 - kappa) / kappa - log_t)
-    return side(sup.log_rows, sol.u_hat, sup.kappa_rows), side(sup.log_cols, sol.v, sup.kappa_cols)
+            return jnp.zeros_like(sums)
+        ok = has & (sums > 0)
+        return jnp.where(ok, kappa / jnp.where(ok, sums, 1.0), 0.0)
+    return side(row_sums, sup.rows, sup.kappa_rows), side(col_sums, sup.cols, sup.kappa_cols)
 
 
-def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products, unroll: bool):
+def _reverse_sweep(sup: Support, sol: Solution, seed: _Seed, xs, products, weights, unroll: bool):
     """The recursion r = R..1 of the module docstring, for either schedule: ``products(xs[r])``
     gives ``y -> B^r y`` and ``y -> A^{rT} y`` (``unroll``: straight-line steps). Returns eta
-    (the adjoint of v^0) and the stacked α_r, β_r ``[R, N, Lp + 1]`` (already divided by the
-    targets: ``_half_step_weights``)."""
+    (the adjoint of v^0) and the stacked α_r, β_r ``[R, N, Lp + 1]``, already multiplied by
+    ``weights`` (``_half_step_weights``: kappa over the plans' line sums, which enter the
+    half-step derivatives as d û_i / d S_ij = -kappa A_ij / r_i)."""
     n_rows = jnp.maximum(jnp.sum(sup.rows, -1, keepdims=True), 1)
-    # Targets a, b enter the half-step derivatives as 1/a, 1/b (d û_i / d S_ij = -A_ij / a_i):
-    # the adjoints below are pre-divided (unit everywhere but at a capacity dustbin; see
-    # _half_step_weights for damped sides).
-    weights = _half_step_weights(sup, sol)
 
     def step(carry, xs_r):
         (u_bar, v_bar), (xs_r, inv_a, inv_b) = carry, xs_r
@@ -720,9 +723,12 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
         ea_u, ea_v, eb_u, eb_v = xs_r
         return (lambda y: eb_u * p_rows(eb_v * y)), (lambda y: ea_v * p_cols(ea_u * y))
 
-    eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products, unroll)
-    # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
     ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
+    # the tail plans' line sums, all R at once: rows of A^r = eA_u (P eA_v), columns of B^r
+    sums = (ea_u * _ext_rows(ops, seed.p, ea_v), eb_v * _ext_cols(ops, seed.p, eb_u))
+    weights = _half_step_weights(sup, *(jnp.moveaxis(x, -1, 0) for x in sums))
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products, weights, unroll)
+    # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
     al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
     x = jnp.concatenate([seed.g, -al * ea_u, -eb_u], -1)
     z = jnp.concatenate([seed.v, ea_v, be * eb_v], -1)
@@ -742,7 +748,11 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         a_plan, b_plan = tail_plans(*xs_r)
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
-    eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, unroll)
+    ones = jnp.ones_like(sol.u_final)
+    sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones))
+            for a, b in (tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0]))]
+    weights = _half_step_weights(sup, *(jnp.stack(x) for x in zip(*sums)))
+    eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, weights, unroll)
     dq, dk = _ext_modulated(ops, seed.p, seed.g, seed.v, k_ext, q_ext)
     for r in range(sol.u.shape[0]):
         a_plan, b_plan = tail_plans(*(x[r] for x in pots))
