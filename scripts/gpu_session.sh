@@ -122,6 +122,15 @@ XLA_FLAG_SETS=(
     "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 )
 
+# One part of a one-call step (issue11, spokes): stopped at its own limit, so that the call
+# ends inside the lease and every finished part's output comes back; logged to $PART_LOG.
+part() {  # seconds, output file, command...
+    local limit=$1 file=$2
+    shift 2
+    echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$PART_LOG"
+    timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$PART_LOG"
+}
+
 # issue11's parts: (seconds, log file, command). Each part is stopped at its limit, so the call
 # (with the install, under 9.5 minutes) ends inside its own and every finished part's output
 # comes back. L 16384 first (two of the three targets; ott-jax only there, where its target
@@ -130,12 +139,7 @@ XLA_FLAG_SETS=(
 TARGET_IMPLS=reference,pallas-fused-tf32x3,pallas-fused,pallas-one-pass-tf32x3
 issue11() {
     local log="$OUT_DIR/issue11_summary.txt"
-    part() {  # seconds, output file, command...
-        local limit=$1 file=$2
-        shift 2
-        echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
-        timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
-    }
+    PART_LOG=$log
     # H200, 2026-11-29: 63 s, 42 s, the tests 127 s with 18 of the heaviest failing before their
     # compile (116 s for test_accelerators.py alone, fixed), and 8 s each profile
     part 100 bench_16384.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS,ott" --lengths 16384 \
@@ -177,12 +181,7 @@ PY
 # (its trace comes back too: trace/*.xplane.pb)
 spokes() {
     local log="$OUT_DIR/spokes_summary.txt"
-    part() {  # seconds, output file, command...
-        local limit=$1 file=$2
-        shift 2
-        echo "# $(date -u +%T) $* (limit ${limit}s)" | tee -a "$log"
-        timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$file" 2>&1 || echo "# exit $? (124: its limit)" | tee -a "$log"
-    }
+    PART_LOG=$log
     part 90 pytest_gpu_spokes.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 4 \
         -p no:cacheprovider --tb=short -rfE -k "fused or auto_banded"
     part 200 bench_spoke.txt python3 scripts/bench_transport.py --dustbin spoke \
