@@ -248,8 +248,8 @@ def test_triton_reproduces_the_h100_failure(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("device_class, cc", [
     ("h100", 90), pytest.param("a100", 80, marks=pytest.mark.slow), pytest.param("consumer", 86, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("shape", [KernelShape(64), KernelShape(64, 64), BENCH_MODULATED, KernelShape(32, 32, 36),
-                                   KernelShape(64, 16, 20)], ids=str)
+@pytest.mark.parametrize("shape", [KernelShape(64), KernelShape(64, 64), KernelShape(64, 2), BENCH_MODULATED,
+                                   KernelShape(32, 32, 36), KernelShape(64, 16, 20)], ids=str)
 def test_triton_allocation_fits_and_is_bounded_by_the_model(shape, device_class, cc, monkeypatch, tmp_path):
     """The chosen tiling, compiled by Triton for the device's architecture: its real shared
     memory is within the device's budget and below the model's figure."""

@@ -369,17 +369,19 @@ def _tune_triton_calls_lower_for_cuda(module, shapes, swept):
 
 def test_tune_triton_finds_the_ops_kernel_shapes_and_refuses_a_cpu():
     """The tiling sweep collects every Triton call site of the op (lowered for cuda from this
-    host: the LSE, the plain and ones-vector products and the modulated product), its timed
+    host: the LSE, the plain, ones-vector and R-column products (the tail plans' line sums)
+    and the modulated product), its timed
     calls lower for cuda, and with no GPU to time them on it stops with a message instead of
     timing interpret mode."""
     module = importlib.import_module("tune_triton")
     from pfamalign.kernels.gpu_budget import KernelShape
 
     shapes = module._collect_shapes(256, 32, 16, 2, 2)
-    assert set(shapes) == {KernelShape(16), KernelShape(16, 16), KernelShape(16, 1), KernelShape(16, 16, 20)}
+    assert set(shapes) == {KernelShape(16), KernelShape(16, 16), KernelShape(16, 1), KernelShape(16, 2),
+                           KernelShape(16, 16, 20)}
     assert all(g.length == 256 and g.half_band == 32 for g in shapes.values())
     _tune_triton_calls_lower_for_cuda(module, shapes, {
-        KernelShape(16): ["band_lse"], KernelShape(16, 16): ["band_product"],
+        KernelShape(16): ["band_lse"], KernelShape(16, 16): ["band_product"], KernelShape(16, 2): ["band_product"],
         KernelShape(16, 1): ["band_vector_product"], KernelShape(16, 16, 20): ["band_modulated_product"]})
     for impl in ("pallas", "pallas-resident"):
         with pytest.raises(SystemExit, match="needs a GPU backend"):
@@ -395,11 +397,12 @@ def test_tune_triton_sweeps_the_stored_band_kernels():
     shapes = module._collect_shapes(256, 32, 16, 2, 2, "pallas-resident")
     assert set(shapes) == {KernelShape(16, stored=True), KernelShape(0, stored=True),
                            KernelShape(0, 16, stored=True), KernelShape(0, 1, stored=True),
-                           KernelShape(0, 16, 20, stored=True)}
+                           KernelShape(0, 2, stored=True), KernelShape(0, 16, 20, stored=True)}
     walks = lambda what: [f"stored_rows_{what}", f"stored_cols_{what}"]
     _tune_triton_calls_lower_for_cuda(module, shapes, {
         KernelShape(16, stored=True): ["band_scores"], KernelShape(0, stored=True): walks("lse"),
-        KernelShape(0, 16, stored=True): walks("product"), KernelShape(0, 1, stored=True): walks("vector_product"),
+        KernelShape(0, 16, stored=True): walks("product"), KernelShape(0, 2, stored=True): walks("product"),
+        KernelShape(0, 1, stored=True): walks("vector_product"),
         KernelShape(0, 16, 20, stored=True): walks("modulated_product")})
 
 
