@@ -669,6 +669,23 @@ class _Seed(NamedTuple):
     v_bar: jax.Array  # [N, Lp + 1] adjoint of v^R: column sums of P∘G (+ the targets')
 
 
+# False: the adjoint divides by the line sums' exact-arithmetic values (``_target_line_sums``),
+# as when the kernels were measured on an H100 (2026-11-24: scripts/triton_static_cost.py's
+# calibration traces the op so, without the two products). Read at trace time.
+COMPUTED_LINE_SUMS = True
+
+
+def _target_line_sums(sup: Support, sol: Solution):
+    """The tail plans' line sums in exact arithmetic ``[R, N, Lp + 1]``: the targets on a
+    constrained side, the fixed point ``a exp(-pot (1 - kappa) / kappa)`` on a damped one
+    (rows of A^r from û, columns of B^r from v: no centering then); 1 on a free side (unused)."""
+    def side(log_t, pot, kappa):
+        if kappa in (0.0, 1.0):
+            return jnp.broadcast_to(jnp.exp(log_t), pot.shape)
+        return jnp.exp(log_t - pot * (1 - kappa) / kappa)
+    return side(sup.log_rows, sol.u_hat, sup.kappa_rows), side(sup.log_cols, sol.v, sup.kappa_cols)
+
+
 def _half_step_weights(sup: Support, row_sums, col_sums):
     """``kappa / (line sum)`` of each tail half step's plan ``[R, N, Lp + 1]``: d û_i / d S_ij
     = -kappa_a A_ij / r_i with r the row sums of A^r, and likewise the columns of B^r; a free
@@ -725,8 +742,12 @@ def _one_reference_adjoint(ops, sup: Support, sol: Solution, seed: _Seed, q_ext,
 
     ea_u, ea_v, eb_u, eb_v = (jnp.moveaxis(x, 0, -1) for x in scales)  # [N, Lp + 1, R]
     # the tail plans' line sums, all R at once: rows of A^r = eA_u (P eA_v), columns of B^r
-    sums = (ea_u * _ext_rows(ops, seed.p, ea_v), eb_v * _ext_cols(ops, seed.p, eb_u))
-    weights = _half_step_weights(sup, *(jnp.moveaxis(x, -1, 0) for x in sums))
+    if COMPUTED_LINE_SUMS:
+        sums = (ea_u * _ext_rows(ops, seed.p, ea_v), eb_v * _ext_cols(ops, seed.p, eb_u))
+        sums = tuple(jnp.moveaxis(x, -1, 0) for x in sums)
+    else:
+        sums = _target_line_sums(sup, sol)
+    weights = _half_step_weights(sup, *sums)
     eta, alphas, betas = _reverse_sweep(sup, sol, seed, scales, products, weights, unroll)
     # dS = P ∘ <X_i, Z_j>: X = [dO, -α_r eA_u, -eB_u], Z = [V, eA_v, β_r eB_v].
     al, be = jnp.moveaxis(alphas, 0, -1), jnp.moveaxis(betas, 0, -1)
@@ -748,10 +769,14 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         a_plan, b_plan = tail_plans(*xs_r)
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
-    ones = jnp.ones_like(sol.u_final)
-    sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones))
-            for a, b in (tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0]))]
-    weights = _half_step_weights(sup, *(jnp.stack(x) for x in zip(*sums)))
+    if COMPUTED_LINE_SUMS:
+        ones = jnp.ones_like(sol.u_final)
+        sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones))
+                for a, b in (tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0]))]
+        sums = tuple(jnp.stack(x) for x in zip(*sums))
+    else:
+        sums = _target_line_sums(sup, sol)
+    weights = _half_step_weights(sup, *sums)
     eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, weights, unroll)
     dq, dk = _ext_modulated(ops, seed.p, seed.g, seed.v, k_ext, q_ext)
     for r in range(sol.u.shape[0]):

@@ -198,13 +198,14 @@ def kernel_costs(cfg, length: int, workdir, hbm_gbs: float = HBM_GBS) -> list[di
 
 
 def as_measured(on: bool) -> None:
-    """The kernels as they ran on the H100 on 2026-11-24 (padded dots, libdevice's expf), or
-    today's; clears jax's caches (the settings are read at trace time)."""
+    """The kernels as they ran on the H100 on 2026-11-24 (padded dots, libdevice's expf, no
+    line-sum products in the adjoint), or today's; clears jax's caches (the settings are read
+    at trace time)."""
     import jax
 
-    from pfamalign.kernels import pallas_gpu, tile_math
+    from pfamalign.kernels import pallas_gpu, sinkhorn, tile_math
 
-    pallas_gpu.PADDED_DOTS, tile_math.EXP2 = on, not on
+    pallas_gpu.PADDED_DOTS, tile_math.EXP2, sinkhorn.COMPUTED_LINE_SUMS = on, not on, not on
     jax.clear_caches()
 
 
