@@ -14,6 +14,7 @@ import pytest
 
 from pfamalign.kernels import BlockSizes, DustbinTokens, TransportConfig, transport, transport_plan
 from pfamalign.kernels.band import active_entries, make_geometry
+from pfamalign.kernels.config import impl_variant
 
 GRAD_ATOL = 1e-5  # float32, absolute, as the issue requires
 OUT_ATOL = 1e-5
@@ -170,6 +171,26 @@ def test_fused_steps_match_reference(variant, one_pass):
         dataclasses.replace(cfg, fused_steps=False, one_pass_steps=True)
     with pytest.raises(ValueError, match="one_pass_steps must be True or False"):
         dataclasses.replace(cfg, one_pass_steps=1)
+
+
+@pytest.mark.parametrize("dustbin", ["spoke", pytest.param("capacity", marks=pytest.mark.slow)])
+def test_fused_steps_with_spokes_give_every_steps_potentials(dustbin):
+    """The fused steps solve the dustbin lines inside their kernels: every step's potentials,
+    the dustbin slots included (what the certificates read), and the output plan's marginal
+    errors match the XLA path's (ragged, interpret mode)."""
+    _, lq, lk, ql, kl, w, block = SHAPES[1]
+    q, k, v, tokens, _ = make_inputs(2, 2, lq, lk, 8, 4, 0)
+    run = lambda impl: transport(q, k, v, jnp.asarray(ql), jnp.asarray(kl), tokens, return_potentials=True,
+                                 return_stats=True, config=TransportConfig(
+                                     half_band=w, eps=0.7, base_steps=5, tail_steps=2, dustbin=dustbin,
+                                     blocks=BlockSizes(block), **impl_variant(impl)))
+    got, want = run("pallas-fused"), run("xla")
+    (out, pots, stats), (want_out, want_pots, want_stats) = (
+        (r.out, r.potentials, r.stats) for r in (got, want))
+    np.testing.assert_allclose(out, want_out, atol=OUT_ATOL, rtol=0)
+    for got, want in zip((*pots, *stats), (*want_pots, *want_stats)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5, rtol=1e-5)
+    assert np.any(np.asarray(pots[0])[..., -1] != 0)  # the dustbin slots were compared, not zeros
 
 
 @pytest.mark.parametrize("variant", [
