@@ -773,7 +773,7 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         ones = jnp.ones_like(sol.u_final)
         sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones))
                 for a, b in (tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0]))]
-        sums = tuple(jnp.stack(x) for x in zip(*sums))
+        sums = tuple(jnp.stack(x) for x in zip(*sums)) if sums else (jnp.zeros_like(sol.u),) * 2  # R = 0
     else:
         sums = _target_line_sums(sup, sol)
     weights = _half_step_weights(sup, *sums)
