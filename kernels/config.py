@@ -312,9 +312,14 @@ class TransportConfig:
     triton_dots: str = "ieee"
 
     def __post_init__(self):
-        if isinstance(self.half_band, bool) or not isinstance(self.half_band, int) or \
+        if isinstance(self.half_band, bool) or not isinstance(self.half_band, numbers.Integral) or \
                 self.half_band < 0:
             raise ValueError(f"half_band (W) must be an integer >= 0, got {self.half_band!r}")
+        object.__setattr__(self, "half_band", int(self.half_band))  # a numpy integer as a Python int
+        if isinstance(self.blocks, numbers.Integral) and not isinstance(self.blocks, bool):
+            object.__setattr__(self, "blocks", BlockSizes(int(self.blocks)))  # blocks=8: the tile edge
+        if not isinstance(self.blocks, BlockSizes):
+            raise ValueError(f"blocks must be a BlockSizes (or a tile edge, an integer), got {self.blocks!r}")
         _check_eps(self.eps, "eps")
         for name in ("base_steps", "tail_steps"):
             value = getattr(self, name)

@@ -181,6 +181,40 @@ def test_meaningless_transport_settings_are_refused(kw):
         TransportConfig(**{"half_band": 8, **kw})
 
 
+def test_transport_settings_of_other_integer_kinds_are_taken_and_a_wrong_kind_is_refused():
+    """A numpy integer band (from an array's shape arithmetic) is an integer; ``blocks=8`` is
+    the tile edge (it was accepted and failed later with an AttributeError); a band of another
+    kind or blocks that are no tile edge are refused by name."""
+    import numpy as np
+
+    from pfamalign.kernels import BlockSizes, TransportConfig
+
+    cfg = TransportConfig(half_band=np.int64(8), blocks=np.int32(16))
+    assert (type(cfg.half_band), cfg.blocks) == (int, BlockSizes(16))
+    assert TransportConfig(half_band=8, blocks=8) == TransportConfig(half_band=8, blocks=BlockSizes(8))
+    with pytest.raises(ValueError, match="half_band"):
+        TransportConfig(half_band=np.float32(8))
+    for blocks in ("8", True, 8.0):
+        with pytest.raises(ValueError, match="blocks must be a BlockSizes"):
+            TransportConfig(half_band=8, blocks=blocks)
+
+
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+def test_an_empty_batch_gives_an_empty_output_on_every_path(impl):
+    """No pair at all (B = 0): an empty output and gradient of the right shapes (the banded
+    path divided by the problem count: ZeroDivisionError)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import TransportConfig, transport
+
+    q, lens = jnp.zeros((0, 2, 8, 4)), jnp.zeros((0,), jnp.int32)
+    cfg = TransportConfig(half_band=4, impl=impl)
+    assert transport(q, q, q, lens, lens, config=cfg).shape == (0, 2, 8, 4)
+    grad = jax.grad(lambda q: jnp.sum(transport(q, q, q, lens, lens, config=cfg)))(q)
+    assert grad.shape == q.shape
+
+
 def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
     from pfamalign.inference import Predictor
     from pfamalign.plans import PairPlan
