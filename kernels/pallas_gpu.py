@@ -517,12 +517,13 @@ def _centered(share_ref, chunk: int, lse, u_hat, w, kappa: float, inside=True, e
     return jnp.where(inside & (w > 0), u_hat - c, 0.0), v, c
 
 
-def _block_lse(x):
-    """``[1]``: the LSE of this program's lines ``x [b]`` (-inf when none is finite), a partial
-    that ``_lse_of`` folds with the other programs'."""
-    top = jnp.max(x, keepdims=True)
+def _block_lse(x, axis: int = 0, keepdims: bool = True):
+    """The LSE of ``x`` along ``axis`` (-inf where no entry is finite): by default ``[1]``, a
+    program's partial over its lines ``x [b]`` that ``_lse_of`` folds with the others'."""
+    top = jnp.max(x, axis=axis, keepdims=True)
     top = jnp.where(top == -jnp.inf, 0.0, top)
-    return jnp.log(jnp.sum(tile_math.exp(x - top), keepdims=True)) + top
+    lse = jnp.log(jnp.sum(tile_math.exp(x - top), axis=axis, keepdims=True)) + top
+    return lse if keepdims else jnp.squeeze(lse, axis)
 
 
 class _SpokeRefs(NamedTuple):
@@ -794,9 +795,7 @@ def _one_pass_rows_kernel(band_ref, srow_ref, scol_ref, v_ref, w_ref, u_hat_ref,
     u_hat = potential(0.0, tile_math.lse_finalize(m, l)[:, 0], kappa)  # [G], unit targets
     for (o, s), tile in zip(pieces, tiles):  # each band column's LSE over these G rows
         y = scol_ref[pl.ds(start + o, s)][None, :] * tile + u_hat[:, None]
-        top = jnp.max(y, axis=0)
-        shift = jnp.where(top == -jnp.inf, 0.0, top)
-        partial_ref[pl.ds(o, s)] = jnp.log(jnp.sum(tile_math.exp(y - shift[None, :]), axis=0)) + shift
+        partial_ref[pl.ds(o, s)] = _block_lse(y, axis=0, keepdims=False)
     u_hat_ref[...] = u_hat
     if refs:  # centered
         (share_ref,) = refs

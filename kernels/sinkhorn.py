@@ -204,7 +204,8 @@ def _unfused(x):
     own: XLA's GPU compiler fused such reductions into the elementwise kernel that consumes
     them (a concatenation appending the dustbin line), where every output entry recomputed
     the whole reduction: two such kernels took 1.6 ms each of a 7.3 ms call at L 16384 (spoke
-    dustbin, H200, 2026-11-30). ``tests/test_accelerators.py`` checks the compiled module."""
+    dustbin, H200, 2026-11-30). ``scripts/count_gpu_launches.py`` reports any such kernel left
+    in the module compiled for an H100 (``recomputed_reductions``)."""
     return jax.lax.optimization_barrier(x)
 
 
