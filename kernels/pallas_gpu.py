@@ -245,7 +245,7 @@ def _tile_logits(s, a, c, i_blk, j_blk, geom: BandGeometry, masked: bool = True)
     ``masked=False`` leaves the mask out (a fifth of a walk's instructions in sm_90 SASS)."""
     c, b = c[None, :], geom.block
     if not masked:
-        return s + c if a is None else s + a + c
+        return s + c if a is None else s + (a + c)  # as tile_math.mask_band: one rounding both ways
     return tile_math.mask_band(s, a, c, row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
 
 
@@ -918,7 +918,7 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
     def step(j_blk, loaded, acc):
         raw, c = loaded
         if standing:  # raw [walked, program], acc [b, b]
-            p = tile_math.plan_tile(scale_row * raw + a_row + c[:, None])
+            p = tile_math.plan_tile(scale_row * raw + (a_row + c[:, None]))
             return acc + p * _walked(y_ref, j_blk, geom)[:, None]
         if linear:  # the band holds the plan's entries (0 off the support)
             p = scores(raw)

@@ -113,6 +113,14 @@ class Plan(NamedTuple):
     col_pot: jax.Array  # [N, Lp]
 
 
+def _scaled(s: Scores):
+    """``scale q``: the scale is folded into q on both walks (one multiply per row, not per tile
+    entry), so that a row and a column walk compute the same rounded score ``<scale q_i, k_j>``
+    (``<scale k_j, q_i>`` rounds otherwise, by u |S| relative: at cold scores enough to keep the
+    adjoint's cancellations from cancelling)."""
+    return s.q * s.scale
+
+
 def _offsets(active, values=None):
     """``[N, Lp]`` additive offsets: ``values`` (or 0) where active, ``-inf`` elsewhere."""
     return jnp.where(active, 0.0 if values is None else values, -jnp.inf).astype(jnp.float32)
@@ -193,18 +201,20 @@ class PallasBandOps(BandOps):
         return lambda *args: jax.lax.platform_dependent(*args, **fns)
 
     # ---- kernels on the (possibly transposed) problem ------------------------------------------
-    def _lse(self, q, k, q_active, k_active, scale, k_bias):
-        """``LSE_j (S_ij + k_bias_j)`` per q-row; -inf for rows with no active entry."""
-        lse = self._kernel("band_lse")(q * scale, k, _offsets(k_active, k_bias[:, : k_active.shape[1]]))
+    def _lse(self, q, k, q_active, k_active, k_bias):
+        """``LSE_j (<q_i, k_j> + k_bias_j)`` per q-row (one of q, k scaled); -inf for rows with no
+        active entry."""
+        lse = self._kernel("band_lse")(q, k, _offsets(k_active, k_bias[:, : k_active.shape[1]]))
         # A row offset is constant along the reduction: inactive rows get their -inf here, which
         # spares the kernel a [N, Lp, 128] row-vector operand on TPU.
         return lse + _offsets(q_active)
 
-    def _product(self, q, k, q_active, k_active, scale, q_pot, k_pot, y, x, z):
-        """``Σ_j exp(S_ij + q_pot_i + k_pot_j) <x_i, z_j> y_j`` per q-row."""
+    def _product(self, q, k, q_active, k_active, q_pot, k_pot, y, x, z):
+        """``Σ_j exp(<q_i, k_j> + q_pot_i + k_pot_j) <x_i, z_j> y_j`` per q-row (one of q, k
+        scaled)."""
         if (x is None) != (z is None):
             raise ValueError("x and z must be given together")
-        return self._kernel("band_product")(q * scale, k, _offsets(q_active, q_pot),
+        return self._kernel("band_product")(q, k, _offsets(q_active, q_pot),
                                             _offsets(k_active, k_pot), y, x, z)
 
     # ---- scores ---------------------------------------------------------------------------
@@ -220,12 +230,12 @@ class PallasBandOps(BandOps):
     def row_lse(self, s: Scores, col_bias, shift=None):
         """``LSE_j (S_ij + col_bias_j)`` over each row's band ``[N, Lp]``; -inf for rows with none."""
         del shift
-        return self._lse(s.q, s.k, s.row_active, s.col_active, s.scale, col_bias)
+        return self._lse(_scaled(s), s.k, s.row_active, s.col_active, col_bias)
 
     def col_lse(self, s: Scores, row_bias, shift=None):
         """``LSE_i (S_ij + row_bias_i)`` over each column's band ``[N, Lp]``: the transposed row LSE."""
         del shift
-        return self._lse(s.k, s.q, s.col_active, s.row_active, s.scale, row_bias)
+        return self._lse(s.k, _scaled(s), s.col_active, s.row_active, row_bias)
 
     # ---- plans and their products ---------------------------------------------------------
     def plan(self, s, row_pot, col_pot) -> Plan:
@@ -235,14 +245,12 @@ class PallasBandOps(BandOps):
     def plan_rows(self, p: Plan, y, x=None, z=None):
         """``out_i = Σ_j P_ij <x_i, z_j> y_j``; y ``[N, Lp, m]`` and z on columns, x on rows."""
         s = p.scores
-        return self._product(s.q, s.k, s.row_active, s.col_active, s.scale, p.row_pot, p.col_pot,
-                             y, x, z)
+        return self._product(_scaled(s), s.k, s.row_active, s.col_active, p.row_pot, p.col_pot, y, x, z)
 
     def plan_cols(self, p: Plan, y, x=None, z=None):
         """``out_j = Σ_i P_ij <x_i, z_j> y_i``; y ``[N, Lp, m]`` and x on rows, z on columns."""
         s = p.scores
-        return self._product(s.k, s.q, s.col_active, s.row_active, s.scale, p.col_pot, p.row_pot,
-                             y, z, x)
+        return self._product(s.k, _scaled(s), s.col_active, s.row_active, p.col_pot, p.row_pot, y, z, x)
 
 
 class StoredBandOps(PallasBandOps):

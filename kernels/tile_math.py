@@ -95,7 +95,11 @@ def mask_band(s, row_off, col_off, *, row0, col0, half_band: int):
     diff = (row0 - col0) + (jax.lax.broadcasted_iota(jnp.int32, shape, 0)
                             - jax.lax.broadcasted_iota(jnp.int32, shape, 1))
     inside = (diff <= half_band) & (diff >= -half_band)
-    x = s + col_off if row_off is None else s + row_off + col_off
+    # a_i + c_j first: the transposed walk adds the same two offsets the other way round, and
+    # a row and a column walk must round a plan entry alike (the adjoint's cancellations at cold
+    # scores rest on every product seeing one plan; (s + a) + c and (s + c) + a differ by
+    # u |S| in the exponent).
+    x = s + col_off if row_off is None else s + (row_off + col_off)
     return jnp.where(inside, x, -jnp.inf)
 
 
