@@ -36,7 +36,9 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
+from jax.interpreters import mlir
 
 from pfamalign.kernels import pallas_gpu, pallas_tpu
 from pfamalign.kernels.band import BandGeometry
@@ -113,6 +115,41 @@ class Plan(NamedTuple):
     col_pot: jax.Array  # [N, Lp]
 
 
+# ---- a branch that refuses when lowered ------------------------------------------------------
+
+_refuse_p = jax.extend.core.Primitive("pallas_kernel_refused")
+_refuse_p.multiple_results = True
+_refuse_p.def_abstract_eval(lambda *args, avals, message: list(avals))
+
+
+def _refuse(*args, avals, message):
+    raise ValueError(f"Cannot run the transport op's {message}")
+
+
+def _refuse_lowering(ctx, *args, avals, message):
+    raise ValueError(f"Cannot lower the transport op's {message}")
+
+
+def _refuse_batched(args, dims, *, avals, message):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)  # None: unmapped
+    avals = tuple(jax.core.ShapedArray((size, *a.shape), a.dtype) for a in avals)
+    return _refuse_p.bind(*args, avals=avals, message=message), [0] * len(avals)
+
+
+_refuse_p.def_impl(_refuse)  # eager (outside jit) on this host's CPU
+mlir.register_lowering(_refuse_p, _refuse_lowering)
+jax.interpreters.batching.primitive_batchers[_refuse_p] = _refuse_batched
+
+
+def _refusal(kernel: Callable, message: str, *args):
+    """Outputs shaped as ``kernel(*args)``'s from a primitive whose lowering raises ``message``."""
+    out = jax.eval_shape(kernel, *args)
+    leaves, tree = jax.tree.flatten(out)
+    avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
+    flat_args = [jnp.asarray(a) for a in jax.tree.leaves(args)]
+    return jax.tree.unflatten(tree, _refuse_p.bind(*flat_args, avals=avals, message=message))
+
+
 def _scaled(s: Scores):
     """``scale q``: the scale is folded into q on both walks (one multiply per row, not per tile
     entry), so that a row and a column walk compute the same rounded score ``<scale q_i, k_j>``
@@ -162,8 +199,8 @@ class PallasBandOps(BandOps):
 
     def branch(self, platform: str) -> tuple[str, Any] | None:
         """``(wrapper, interpret)`` run when lowering for ``platform``; None when there is none
-        (compiled kernels on CPU, or an "auto" wrapper whose tile rules reject the tiling: its
-        platform is then left out, and lowering for it fails)."""
+        (compiled kernels on CPU, or an "auto" wrapper whose tile rules reject the tiling):
+        lowering for that platform then fails with ``why_no_branch``'s reason."""
         kind = accelerator(platform)
         interpret = (kind == "cpu") if self.interpret is None else self.interpret
         wrapper = self._wrapper(kind, interpret)
@@ -180,6 +217,24 @@ class PallasBandOps(BandOps):
                 return None
         return wrapper, interpret
 
+    def why_no_branch(self, platform: str) -> str:
+        """What a user reads when the op is lowered for a ``platform`` without a branch."""
+        kind = accelerator(platform)
+        interpret = (kind == "cpu") if self.interpret is None else self.interpret
+        wrapper = self._wrapper(kind, interpret)
+        if wrapper is None:
+            return (f"{type(self).__name__} has no kernels for a {platform!r} target (resident_scores: "
+                    "Triton kernels only): use resident_scores=False there")
+        if kind == "cpu":
+            return ("the Pallas kernels were configured compiled (interpret=False), and a CPU runs them in "
+                    "interpret mode only: leave interpret at None (compiled on a GPU or TPU, interpreted "
+                    "on a CPU), or run the op where jax's backend is a GPU or TPU")
+        try:
+            WRAPPERS[wrapper].check_geometry(self.kernel_geom)
+        except ValueError as e:
+            return f"no {platform!r} kernels for this tiling ({e}): give blocks the {platform} kernels take"
+        return f"no kernels for a {platform!r} target"
+
     def _wrapper(self, kind: str, interpret) -> str | None:
         """The kernel wrapper for an accelerator kind (None: no kernels for it)."""
         del interpret
@@ -189,15 +244,25 @@ class PallasBandOps(BandOps):
         """Kernel function ``name`` of the lowering platform's wrapper module ("band_lse",
         "band_product"; StoredBandOps: "band_scores" and the ``stored_*`` kernels), with
         ``static`` keywords."""
-        fns = {}
+        fns, made = {}, {}
         for platform in PLATFORMS:
             if (choice := self.branch(platform)) is not None:
-                wrapper, interpret = choice
-                dots = {"dots": self.dots} if wrapper == "gpu" and name in DOT_KERNELS else {}
-                fns[platform] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.kernel_geom,
-                                                  interpret=interpret, **dots, **static)
-        if len({(f.func, repr(f.keywords)) for f in fns.values()}) == 1:
-            return next(iter(fns.values()))  # the same kernel everywhere: no dispatch needed
+                if choice not in made:  # one callable per kernel: platform_dependent traces it once
+                    wrapper, interpret = choice
+                    dots = {"dots": self.dots} if wrapper == "gpu" and name in DOT_KERNELS else {}
+                    made[choice] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.kernel_geom,
+                                                     interpret=interpret, **dots, **static)
+                fns[platform] = made[choice]
+        if not fns:
+            raise ValueError(f"the {name} kernel: {self.why_no_branch('cpu')}")
+        if len(fns) == len(PLATFORMS) and len(made) == 1:
+            return next(iter(made.values()))  # the same kernel everywhere: no dispatch needed
+        # A platform without kernels gets a branch that refuses, by name, when lowered for it
+        # (without one, jax fails there on its dispatch primitive, whose error names neither).
+        shapes = next(iter(made.values()))
+        for platform in PLATFORMS:
+            if platform not in fns:
+                fns[platform] = functools.partial(_refusal, shapes, f"{name} kernel: {self.why_no_branch(platform)}")
         return lambda *args: jax.lax.platform_dependent(*args, **fns)
 
     # ---- kernels on the (possibly transposed) problem ------------------------------------------

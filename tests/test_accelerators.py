@@ -141,14 +141,14 @@ def test_every_kernel_matmul_is_pinned(platform):
 def test_resident_scores_pin_every_dot_and_lower_to_triton_only():
     """``resident_scores``: the op lowered for cuda computes its band and reads it in Triton
     kernels whose every matmul (scores, modulation, products) is pinned; a TPU has no such
-    kernels, and lowering for it fails."""
+    kernels, and lowering for it fails saying so."""
     lowered = _lowered("pallas-resident", "spoke", "cuda")
     text = lowered.as_text()
     assert unpinned_f32_dots(text) == []
     assert text.count(KERNEL_CALL["cuda"]) >= 4 and KERNEL_CALL["tpu"] not in text
     assert len(kernel_dots(lowered, "cuda")) >= 3 and unpinned_kernel_dots(lowered, "cuda") == []
     assert "band_scores" in text
-    with pytest.raises(NotImplementedError, match="platform tpu"):
+    with pytest.raises(ValueError, match="no kernels for a 'tpu' target.*resident_scores=False"):
         _lowered("pallas-resident", "spoke", "tpu")
 
 

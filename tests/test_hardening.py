@@ -215,6 +215,31 @@ def test_an_empty_batch_gives_an_empty_output_on_every_path(impl):
     assert grad.shape == q.shape
 
 
+@pytest.mark.parametrize("resident", [False, True])
+def test_kernels_where_there_are_none_are_refused_by_name(resident):
+    """Compiled kernels (``interpret=False``) on this CPU, jitted, eager and under vmap, and a
+    tiling the TPU kernels cannot take lowered for a TPU: a ValueError that says why and what to
+    change (jax's own error named its dispatch primitive, ``platform_index``, and neither)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import BlockSizes, TransportConfig, pallas_ops, transport
+
+    q, lens = jnp.ones((1, 1, 16, 8)), jnp.array([16])
+    cfg = TransportConfig(half_band=4, impl="pallas", interpret=False, resident_scores=resident)
+    op = lambda q: transport(q, q, q, lens, lens, config=cfg)
+    for run, x in ((jax.jit(op), q), (op, q), (jax.jit(jax.vmap(op)), q[None])):
+        with pytest.raises(ValueError, match="interpret=False.*leave interpret at None"):
+            run(x)
+    if resident:
+        return
+    tiny = TransportConfig(half_band=4, impl="pallas", blocks=BlockSizes(8))  # a legal Triton tile is >= 16
+    f = jax.jit(lambda q: transport(q, q, q, lens, lens, config=tiny))
+    assert f(q).shape == q.shape  # interpret mode here
+    with pytest.raises(ValueError, match="no 'tpu' kernels for this tiling.*TPU tiles must be"):
+        pallas_ops.lower(f, "tpu", q)
+
+
 def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
     from pfamalign.inference import Predictor
     from pfamalign.plans import PairPlan
