@@ -176,14 +176,14 @@ PY
 
 # The fused steps with dustbin spokes (the shipped models' dustbin: the kernels solve the
 # dustbin lines too), one call (< 6 minutes): the compiled fused-step tests against float64
-# (every dustbin mode), the benchmark with spokes against dense and the XLA path at three
+# (every dustbin mode) and the cold-score gradient test (one plan rounding on both walks), the benchmark with spokes against dense and the XLA path at three
 # lengths (what impl="auto" takes there), and the per-kernel profile with spokes at L 16384
 # (its trace comes back too: trace/*.xplane.pb)
 spokes() {
     local log="$OUT_DIR/spokes_summary.txt"
     PART_LOG=$log
     part 90 pytest_gpu_spokes.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 4 \
-        -p no:cacheprovider --tb=short -rfE -k "fused or auto_banded"
+        -p no:cacheprovider --tb=short -rfE -k "fused or auto_banded or cold_score"
     part 200 bench_spoke.txt python3 scripts/bench_transport.py --dustbin spoke \
         --impls reference,xla,pallas-fused,pallas-fused-tf32x3 --lengths 4096,8192,16384 --repeats 5 --json \
         --mem-budget-gib 60 --timeout 60

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import sys
@@ -298,6 +299,26 @@ def test_auto_banded_impl_runs_every_marginal_on_gpu(marginals, relax, dustbin):
         np.testing.assert_allclose(a, b, atol=OUT_ATOL, rtol=OUT_ATOL)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["xla", "pallas", "pallas-resident", "pallas-fused"])
+def test_cold_score_gradients_stay_exact_on_gpu(impl):
+    """At eps 1e-3, T 0 (|S| / eps ~3000; the true dq and dk ~1e-11, what the adjoint computes is
+    all cancellation) the compiled paths' dq and dk within 8x the distance of dense f32 autodiff
+    on the same GPU from float64, as in interpret mode (test_transport's
+    ``test_kernel_walks_round_one_plan_at_cold_scores``): the row and column walks must round a
+    plan entry alike as Triton compiles them too (its multiply-adds contracted)."""
+    _skip_without_gpu()
+    from test_transport import _cold_problem, _cold_value_and_grad
+
+    cfg, (q, k, v, w), lens, _, grads64, _ = _cold_problem(1e-3, 1.0, 0)
+    cfg = dataclasses.replace(cfg, blocks=BlockSizes(16))  # a Triton tile (the CPU test's 8 is not one)
+    _, dense = _cold_value_and_grad(dataclasses.replace(cfg, impl="reference"), lens, q, k, v, w)
+    _, grads = _cold_value_and_grad(dataclasses.replace(cfg, **impl_variant(impl)), lens, q, k, v, w)
+    for got, ref, want, name in zip(grads, dense, grads64, "qk"):
+        err, floor = (np.abs(np.asarray(x) - want).max() for x in (got, ref))
+        assert err <= 8 * floor, (name, err, floor)
+
+
 def test_the_gpu_tests_own_code_runs_here(monkeypatch):
     """The compiled-kernel tests' harness (inputs, the float64 reference, the comparison) run on
     this CPU, the kernels in interpret mode: a GPU lease is not spent finding a harness bug (18
@@ -305,6 +326,7 @@ def test_the_gpu_tests_own_code_runs_here(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_skip_without_gpu", lambda: None)
     test_compiled_op_matches_float64_on_gpu("none", "pallas-fused")
     test_auto_banded_impl_runs_every_marginal_on_gpu("cols", None, "spoke")
+    test_cold_score_gradients_stay_exact_on_gpu("pallas-fused")
 
 
 @pytest.mark.gpu
