@@ -14,8 +14,8 @@
 #   bash scripts/gpu_session.sh issue11          # the whole check in one call (< 9.5 min, a 15-minute lease
 #                                                # has room for one): targets (timed, gradients checked), then
 #                                                # the compiled-kernel tests, then the per-kernel profile of
-#                                                # the candidate, each part under its own time limit; a
-#                                                # short table last
+#                                                # auto's variant, then the spoke dustbin at L 16384, each
+#                                                # part under its own time limit; a short table last
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
 #   bash scripts/gpu_session.sh targets          # bench_transport at issue 11's sizes (L 4096, 16384): dense,
 #                                                # ott-jax, xla and the stored-band variants ("ieee" and
@@ -141,32 +141,33 @@ issue11() {
     local log="$OUT_DIR/issue11_summary.txt"
     PART_LOG=$log
     # H200, 2026-11-29: 63 s, 42 s, the tests 127 s with 18 of the heaviest failing before their
-    # compile (116 s for test_accelerators.py alone, fixed), and 8 s each profile
+    # compile (116 s for test_accelerators.py alone, fixed), and 8 s the profile; the spoke
+    # benchmark at 16384 replaces a second profile (2026-11-30: ~15 s a configuration)
     part 100 bench_16384.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS,ott" --lengths 16384 \
         --repeats 5 --json --mem-budget-gib 60 --timeout 100
     part 70 bench_4096.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 4096 \
         --repeats 5 --json --timeout 60
-    # 165 tests, mostly Triton compiles: 8 workers on the machine's 16 cores, sharing the GPU
-    part 250 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
+    # ~170 tests, mostly Triton compiles (127 s on 2026-11-29): 8 workers on the 16 cores, sharing the GPU
+    part 220 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
         -p no:cacheprovider --tb=short -rfE
-    part 40 profile_fused_tf32x3.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
+    part 40 profile_fused.jsonl python3 scripts/profile_transport.py --impls pallas-fused \
         --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
-    # the same with one band tile a trip in the streaming walks, as before 2026-11-29: which
-    # one streams faster (stored_row_half, stored_col_half) sets STREAMING_TILES_A_TRIP
-    part 40 profile_fused_tf32x3_tiles1.jsonl python3 scripts/profile_transport.py --impls pallas-fused-tf32x3 \
-        --lengths 16384 --half-band 1024 --top 14 --streaming-tiles 1 --out "$OUT_DIR/tiles1"
+    # the shipped models' spoke dustbin at the largest size (the full set: `spokes`)
+    part 60 bench_spoke_16384.txt python3 scripts/bench_transport.py --dustbin spoke \
+        --impls reference,xla,pallas-fused --lengths 16384 --repeats 5 --json --mem-budget-gib 60 --timeout 60
     {   echo "## $(head -1 "$OUT_DIR/device.txt")"
         grep -h "^target" "$OUT_DIR"/bench_*.txt || echo "no targets measured"
-        python3 - "$OUT_DIR/bench_16384.txt" "$OUT_DIR/bench_4096.txt" "$OUT_DIR/profile_fused_tf32x3.jsonl" \
-            "$OUT_DIR/profile_fused_tf32x3_tiles1.jsonl" <<'PY' || true
+        python3 - "$OUT_DIR/bench_16384.txt" "$OUT_DIR/bench_4096.txt" "$OUT_DIR/profile_fused.jsonl" \
+            "$OUT_DIR/bench_spoke_16384.txt" <<'PY' || true
 import json, os, sys
 lines = lambda path: [json.loads(s) for s in open(path) if s.startswith("{")] if os.path.exists(path) else []
-rows = lines(sys.argv[1]) + lines(sys.argv[2])
+rows = lines(sys.argv[1]) + lines(sys.argv[2]) + [dict(r, impl=r["impl"] + " (spoke)") if "impl" in r else r
+                                                  for r in lines(sys.argv[4])]
 for r in rows:
     if "impl" in r:
         print(f"{r['L']:>6} {r['impl']:<24} {r['status']:<8} {r.get('fwd_bwd_ms') or 0:9.3f} ms  "
               f"grad_err {float('nan') if r.get('grad_err') is None else r['grad_err']:.1e}  {r.get('reason') or ''}"[:160])
-for r in lines(sys.argv[3]) + lines(sys.argv[4]):
+for r in lines(sys.argv[3]):
     if "op" in r:
         print(f"  {r.get('ms', r.get('ms_per_call', 0)):8.3f} ms  {r['calls']:>4}x  tiles {r.get('streaming_tiles')}  "
               f"{r['op'][:80]}")
