@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import numbers
 from typing import NamedTuple
 
@@ -147,6 +149,18 @@ def accelerator(platform: str | None = None) -> str:
     return "gpu" if platform in ("gpu", "cuda", "rocm") else "cpu"
 
 
+@functools.cache
+def pallas_triton() -> bool:
+    """Whether this jax has the Pallas Triton backend (the GPU kernels'): deprecated in jax 0.11
+    ("to be removed in a future JAX version"), present in 0.12.0.1. Without it the GPU
+    kernels are not lowered (``pallas_ops.PallasBandOps.why_no_branch`` says so), ``impl="auto"``
+    on a GPU takes the XLA path, and everything else, interpret mode included, runs."""
+    try:
+        return importlib.util.find_spec("jax.experimental.pallas.triton") is not None
+    except ImportError:
+        return False
+
+
 def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None,
                  steps: int | None = None, fused: bool = True) -> str:
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
@@ -154,9 +168,10 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
     sequence; a None crossover or length keeps the banded path); ``GPU_LOOPED_IMPL`` (dense
     below ``GPU_LOOPED_CROSSOVER``) where the banded variant's fused steps do not apply
-    (``fused`` false: spokes, an eps schedule, a tolerance, the TPU kernels forced) or its steps
-    are straight-line and ``steps`` (the fixed steps it would unroll) exceeds
-    ``GPU_UNROLLED_MAX_STEPS``. Other values pass through.
+    (``fused`` false: an eps schedule, a tolerance, one-pass steps with spokes, the TPU kernels
+    forced), its steps are straight-line and ``steps`` (the fixed steps it would unroll) exceeds
+    ``GPU_UNROLLED_MAX_STEPS``, or this jax has no Pallas Triton backend (``pallas_triton``).
+    Other values pass through.
     ``platform`` defaults to this host's backend: a config lowered for another platform from
     here names its impl explicitly. Returns a name of ``IMPL_VARIANTS`` (its settings:
     ``impl_variant``; ``TransportConfig.resolved`` applies them)."""
@@ -169,7 +184,8 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
         banded, crossover = GPU_BANDED_IMPL, GPU_DENSE_CROSSOVER
         variant = IMPL_VARIANTS[banded]
         if (variant.get("fused_steps") and not fused) or \
-                (variant.get("unroll") and steps is not None and steps > GPU_UNROLLED_MAX_STEPS):
+                (variant.get("unroll") and steps is not None and steps > GPU_UNROLLED_MAX_STEPS) or \
+                (variant["impl"] == "pallas" and not pallas_triton()):
             banded, crossover = GPU_LOOPED_IMPL, GPU_LOOPED_CROSSOVER
         if crossover is not None and length is not None and length < crossover:
             return "reference"

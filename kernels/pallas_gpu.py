@@ -36,17 +36,22 @@ of two; the band mask is exact at any edge). Interpret mode runs the same tiling
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from pfamalign.kernels import gpu_budget, tile_math
 from pfamalign.kernels.band import BandGeometry, make_geometry
-from pfamalign.kernels.config import SAFE_LOG, TRITON_DOTS, potential
+from pfamalign.kernels.config import SAFE_LOG, TRITON_DOTS, pallas_triton, potential
 from pfamalign.kernels.gpu_budget import MIN_DOT, GpuTiling, KernelShape
+
+# The Pallas Triton backend, deprecated in jax 0.11: a jax without it still runs these kernels
+# in interpret mode (no launch settings to give), and refuses to lower them for a GPU
+# (``pallas_ops``).
+pltriton = importlib.import_module("jax.experimental.pallas.triton") if pallas_triton() else None
 
 
 def check_geometry(geom: BandGeometry) -> None:
@@ -257,8 +262,8 @@ def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, 
         in_specs=in_specs,
         out_specs=out_spec,
         out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=launch.num_warps,
-                                                num_stages=launch.num_stages),
+        compiler_params=None if pltriton is None else pltriton.CompilerParams(num_warps=launch.num_warps,
+                                                                              num_stages=launch.num_stages),
         interpret=interpret,
         name=name,
     )

@@ -43,7 +43,7 @@ from jax.interpreters import mlir
 from pfamalign.kernels import pallas_gpu, pallas_tpu
 from pfamalign.kernels.band import BandGeometry
 from pfamalign.kernels.band_ops import BandOps
-from pfamalign.kernels.config import TRITON_DOTS, accelerator
+from pfamalign.kernels.config import TRITON_DOTS, accelerator, pallas_triton
 
 WRAPPERS = {"tpu": pallas_tpu, "gpu": pallas_gpu}
 PLATFORMS = ("cpu", "tpu", "cuda", "rocm")  # the lowering platforms a kernel call has a branch for
@@ -208,7 +208,7 @@ class PallasBandOps(BandOps):
             return None
         if interpret:
             return wrapper, interpret
-        if kind == "cpu":
+        if kind == "cpu" or (wrapper == "gpu" and not pallas_triton()):
             return None
         if self.wrapper == "auto":
             try:
@@ -225,6 +225,9 @@ class PallasBandOps(BandOps):
         if wrapper is None:
             return (f"{type(self).__name__} has no kernels for a {platform!r} target (resident_scores: "
                     "Triton kernels only): use resident_scores=False there")
+        if wrapper == "gpu" and not interpret and kind != "cpu" and not pallas_triton():
+            return (f"jax {jax.__version__} has no Pallas Triton backend (deprecated in jax 0.11): "
+                    "use impl='xla' (impl='auto' does), or a jax that has it")
         if kind == "cpu":
             return ("the Pallas kernels were configured compiled (interpret=False), and a CPU runs them in "
                     "interpret mode only: leave interpret at None (compiled on a GPU or TPU, interpreted "

@@ -240,6 +240,50 @@ def test_kernels_where_there_are_none_are_refused_by_name(resident):
         pallas_ops.lower(f, "tpu", q)
 
 
+_WITHOUT_PALLAS_TRITON = """
+import importlib.abc, json, sys
+
+class Removed(importlib.abc.MetaPathFinder):  # as a jax without the deprecated backend
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax.experimental.pallas.triton" or name.startswith("jax._src.pallas.triton"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Removed())
+import jax, jax.numpy as jnp
+from pfamalign.kernels import TransportConfig, config, pallas_ops, transport
+from pfamalign.kernels.config import impl_variant
+
+q, lens = jax.random.normal(jax.random.PRNGKey(0), (1, 1, 64, 8)), jnp.array([64])
+out = {"auto": [config.resolve_impl("auto", "cuda", length=n) for n in (1024, 16384)]}
+for impl in ("xla", "pallas", "pallas-fused"):
+    f = jax.jit(lambda q: transport(q, q, q, lens, lens, config=TransportConfig(
+        half_band=8, base_steps=3, tail_steps=2, **impl_variant(impl))))
+    out[impl] = [float(jnp.sum(f(q)))]
+    try:
+        pallas_ops.lower(f, "cuda", q)
+        out[impl].append("lowered")
+    except ValueError as e:
+        out[impl].append(str(e))
+print(json.dumps(out))
+"""
+
+
+def test_a_jax_without_the_pallas_triton_backend_still_runs_the_op():
+    """jax 0.11 deprecates the Pallas Triton backend. Where it is gone, importing it failed and
+    with it ``import pfamalign``. Now the op runs (XLA path; the kernels in interpret mode, the
+    same results), ``impl="auto"`` on a GPU takes dense autodiff and the XLA path, and lowering
+    the kernels for a GPU is refused by name."""
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_PALLAS_TRITON], capture_output=True, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["auto"] == ["reference", "xla"]
+    assert out["xla"][1] == "lowered"
+    for impl in ("pallas", "pallas-fused"):
+        assert out[impl][0] == pytest.approx(out["xla"][0], rel=1e-5)
+        assert "has no Pallas Triton backend" in out[impl][1] and "impl='xla'" in out[impl][1]
+
+
 def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
     from pfamalign.inference import Predictor
     from pfamalign.plans import PairPlan
