@@ -47,6 +47,8 @@ def check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
         raise ValueError(f"q and k need at least one feature (d >= 1), got d={q.shape[-1]}")
     b = q.shape[0]
     for name, lens, cap in (("q_len", q_len, q.shape[2]), ("k_len", k_len, k.shape[2])):
+        if isinstance(lens, (list, tuple)):  # a Python list of lengths is an integer array too
+            lens = np.asarray(lens)
         if jnp.ndim(lens) != 1 or jnp.shape(lens)[0] != b:
             raise ValueError(f"{name} must have shape [B]=[{b}], got {jnp.shape(lens)}")
         if not jnp.issubdtype(jnp.result_type(lens), jnp.integer):  # a float would be truncated

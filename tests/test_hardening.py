@@ -284,6 +284,21 @@ def test_a_jax_without_the_pallas_triton_backend_still_runs_the_op():
         assert "has no Pallas Triton backend" in out[impl][1] and "impl='xla'" in out[impl][1]
 
 
+def test_lengths_given_as_python_lists_are_taken():
+    """``q_len=[16, 9]`` is what a user types: it failed with "Cannot determine dtype"."""
+    import jax.numpy as jnp
+
+    from pfamalign.kernels import TransportConfig, transport, transport_plan
+
+    q = jnp.arange(2 * 16 * 4, dtype=jnp.float32).reshape(2, 1, 16, 4) / 100
+    cfg = TransportConfig(half_band=4, impl="xla")
+    as_list = transport(q, q, q, [16, 9], (12, 16), config=cfg)
+    np.testing.assert_array_equal(as_list, transport(q, q, q, jnp.array([16, 9]), jnp.array([12, 16]), config=cfg))
+    assert transport_plan(q, q, [16, 9], [12, 16], config=cfg).shape == (2, 1, 17, 17)
+    with pytest.raises(ValueError, match="q_len must be integers"):
+        transport(q, q, q, [16.0, 9.5], [12, 16], config=cfg)
+
+
 def test_a_plan_that_is_not_a_plan_is_an_error_before_decoding():
     from pfamalign.inference import Predictor
     from pfamalign.plans import PairPlan
