@@ -201,9 +201,7 @@ class PallasBandOps(BandOps):
         """``(wrapper, interpret)`` run when lowering for ``platform``; None when there is none
         (compiled kernels on CPU, or an "auto" wrapper whose tile rules reject the tiling):
         lowering for that platform then fails with ``why_no_branch``'s reason."""
-        kind = accelerator(platform)
-        interpret = (kind == "cpu") if self.interpret is None else self.interpret
-        wrapper = self._wrapper(kind, interpret)
+        kind, interpret, wrapper = self._asked(platform)
         if wrapper is None:
             return None
         if interpret:
@@ -219,9 +217,7 @@ class PallasBandOps(BandOps):
 
     def why_no_branch(self, platform: str) -> str:
         """What a user reads when the op is lowered for a ``platform`` without a branch."""
-        kind = accelerator(platform)
-        interpret = (kind == "cpu") if self.interpret is None else self.interpret
-        wrapper = self._wrapper(kind, interpret)
+        kind, interpret, wrapper = self._asked(platform)
         if wrapper is None:
             return (f"{type(self).__name__} has no kernels for a {platform!r} target (resident_scores: "
                     "Triton kernels only): use resident_scores=False there")
@@ -237,6 +233,12 @@ class PallasBandOps(BandOps):
         except ValueError as e:
             return f"no {platform!r} kernels for this tiling ({e}): give blocks the {platform} kernels take"
         return f"no kernels for a {platform!r} target"
+
+    def _asked(self, platform: str) -> tuple[str, Any, str | None]:
+        """``(accelerator kind, interpret, wrapper)`` this config asks for on ``platform``."""
+        kind = accelerator(platform)
+        interpret = (kind == "cpu") if self.interpret is None else self.interpret
+        return kind, interpret, self._wrapper(kind, interpret)
 
     def _wrapper(self, kind: str, interpret) -> str | None:
         """The kernel wrapper for an accelerator kind (None: no kernels for it)."""
@@ -256,8 +258,8 @@ class PallasBandOps(BandOps):
                     made[choice] = functools.partial(getattr(WRAPPERS[wrapper], name), geom=self.kernel_geom,
                                                      interpret=interpret, **dots, **static)
                 fns[platform] = made[choice]
-        if not fns:
-            raise ValueError(f"the {name} kernel: {self.why_no_branch('cpu')}")
+        if not fns:  # nowhere: say why not here
+            raise ValueError(f"the {name} kernel: {self.why_no_branch(jax.default_backend())}")
         if len(fns) == len(PLATFORMS) and len(made) == 1:
             return next(iter(made.values()))  # the same kernel everywhere: no dispatch needed
         # A platform without kernels gets a branch that refuses, by name, when lowered for it
