@@ -88,7 +88,7 @@ _HELP = """Train an aligner on a prepared dataset.
     each process loads only its rows of every global batch. The transport op picks its
     implementation per backend (transport.impl=auto): the Pallas kernels on TPU, on GPU dense
     autodiff for short pairs and banded kernels above (the stored-band Triton kernels from
-    L 4096 without dustbin spokes and at most 64 steps, else the XLA path from 8192), the XLA
+    L 4096 at one eps, no tolerance and at most 64 steps, else the XLA path from 8192), the XLA
     path on CPU; force one with
     --set transport.impl=xla (or reference, pallas).
     """
