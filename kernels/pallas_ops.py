@@ -264,10 +264,11 @@ class PallasBandOps(BandOps):
             return next(iter(made.values()))  # the same kernel everywhere: no dispatch needed
         # A platform without kernels gets a branch that refuses, by name, when lowered for it
         # (without one, jax fails there on its dispatch primitive, whose error names neither).
-        shapes = next(iter(made.values()))
+        shaped_like = next(iter(made.values()))
         for platform in PLATFORMS:
             if platform not in fns:
-                fns[platform] = functools.partial(_refusal, shapes, f"{name} kernel: {self.why_no_branch(platform)}")
+                fns[platform] = functools.partial(_refusal, shaped_like,
+                                                  f"{name} kernel: {self.why_no_branch(platform)}")
         return lambda *args: jax.lax.platform_dependent(*args, **fns)
 
     # ---- kernels on the (possibly transposed) problem ------------------------------------------

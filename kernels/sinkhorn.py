@@ -770,18 +770,17 @@ def _four_plan_adjoint(ops, band, spk: Spokes, sup: Support, sol: Solution, seed
         a_plan, b_plan = tail_plans(*xs_r)
         return _products(ops, b_plan)[0], _products(ops, a_plan)[1]
 
+    plans = [tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0])]  # (A^r, B^r)
     if COMPUTED_LINE_SUMS:
         ones = jnp.ones_like(sol.u_final)
-        sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones))
-                for a, b in (tail_plans(*(x[r] for x in pots)) for r in range(sol.u.shape[0]))]
+        sums = [(_products(ops, a)[0](ones), _products(ops, b)[1](ones)) for a, b in plans]
         sums = tuple(jnp.stack(x) for x in zip(*sums)) if sums else (jnp.zeros_like(sol.u),) * 2  # R = 0
     else:
         sums = _target_line_sums(sup, sol)
     weights = _half_step_weights(sup, *sums)
     eta, alphas, betas = _reverse_sweep(sup, sol, seed, pots, products, weights, unroll)
     dq, dk = _ext_modulated(ops, seed.p, seed.g, seed.v, k_ext, q_ext)
-    for r in range(sol.u.shape[0]):
-        a_plan, b_plan = tail_plans(*(x[r] for x in pots))
+    for r, (a_plan, b_plan) in enumerate(plans):
         al, be = alphas[r][..., None], betas[r][..., None]
         dq -= al * _ext_rows(ops, a_plan, k_ext) + _ext_rows(ops, b_plan, be * k_ext)
         dk -= _ext_cols(ops, a_plan, al * q_ext) + be * _ext_cols(ops, b_plan, q_ext)
