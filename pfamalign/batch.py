@@ -47,7 +47,7 @@ def check_pair(pair: dict, predictor) -> dict:
     its ``max_length``, over its memory budget: ``Predictor.pair_problem``) or an id cannot
     name it in the output (empty, with whitespace)."""
     from pfamalign.alignment.formats import id_problem
-    from pfamalign.residues import normalize_sequence
+    from pfamalign.residues import input_sequence
 
     where = pair.get("where", f"{pair['q_id']} vs {pair['k_id']}")
     try:
@@ -56,10 +56,13 @@ def check_pair(pair: dict, predictor) -> dict:
             problem = id_problem(pair[id_key])
             if problem is not None:
                 raise ValueError(f"sequence id {problem}")
-            seqs[key] = normalize_sequence(pair[key], name=str(pair[id_key]))
+            seqs[key] = input_sequence(pair[key], name=str(pair[id_key]))
+            problem = predictor.sequence_problem(seqs[key])
+            if problem is not None:  # which of the two
+                raise ValueError(f"{pair[id_key]}: {problem}")
         problem = predictor.pair_problem(seqs["q_seq"], seqs["k_seq"])
-        if problem is not None:
-            raise ValueError(problem)
+        if problem is not None:  # the two together (memory)
+            raise ValueError(f"{pair['q_id']} vs {pair['k_id']}: {problem}")
     except ValueError as err:
         raise BadRecord(where, str(err)) from err
     return {**pair, **seqs}

@@ -84,7 +84,7 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
     its first bad character named); without it (aligned FASTA with gaps) the rows come as written.
     Text that is not FASTA at all (no header before the first sequence line, an over-long
     line) raises."""
-    from pfamalign.residues import first_invalid, normalize_sequence
+    from pfamalign.residues import first_invalid, input_sequence
 
     header: tuple[int, str] | None = None
     parts: list[str] = []
@@ -101,12 +101,10 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
         seq = "".join(parts)
         if not validate:
             return FastaRecord(name, seq, where, description)
-        if seq.endswith("*"):  # a translation's stop codon (transeq writes one): not a residue
-            seq = seq[:-1]
-        if not seq:
+        if not seq.removesuffix("*"):  # one '*' is a stop codon, not a residue (input_sequence)
             return BadRecord(where, f"record {name!r} has no residues")
         try:
-            return FastaRecord(name, normalize_sequence(seq, name=f"record {name!r}"), where, description)
+            return FastaRecord(name, input_sequence(seq, name=f"record {name!r}"), where, description)
         except ValueError as err:
             pos = first_invalid(seq)
             if pos is None:
@@ -195,8 +193,12 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> FastaPai
     the pairs, except a bad first record without ``all_pairs``, which raises (another record
     would silently take its place). Every pair needs the records in memory, so the file is
     read at the call: one with fewer than two usable records raises then, and ``len()`` is
-    the number of items."""
-    items = list(read_fasta(path))
+    the number of items. ``FastaPairs.screened`` applies a model's length limit to each record
+    by the same rules."""
+    return _pairs_of_records(path, list(read_fasta(path)), all_pairs)
+
+
+def _pairs_of_records(path, items: list, all_pairs: bool) -> FastaPairs:
     records = [item for item in items if not isinstance(item, BadRecord)]
     bad = [item for item in items if isinstance(item, BadRecord)]
     if len(records) < 2:
@@ -208,7 +210,7 @@ def fasta_pairs(path: str | os.PathLike, *, all_pairs: bool = False) -> FastaPai
         raise ValueError(f"{path}: the first record, which every other one is aligned against, is "
                          f"unusable: {bad[0]}; fix it (or pass --all-pairs to align every pair of the "
                          f"usable records)")
-    return FastaPairs(records, bad, all_pairs)
+    return FastaPairs(records, bad, all_pairs, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +220,19 @@ class FastaPairs:
     records: list[FastaRecord]
     bad: list[BadRecord]
     all_pairs: bool
+    path: str | os.PathLike = ""
+
+    def screened(self, sequence_problem) -> FastaPairs:
+        """These pairs without the records that ``sequence_problem(seq)`` (a message, or None)
+        rejects, each a BadRecord of its own, named once, not once per pair it is in (e.g. a
+        model's length limit: ``Predictor.sequence_problem``); as ``fasta_pairs``, a rejected
+        first record raises without ``all_pairs``."""
+        items = [*self.bad]
+        for rec in self.records:
+            problem = sequence_problem(rec.seq)
+            items.append(rec if problem is None else BadRecord(rec.where, f"record {rec.id!r}: {problem}"))
+        items.sort(key=lambda item: _line_of(item.where))  # file order: the first record stays first
+        return _pairs_of_records(self.path, items, self.all_pairs)
 
     def __len__(self) -> int:
         n = len(self.records)
@@ -229,6 +244,11 @@ class FastaPairs:
         for n, a in enumerate(firsts):
             for b in self.records[n + 1:]:
                 yield {**bare_pair(a.id, a.seq, b.id, b.seq), "where": b.where}
+
+
+def _line_of(where: str) -> int:
+    """The line number of a ``file:line``."""
+    return int(where.rpartition(":")[2])
 
 
 def argument_path(arg: str) -> pathlib.Path | None:
@@ -246,15 +266,18 @@ def argument_path(arg: str) -> pathlib.Path | None:
     return None
 
 
-def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
+ALIGN_MANY = "give one multi-FASTA file alone, or use --pairs, for many pairs"  # align's batch inputs
+
+
+def read_sequence(arg: str, default_id: str, *, many: str = ALIGN_MANY) -> tuple[str, str]:
     """(id, residues) of a sequence argument: ``-`` (standard input), a FASTA file path
     (``argument_path``; plain or gzip, a pipe such as ``<(...)`` too), or the residues.
 
-    A FASTA file must hold exactly one record. Residues are validated (letters only, not
+    A FASTA file must hold exactly one record (``many``: what to do instead, in the error). Residues are validated (letters only, not
     empty) and upper-cased. Residues that also name a file or directory in the working
     directory are read as residues, with a warning on standard error.
     """
-    from pfamalign.residues import normalize_sequence
+    from pfamalign.residues import input_sequence
 
     if arg == "@":
         raise ValueError("'@' names no file: write @FILE to read FILE as FASTA (e.g. @query.txt)")
@@ -264,8 +287,7 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
             raise ValueError(f"{arg}: no such FASTA file")
         records = list(read_fasta(arg.removeprefix("@")))  # the name as the user wrote it
         if len(records) != 1:
-            raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} "
-                             "(give one multi-FASTA file alone, or use --pairs, for many pairs)")
+            raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} ({many})")
         if isinstance(records[0], BadRecord):
             raise records[0]
         return records[0].id, records[0].seq
@@ -276,16 +298,16 @@ def read_sequence(arg: str, default_id: str) -> tuple[str, str]:
               file=sys.stderr)
     name = f"{default_id} ({arg[:20]}...)" if len(arg) > 20 else default_id
     try:
-        return default_id, normalize_sequence(arg, name=name)
+        return default_id, input_sequence(arg, name=name)
     except ValueError as err:
         if "." in arg:  # a mistyped file name, more likely than residues with a dot
             raise ValueError(f"{err}; nor is there a file named {arg}") from None
         raise
 
 
-def pair_from_sequences(seq_a: str, seq_b: str) -> dict:
+def pair_from_sequences(seq_a: str, seq_b: str, *, many: str = ALIGN_MANY) -> dict:
     """The pair record of two sequence arguments (see ``read_sequence``), no reference."""
-    (id_a, sa), (id_b, sb) = read_sequence(seq_a, "seq_a"), read_sequence(seq_b, "seq_b")
+    (id_a, sa), (id_b, sb) = read_sequence(seq_a, "seq_a", many=many), read_sequence(seq_b, "seq_b", many=many)
     return bare_pair(id_a, sa, id_b, sb)
 
 

@@ -154,7 +154,7 @@ class PairAligner:
         be searched raises ValueError naming it, before any work."""
         from pfamalign.batch import BatchErrors
         from pfamalign.inputs import FastaRecord
-        from pfamalign.residues import normalize_sequence
+        from pfamalign.residues import input_sequence
 
         def records(items, role: str) -> list:
             out = []
@@ -165,7 +165,7 @@ class PairAligner:
                 if problem is not None:
                     raise ValueError(f"{where}: the sequence id {problem}")
                 try:  # residues checked as the FASTA reader checks them
-                    out.append(FastaRecord(name, normalize_sequence(seq, name=name), where))
+                    out.append(FastaRecord(name, input_sequence(seq, name=name), where))
                 except ValueError as err:
                     raise ValueError(f"{where}: {err}") from None
             return out

@@ -8,7 +8,9 @@ reader and the embedders):
   insert-state residues in lowercase). Anything else (gap characters ``-`` ``.``, the stop
   ``*``, digits, whitespace, non-ASCII letters) is rejected with a ``ValueError``: strip them
   upstream. :func:`first_invalid` is that rule; :func:`normalize_sequence` applies it to one
-  input sequence.
+  sequence. A sequence a user gives (a FASTA record, a residue argument, a pairs-file or Python
+  API sequence: :func:`input_sequence`) may end in one ``*``, a translation's stop codon
+  (EMBOSS ``transeq`` writes one), which is dropped.
 * All 26 letters are IUPAC protein codes. BLOSUM62 covers the 20 standard residues plus
   ``B`` (D/N), ``Z`` (E/Q) and ``X`` (unknown). The three it lacks are mapped for *scoring
   only*: ``U`` (selenocysteine) -> ``C``, ``O`` (pyrrolysine) -> ``K``, ``J`` (I/L) -> ``X``.
@@ -60,6 +62,14 @@ def normalize_sequence(seq: str, *, name: str = "sequence") -> str:
             f"{name} has a non-protein character {seq[pos]!r} at position {pos + 1} (1-based; "
             "expected letters only: no gaps, stops, digits or whitespace)")
     return seq.upper()
+
+
+def input_sequence(seq: str, *, name: str = "sequence") -> str:
+    """A sequence as a user gives it: one trailing ``*`` (a stop codon) dropped, then
+    ``normalize_sequence``."""
+    if isinstance(seq, str) and seq.endswith("*"):
+        seq = seq[:-1]
+    return normalize_sequence(seq, name=name)
 
 
 def scoring_sequence(seq: str, *, name: str = "sequence") -> str:

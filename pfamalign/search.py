@@ -21,7 +21,8 @@ reported hit has the E-value an exhaustive search gives it.
 
 Statistics (the SSEARCH / FASTA recipe with shuffled decoys). For each query, ``decoys``
 database sequences drawn at random (seeded by ``seed`` and the query's residues, not by its
-place in the batch: a query's E-values are the same alone or among others) are shuffled
+place in the batch, and drawn from the database's sequences sorted, not in file order: a
+query's E-values are the same alone or among others, against the database in any order) are shuffled
 residue by residue (same length and composition, no homology left) and scored against the
 query. Their scores are fitted by maximum likelihood with a Gumbel (extreme-value) law,
 
@@ -202,7 +203,7 @@ def _fit_location(x: np.ndarray) -> tuple[float, float]:
     (solved by bisection: the difference falls monotonically in beta) and ``mu = -beta log
     mean(w)``."""
     spread = float(x.std())
-    if spread <= 0:
+    if spread <= 1e-9 * max(1.0, float(np.abs(x).max())):  # equal but for the summation's rounding
         raise ValueError("all decoy scores are equal; cannot fit a Gumbel law")
     z = x - x.min()  # shift for stable exponentials; shifts mu only
 
@@ -280,6 +281,7 @@ class QueryResult:
     hits: list[Hit]  # best first, after the E-value and count limits
     null: Gumbel
     n_database: int
+    unaligned: int = 0  # subjects within the limits whose decoded alignment has no pair (no hit)
 
 
 SCORE_CHUNK = 512  # subjects scored per call (progress moves per chunk)
@@ -378,13 +380,16 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         per_subject = scores(query, shuffles, counted=False).reshape(len(subjects), SUBJECT_SHUFFLES)
         return np.array([composition_shift(null, x, len(s)) for x, s in zip(per_subject, subjects)])
 
+    # decoys are drawn from the database's sequences in sorted order, not as the file lists
+    # them: the same database, reordered, gives the same decoys, so the same E-values
+    pool = sorted(s.seq for s in database)
     for qn, query in enumerate(queries):
         warning = short_query_warning(query)
         if warning is not None:
             print(warning, file=sys.stderr, flush=True)
         rng = np.random.default_rng([seed, _sequence_key(query.seq)])  # not its position:
         # a query gets the same decoys, so the same E-values, alone or in any batch
-        decoy_seqs = [shuffled(database[n].seq, rng) for n in rng.integers(len(database), size=decoys)]
+        decoy_seqs = [shuffled(pool[n], rng) for n in rng.integers(len(pool), size=decoys)]
         decoy_lengths = None if local else [len(s) for s in decoy_seqs]
         try:
             decoy_scores = scores(query, decoy_seqs)
@@ -426,7 +431,7 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
             shift[due] = shifts(query, reference, [subjects[i].seq for i in due])
             charged[due] = True
         ranked = [int(i) for i in ranked]
-        hits = []
+        hits, unaligned = [], 0
         for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked),
                             settings, errors):
             if isinstance(item, BadRecord):
@@ -434,12 +439,13 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
                 continue
             pair, rec, _ = item
             columns = hit_columns(rec)
+            unaligned += columns is None
             if columns is not None:
                 i = pair["sn"]
                 columns.update(evalue=float(e_values[i]),
                                bitscore=float(null.bits(score[i] - shift[i], lengths[i])))
                 hits.append(Hit(rec, columns, float(score[i]), float(shift[i])))
-        yield QueryResult(query, hits, null, n_db)
+        yield QueryResult(query, hits, null, n_db, unaligned)
 
 
 def _sequence_key(seq: str) -> int:

@@ -177,6 +177,35 @@ def test_align_multi_fasta_first_against_others_all_pairs_and_stdin(model_dir, t
     assert twice.exit_code == 2 and "not both" in twice.output
 
 
+def test_align_of_a_fasta_file_plots_its_one_pair_and_names_a_record_too_long_once(model_dir, tmp_path):
+    """A file of two records is one pair: --plot draws it (it was refused); a file of more pairs
+    is refused by name. A record over --max-length is reported once, at its own line and by
+    its id (it was reported once per pair it is in, at the other record's line)."""
+    two = tmp_path / "two.fasta"
+    two.write_text(f">a\n{PDZ_A}\n>b\n{PDZ_B}\n")
+    png = tmp_path / "plan.png"
+    res = run(["align", two, "--checkpoint", model_dir, "-f", "cigar", "--plot", png])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.split("\t")[:2] == ["a", "b"] and png.stat().st_size > 5000
+    fam = tmp_path / "fam.fasta"
+    fam.write_text(f">a\n{PDZ_A}\n>long\n{PDZ_A}{PDZ_B}\n>b\n{PDZ_B}\n>c\n{PDZ_B[5:]}\n")
+    res = run(["align", fam, "--checkpoint", model_dir, "-f", "cigar", "--plot", png])
+    assert res.exit_code == 2 and "--plot draws a single pair" in res.output and "holds 3 pairs" in res.output
+    res = run(["align", fam, "--checkpoint", model_dir, "-f", "cigar", "--max-length", len(PDZ_A) + 5])
+    assert res.exit_code == 1
+    assert [line for line in res.stderr.splitlines() if line.startswith("Error: skipped")] == [
+        f"Error: skipped {fam}:3: record 'long': sequence of {len(PDZ_A) + len(PDZ_B)} residues is longer "
+        f"than the limit of {len(PDZ_A) + 5} residues; split it into domains or raise --max-length "
+        "(max_length= in Python)"]
+    assert [line.split("\t")[:2] for line in res.stdout.splitlines() if not line.startswith("#")] == [
+        ["a", "b"], ["a", "c"]]
+    assert "1 record(s) failed" in res.stderr
+    # barycenter and certify take one pair: their error for a multi-record file says so
+    res = run(["barycenter", fam, two, "--checkpoint", model_dir])
+    assert res.exit_code != 0 and "expected exactly one FASTA record, found 4 (this command takes one pair" \
+        in res.output and "--pairs" not in res.output
+
+
 def test_align_progress_has_a_total_and_off_a_terminal_prints_lines_unless_quiet(model_dir, tmp_path,
                                                                                   monkeypatch):
     """A pairs file or a multi-FASTA gives the bar its total (items: pairs and bad records; a

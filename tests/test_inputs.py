@@ -194,6 +194,44 @@ def test_multi_fasta_pairs_first_against_others_or_all_pairs(tmp_path):
         list(inputs.fasta_pairs(path))
 
 
+def test_a_record_a_model_cannot_take_is_named_once_by_its_own_line(tmp_path):
+    """``screened`` (a model's length limit) turns a record it rejects into one BadRecord at the
+    record's own line, named, and pairs the others; a rejected first record raises as a bad
+    one does (before, each pair with it failed, blamed on the other record's line)."""
+    too_long = lambda seq: "too long" if len(seq) > 4 else None
+    path = tmp_path / "fam.fasta"
+    path.write_text(">a\nMKV\n>LONG\nMKVLAG\n>b\nMK1\n>c\nMRL\n>d\nMRI\n")
+    pairs = inputs.fasta_pairs(path).screened(too_long)
+    items = list(pairs)
+    assert [str(x) for x in items if isinstance(x, inputs.BadRecord)] == [
+        f"{path}:3: record 'LONG': too long", f"{path}:5: record 'b' has a non-protein character '1' at "
+        "position 3 (1-based), on line 6; expected residue letters only (no gaps or digits; one '*' may end "
+        "a record)"]
+    assert [(p["q_id"], p["k_id"]) for p in items if isinstance(p, dict)] == [("a", "c"), ("a", "d")]
+    assert len(pairs) == len(items) == 4
+    every = inputs.fasta_pairs(path, all_pairs=True).screened(too_long)
+    assert [(p["q_id"], p["k_id"]) for p in every if isinstance(p, dict)] == [("a", "c"), ("a", "d"), ("c", "d")]
+    path.write_text(">LONG\nMKVLAG\n>b\nMKL\n>c\nMRL\n")
+    with pytest.raises(ValueError, match=rf"the first record.*unusable: {path}:1: record 'LONG': too long"):
+        inputs.fasta_pairs(path).screened(too_long)
+    assert [(p["q_id"], p["k_id"]) for p in inputs.fasta_pairs(path, all_pairs=True).screened(too_long)
+            if isinstance(p, dict)] == [("b", "c")]
+
+
+def test_one_trailing_stop_is_dropped_from_every_kind_of_input(tmp_path):
+    """The FASTA reader's stop rule holds for a residue argument and a pairs file too (before,
+    'MKVL*' on the command line was refused where the same FASTA record was taken)."""
+    from pfamalign.residues import input_sequence
+
+    assert inputs.read_sequence("mkvl*", "seq_a") == ("seq_a", "MKVL")
+    assert input_sequence("MKVL*") == "MKVL"
+    for bad in ("MK*VL", "MKVL**", "*"):
+        with pytest.raises(ValueError, match="non-protein character '\\*'|is empty"):
+            input_sequence(bad)
+    with pytest.raises(ValueError, match="is empty"):
+        inputs.read_sequence("*", "seq_a")
+
+
 def test_a_translations_trailing_stop_is_dropped_and_an_inner_one_refused(tmp_path):
     """transeq and other translators end a protein with '*': one trailing stop is not a residue;
     a '*' anywhere else is still an error (a stop inside a protein is not one protein)."""

@@ -107,7 +107,9 @@ def test_local_evalues_of_real_forward_scores_hold_in_the_tail():
     assert counts[None][1] >= 3 * max(counts[lib.TAIL_FROM][1], 2), counts  # the plain law: optimistic
 
 
-@pytest.mark.parametrize("scores", [[1.0], [2.0, 2.0, 2.0], [1.0, float("nan"), 3.0]])
+# [7, 7 + 1e-14, 7]: equal scores as a sum's rounding leaves them (a 1-residue query against
+# shuffles of itself), not a spread to fit
+@pytest.mark.parametrize("scores", [[1.0], [2.0, 2.0, 2.0], [7.0, 7.0 + 1e-14, 7.0], [1.0, float("nan"), 3.0]])
 def test_gumbel_fit_refuses_unusable_scores(scores):
     with pytest.raises(ValueError):
         Gumbel.fit(scores)
@@ -662,6 +664,33 @@ def test_a_querys_evalues_do_not_depend_on_its_place_in_the_batch(fastas):
     reseeded = [r for r in other_seed.stdout.splitlines() if r.startswith(queries[1][0] + "\t")]
     assert len(reseeded) == len(tables["q_alone"])  # the same hits (E <= 1000 keeps them all) ...
     assert reseeded != tables["q_alone"]  # ... with other E-values: the seed still draws the decoys
+
+
+def test_evalues_do_not_depend_on_the_order_of_the_database(fastas):
+    """The decoys are drawn from the database's sequences sorted, not in file order: the same
+    database reversed gives the same hits with the same E-values."""
+    tmp, queries, db = fastas
+    (tmp / "db_reversed.fasta").write_text("".join(f">{i}\n{s}\n" for i, s in reversed(db)))
+    tables = {}
+    for name in ("db", "db_reversed"):
+        res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / f"{name}.fasta"),
+                                        "--decoys", "10", "--evalue", "1000", "-f", "blast6"])
+        assert res.exit_code == 0, res.output
+        tables[name] = sorted(res.stdout.splitlines())
+    assert len(tables["db"]) == len(queries) * len(db)
+    assert tables["db"] == tables["db_reversed"]
+
+
+def test_hits_the_decoder_aligns_no_pair_of_are_named_in_a_warning(fastas):
+    """--min-mass 1 leaves every hit without an aligned pair: none is written (BLAST has no
+    empty alignment), and standard error says how many and why, instead of saying nothing."""
+    tmp, queries, db = fastas
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10",
+                                    "--evalue", "1000", "--min-mass", "1", "-f", "blast6"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ""
+    assert (f"Warning: {len(queries) * len(db)} hit(s) within the limits are not reported: the decoder "
+            "aligned no residue pair of them") in res.stderr
 
 
 def test_search_refuses_a_sequence_over_the_memory_budget_once(tmp_path):

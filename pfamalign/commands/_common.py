@@ -150,7 +150,9 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
         if data is not None:
             return inputs.pair_from_dataset(data, split, index)
         if seq_a is not None and seq_b is not None:  # an empty one is refused by name there
-            return inputs.pair_from_sequences(seq_a, seq_b)
+            return inputs.pair_from_sequences(seq_a, seq_b, many=(
+                "this command takes one pair: a file of one record for each of SEQ_A and SEQ_B, "
+                "or --stockholm FILE --ids ID_A ID_B"))
     except (ValueError, IndexError) as err:
         fail(str(err))
     raise click.UsageError("give SEQ_A SEQ_B, or --stockholm FILE --ids ID_A ID_B, or --data DIR")

@@ -122,8 +122,6 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
     many = pairs_file is not None or seq_b is None
     if all_pairs and not (seq_a is not None and seq_b is None):
         raise click.UsageError("--all-pairs needs one multi-FASTA file (SEQ_A alone)")
-    if many and plot is not None:
-        raise click.UsageError("--plot draws a single pair; give SEQ_A and SEQ_B")
     if score_noise is not None and fmt != "json":
         raise click.UsageError(f"--score-noise marks pairs in JSON output only; add -f json (got -f {fmt})")
     errors = BatchErrors(strict or not many)
@@ -140,6 +138,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
                                        "sequences (pfamalign align SEQ_A SEQ_B), or one FASTA file")
             pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
             total = len(pairs)
+            if plot is not None and total != 1:
+                raise click.UsageError(f"--plot draws a single pair, and {seq_a} holds {total} pairs or "
+                                       "bad records; give SEQ_A and SEQ_B, or a file of two records")
         else:
             pairs = [inputs.pair_from_sequences(seq_a, seq_b)]
             total = 1
@@ -148,6 +149,9 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
         budget = resources.budget(max_memory)
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, max_memory=budget,
                               engine=engine, steps=steps)
+        if isinstance(pairs, inputs.FastaPairs):  # a record the model cannot take: named once
+            pairs = pairs.screened(predictor.sequence_problem)
+            total = len(pairs)
         settings = decoder_settings(predictor.decoding, decoding)
         provenance = predictor.provenance(settings)
         n_pairs = 0

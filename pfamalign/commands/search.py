@@ -155,7 +155,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
                 sink.write(lib.provenance_comments(provenance))
             for error in errors.records if errors_in_output else ():  # dropped while reading
                 sink.write(error_line(error, fmt == "json"))
-            n_queries = 0
+            n_queries = unaligned = 0
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
                                      decoys=decoys, max_hits=max_hits, evalue=evalue,
                                      max_candidates=max_candidates, seed=seed,
@@ -165,6 +165,7 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
                         sink.write(error_line(result, fmt == "json"))
                     continue
                 n_queries += 1
+                unaligned += result.unaligned
                 if fmt == "blast7":
                     sink.write(lib.blast7_block(result, "standard input" if searched == inputs.STDIN
                                                 else searched))
@@ -178,6 +179,10 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
                     sink.writelines(lib.format_tsv_row(hit.columns, names) for hit in result.hits)
             if fmt == "blast7":
                 sink.write(lib.blast7_footer(n_queries))
+        if unaligned:  # within --evalue and --max-hits, but the decoder aligned no pair of them
+            click.echo(f"Warning: {unaligned} hit(s) within the limits are not reported: the decoder "
+                       "aligned no residue pair of them (a high --min-mass or --threshold leaves none; "
+                       "lower it to report them)", err=True)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     if errors:
