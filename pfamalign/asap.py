@@ -706,6 +706,10 @@ def load_operator(model_dir) -> Operator:
     """The operator of a compiled model directory (CompileError when there is none)."""
     path = pathlib.Path(model_dir) / OPERATOR_FILE
     if not path.is_file():
+        compiled = pathlib.Path(model_dir).parent / "compiled"  # where `train --compile` writes it
+        if pathlib.Path(model_dir).name == "model" and (compiled / OPERATOR_FILE).is_file():
+            raise CompileError(f"{model_dir} has no compiled operator ({OPERATOR_FILE}); the run's compiled "
+                               f"model is {compiled}: give --checkpoint {compiled}")
         raise CompileError(f"{model_dir} has no compiled operator ({OPERATOR_FILE}); "
                            "make one with `pfamalign compile --checkpoint MODEL -o OUT`")
     from pfamalign.checkpoint import verify_checksums

@@ -35,6 +35,7 @@ import io
 import json
 import os
 import pathlib
+import sys
 import zipfile
 from typing import Any
 
@@ -257,6 +258,27 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
                           "directory or a checkpoint step directory")
 
 
+def _orbax_failure(err: BaseException) -> str:
+    """What a failed orbax read says, in one line: its innermost cause (e.g. TensorStore's
+    "Data corruption detected"), not the outer error's dump of the array spec. Its
+    TensorStore reads, left pending, fail again as their coroutines are collected or their
+    callbacks meet a closed event loop at exit, and Python prints each as an unraisable
+    traceback (hundreds of lines of array specs, after the error): those are silenced from
+    here on."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        text = str(unraisable.exc_value)
+        if not (text == "Event loop is closed" or text.startswith("Encountered error while reading array")):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip()
+    return (text.splitlines()[0][:300] if text else type(err).__name__)
+
+
 @contextlib.contextmanager
 def _quiet_absl():
     """Silences absl's warnings while orbax reads parameters: a training checkpoint's
@@ -314,7 +336,8 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
             with _quiet_absl():
                 params = _local_checkpointer(_ocp()).restore(params_path, abstract)
         except Exception as err:  # orbax raises several types on foreign / truncated data
-            raise CheckpointError(f"cannot restore parameters from {params_path}: {err}") from err
+            raise CheckpointError(f"cannot restore parameters from {params_path}: {_orbax_failure(err)}; "
+                                  f"`pfamalign verify {params_path.parent}` checks its files") from None
         if cached is not None:
             _write_cached_params(cached, params)
     return nnx.merge(graphdef, params), config
@@ -345,7 +368,8 @@ def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
     """How the saved parameters (their orbax metadata: names, shapes, dtypes) differ from the
     tree a config asks for (``abstract_params``); empty when they fit. Reads no array."""
     try:
-        meta = _local_checkpointer(_ocp()).metadata(pathlib.Path(params_path).absolute())
+        with _quiet_absl():  # a checkpoint step's params/ has no metadata file of its own: a warning
+            meta = _local_checkpointer(_ocp()).metadata(pathlib.Path(params_path).absolute())
     except Exception as err:  # orbax raises several types on foreign / truncated data
         return [f"no readable parameter metadata ({err})"]
     saved = dict(_flat_names(getattr(meta, "item_metadata", meta)))
@@ -464,9 +488,21 @@ class TrainCheckpoints:
             raise CheckpointError(f"checkpoint {self.directory / str(step)} fails its checksums: "
                                   + "; ".join(problems[:5]) + "; remove that step directory to "
                                   "resume from the one before")
-        r = self._mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
-            data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        where = self.directory / str(step)
+        mismatches = param_mismatches(params, where / "params")
+        if mismatches:  # checked first: orbax's own error names neither file nor fix
+            raise CheckpointError(f"checkpoint {where} does not match the run's config.json "
+                                  f"({'; '.join(mismatches[:3])}): config.json was edited or is another "
+                                  "run's; restore it from a copy, or give a new --out")
+        try:
+            with _quiet_absl():
+                r = self._mngr.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
+                    data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        except Exception as err:  # orbax raises several types on damaged data (no checksums to catch it)
+            raise CheckpointError(f"cannot restore checkpoint {where}: {_orbax_failure(err)}; `pfamalign verify "
+                                  f"{self.directory.parent}` checks the run; remove that step directory "
+                                  "to resume from the one before") from None
         return r.params, r.opt_state, r.data, r.meta
 
     def close(self) -> None:

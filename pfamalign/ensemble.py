@@ -35,6 +35,7 @@ import json
 import math
 import pathlib
 import shutil
+import sys
 
 import numpy as np
 
@@ -198,6 +199,15 @@ def member_names(models: list[pathlib.Path]) -> list[str]:
     return names
 
 
+def params_digest(model: pathlib.Path) -> str:
+    """SHA-256 over a model's parameter files (names and contents): equal for copies."""
+    from pfamalign.pipelines.records import file_sha256
+
+    params = model / "params"
+    files = sorted(f for f in params.rglob("*") if f.is_file())
+    return hashlib.sha256("".join(f"{f.relative_to(params)}\0{file_sha256(f)}\n" for f in files).encode()).hexdigest()
+
+
 def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, split: str = "val",
           max_pairs: int = 500, seed: int = 0, tune_decoder: bool = True, say=lambda msg: None) -> dict:
     """Writes the ensemble of ``models`` (model directories) to ``out``: copies of the models,
@@ -228,6 +238,12 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
             raise ValueError(f"{model} is not a model directory (config.json + params/); give RUN/model")
         if inside(out, model):
             raise ValueError(f"--out {out} would be inside the model {model}")
+    seen: dict[str, pathlib.Path] = {}
+    for model in models:  # a copy (or a compiled copy) of a model is that model again
+        first = seen.setdefault(params_digest(model), model)
+        if first is not model:
+            raise ValueError(f"{first} and {model} hold the same parameters (one is a copy of the other); "
+                             "an ensemble's members must be different models")
     predictors = [Predictor(m) for m in models]
     if len({p.config.embedder_id for p in predictors}) > 1:
         raise ValueError("the models use different features; an ensemble's members must share one embedder")
@@ -236,6 +252,14 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     records = list(records)
     if not records:
         raise ValueError(f"{data} has no {split} pairs to choose the members' powers on")
+    families = {r["family"] for r in records}
+    for model in models:  # the powers and the decoder are chosen on these pairs: say so, as eval does
+        seen = (evaluation.training_overlap(model, families) or {}).get("trained_on")
+        if seen:
+            print(f"Warning: {model} trained on {len(seen)} of the {len(families)} families whose {split} pairs "
+                  f"choose the ensemble's settings ({', '.join(seen[:5])}{', ...' if len(seen) > 5 else ''}): "
+                  "the choice favours it; use a dataset whose --split families no member trained on",
+                  file=sys.stderr, flush=True)
     members, record, trained = [], {"members": []}, set()
     for name, model, predictor in zip(member_names(models), models, predictors):
         power, rows = choose_power(predictor, records, features)

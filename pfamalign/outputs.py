@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import glob
 import os
 import pathlib
 import shutil
@@ -176,6 +177,26 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
             tmp.unlink(missing_ok=True)
 
 
+def _remove_dead_stages(out: pathlib.Path) -> None:
+    """Removes the staged directories for ``out`` that a killed process left (``kill -9``: no
+    ``finally`` ran); one whose process still runs (another build, or a pid reused) is kept."""
+    prefix, suffix = f".{out.stem}.", f".tmp{out.suffix}"
+    for stage in out.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
+        pid = stage.name[len(prefix):len(stage.name) - len(suffix)]
+        if stage.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pathlib.Path]:
     """Yields an empty directory beside ``out``, under a temporary name (``temporary_path``, so
@@ -185,6 +206,7 @@ def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pat
     out = pathlib.Path(out)
     work = temporary_path(out)
     shutil.rmtree(work, ignore_errors=True)
+    _remove_dead_stages(out)
     with _named_as(out, work, "directory"):
         work.mkdir(parents=True)
     old = work.with_name(work.name + ".old")

@@ -135,11 +135,23 @@ def _what_differs(old: dict | None, new: dict, old_hash, chash: str) -> str:
     where the old configuration is not recorded."""
     if isinstance(old, dict):
         shown = lambda x: "(not set)" if x is None else repr(x) if len(repr(x)) <= 60 else "(a long value)"  # noqa: E731
-        changed = [f"{key}: {shown(a)} -> {shown(b)}"  # ``new`` as recorded: tuples are lists there
-                   for key, a, b in jsonio.changes(old, json.loads(json.dumps(new)))]
+        changed = [line for key, a, b in jsonio.changes(old, json.loads(json.dumps(new)))
+                   for line in (_input_changes(a, b) if key == "inputs" else  # ``new`` as recorded:
+                                [f"{key}: {shown(a)} -> {shown(b)}"])]  # tuples are lists there
         if changed:
             return "; ".join(changed[:6])
     return f"config hash {old_hash}, this run {chash}"
+
+
+def _input_changes(old, new) -> list[str]:
+    """Which input files changed, by name, between two recorded ``[name, digest]`` lists."""
+    try:
+        a, b = dict(map(tuple, old or [])), dict(map(tuple, new or []))
+    except (TypeError, ValueError):  # not the recorded form: say only that they differ
+        return ["inputs: other files or contents"]
+    return ([f"input {n}: its contents changed" for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
+            + [f"input {n}: new" for n in sorted(b.keys() - a.keys())]
+            + [f"input {n}: no longer given" for n in sorted(a.keys() - b.keys())])
 
 
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,

@@ -407,7 +407,15 @@ class _LoadBatch:
         if pad_to is None and self.same_length:
             pad_to = round_up(int(self.lengths[indices].max()), self.pad_multiple)
         mine = indices[self.first:self.first + self.rows]
-        return collate([self.source[i] for i in mine], batch_size=self.rows,
+        examples = [self.source[i] for i in mine]
+        for i, e in zip(mine, examples):  # the plan padded by the table: a damaged one must not pass
+            if (e["q_len"], e["k_len"]) != tuple(int(x) for x in self.lengths[i]):
+                raise ValueError(
+                    f"{self.source.path / self.source.split / 'lengths.npy'} disagrees with the records: "
+                    f"pair {int(i)} is {tuple(int(x) for x in self.lengths[i])} residues there, "
+                    f"({e['q_len']}, {e['k_len']}) in its record; the dataset is damaged (`pfamalign verify "
+                    f"{self.source.path}` checks it; prepare builds it again)")
+        return collate(examples, batch_size=self.rows,
                        pad_multiple=self.pad_multiple, same_length=self.same_length,
                        pad_to=pad_to, dim=self.source.dim, with_strings=self.with_strings)
 

@@ -291,6 +291,12 @@ def test_compile_refuses_its_checkpoint_as_output_and_align_needs_a_compiled_mod
     assert res.exit_code == 2 and "checkpoint itself" in res.output and "Traceback" not in res.output
     res = _run(["align", "--checkpoint", src, "--engine", "asap", "ACDEFGHIK", "ACDEGHIK"])
     assert res.exit_code == 2 and "no compiled operator" in res.output
+    # a run's model beside the run's compiled one (`train --compile`): the error points there
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / asap.OPERATOR_FILE).write_text("{}")
+    with pytest.raises(asap.CompileError, match=f"the run's compiled model is {tmp_path / 'compiled'}: give "
+                                                 f"--checkpoint {tmp_path / 'compiled'}"):
+        asap.load_operator(src)
     res = _run(["align", "--checkpoint", src, "--steps", "2", "ACDEFGHIK", "ACDEGHIK"])
     assert res.exit_code == 2 and "--engine steps" in res.output
     # its options read as every command's: a shipped model's name, a split of the three

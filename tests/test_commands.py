@@ -815,6 +815,9 @@ def test_a_pair_named_two_ways_is_refused(command, dataset):
     ("--splits", "0.5,inf,0.5", "expected finite numbers"),
     ("--pid-bins", "30,150", "expected finite numbers from 0 to 100"),
     ("--layer", "6", "--layer picks a layer of an ESM-2 embedder; builtin/onehot has none"),
+    ("--pid-bins", "30,60", "--pid-bins are the bins of --stratify-pid"),  # else silently unused
+    ("--device", "cuda", "--device set torch for an ESM-2 embedder; builtin/onehot uses no torch"),
+    ("--threads", "2", "--threads set torch for an ESM-2 embedder"),
 ])
 def test_prepare_refuses_numbers_it_cannot_use(option, value, message, tmp_path):
     out = tmp_path / "ds"
@@ -907,6 +910,26 @@ def test_eval_bootstrap_zero_titles_its_tables_without_a_ci(dataset):
     assert "95% bootstrap CI" in run([*args, "--bootstrap", 10]).stdout
     res = run([*args, "--bootstrap", -1])
     assert res.exit_code == 2 and "--bootstrap" in res.stderr
+
+
+def test_compile_without_data_warns_when_the_recorded_dataset_was_prepared_again(model_dir, dataset, tmp_path,
+                                                                                 capsys):
+    """Without --data, compile calibrates on the dataset at the path the model's training
+    record names; one prepared again there with other options (another config hash) is still
+    used, but not without a warning (it was silent)."""
+    import shutil
+
+    from pfamalign.commands.compile import _training_data
+    from pfamalign.pipelines.reader import PairDataset
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    for recorded, warned in ((PairDataset(dataset).config_hash, False), ("0123456789abcdef", True)):
+        (model / "training.json").write_text(json.dumps({"dataset": {"path": str(dataset), "config_hash": recorded}}))
+        assert _training_data(model) == dataset
+        err = capsys.readouterr().err
+        assert (f"Warning: {dataset} is not the dataset the model trained on (config hash "
+                f"{PairDataset(dataset).config_hash}, the model's 0123456789abcdef" in err) == warned, err
 
 
 def test_compile_says_when_the_split_has_fewer_pairs_than_asked(model_dir, dataset, tmp_path):

@@ -138,6 +138,23 @@ def test_ensemble_command_chooses_powers_and_decoder_and_loads_everywhere(models
     assert (out / ensemble.ENSEMBLE_FILE).read_bytes() == before
 
 
+def test_ensemble_warns_when_a_member_trained_on_the_families_that_tune_it(models, dataset, tmp_path):
+    """The powers and the decoder are chosen on --split's pairs: a member whose training
+    record lists those families is named in a warning (eval warns alike), the others not."""
+    from pfamalign.training.rundir import split_families
+
+    seen = tmp_path / "seen"
+    shutil.copytree(models[0], seen)
+    families = split_families(dataset, "val")
+    (seen / "training.json").write_text(json.dumps({"trained_on": {"families": families}, "decoder": {}}))
+    res = CliRunner().invoke(main, ["ensemble", str(seen), str(models[1]), "--data", str(dataset), "--split",
+                                    "val", "--max-pairs", "6", "--no-tune", "-o", str(tmp_path / "ens")])
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("Warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"Warning: {seen} trained on "), warnings
+    assert "the choice favours it" in warnings[0]
+
+
 def _run_of(model: pathlib.Path, run: pathlib.Path, finished: bool = True) -> pathlib.Path:
     """A run directory as `pfamalign train` leaves it: its own config.json, and ``model``
     as RUN/model, finished (its training record written last) or not (no model yet)."""
@@ -158,13 +175,16 @@ def _run_of(model: pathlib.Path, run: pathlib.Path, finished: bool = True) -> pa
     ("inside", "inside the model"),
     ("run and its model", "given twice"),  # a finished run stands for RUN/model, as elsewhere
     ("unfinished run", "is not a model directory"),  # it has a config.json, and no params/
+    ("a copy", "hold the same parameters"),  # the same model under another path
 ])
 def test_ensemble_command_refuses_bad_members(models, dataset, tmp_path, case, message):
     nested = _write(tmp_path / "nested", [(models[0], 0.1), (models[1], 0.1)])
     run_dir = _run_of(models[0], tmp_path / "run", finished=case != "unfinished run")
+    copy = tmp_path / "copy"
+    shutil.copytree(models[1], copy)
     args = {"twice": [models[0], models[0]], "one": [models[0]], "nested": [nested, models[0]],
             "inside": [models[0], models[1]], "run and its model": [run_dir, run_dir / "model"],
-            "unfinished run": [run_dir, models[1]]}[case]
+            "unfinished run": [run_dir, models[1]], "a copy": [models[0], models[1], copy]}[case]
     out = models[0] / "sub" if case == "inside" else tmp_path / "out"
     res = run(["ensemble", *args, "--data", dataset, "-o", out])
     assert res.exit_code == 2 and message in res.output, res.output
@@ -237,6 +257,10 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     res = run(["verify", ens])
     assert res.exit_code == 1 and f"{ens / 'checksums.json'}: unreadable" in res.stderr
     assert "Traceback" not in res.output
+    shutil.copy(shipped_model_dir("ensemble") / "checksums.json", ens / "checksums.json")
+    (ens / "checksums.json").unlink()  # nothing vouches for its members and powers: a problem, as for a model
+    res = run(["verify", ens])
+    assert res.exit_code == 1 and f"{ens}: no checksums.json" in res.stderr
     shutil.copy(shipped_model_dir("ensemble") / "checksums.json", ens / "checksums.json")
     victim = next(p for p in sorted((ens / members[1] / "params").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     data = bytearray(victim.read_bytes())

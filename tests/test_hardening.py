@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -883,7 +884,14 @@ def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
     abstract = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
     restored = ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
     np.testing.assert_array_equal(restored[0]["w"], params["w"])
-    assert run(["verify", tmp_path]).exit_code == 0  # a run directory: every checkpoint
+    from pfamalign.commands.verify import verify_directory
+
+    # a run directory: every checkpoint is verified (and the run's config.json, which a bare
+    # TrainCheckpoints does not write, is missing)
+    checked, problems = verify_directory(tmp_path)
+    assert any(line.startswith(f"{tmp_path / 'checkpoints' / '3'}: ") for line in checked), checked
+    assert problems == [f"{tmp_path / 'config.json'}: missing; the run cannot resume without it (restore it "
+                        "from a copy)"]
     _flip_a_byte(_largest_file(tmp_path / "checkpoints" / "3" / "opt_state"))
     with pytest.raises(checkpoint.CheckpointError, match="3 fails its checksums"):
         ckpts.restore(3, params=abstract(params), opt_state=abstract(opt))
@@ -920,6 +928,27 @@ def test_changed_tables_are_found_by_verify_and_a_truncated_lengths_file_on_open
     lengths.write_bytes(lengths.read_bytes()[:-8])
     assert_clear_error(run(["eval", "--data", ds, "--no-model", "--baselines", "nw"]),
                        "damaged", "test/lengths.npy has")
+
+
+def test_a_lengths_table_reordered_in_place_is_named_when_a_batch_disagrees(dataset, tmp_path):
+    """A same-size edit of lengths.npy (its rows reversed) opens fine; the batch planned from it
+    disagrees with its records, and the error names the table and `pfamalign verify` (it was
+    "a pair of lengths (84, 86) exceeds pad_to=64", which points nowhere)."""
+    import numpy as np
+
+    from pfamalign.pipelines import reader
+
+    ds = tmp_path / "ds"
+    shutil.copytree(dataset, ds)
+    lengths = ds / "train" / "lengths.npy"
+    table = np.load(lengths)
+    order = np.argsort(table.max(1), kind="stable")  # short pairs first: any misplacement shows
+    np.save(lengths, table[order[::-1]])
+    batches = reader.batch_dataset(ds, "train", batch_size=4, shuffle=False)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(lengths))} disagrees with the records: pair \d+ is "
+                                         rf"\(\d+, \d+\) residues there.*pfamalign verify {re.escape(str(ds))}"):
+        for n in range(len(batches)):
+            batches[n]
 
 
 def test_verify_says_which_tables_an_older_manifest_cannot_vouch_for(dataset, tmp_path):

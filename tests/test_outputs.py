@@ -88,6 +88,27 @@ def test_a_staged_directory_appears_whole_or_not_at_all(tmp_path):
     assert [p.name for p in out.iterdir()] == ["other.json"] and list(tmp_path.iterdir()) == [out]
 
 
+def test_a_stage_a_killed_process_left_is_removed_by_the_next_build(tmp_path):
+    """kill -9 runs no cleanup: the next staged_directory for the same OUT removes a stage
+    whose process is gone, and keeps one whose process still runs (another build)."""
+    import os
+    import subprocess
+
+    from pfamalign.outputs import staged_directory
+
+    out = tmp_path / "ens"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no process holds now
+    dead, live = tmp_path / f".ens.{gone.pid}.tmp", tmp_path / f".ens.{os.getppid()}.tmp"
+    other = tmp_path / f".ensemble.{gone.pid}.tmp"  # another output's stage: not ours to touch
+    for stage in (dead, live, other):
+        stage.mkdir()
+        (stage / "config.json").write_text("{}")
+    with staged_directory(out) as work:
+        (work / "config.json").write_text("1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ens", live.name, other.name])
+
+
 def test_a_fifo_is_written_in_place_not_replaced(tmp_path):
     """A path that exists and is not a regular file (a FIFO here; /dev/null, /dev/stdout) is
     written to itself: a rename would leave a regular file where the device or pipe was."""

@@ -120,6 +120,18 @@ def test_dataset_layout_manifest_and_records(reference):
             assert fam_split.setdefault(p["family"], split) == split
 
 
+def test_a_refusal_for_changed_inputs_names_the_files():
+    """The inputs are recorded as [name, digest] lists: the refusal names the file whose
+    contents changed, and the files added or dropped (it said "inputs: (a long value) ->
+    (a long value)")."""
+    from pfamalign.pipelines.prepare import _what_differs
+
+    old = {"inputs": [["PF00041.sto", "a" * 64], ["PF00076.sto", "b" * 64]], "seed": 0}
+    new = {"inputs": [["PF00041.sto", "c" * 64], ["PF00595.sto", "d" * 64]], "seed": 0}
+    assert _what_differs(old, new, "h0", "h1") == (
+        "input PF00041.sto: its contents changed; input PF00595.sto: new; input PF00076.sto: no longer given")
+
+
 def test_cli_prints_summary_and_rerun_is_a_no_op(tmp_path):
     out = tmp_path / "ds"
     res = _cli(["prepare", "shards", "--pfam", str(SEED), "--out", str(out), *ARGS])

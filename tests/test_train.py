@@ -518,6 +518,69 @@ def test_train_compile_writes_the_compiled_model_and_a_rerun_replaces_it(dataset
     assert res.exit_code == 0, res.output
     assert (out / "compiled" / asap.OPERATOR_FILE).stat().st_mtime_ns > first
     asap.load_operator(out / "compiled").check(model)
+    # `verify RUN` checks the compiled model too (it checked model/ and checkpoints/ only)
+    from pfamalign.commands.verify import verify_directory
+
+    assert verify_directory(out)[1] == []
+    operator = out / "compiled" / asap.OPERATOR_FILE
+    operator.write_bytes(operator.read_bytes()[:100])
+    assert f"{operator}: checksum mismatch (corrupt or modified)" in verify_directory(out)[1]
+
+
+def test_a_runs_config_is_checked_by_verify_and_a_resume_names_one_that_does_not_fit(reference, dataset,
+                                                                                     tmp_path):
+    """RUN/config.json, which a resume reads (and rewrites: no checksum can vouch for it): an
+    edit that changes the parameters' shapes is a problem in verify and a named error on
+    resume (it was orbax's "Requested shape ... strict=False"); a missing or damaged one is a
+    problem in verify (it said ok)."""
+    import shutil
+
+    from pfamalign.commands.verify import verify_directory
+
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    shutil.rmtree(out / "model")  # an unfinished run: the resume restores its newest checkpoint
+    saved = json.loads((out / "config.json").read_text())
+    heads = saved["model"]["heads"] + 2
+    (out / "config.json").write_text(json.dumps({**saved, "model": {**saved["model"], "heads": heads}}))
+    problems = verify_directory(out)[1]
+    assert problems and all(p.startswith(f"{out / 'config.json'} does not match the parameters of checkpoint "
+                                         f"{STEPS}: ") for p in problems), problems
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoints/6 does not match the run's config.json "
+                                                         r"\(.* the config asks for .*restore it from a copy"):
+        train.run(dataset, out, _cfg(dataset, heads=heads), quiet=True)
+    (out / "config.json").write_text(json.dumps(saved)[:200])
+    assert [p for p in verify_directory(out)[1] if "config.json" in p] == [
+        next(p for p in verify_directory(out)[1] if p.startswith(f"{out / 'config.json'} is damaged"))]
+    (out / "config.json").unlink()
+    assert f"{out / 'config.json'}: missing; the run cannot resume without it (restore it from a copy)" in \
+        verify_directory(out)[1]
+
+
+def test_a_damaged_checkpoint_without_checksums_fails_its_resume_in_one_line(reference, dataset, tmp_path):
+    """A checkpoint with no checksums (killed before they were written) whose parameters are
+    damaged: the resume fails with orbax's innermost cause in one CheckpointError, and none
+    of the hundreds of lines of TensorStore specs its pending reads print at exit."""
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    shutil.rmtree(out / "model")
+    newest = out / "checkpoints" / str(STEPS)
+    (newest / "checksums.json").unlink()
+    victim = max((p for p in (newest / "params").rglob("*") if p.is_file() and "/d/" in str(p)),
+                 key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[40:44] = b"\0\0\0\0"
+    victim.write_bytes(bytes(data))
+    code = ("from pfamalign.training import loop, rundir; "
+            f"cfg = rundir.resolve_config({str(dataset)!r}, None, saved=rundir.read_saved({str(out)!r})); "
+            f"loop.run({str(dataset)!r}, {str(out)!r}, cfg, quiet=True)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pfamalign.checkpoint.CheckpointError: cannot restore checkpoint {newest}: ") \
+        and "remove that step directory" in last, res.stderr[-3000:]
+    assert "Encountered error while reading array" not in res.stderr and "Event loop is closed" not in res.stderr
 
 
 def test_cli_bad_inputs(dataset, tmp_path):
@@ -538,6 +601,8 @@ def test_cli_bad_inputs(dataset, tmp_path):
     assert res.exit_code == 1 and "unknown --set key 'bogus'" in res.output
     res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--set", "heads", *out])
     assert res.exit_code == 2 and "key=value" in res.output
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--no-tune", "--tune-pairs", "50", *out])
+    assert res.exit_code == 2 and "give one of them" in res.output  # one would be silently ignored
     res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--batch-size", "800",
                 *out])
     assert res.exit_code == 1 and "fewer than one batch of 800" in res.output

@@ -132,11 +132,18 @@ def _training_data(model_dir: pathlib.Path) -> pathlib.Path:
     """The dataset the model trained on, where its training record says it is."""
     from pfamalign.checkpoint import read_training_record
 
+    from pfamalign.pipelines.reader import PairDataset
+
     record = read_training_record(model_dir) or {}
-    path = record.get("dataset", {}).get("path")
+    path, trained = record.get("dataset", {}).get("path"), record.get("dataset", {}).get("config_hash")
     candidates = [pathlib.Path(path), pathlib.Path("data") / path] if path else []
     for candidate in candidates:
         if candidate.is_dir():
+            found = PairDataset(candidate).config_hash
+            if trained is not None and found != trained:  # any dataset calibrates, but not unannounced
+                click.echo(f"Warning: {candidate} is not the dataset the model trained on (config hash {found}, "
+                           f"the model's {trained}: prepared again since, with other options); calibrating on "
+                           "it anyway; pass --data DIR to choose the calibration data", err=True)
             return candidate
     where = (f"is not here (looked for {' and '.join(str(c) for c in candidates)})" if candidates
              else "is not recorded")

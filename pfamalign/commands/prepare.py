@@ -155,6 +155,11 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     from pfamalign.pipelines.progress import render_summary
     from pfamalign.pipelines.stockholm import StockholmError
 
+    given = lambda name: click.get_current_context().get_parameter_source(name) is ParameterSource.COMMANDLINE  # noqa: E731
+    torch_options = [f"--{name}" for name in ("device", "threads") if given(name)]
+    if torch_options and embedder.strip().startswith("builtin"):  # it would be silently ignored
+        raise click.UsageError(f"{' and '.join(torch_options)} set torch for an ESM-2 embedder; {embedder} "
+                               "uses no torch (drop them, or give --embedder esm2_...)")
     splits_given = click.get_current_context().get_parameter_source("split_text")
     if fold_text is not None and splits_given is not ParameterSource.DEFAULT:
         raise click.UsageError("--fold K/N and --splits both choose the splits; give one of them "
@@ -173,6 +178,8 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                                   max_len=max_len, stratify_pid=stratify_pid,
                                   pid_bins=_floats(pid_bins, "--pid-bins", bounds=(0, 100)),
                                   inserts_aligned=inserts == "aligned")
+        if given("pid_bins") and not stratify_pid:  # (checked once they parse)
+            raise click.UsageError("--pid-bins are the bins of --stratify-pid; add --stratify-pid, or drop them")
         cfg = PrepareConfig(inputs=tuple(inputs), out=out, embedder=embedder, weights=weights,
                             long_policy=long_policy, toks_per_batch=toks_per_batch, dtype=dtype,
                             sampling=sampling,

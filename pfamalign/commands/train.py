@@ -188,6 +188,9 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
                        ("eval_every", eval_every), ("ckpt_every", ckpt_every), ("seed", seed)):
         if value is not None:
             overrides[f"train.{key}"] = value
+    if no_tune and ctx.get_parameter_source("tune_pairs") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--tune-pairs sets how many pairs tune the decoder, and --no-tune skips the "
+                               "tuning; give one of them")
     manual = (coordinator, num_processes, process_id)
     if any(x is not None for x in manual) and not (distributed and all(x is not None
                                                                         for x in manual)):

@@ -36,9 +36,13 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             checked.append(f"{UNVERIFIED}{directory}: {len(bare)} files without checksums in its manifest "
                            f"({', '.join(bare[:3])}{', ...' if len(bare) > 3 else ''}); re-run "
                            "prepare into a new --out to record them")
-    models = [d for d in (directory, directory / "model") if (d / "params").is_dir()]
+    # a run's compiled model (``train --compile``) is one of its parts too
+    models = [d for d in (directory, directory / "model", directory / "compiled") if (d / "params").is_dir()]
     if ensemble.is_ensemble(directory):
         problems += verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
+        if not (directory / CHECKSUMS).is_file():  # as for a model: nothing vouches for ensemble.json
+            problems.append(f"{directory}: no {CHECKSUMS} (saved by an older pfamalign, or killed before "
+                            "it was written): its members and powers cannot be verified")
         try:
             members = [directory / m.path for m in ensemble.read_members(directory)]
         except ValueError as err:  # a damaged ensemble.json: its checksum said so above, if recorded
@@ -60,6 +64,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     if saved and not (directory / "model" / "params").is_dir():  # a run stopped before its model
         checked.append(f"{NOTE}{directory}: an unfinished run (newest checkpoint: step {saved[-1].name}; no "
                        "model/ yet); re-run the same `pfamalign train` command to finish it")
+    intact = {}  # model or checkpoint -> whether its files match their checksums
     for d in models:
         if not (d / CHECKSUMS).is_file():
             problems += _model_problems(d)
@@ -67,6 +72,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                             "before it was written): cannot be verified")
             continue
         damaged = verify_checksums(d)  # first: the damage is what to report of a damaged file
+        intact[d] = not damaged
         problems += damaged + _model_problems(d, damaged=damaged)
         try:
             sums = read_checksums(d)
@@ -75,8 +81,13 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         checked.append(f"{d}: {len(sums)} files")
         # settings saved before they were recorded, or unfinished (training.json records them)
         checked += filter(None, [_unrecorded(d, [n for n in MODEL_RECORDS if (d / n).is_file()], sums)])
-    if not (checked or problems):  # not one of ours: its temporary files are not ours either
-        return [], []
+    if saved:
+        problems += _run_config_problems(directory, saved[-1], intact.get(saved[-1], False))
+    if not (checked or problems):
+        if "train" in (_saved_or_none(directory) or {}):  # a run killed before its first checkpoint
+            return [f"{NOTE}{directory}: a training run with no checkpoint yet (nothing to verify); re-run "
+                    "the same `pfamalign train` command to start it again"], []
+        return [], []  # not one of ours: its temporary files are not ours either
     temporaries = sorted(directory.rglob(TEMPORARY_GLOB))
     for unfinished in (directory / name for name in ("work", REPLACEMENT)):
         # an interrupted `prepare` keeps its work here to resume (a replacement is built beside
@@ -97,6 +108,42 @@ def _unrecorded(directory: pathlib.Path, names: list[str], recorded: dict) -> st
     bare = [name for name in names if name not in recorded]
     return (f"{UNVERIFIED}{directory}: {', '.join(bare)} (no checksum recorded: an edit to them goes "
             "unnoticed)") if bare else None
+
+
+def _saved_or_none(run: pathlib.Path) -> dict | None:
+    """A run directory's config, or None (none, or unreadable)."""
+    from pfamalign.training.errors import TrainingError
+    from pfamalign.training.rundir import read_saved
+
+    try:
+        return read_saved(run)
+    except TrainingError:
+        return None
+
+
+def _run_config_problems(run: pathlib.Path, newest: pathlib.Path, newest_intact: bool) -> list[str]:
+    """A run's ``config.json`` (what a resume reads, and rewrites, so no checksum can vouch
+    for it): present, readable, and asking for the parameters its newest checkpoint holds
+    (compared when that checkpoint is ``newest_intact``: its own damage is reported with it)."""
+    from pfamalign.checkpoint import abstract_params, param_mismatches
+    from pfamalign.configs import RunConfig
+    from pfamalign.training.errors import TrainingError
+    from pfamalign.training.rundir import read_saved
+
+    path = run / "config.json"
+    try:
+        saved = read_saved(run)
+        if saved is None:
+            return [f"{path}: missing; the run cannot resume without it (restore it from a copy)"]
+        config = RunConfig.from_dict(saved).model
+    except TrainingError as err:
+        return [str(err)]
+    except (KeyError, TypeError, ValueError) as err:
+        return [f"{path}: not a run config ({err}); restore it from a copy"]
+    if not newest_intact:
+        return []
+    mismatches = param_mismatches(abstract_params(config)[1], newest / "params")
+    return [f"{path} does not match the parameters of checkpoint {newest.name}: {m}" for m in mismatches[:5]]
 
 
 UNVERIFIED = "not verified: "  # a ``checked`` line naming what has no checksum to check
