@@ -322,6 +322,7 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     problems = verify_checksums(params_path.parent, params_path.name)
     if problems:
         raise CheckpointError(f"{params_path} fails its checksums: " + "; ".join(problems[:5]))
+    _warn_unverifiable(params_path.parent)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, abstract = abstract_params(config, sharding=device)
     cached = _params_cache_file(params_path)
@@ -362,6 +363,20 @@ def _params_cache_file(params_path: pathlib.Path) -> pathlib.Path | None:
         return None
     digest = hashlib.sha256(params_path.name.encode() + b"\0" + sums.read_bytes()).hexdigest()
     return directory / "params" / f"{digest}.npz"
+
+
+_WARNED_UNVERIFIABLE: set[pathlib.Path] = set()
+
+
+def _warn_unverifiable(directory: pathlib.Path) -> None:
+    """A warning, once per directory, that its parameters load with nothing to check them
+    against (no checksums file: saved by an older pfamalign, or killed before writing it)."""
+    directory = directory.absolute()
+    if not (directory / CHECKSUMS).is_file() and directory not in _WARNED_UNVERIFIABLE:
+        _WARNED_UNVERIFIABLE.add(directory)
+        print(f"Warning: {directory} has no {CHECKSUMS}: its parameters load unverified (saved by an older "
+              "pfamalign, or killed before it was written); a damaged file shows only as an error or a wrong "
+              "result", file=sys.stderr, flush=True)
 
 
 def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
