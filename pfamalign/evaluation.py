@@ -314,11 +314,7 @@ def pair_records(*, data=None, split: str = "test", stockholm: Sequence = (),
         from pfamalign.pipelines import reader
 
         ds = reader.PairDataset(data)
-        if split not in ds.splits or ds.num_pairs(split) == 0:
-            counts = ", ".join(f"{s} {ds.num_pairs(s)}" for s in ds.splits)
-            raise ValueError(f"{data} has no pairs in split {split!r} (pairs per split: {counts}); choose "
-                             f"a split that has pairs with --split, or prepare the dataset again with a "
-                             f"larger {split} fraction in --splits (splits take whole families)")
+        ds.require_pairs(split, data)
         same = embedder_id is not None and ds.embedder_id == embedder_id
         source = ds.source(split, features=same)
         chosen = range(len(source))

@@ -439,6 +439,7 @@ def pair_from_dataset(data: pathlib.Path, split: str, index: int) -> dict:
     """Pair ``index`` of a dataset split (residues and target, no features)."""
     from pfamalign.pipelines import reader
 
+    reader.PairDataset(data).require_pairs(split, data)  # an empty split is no index's fault
     return reader.PairSource(data, split, features=False)[index]
 
 

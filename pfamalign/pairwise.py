@@ -203,8 +203,15 @@ def _side(item, default_id: str, n: int, *, what: str | None = None) -> tuple[st
             raise TypeError(f"{what or f'pair {n}'}: the record's seq is a string or a Bio.Seq, got "
                             f"{type(item.seq).__name__}")
         return str(item.id), str(item.seq)
-    if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
-        return item
+    if isinstance(item, tuple) and len(item) == 2:
+        name, seq = item
+        if not isinstance(name, str):
+            raise TypeError(f"{what or f'pair {n}'}: an (id, sequence) tuple's id is a string, got "
+                            f"{type(name).__name__} {name!r}")
+        if isinstance(seq, str) or _bio_seq(seq):
+            return name, str(seq)
+        raise TypeError(f"{what or f'pair {n}'}: an (id, sequence) tuple's sequence is a string or a Bio.Seq, "
+                        f"got {type(seq).__name__}")
     kind = "each side" if what is None else "each item"
     raise TypeError(f"{what or f'pair {n}'}: {kind} is a sequence string (or Bio.Seq), an (id, "
                     f"sequence) tuple or a SeqRecord, got {type(item).__name__}")

@@ -148,6 +148,15 @@ class PairDataset:
     def source(self, split: str, *, features: bool = True) -> PairSource:
         return PairSource(self.path, split, features=features)
 
+    def require_pairs(self, split: str, shown=None) -> None:
+        """ValueError, with the pairs of every split and what to do, when ``split`` has none
+        (``shown``: the dataset as the user named it)."""
+        if split not in self.splits or self.num_pairs(split) == 0:
+            counts = ", ".join(f"{s} {self.num_pairs(s)}" for s in self.splits)
+            raise ValueError(f"{shown or self.path} has no pairs in split {split!r} (pairs per split: {counts}); "
+                             f"choose a split that has pairs with --split, or prepare the dataset again with a "
+                             f"larger {split} fraction in --splits (splits take whole families)")
+
     def _split(self, split: str) -> dict:
         if split not in self.manifest["splits"]:
             raise ValueError(f"unknown split {split!r}; {self.path} has {list(self.splits)}")

@@ -331,3 +331,18 @@ def test_certify_counts_the_steps_of_a_solve_to_a_tolerance_as_the_op_takes_them
     assert min(op_steps) > cfg.base_steps  # the tolerance, not base_steps, ended the base
     assert [m["steps"] for m in secs["marginals"]] == op_steps
     assert [len(s["drift"]) for s in secs["softmax_ot"]] == [n + cfg.tail_steps - 1 for n in op_steps]
+
+
+def test_the_contraction_verdict_says_when_a_strictly_positive_block_certifies_nothing():
+    """The table and the plot share one verdict: a strictly positive block whose rho_H is 1 to
+    within 1e-6 certifies no contraction (the table said "1/1 blocks certified" where the plot
+    said the bound certifies none)."""
+    from pfamalign.certify import contraction_verdict
+
+    block = lambda positive, rho: {"strictly_positive": positive, "rho_h": rho}  # noqa: E731
+    assert contraction_verdict({"blocks": [block(True, 1 - 6.5e-12)]}) == (
+        "1/1 blocks strictly positive, rho_H up to 1 - 6.5e-12: the bound certifies no contraction")
+    assert contraction_verdict({"blocks": [block(True, 0.25), block(True, 0.5), block(False, float("nan"))]}) == (
+        "2/3 blocks strictly positive, rho_H at most 0.5: each contracts")
+    assert contraction_verdict({"blocks": [block(False, float("nan"))]}) == (
+        "0/1 blocks strictly positive: no contraction certified")

@@ -372,6 +372,10 @@ def test_certify_cli_reports_the_encoder_layers(tmp_path):
     for entry in layers:  # CETA: the last step balances the columns exactly, rows to T=15
         assert entry["attention"] == "ceta"
         assert entry["receiver_error"] < 1e-5 and entry["sender_error"] < 1e-2
+    # the text output has them too (it had only the JSON): one row a layer, the JSON's numbers
+    table = res.output[res.output.index("encoder attention per layer"):]
+    for entry in layers:
+        assert f"{entry['sender_error']:.3g}" in table and f"{entry['receiver_error']:.3g}" in table
 
 
 # ---- configs, checkpoints, devices ---------------------------------------------------------

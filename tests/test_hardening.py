@@ -1685,6 +1685,9 @@ def test_a_split_without_pairs_is_refused_with_the_splits_that_have_some(tmp_pat
     counts = ", ".join(f"{s} {ds.num_pairs(s)}" for s in ds.splits)
     assert_clear_error(run(["eval", "--data", out, "--split", empty, "--no-model"]),
                        f"has no pairs in split '{empty}' (pairs per split: {counts})", "--split", "--splits")
+    for command in ("certify", "barycenter"):  # the same words (they blamed pair index 0)
+        assert_clear_error(run([command, "--data", out, "--split", empty]),
+                           f"has no pairs in split '{empty}' (pairs per split: {counts})", "--split")
 
 
 def test_worker_pools_are_one_per_name_and_sized_by_the_usable_cpus(monkeypatch):

@@ -259,6 +259,12 @@ def test_misshapen_inputs_are_type_errors_that_say_what_was_expected(aligner):
         aligner.format("MKV")
     with pytest.raises(TypeError, match="pair 1: the record's seq"):
         aligner.align(types.SimpleNamespace(id="x", seq=None), PDZ_B)
+    # a tuple is an accepted side: what is wrong is inside it (it said tuples are not accepted)
+    with pytest.raises(TypeError, match="pair 1: an \\(id, sequence\\) tuple's id is a string, got int 5"):
+        aligner.align((5, PDZ_A), PDZ_B)
+    with pytest.raises(TypeError, match="pair 1: an \\(id, sequence\\) tuple's sequence is a string or a Bio.Seq, "
+                                        "got bytes"):
+        aligner.align(("a", PDZ_A.encode()), PDZ_B)
     with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list"):
         list(aligner.align_many((PDZ_A, PDZ_B)))
     with pytest.raises(TypeError, match="pair 1: each item is an \\(a, b\\) tuple or list.*length 1"):

@@ -68,7 +68,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     from rich.console import Console
     from rich.table import Table
 
-    from pfamalign.certify import certify_pair, plot_certificates
+    from pfamalign.certify import certify_pair, contraction_verdict, plot_certificates
     from pfamalign.inference import Predictor
     from pfamalign.resources import budget, check_memory, estimate_certify_bytes
 
@@ -103,7 +103,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
         fail(str(err))
     console = Console(stderr=str(json_out) == "-")  # stdout carries the JSON alone
     c = result["contraction"]
-    tab = Table(title=f"projective contraction: {c['certified_blocks']}/{c['total_blocks']} blocks certified")
+    tab = Table(title=f"projective contraction: {contraction_verdict(c)}")
     for col in ("", "count", "min", "median", "p90", "max"):
         tab.add_column(col, justify="right")
     for name in ("delta", "rho_H", "range_bound"):
@@ -144,7 +144,7 @@ def _table(title, sections: list[dict], fields):
 
 
 def print_plan_certificates(console, result: dict) -> None:
-    """The marginals, ceta, softmax_ot and stable_matches sections (one column per head)."""
+    """The marginals, ceta, softmax_ot (one column per head), encoder and stable_matches sections."""
     key = lambda k: (lambda d: d[k])
     console.print(_table("marginals of the output plan", result["marginals"], [
         ("sender error max|row sum - 1|", key("sender_error")),
@@ -169,6 +169,19 @@ def print_plan_certificates(console, result: dict) -> None:
         ("locked fraction (p_max >= 0.9999)", key("locked_fraction")),
         ("plan tail mass median", lambda o: o["plan_tail_mass"]["median"]),
         ("drift ||P^(t)-P^(t-1)||_1, last step", lambda o: o["drift"][-1] if o["drift"] else float("nan"))]))
+    layers = result.get("encoder", {}).get("layers", [])  # a transformer encoder's attention, per layer
+    if layers:
+        from rich.table import Table
+
+        tab = Table(title="encoder attention per layer")
+        fields = [k for k in ("sender_error", "receiver_error", "receiver_imbalance", "tail_mass_median",
+                              "locked_fraction") if any(k in layer for layer in layers)]
+        for col in ("layer", "attention", *fields):
+            tab.add_column(col, justify="right")
+        for layer in layers:
+            tab.add_row(str(layer["layer"]), layer["attention"],
+                        *[f"{layer[k]:.3g}" if k in layer else "" for k in fields])
+        console.print(tab)
     st = result.get("stable_matches")
     if st is not None:
         if st["applies"]:
