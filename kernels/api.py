@@ -41,6 +41,12 @@ def check_inputs(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
         raise ValueError(f"q and k feature dims differ: {q.shape[-1]} vs {k.shape[-1]}")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v lengths differ: {k.shape[2]} vs {v.shape[2]}")
+    used = tokens if cfg.dustbin != "none" else None
+    arrays = {"q": q, "k": k, "v": v, **({} if used is None else {f"tokens.{n}": t for n, t in zip("qkv", used)})}
+    for name, x in arrays.items():  # an integer answer is truncated, a bool or complex one meaningless
+        if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            raise TypeError(f"{name} must be a real floating array (float16, bfloat16, float32 or float64), got "
+                            f"dtype {jnp.result_type(x)}; cast it, e.g. {name}.astype(jnp.float32)")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise ValueError(f"empty sequence axis: Lq={q.shape[2]}, Lk={k.shape[2]}")
     if q.shape[-1] == 0:
@@ -179,6 +185,8 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         config = config.dense_reference()  # shapes (the banded tilings divide by the count)
     # lengths past the arrays (checked above unless traced) mean the whole axis, on every path
     q_len, k_len = jnp.clip(jnp.asarray(q_len), 0, q.shape[2]), jnp.clip(jnp.asarray(k_len), 0, k.shape[2])
+    # padded values never count: a plan weight of 0 times a NaN or inf there would be NaN
+    v = jnp.where((jnp.arange(k.shape[2]) < k_len[:, None])[:, None, :, None], v, jnp.zeros((), v.dtype))
     if targets is not None:
         if jnp.shape(targets) != (q.shape[0], q.shape[2]):
             raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, "

@@ -385,7 +385,8 @@ class TransportConfig:
                 raise ValueError(f"tol must be > 0 or None, got {self.tol!r}")
             if self.eps_schedule is not None:
                 raise ValueError("tol solves at one eps: use eps_schedule=None with tol")
-        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= MAX_STEPS:
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, numbers.Integral) or \
+                not 1 <= self.max_steps <= MAX_STEPS:
             raise ValueError(f"max_steps must be an integer from 1 to {MAX_STEPS}, got {self.max_steps!r}")
         if self.eps_schedule is not None:
             sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)

@@ -676,3 +676,39 @@ def test_kernel_wrapper_setting_is_validated_and_round_trips():
     assert TransportConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="kernel must be one of"):
         TransportConfig(half_band=4, kernel="mosaic")
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla", "pallas"])
+def test_padded_values_never_reach_the_output_or_the_gradient(impl):
+    """Positions past k_len are inactive padding: a NaN or an inf in v there leaves the output
+    and every gradient as with zeros there (a plan weight of 0 times NaN made the whole pair
+    NaN, and its dq)."""
+    q, k, v, tokens, w = make_inputs(2, 1, 12, 12, 4, 3)
+    q_len, k_len = jnp.array([12, 9]), jnp.array([10, 12])
+    cfg = TransportConfig(half_band=3, dustbin="spoke", impl=impl, blocks=BlockSizes(8))
+    clean = v.at[0, 0, 10:].set(0.0)
+    dirty = v.at[0, 0, 10].set(jnp.nan).at[0, 0, 11].set(jnp.inf)
+    (_, out), grads = _value_and_grad(cfg)(q, k, dirty, tokens, q_len, k_len, w)
+    (_, want), want_grads = _value_and_grad(cfg)(q, k, clean, tokens, q_len, k_len, w)
+    np.testing.assert_array_equal(out, want)
+    for got, expected in zip(grads, want_grads):
+        jax.tree.map(np.testing.assert_array_equal, got, expected)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_, jnp.complex64])
+def test_inputs_that_are_not_real_floats_are_refused_by_name(dtype):
+    """An integer q, k, v gave an output truncated to integers, a complex one NaN, a bool one
+    jax's "neg does not accept dtype bool": each is now a TypeError naming the input."""
+    q, k, v, tokens, _ = make_inputs(1, 1, 8, 8, 4, 3)
+    lens = jnp.array([8])
+    for name in ("q", "v"):
+        args = {"q": q, "k": k, "v": v, name: (q if name == "q" else v).astype(dtype)}
+        with pytest.raises(TypeError, match=f"{name} must be a real floating array .*got dtype {jnp.dtype(dtype)}"):
+            transport(args["q"], args["k"], args["v"], lens, lens, impl="xla", half_band=3)
+    with pytest.raises(TypeError, match="tokens.v must be a real floating array"):
+        transport(q, k, v, lens, lens, DustbinTokens(tokens.q, tokens.k, tokens.v.astype(dtype)), impl="xla",
+                  half_band=3, dustbin="spoke")
+
+
+def test_max_steps_takes_a_numpy_integer_as_the_other_step_counts_do():
+    assert TransportConfig(half_band=3, tol=1e-3, max_steps=np.int64(20)).max_steps == 20
