@@ -162,6 +162,9 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
 
     Args:
       q: ``[B, H, Lq, d]`` queries; k: ``[B, H, Lk, d]`` keys; v: ``[B, H, Lk, dv]`` values.
+      (In float32 the plan holds while the scores' spread ``|<q_i, k_j>| / eps`` stays below
+      about 1e6; past it float32 cannot resolve the scores and every path, the dense one too,
+      loses the plan.)
       q_len, k_len: ``[B]`` integer true lengths; positions beyond them are inactive padding
         (traced lengths past the arrays are clamped to them; concrete ones are refused). Any
         float dtype: the Pallas paths compute in float32 and answer in the inputs' dtype.

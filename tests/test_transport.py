@@ -712,3 +712,18 @@ def test_inputs_that_are_not_real_floats_are_refused_by_name(dtype):
 
 def test_max_steps_takes_a_numpy_integer_as_the_other_step_counts_do():
     assert TransportConfig(half_band=3, tol=1e-3, max_steps=np.int64(20)).max_steps == 20
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_the_plan_holds_up_to_the_documented_float32_score_spread(impl):
+    """The docstring's domain: while |S| / eps stays below about 1e6 the output is a convex
+    combination of the values on every path (|O| <= max |v|), as the dense reference's is."""
+    r = np.random.default_rng(0)
+    q, k = (jnp.asarray(r.normal(size=(2, 1, 12, 4)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(r.normal(size=(2, 1, 12, 3)), jnp.float32)
+    q_len, k_len = jnp.array([12, 9]), jnp.array([10, 12])
+    bound = float(jnp.abs(v).max()) * (1 + 1e-4)
+    for scale in (1e2, 1e4, 1e5):  # |S| / eps up to about 5e5 here
+        for path in (impl, "reference"):
+            out = transport(q * scale, k, v, q_len, k_len, impl=path, half_band=3)
+            assert bool(jnp.all(jnp.isfinite(out))) and float(jnp.abs(out).max()) <= bound, (path, scale)
