@@ -106,6 +106,8 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     row_active = pos < per_head(q_len)[:, None]
     col_active = pos < per_head(k_len)[:, None]
     qf, kf, vf = pad_flat(q, lp), pad_flat(k, lp), pad_flat(v, lp)
+    # padded values never count (a plan weight of 0 times a NaN there is NaN); fused with the pad
+    vf = jnp.where(col_active[..., None], vf, jnp.zeros((), vf.dtype))
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
     tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
@@ -188,8 +190,6 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         config = config.dense_reference()  # shapes (the banded tilings divide by the count)
     # lengths past the arrays (checked above unless traced) mean the whole axis, on every path
     q_len, k_len = jnp.clip(jnp.asarray(q_len), 0, q.shape[2]), jnp.clip(jnp.asarray(k_len), 0, k.shape[2])
-    # padded values never count: a plan weight of 0 times a NaN or inf there would be NaN
-    v = jnp.where((jnp.arange(k.shape[2]) < k_len[:, None])[:, None, :, None], v, jnp.zeros((), v.dtype))
     if targets is not None:
         if jnp.shape(targets) != (q.shape[0], q.shape[2]):
             raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, "

@@ -147,6 +147,8 @@ def reference_solve(q, k, v, q_len, k_len, tokens: DustbinTokens | None, cfg: Tr
     """
     lq, lk = q.shape[2], k.shape[2]
     tokens = tokens if cfg.dustbin != "none" else DustbinTokens(None, None, None)
+    # padded values never count (a plan weight of 0 times a NaN there is NaN)
+    v = jnp.where((jnp.arange(lk) < jnp.asarray(k_len)[:, None])[:, None, :, None], v, jnp.zeros((), v.dtype))
     v_ext = extend_with_token(v, tokens.v)
     dots, mask, log_a, log_b = dense_problem(q, k, q_len, k_len, tokens, cfg)
     kappa, centered = cfg.damping(), cfg.centered()
