@@ -273,9 +273,10 @@ def read_sequence(arg: str, default_id: str, *, many: str = ALIGN_MANY) -> tuple
     """(id, residues) of a sequence argument: ``-`` (standard input), a FASTA file path
     (``argument_path``; plain or gzip, a pipe such as ``<(...)`` too), or the residues.
 
-    A FASTA file must hold exactly one record (``many``: what to do instead, in the error). Residues are validated (letters only, not
-    empty) and upper-cased. Residues that also name a file or directory in the working
-    directory are read as residues, with a warning on standard error.
+    A FASTA file must hold exactly one record (``many``: what to do instead, in the error).
+    Residues are validated (letters only, not empty; one trailing stop dropped) and
+    upper-cased. Residues that also name a file or directory in the working directory are
+    read as residues, with a warning on standard error.
     """
     from pfamalign.residues import input_sequence
 
