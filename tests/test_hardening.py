@@ -528,6 +528,12 @@ def test_a_replacement_killed_while_swapping_in_is_finished_by_the_next_run(tmp_
     assert result.already_complete
     assert _files(out) == want and not (out / "replacement").exists()
     assert verify_directory(out)[1] == []
+    # a replacement built whole and abandoned before its swap holds no temporary: verify still
+    # names it (it said nothing of up to a dataset's size of files)
+    shutil.copytree(other, out / "replacement")
+    checked, problems = verify_directory(out)
+    assert problems == [] and any(line.startswith(f"note: {out / 'replacement'}: the replacement an interrupted "
+                                                  "`pfamalign prepare --overwrite` built") for line in checked)
 
 
 def _unnamed(text: str) -> str:

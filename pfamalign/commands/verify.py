@@ -98,6 +98,13 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                            f"({len(mine)} temporary file(s)); re-run that command to finish it, or delete "
                            f"{unfinished.name}/ to give it up")
             temporaries = [p for p in temporaries if p not in mine]
+    replacement = directory / REPLACEMENT
+    if replacement.is_dir() and not any(line.startswith(f"{NOTE}{replacement}:") for line in checked):
+        # built whole, then stopped before the swap (no temporary left to report it)
+        files = sum(1 for p in replacement.rglob("*") if p.is_file())
+        checked.append(f"{NOTE}{replacement}: the replacement an interrupted `pfamalign prepare --overwrite` "
+                       f"built ({files} file(s)); re-run that command to finish it, or delete "
+                       f"{REPLACEMENT}/ to give it up")
     problems += [f"{p}: temporary file left by an interrupted run (safe to delete)" for p in temporaries]
     return checked, problems
 
