@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -260,11 +261,21 @@ def resolve_model_path(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.P
 
 def _orbax_failure(err: BaseException) -> str:
     """What a failed orbax read says, in one line: its innermost cause (e.g. TensorStore's
-    "Data corruption detected"), not the outer error's dump of the array spec. Its
-    TensorStore reads, left pending, fail again as their coroutines are collected or their
-    callbacks meet a closed event loop at exit, and Python prints each as an unraisable
-    traceback (hundreds of lines of array specs, after the error): those are silenced from
-    here on."""
+    "Data corruption detected"), not the outer error's dump of the array spec. Also silences
+    the read's orphans from here on (``_silence_orphaned_reads``)."""
+    _silence_orphaned_reads()
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip()
+    return (text.splitlines()[0][:300] if text else type(err).__name__)
+
+
+@functools.cache  # one hook for the process, however many reads fail
+def _silence_orphaned_reads() -> None:
+    """A failed orbax read leaves TensorStore reads pending; they fail again as their
+    coroutines are collected or their callbacks meet a closed event loop at exit, and Python
+    prints each as an unraisable traceback (hundreds of lines of array specs, after the
+    error). Those two messages, and only they, are dropped."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
@@ -273,10 +284,6 @@ def _orbax_failure(err: BaseException) -> str:
             previous(unraisable)
 
     sys.unraisablehook = hook
-    while (err.__cause__ or err.__context__) is not None:
-        err = err.__cause__ or err.__context__
-    text = str(err).strip()
-    return (text.splitlines()[0][:300] if text else type(err).__name__)
 
 
 @contextlib.contextmanager
