@@ -73,7 +73,8 @@ def micro_f1(counts: np.ndarray) -> float | None:
 class Tuning:
     """Every candidate's scores (``rows``: settings fields + ``f1``, ``f1_below30``,
     ``n_pairs``), the winner, and the evidence that it beats the incumbent (``margin``: the
-    paired F1 difference with its interval; None when the incumbent won outright)."""
+    best-scoring candidate's paired F1 difference over the incumbent with its interval, that
+    candidate as ``margin["challenger"]``; None when the incumbent scored best outright)."""
 
     rows: list[dict]
     best: DecoderSettings
@@ -135,6 +136,7 @@ def tune(predictor, records: Sequence[dict], *, features: str = "records",
         margin = paired_f1_difference(counts[best], counts[candidates.index(incumbent)],
                                       [r["pid"] for r in records], groups=families if enough else None)["all"]
         margin["resampled"] = "families" if enough else "pairs (too few families: no evidence)"
+        margin["challenger"] = {**dataclasses.asdict(candidates[best]), "f1": rows[best]["f1"]}  # whose margin
         if not (enough and margin["low"] > 0):
             best = candidates.index(incumbent)
     return Tuning(rows, candidates[best], rows[best]["f1"], rows[best]["f1_below30"],

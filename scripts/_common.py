@@ -12,6 +12,7 @@ import argparse
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -132,11 +133,11 @@ def split_fwd_bwd(transport_fn: Callable):
 def run_child(argv: Sequence[str], *, timeout: float) -> dict:
     """Run ``argv`` in a fresh process; return its stdout, exit status, wall time and peak RSS.
 
-    The RSS is the child's ``ru_maxrss`` (``os.wait4``), so every configuration is measured
-    in a process of its own, from interpreter start to exit. Linux carries the spawning
-    process's peak across exec into it, so the figure is at least this (driver) process's
-    peak: drivers stay small (no jax arrays) and their own peak is far below any child's.
-    On timeout the child is killed.
+    The RSS is the child's ``ru_maxrss`` (``os.wait4``), from interpreter start to exit. Linux
+    carries the spawning process's peak across fork and exec into it, so the figure is at
+    least this (driver) process's peak: a driver that imported jax sets a floor near 180 MiB.
+    A child that can report its own peak (``own_peak_rss_bytes``, the kernel's VmHWM of its
+    own address space) should, and the driver use that figure. On timeout the child is killed.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
@@ -157,6 +158,30 @@ def run_child(argv: Sequence[str], *, timeout: float) -> dict:
         return {"stdout": out.read().decode(), "stderr": err.read().decode()[-4000:],
                 "returncode": None if status is None else proc.returncode, "timed_out": status is None,
                 "wall_s": time.perf_counter() - t0, "peak_rss_bytes": usage.ru_maxrss * 1024}
+
+
+def own_peak_rss_bytes() -> int:
+    """This process's peak resident memory, its own address space only (``VmHWM``; unlike
+    ``ru_maxrss`` it holds nothing of the parent that spawned it). Falls back to ``ru_maxrss``
+    where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def failure_line(stderr: str) -> str:
+    """The line of a failed Python child's stderr that says what went wrong: its last
+    ``SomeError: ...`` line (jax appends notes after the traceback), else its last line."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*", ln)]
+    return (errors or lines or ["?"])[-1]
 
 
 # ---- output --------------------------------------------------------------------------------
@@ -183,7 +208,7 @@ def add_output_args(parser: argparse.ArgumentParser, *, repeats: int | None = 3)
     parser.add_argument("--json", action="store_true",
                         help="print JSON lines on stdout (one per row; the table goes to stderr)")
     if repeats is not None:
-        parser.add_argument("--repeats", type=int, default=repeats,
+        parser.add_argument("--repeats", type=positive_int, default=repeats,
                             help=f"timed runs after compilation; the min is reported (default {repeats})")
 
 
@@ -243,6 +268,46 @@ class Report:
 def int_list(text: str) -> list[int]:
     """``"512,1024"`` -> ``[512, 1024]`` (argparse type)."""
     return [int(t) for t in text.replace(" ", "").split(",") if t]
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (argparse type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``, each at least 1, at least one (argparse type)."""
+    values = int_list(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need one or more integers of at least 1, got {text!r}")
+    return values
+
+
+def existing_path(text: str) -> str:
+    """A file or folder that exists (argparse type): a mistyped path is an argument error, not
+    a traceback after the imports."""
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"no such file or folder: {text}")
+    return text
+
+
+def shapes_list(parts: int, names: str) -> Callable[[str], list[tuple[int, ...]]]:
+    """An argparse type for ``"1x1024x256,2x512x64"``: ``parts`` positive integers joined by
+    ``x``, named ``names`` (e.g. "BATCHxLxW") in the error."""
+    def parse(text: str) -> list[tuple[int, ...]]:
+        try:
+            shapes = [tuple(int(x) for x in c.split("x")) for c in text.replace(" ", "").split(",") if c]
+        except ValueError:
+            shapes = []
+        if not shapes or any(len(s) != parts or min(s) < 1 for s in shapes):
+            raise argparse.ArgumentTypeError(f"need {names} items of positive integers separated by commas, "
+                                             f"got {text!r}")
+        return shapes
+
+    return parse
 
 
 def float_list(text: str) -> list[float]:

@@ -15,6 +15,7 @@ import argparse
 
 import numpy as np
 
+import _common
 from pfamalign import asap, jsonio
 
 
@@ -30,11 +31,11 @@ def pairs_of(predictor, data, split, n, seed):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default=None, help="model directory (default: the shipped model)")
+    parser.add_argument("--checkpoint", type=_common.existing_path, default=None, help="model directory (default: the shipped model)")
     parser.add_argument("--data", default="data_b62_1k")
     parser.add_argument("--split", default="train")
     parser.add_argument("--eval-split", default="test")
-    parser.add_argument("--pairs", type=int, default=32)
+    parser.add_argument("--pairs", type=_common.positive_int, default=32)
     parser.add_argument("--held-out", type=int, default=16)
     parser.add_argument("--slices", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -40,6 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+import _common
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import needleman_wunsch, smith_waterman
 from pfamalign.alignment.decode import mea_decode
@@ -286,15 +287,15 @@ def cli_records(*, seed: int, repeats: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[500])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=_common.positive_int, nargs="+", default=[500])
+    parser.add_argument("--repeats", type=_common.positive_int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--checkpoint", default=None,
                         help="model directory for the model cases (default: the shipped model)")
     parser.add_argument("--targets", action="store_true",
                         help="measure issue 10's targets instead of the cases")
-    parser.add_argument("--pairs", type=int, default=64, help="pairs of the --targets throughput run")
+    parser.add_argument("--pairs", type=_common.positive_int, default=64, help="pairs of the --targets throughput run")
     args = parser.parse_args(argv)
     env = _environment()
     if args.targets:

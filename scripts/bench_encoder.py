@@ -81,14 +81,16 @@ def _select(attn, x, lens, cfg):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=_common.int_list, default=[128, 256, 512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--lengths", type=_common.positive_int_list, default=[128, 256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--ks", type=_common.int_list, default=[16, 32, 64])
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--max-call-s", type=float, default=20.0,
                         help="a kind stops at the next length once a call takes longer (default 20)")
     _common.add_output_args(parser, repeats=3)
     args = parser.parse_args(argv)
-    kinds = args.kinds.split(",")
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or (unknown := sorted(set(kinds) - set(KINDS))):
+        parser.error(f"--kinds must name some of {', '.join(KINDS)}; got {args.kinds!r}")
     print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})", file=sys.stderr)
     cases = [(kind, k) for kind in kinds for k in (args.ks if kind.startswith(("gsa", "indexer")) else [None])]
     stopped, rows = set(), []

@@ -217,12 +217,12 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a compiled model directory (`pfamalign compile`)")
+    parser.add_argument("--checkpoint", type=_common.existing_path, required=True, help="a compiled model directory (`pfamalign compile`)")
     parser.add_argument("--data", default="data_b62_1k", help="dataset of the held-out pairs "
                         "(default: data_b62_1k, built as the shipped model's TRAINING.md says)")
     parser.add_argument("--split", default="test", help="held-out split (families unseen in training)")
     parser.add_argument("--pairs", type=int, default=48, help="held-out pairs for the accuracy lines (0: none)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512], help="speed lengths L")
+    parser.add_argument("--lengths", type=_common.positive_int, nargs="+", default=[128, 256, 512], help="speed lengths L")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3, 4], help="steps of the `steps` engines")
     parser.add_argument("--batch", type=int, default=4, help="pairs per plan batch (sequences per layer batch)")
     parser.add_argument("--engines", nargs="+", default=None,

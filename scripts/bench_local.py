@@ -40,6 +40,7 @@ import sys
 
 import numpy as np
 
+import _common
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import needleman_wunsch, smith_waterman
 from pfamalign.alignment.metrics import pair_counts, paired_f1_difference, prf_summary
@@ -119,14 +120,14 @@ def transport_variants(model, relax: list[float]) -> list[tuple[str, dict]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="prepared dataset directory")
+    ap.add_argument("--data", type=_common.existing_path, required=True, help="prepared dataset directory")
     ap.add_argument("--split", default="test")
-    ap.add_argument("--pairs", type=int, default=300, help="pairs sampled from the split")
+    ap.add_argument("--pairs", type=_common.positive_int, default=300, help="pairs sampled from the split")
     ap.add_argument("--flank", type=int, nargs=2, default=(50, 200), metavar=("MIN", "MAX"),
                     help="flank length range (residues, each side, uniform)")
     ap.add_argument("--embed", choices=("both", "key"), default="both",
                     help="flank both sequences or only the key")
-    ap.add_argument("--checkpoint", default=None, help="model directory (default: the shipped model)")
+    ap.add_argument("--checkpoint", type=_common.existing_path, default=None, help="model directory (default: the shipped model)")
     ap.add_argument("--relax", type=float, nargs="*", default=[], metavar="LAM",
                     help="also score semi-relaxed transport of the model's scores: rows unit, key "
                          "columns a KL penalty of weight LAM (0: the row softmax)")

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+import _common
 from pfamalign import jsonio
 from pfamalign.alignment.baselines import EXTERNAL_ALIGNERS, external_align, needleman_wunsch
 from pfamalign.alignment.metrics import alignment_counts, paired_f1_difference
@@ -37,12 +38,12 @@ GAP_COSTS = (0.0, 0.05)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="dataset directory from `prepare shards`")
+    parser.add_argument("--data", type=_common.existing_path, required=True, help="dataset directory from `prepare shards`")
     parser.add_argument("--split", default="val", choices=("val", "test"))
-    parser.add_argument("--pairs", type=int, default=500, help="pairs sampled from the split")
+    parser.add_argument("--pairs", type=_common.positive_int, default=500, help="pairs sampled from the split")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint", default=None, help="model directory (default: the shipped model)")
-    parser.add_argument("--hmm", default=None, help="pair-HMM parameter file (default: the shipped one)")
+    parser.add_argument("--checkpoint", type=_common.existing_path, default=None, help="model directory (default: the shipped model)")
+    parser.add_argument("--hmm", type=_common.existing_path, default=None, help="pair-HMM parameter file (default: the shipped one)")
     parser.add_argument("--alpha", type=float, default=None, help="the chosen setting, compared with the baselines")
     parser.add_argument("--gap-cost", type=float, default=0.0, help="gap_cost of the chosen setting")
     parser.add_argument("--n-boot", type=int, default=1000)

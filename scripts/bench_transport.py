@@ -103,7 +103,8 @@ def _child(cfg: dict) -> dict:
         import numpy as np
 
         np.savez(cfg["save"], *(np.asarray(g) for g in timing["result"][1]))
-    return {**out, "status": "ok", "fwd_bwd_ms": 1e3 * timing["min_s"], "first_call_ms": 1e3 * timing["first_s"]}
+    return {**out, "status": "ok", "fwd_bwd_ms": 1e3 * timing["min_s"], "first_call_ms": 1e3 * timing["first_s"],
+            "peak_rss_bytes": _common.own_peak_rss_bytes()}
 
 
 GRAD_TOL = 1e-5  # the op's promise: largest gradient difference from the dense reference
@@ -147,13 +148,13 @@ def _ott_op(length: int, hb: int, d: int, iterations: int, eps: float):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=_common.int_list, default=[512, 1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--half-band", type=int, default=256, help="W (default 256)")
+    ap.add_argument("--lengths", type=_common.positive_int_list, default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--half-band", type=_common.positive_int, default=256, help="W (default 256)")
     ap.add_argument("--wide-from", type=int, default=16384,
                     help="use --wide-half-band from this L on (default 16384)")
-    ap.add_argument("--wide-half-band", type=int, default=1024, help="default 1024")
+    ap.add_argument("--wide-half-band", type=_common.positive_int, default=1024, help="default 1024")
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"subset of {','.join(KNOWN_IMPLS)} (default {','.join(IMPLS)})")
-    ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")
+    ap.add_argument("--dim", type=_common.positive_int, default=64, help="d = dv (default 64)")
     ap.add_argument("--base-steps", type=int, default=15, help="T (default 15)")
     ap.add_argument("--tail-steps", type=int, default=2, help="R (default 2)")
     ap.add_argument("--eps", type=float, default=1.0)
@@ -180,6 +181,12 @@ def main(argv=None):
     impls = [m for m in args.impls.split(",") if m]
     if unknown := sorted(set(impls) - set(KNOWN_IMPLS)):
         ap.error(f"unknown --impls {unknown}; choose from {', '.join(KNOWN_IMPLS)}")
+    if not impls:
+        ap.error(f"--impls names no implementation; choose from {', '.join(KNOWN_IMPLS)}")
+    if min(args.base_steps, args.tail_steps) < 0 or args.base_steps + args.tail_steps == 0:
+        ap.error("--base-steps and --tail-steps must be at least 0, and not both 0")
+    if args.eps <= 0 or args.timeout <= 0:
+        ap.error("--eps and --timeout must be above 0")
     device = _common.device_name()
     print(f"# device: {device}", file=sys.stderr, flush=True)
     # reference, then xla, first: the ratios and the gradient checks need them
@@ -197,6 +204,8 @@ def main(argv=None):
     _targets(rep, results, device.split()[0] if args.dustbin == "none" else "none")  # targets: no dustbin
     rep.note(f"device: {device}")
     rep.finish()
+    if not any(r.get("status") == "ok" for r in results.values()):
+        sys.exit("bench_transport: no configuration ran (see the reasons above)")
 
 
 def _run_all(args, impls, rep, results, saved, scratch):
@@ -212,14 +221,15 @@ def _run_all(args, impls, rep, results, saved, scratch):
             if run["timed_out"]:
                 res = {"status": "timeout", "reason": f"no result within {args.timeout:.0f} s"}
             elif run["returncode"] != 0 or not lines:
-                tail = run["stderr"].strip().splitlines()[-1:] or ["?"]
-                res = {"status": "failed", "reason": f"exit {run['returncode']}: {tail[0][:200]}"}
+                res = {"status": "failed",
+                       "reason": f"exit {run['returncode']}: {_common.failure_line(run['stderr'])[:200]}"}
             else:
                 res = json.loads(lines[-1])
                 if res.get("status") == "ok" and os.path.exists(cfg["save"]):
                     saved[length, impl] = cfg["save"]
                     res["grad_err"], res["grad_err_vs"] = _grad_err(saved, length, impl)
-            res["peak_rss_MiB"] = run["peak_rss_bytes"] / _common.MIB
+            # the child's own peak where it reported one (ru_maxrss holds this driver's too)
+            res["peak_rss_MiB"] = res.pop("peak_rss_bytes", run["peak_rss_bytes"]) / _common.MIB
             results[(length, impl)] = res
             ref = results.get((length, "reference"), {})
             ok = res.get("status") == "ok" and ref.get("status") == "ok"

@@ -21,7 +21,7 @@ import _common
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=_common.int_list, default=[1024, 2048, 4096])
+    ap.add_argument("--lengths", type=_common.positive_int_list, default=[1024, 2048, 4096])
     ap.add_argument("--half-bands", type=_common.int_list, default=[64, 256])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")

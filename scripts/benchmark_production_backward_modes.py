@@ -27,13 +27,9 @@ DEFAULT_CASES = "8x512x1024,1x4096x256"
 MODES = ("xla_one_reference", "xla_four_plan", "reference", "full_unroll")
 
 
-def _cases(text):
-    return [tuple(int(x) for x in c.split("x")) for c in text.split(",") if c]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=_cases, default=_cases(DEFAULT_CASES),
+    ap.add_argument("--cases", type=_common.shapes_list(3, "BATCHxLxW"), default=DEFAULT_CASES,
                     help=f"BATCHxLxW list (default {DEFAULT_CASES}; W >= L is the dense band)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")
@@ -48,6 +44,8 @@ def main(argv=None):
     from pfamalign.kernels import TransportConfig, transport
 
     modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"--modes must name some of {', '.join(MODES)}; got {args.modes!r}")
     cols = ["batch", "L", "W", "mode", "fwd_bwd_ms", "time_vs_default", "temp_MiB", "compile_s"]
     rep = _common.Report(f"Backward modes: d={args.dim}, T={args.base_steps}, R={args.tail_steps}, eps={args.eps}",
                          cols, json_lines=args.json, script="benchmark_production_backward_modes",

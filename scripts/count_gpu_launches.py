@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     ap.add_argument("--impls", default="reference,xla,xla-unrolled,pallas,pallas-resident,pallas-resident-unrolled,"
                     "pallas-fused,pallas-one-pass",
                     help="comma-separated names of kernels.config.IMPL_VARIANTS")
-    ap.add_argument("--lengths", type=_common.int_list, default=[1024, 4096, 16384])
+    ap.add_argument("--lengths", type=_common.positive_int_list, default=[1024, 4096, 16384])
     ap.add_argument("--half-band", type=int, default=256, help="W (1024 from L 16384, as bench_transport)")
     ap.add_argument("--dustbin", choices=("none", "spoke", "capacity"), default="none",
                     help="dustbin mode (default none, bench_transport's; spoke: the shipped models')")

@@ -260,6 +260,9 @@ def run_fold(args, fold: int, settings: dict, reuse: list[pathlib.Path]) -> dict
     result_path = fold_dir / "result.json"
     if result_path.is_file():
         done = json.loads(result_path.read_text())
+        if done.get("n_folds", args.folds) != args.folds:  # another partition of the families
+            raise CrossvalError(f"{result_path} is fold {fold} of {done['n_folds']} folds, not of --folds "
+                                f"{args.folds}: give another --workdir")
         if done.get("settings") == settings:
             print(f"fold {fold}: done earlier ({result_path})", file=sys.stderr)
             return done
@@ -363,8 +366,8 @@ def markdown(folds: list[dict], pooled: dict, note: str) -> str:
               "| --- | --- | --- | --- |" + " --- |" * len(methods)]
     for f in folds:
         s = f["summary"]
-        cells = [f"{s['methods'][m]['prf']['all']['micro']['f1']['value']:.3f}"
-                 if m in s["methods"] else "—" for m in methods]
+        cells = [_cell(s["methods"][m]["prf"]["all"]["micro"]["f1"] | {"low": None})
+                 if m in s["methods"] else "—" for m in methods]  # value only; "—" for a fold without pairs
         lines.append(f"| {f['fold']} | {s['n_families']} | {s['n_pairs']} | {decoder_note(f)} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -464,8 +467,16 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.pfam:
         if not p.exists():
             parser.error(f"Pfam input not found: {p}")
-    folds = (list(range(args.folds)) if args.only is None
-             else sorted({int(k) for k in args.only.split(",") if k.strip()}))
+    if args.folds < 2:
+        parser.error(f"--folds must be at least 2, got {args.folds}")
+    for name in ("pairs_per_family", "max_pairs_per_fold", "bootstrap"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        folds = (list(range(args.folds)) if args.only is None
+                 else sorted({int(k) for k in args.only.split(",") if k.strip()}))
+    except ValueError:
+        parser.error(f"--only takes fold numbers separated by commas, e.g. 0,2; got {args.only!r}")
     if not folds or not all(0 <= k < args.folds for k in folds):
         parser.error(f"--only must name folds in 0..{args.folds - 1}")
 

@@ -32,10 +32,6 @@ import _common
 DEFAULT_CASES = "1024x256,2048x256,4096x256,8192x256,16384x256,16384x1024"
 
 
-def _cases(text):
-    return [tuple(int(x) for x in c.split("x")) for c in text.split(",") if c]
-
-
 def analytic(length: int, half_band: int, block: int, d: int, dv: int, tail: int) -> dict:
     """Analytic bytes of the R-step backward for one problem (float32)."""
     from pfamalign.kernels.band import active_entries, make_geometry
@@ -76,7 +72,7 @@ def measured(length: int, half_band: int, block: int, d: int, tail: int, base: i
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=_cases, default=_cases(DEFAULT_CASES), help=f"LxW list (default {DEFAULT_CASES})")
+    ap.add_argument("--cases", type=_common.shapes_list(2, "LxW"), default=DEFAULT_CASES, help=f"LxW list (default {DEFAULT_CASES})")
     ap.add_argument("--block", type=int, default=128, help="tile edge b (default 128)")
     ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")
     ap.add_argument("--tail-steps", type=int, default=2, help="R (default 2)")

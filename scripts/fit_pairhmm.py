@@ -17,6 +17,7 @@ import argparse
 import pathlib
 import sys
 
+import _common
 from pfamalign import jsonio
 from pfamalign.alignment.pairhmm import IDENTITY_EDGES, asset_path, fit, fit_mixture
 from pfamalign.pipelines import reader, records
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="dataset directory from `prepare shards`")
     parser.add_argument("--split", default="train", choices=("train", "val"))
-    parser.add_argument("--gap-types", type=int, default=2, help="1: short gaps only; 2: short and long")
+    parser.add_argument("--gap-types", type=int, choices=(1, 2), default=2, help="1: short gaps only; 2: short and long")
     parser.add_argument("--pseudocount", type=float, default=1.0)
     parser.add_argument("--identity-edges", default=",".join(f"{e:g}" for e in IDENTITY_EDGES),
                         help="percent-identity bin edges, one pair-HMM per bin (default %(default)s; "
@@ -38,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         edges = [float(e) for e in args.identity_edges.split(",") if e.strip()]
     except ValueError:
         parser.error(f"--identity-edges must be comma-separated numbers, got {args.identity_edges!r}")
+    if args.pseudocount <= 0:
+        parser.error(f"--pseudocount must be above 0, got {args.pseudocount}")
+    if not pathlib.Path(args.data, "manifest.json").is_file():
+        parser.error(f"--data {args.data}: no dataset there (manifest.json missing); build one with "
+                     f"`pfamalign prepare shards`")
+    if args.out and not pathlib.Path(args.out).resolve().parent.is_dir():
+        parser.error(f"--out {args.out}: its folder does not exist")
     pairs = reader.iter_pairs(args.data, args.split)
     options = {"n_gap_types": args.gap_types, "pseudocount": args.pseudocount}
     hmm = fit_mixture(pairs, edges=edges, **options) if edges else fit(pairs, **options)
@@ -47,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     out = pathlib.Path(args.out) if args.out else asset_path()
     records.write_text(out, hmm.to_json(recipe))  # atomic: a reader never sees half a file
     parts = hmm.components
-    print(jsonio.dumps_line({"out": str(out), "edges": edges, "prior": hmm.prior.tolist(),
+    # the edges fitted (sorted; a bin no training pair falls in is dropped), not those asked for
+    print(jsonio.dumps_line({"out": str(out), "edges": [float(e) for e in getattr(hmm, "edges", [])],
+                             "prior": hmm.prior.tolist(),
                              "gap_open": [c.gap_open.tolist() for c in parts],
                              "gap_extend": [c.gap_extend.tolist() for c in parts],
                              "gap_switch": [c.gap_switch for c in parts]}))

@@ -49,16 +49,23 @@ fetch() {
     local exclude
     exclude=$(git rev-parse --git-path info/exclude)
     mkdir -p "$(dirname "$exclude")"
-    grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
-    rm -rf .gpu && mkdir -p .gpu/whl
+    for ignored in /.gpu/ /.gpu.tmp/; do
+        grep -qx "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"
+    done
+    # built beside .gpu and swapped in whole: a failed download leaves the previous .gpu
+    rm -rf .gpu.tmp && mkdir -p .gpu.tmp/whl
     # shellcheck disable=SC2086  # the lists are word lists
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        $PLATFORMS -d .gpu/whl $WHEELS
-    cp -r ../shared/data/pfam .gpu/pfam
+        $PLATFORMS -d .gpu.tmp/whl $WHEELS
+    cp -r ../shared/data/pfam .gpu.tmp/pfam
+    rm -rf .gpu && mv .gpu.tmp .gpu
     du -sh .gpu/whl .gpu/pfam
 }
 
 install() {
+    compgen -G ".gpu/whl/*.whl" > /dev/null || {
+        echo "error: no wheels in .gpu/whl: run 'bash scripts/gpu_session.sh fetch' on the host first," \
+             "then carry .gpu" >&2; exit 2; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/gpu_site .gpu/whl/*.whl
     export PYTHONPATH=/tmp/gpu_site
@@ -240,5 +247,6 @@ case "${1:-}" in
         done 2> >(tee "$OUT_DIR/bench_flags.txt" >&2) | tee "$OUT_DIR/bench_flags.jsonl" ;;
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
+    -h|--help) sed -n '2,/^set -euo/p' scripts/gpu_session.sh | sed '$d'; exit 0 ;;
     *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | spokes | train | replica" >&2; exit 2 ;;
 esac

@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 
+import _common
+
 CHILD = """
 import json, resource, sys
 import numpy as np
@@ -51,7 +53,7 @@ print(json.dumps({"model_loaded_bytes": before, "peak_bytes": after,
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1000, 3000, 5000])
+    parser.add_argument("--lengths", type=_common.positive_int, nargs="+", default=[1000, 3000, 5000])
     parser.add_argument("--checkpoint", default="", help="model directory (default: shipped)")
     args = parser.parse_args(argv)
     from pfamalign import resources

@@ -140,11 +140,11 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=_common.int_list, default=[4096, 8192])
+    parser.add_argument("--lengths", type=_common.positive_int_list, default=[4096, 8192])
     parser.add_argument("--half-band", type=int, default=256)
     parser.add_argument("--impls", default="xla", help="comma-separated names of kernels.config.IMPL_VARIANTS (reference, xla, pallas, "
                              "pallas-fused-tf32x3, ...)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=_common.positive_int, default=3)
     parser.add_argument("--top", type=int, default=25, help="ops listed per configuration, the slowest first")
     parser.add_argument("--streaming-tiles", type=int, default=None,
                         help="band tiles a trip of the Triton kernels' streaming walks (default: "
@@ -159,6 +159,10 @@ def main(argv=None) -> None:
                         help="keep XLA's GPU command buffers (CUDA graphs) on: the call as it runs, but the "
                              "kernels they launch are missing from the trace")
     args = parser.parse_args(argv)
+    from pfamalign.kernels.config import IMPL_VARIANTS  # no jax backend started yet
+
+    if not (impls := [m for m in args.impls.split(",") if m]) or set(impls) - set(IMPL_VARIANTS):
+        parser.error(f"--impls must name some of {', '.join(IMPL_VARIANTS)}; got {args.impls!r}")
     if not args.command_buffers:  # read when the backend starts, below
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip()
     from pfamalign.kernels import pallas_gpu
@@ -167,7 +171,7 @@ def main(argv=None) -> None:
         pallas_gpu.STREAMING_TILES_A_TRIP = args.streaming_tiles
     print(f"device: {_common.device_name()}", file=sys.stderr)
     for length in args.lengths:
-        for impl in args.impls.split(","):
+        for impl in impls:
             for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top, args.dustbin):
                 print(json.dumps({**row, "streaming_tiles": pallas_gpu.STREAMING_TILES_A_TRIP,
                                   "command_buffers": args.command_buffers,

@@ -223,7 +223,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default="pallas,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3",
                     help="comma-separated names of kernels.config.IMPL_VARIANTS with impl 'pallas'")
-    ap.add_argument("--lengths", type=_common.int_list, default=[4096, 16384])
+    ap.add_argument("--lengths", type=_common.positive_int_list, default=[4096, 16384])
     ap.add_argument("--launches", default="",
                     help="IMPL:L:N,... launches a call (count_gpu_launches.py), for estimate_ms")
     ap.add_argument("--device", choices=sorted(HBM_GBS_BY_DEVICE), default="h100",

@@ -5,8 +5,12 @@
 
 A thin wrapper over ``pfamalign.tuning`` (which ``pfamalign train`` runs at its end): the
 plans are computed once; every setting of ``tuning.candidate_settings()`` is scored by
-aligned-pair micro F1 against the references, overall and below 30 % identity; the best
-overall F1 wins. ``--max-pairs`` are drawn across the split's families. Tune on the
+aligned-pair micro F1 against the references, overall and below 30 % identity. The best
+overall F1 wins only with evidence: it must beat the incumbent (the shipped decoder) with a
+paired interval above zero over five or more families, else the incumbent is kept
+(``pfamalign.tuning``). The last line names the choice and, in ``margin_over_incumbent``, the
+best-scoring candidate (``challenger``) and its margin. ``--max-pairs`` are drawn across the
+split's families. Tune on the
 validation families only: the test families must stay unseen.
 """
 
@@ -17,16 +21,17 @@ import dataclasses
 import pathlib
 import sys
 
+import _common
 from pfamalign import evaluation, jsonio, tuning
 from pfamalign.inference import Predictor
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="dataset directory from `prepare shards`")
-    parser.add_argument("--checkpoint", required=True, help="model directory (RUN/model)")
+    parser.add_argument("--data", type=_common.existing_path, required=True, help="dataset directory from `prepare shards`")
+    parser.add_argument("--checkpoint", type=_common.existing_path, required=True, help="model directory (RUN/model)")
     parser.add_argument("--split", default="val", choices=("train", "val"))
-    parser.add_argument("--max-pairs", type=int, default=1000)
+    parser.add_argument("--max-pairs", type=_common.positive_int, default=1000)
     parser.add_argument("--write", action="store_true",
                         help="write the best setting to CHECKPOINT/decoding.json")
     args = parser.parse_args(argv)

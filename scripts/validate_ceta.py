@@ -132,10 +132,14 @@ def main(argv=None):
     ap.add_argument("--tau", type=float, default=0.7, help="temperature (default 0.7)")
     ap.add_argument("--trials", type=int, default=50, help="random perturbations per matrix (default 50)")
     ap.add_argument("--sizes", default="2,4,16", help="n of the constructions (default 2,4,16)")
-    ap.add_argument("--causal-steps", default="10,100,1000", help="Sinkhorn steps under the causal mask")
+    ap.add_argument("--causal-steps", type=_common.positive_int_list, default=[10, 100, 1000],
+                    help="Sinkhorn steps under the causal mask, two or more (the rate is the slope between "
+                         "the last two; default 10,100,1000)")
     ap.add_argument("--seed", type=int, default=0)
     _common.add_output_args(ap, repeats=None)
     args = ap.parse_args(argv)
+    if len(args.causal_steps) < 2:
+        ap.error(f"--causal-steps needs two or more step counts (a rate is a slope), got {args.causal_steps}")
     rng = np.random.default_rng(args.seed)
     sizes = _common.int_list(args.sizes)
     rep = _common.Report("CETA claims, measured", ["check", "matrix", "n", "value", "worst_bound_ratio", "ok"],
@@ -143,7 +147,7 @@ def main(argv=None):
     property_table(rep, args.n, args.tau, args.trials, rng)
     worst_softmax_imbalance(rep, sizes, args.tau)
     constant_attained(rep, sizes, args.tau, 1e-5)
-    causal_rate(rep, 8, args.tau, _common.int_list(args.causal_steps), rng)
+    causal_rate(rep, 8, args.tau, args.causal_steps, rng)
     rep.finish()
     return 0 if all(r["ok"] for r in rep.rows) else 1
 

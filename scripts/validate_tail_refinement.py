@@ -27,7 +27,7 @@ import _common
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", type=_common.int_list, default=[512, 1024, 2048], help="comma-separated L")
+    ap.add_argument("--lengths", type=_common.positive_int_list, default=[512, 1024, 2048], help="comma-separated L")
     ap.add_argument("--half-band", type=int, default=256, help="W (default 256)")
     ap.add_argument("--dim", type=int, default=64, help="d = dv (default 64)")
     ap.add_argument("--base-steps", type=int, default=15, help="T (default 15)")

@@ -14,6 +14,7 @@ def test_bench_align_prints_json_lines(capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_align", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_align", bench)  # dataclasses look it up there
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its helpers (_common), as `python scripts/...` has them
     spec.loader.exec_module(bench)
     assert bench.main(["--lengths", "40", "--repeats", "1"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -30,6 +31,7 @@ def test_bench_align_targets_print_every_target_with_its_goal(capsys, monkeypatc
     spec = importlib.util.spec_from_file_location("bench_align", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_align", bench)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     spec.loader.exec_module(bench)
     assert bench.main(["--targets", "--pairs", "2", "--repeats", "1"]) == 0
     records = {r["target"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}

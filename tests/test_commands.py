@@ -746,13 +746,15 @@ def test_decoding_json_from_before_mode_still_loads(tmp_path, fields, mode):
     assert saved["mode"] == mode and "end_gaps" not in saved
 
 
-def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, dataset, tmp_path, capsys):
+def test_tune_decoder_script_scores_the_grid_and_writes_the_best(model_dir, dataset, tmp_path, capsys,
+                                                                 monkeypatch):
     import importlib.util
     import shutil
 
     from pfamalign import tuning
 
     script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tune_decoder.py"
+    monkeypatch.syspath_prepend(str(script.parent))  # its helpers (_common), as `python scripts/...` has them
     spec = importlib.util.spec_from_file_location("tune_decoder", script)
     tune = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune)

@@ -1,6 +1,7 @@
 """One definition of the model's plan metrics: the validation inside training and
 `pfamalign eval` score the same pairs alike, with and without a dustbin."""
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -193,6 +194,8 @@ def test_tuning_keeps_the_incumbent_unless_a_challenger_wins_with_evidence():
     kept = tune([pair("PF00001", 0), pair("PF00002", 1)])
     assert [r["f1"] for r in kept.rows][1] > [r["f1"] for r in kept.rows][0]
     assert kept.best == incumbent and kept.margin["value"] > 0 and not kept.margin["low"] > 0
+    # the margin names the candidate it is the margin of (the incumbent kept its place)
+    assert kept.margin["challenger"] == {**dataclasses.asdict(challenger), "f1": kept.rows[1]["f1"]}
     # right on every pair of 4 families: the pairs' interval is above zero, but 4 families are
     # too few to resample: no evidence about the next family, the incumbent stays
     few = tune([pair(f"PF{i:05d}", 0) for i in range(4) for _ in range(3)])

@@ -363,6 +363,10 @@ def test_fit_script_writes_a_parameter_file_with_its_recipe(dataset, tmp_path, c
     assert all(c.n_gap_types == 1 for c in hmm.components)
     assert "--gap-types 1" in json.loads(out.read_text())["recipe"]
     assert str(out) in capsys.readouterr().out
+    # the line printed names the edges fitted (sorted; an empty bin's edge dropped), as the file does
+    assert run_script("fit_pairhmm", ["--data", str(dataset), "--identity-edges", "50,30,99.9", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)["edges"]
+    assert printed == list(pairhmm.load(out.read_text()).edges) and printed == sorted(printed) and 99.9 not in printed
     assert run_script("fit_pairhmm", ["--data", str(dataset), "--identity-edges", "", "--out", str(out)]) == 0
     assert isinstance(pairhmm.load(out.read_text()), PairHMM)
 

@@ -86,6 +86,49 @@ def test_bench_transport_times_a_dustbin_mode_without_ott(capsys):
     assert rows["xla"]["config"]["dustbin"] == "spoke" and "dustbin spoke" in out.err and "target" not in out.err
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--lengths", "0"], "--lengths: need one or more integers of at least 1"),
+    (["--lengths", "-64"], "--lengths: need one or more integers of at least 1"),
+    (["--dim", "0"], "--dim: must be at least 1"),
+    (["--repeats", "0"], "--repeats: must be at least 1"),
+    (["--impls", ","], "--impls names no implementation"),
+    (["--base-steps", "0", "--tail-steps", "0"], "not both 0"),
+])
+def test_bench_transport_refuses_sizes_that_cannot_run(argv, said, capsys):
+    """Nonsense sizes are an argument error (exit 2) before any child runs, not a row of
+    failures and exit 0."""
+    bench = importlib.import_module("bench_transport")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_failed_childs_reason_is_its_exception_not_jaxs_note():
+    """jax prints a note after the traceback; the row's reason is the exception's line."""
+    common = importlib.import_module("_common")
+    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: empty sequence axis: "
+              "Lq=0, Lk=0\n--------------------\nFor simplicity, JAX has removed its internal frames from the "
+              "traceback of the following exception. Set JAX_TRACEBACK_FILTERING=off to include these.\n")
+    assert common.failure_line(stderr) == "ValueError: empty sequence axis: Lq=0, Lk=0"
+    assert common.failure_line("Killed\n") == "Killed" and common.failure_line("") == "?"
+
+
+def test_a_childs_own_peak_rss_leaves_out_its_parents():
+    """``ru_maxrss`` of a child counts the parent's peak (Linux carries it across fork and
+    exec); ``own_peak_rss_bytes``, which bench_transport's children report, does not."""
+    import subprocess
+
+    common = importlib.import_module("_common")
+    ballast = np.ones(400 * 2**20 // 8)  # 400 MiB resident in this (parent) process
+    argv = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import _common; "
+            "print(_common.own_peak_rss_bytes())", str(SCRIPTS)]
+    run = common.run_child(argv, timeout=60)
+    assert run["returncode"] == 0, run["stderr"]
+    own = int(run["stdout"])
+    assert own < 200 * 2**20 < 400 * 2**20 <= run["peak_rss_bytes"], (own, run["peak_rss_bytes"])
+    del ballast
+
+
 def test_bench_transport_states_the_targets_of_the_device_it_ran_on():
     """Issue 11's GPU targets are judged on a GPU only, the CPU's on a CPU: a CPU run must not
     print 'PASS' against a GPU target. A GPU target passes only with the gradients checked
@@ -278,6 +321,13 @@ def test_crossval_baselines_every_family_tested_once_and_resumes(tmp_path, capsy
     before = [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
     rows_again, out = _crossval(argv, capsys)
     assert out.err.count("done earlier") == 2 and rows_again[-1]["f1"] == pooled["f1"]
+    assert before == [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
+    # another --folds partitions the families otherwise: its folds are not these (it reused them)
+    module = importlib.import_module("crossval")
+    other = argv.copy()
+    other[other.index("--folds") + 1] = "3"
+    assert module.main(other) == 1
+    assert "is fold 0 of 2 folds, not of --folds 3: give another --workdir" in capsys.readouterr().err
     assert before == [(tmp_path / "cv" / f"fold{k}" / "result.json").stat().st_mtime_ns for k in (0, 1)]
 
 
@@ -550,3 +600,60 @@ def test_gpu_session_script_parses_and_names_its_steps():
                                                       re.M)]
     assert len(limits("issue11")) == 5 and sum(limits("issue11")) + 10 * 5 + 30 <= 600
     assert len(limits("spokes")) == 3 and sum(limits("spokes")) + 10 * 3 + 30 <= 600
+
+
+def test_gpu_session_keeps_the_prepared_files_when_a_fetch_fails(tmp_path):
+    """``fetch`` builds the new ``.gpu`` beside the old one: a download that fails (here: no
+    package index) leaves the wheels and data prepared before; a GPU step without them says
+    to fetch first; ``--help`` prints the steps and exits 0."""
+    import os
+    import subprocess
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPTS / "gpu_session.sh", tmp_path / "scripts")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    bash = lambda *args, **env: subprocess.run(["bash", "scripts/gpu_session.sh", *args], cwd=tmp_path,
+                                               capture_output=True, text=True, env={**os.environ, **env})
+    missing = bash("issue11")
+    assert missing.returncode == 2 and "run 'bash scripts/gpu_session.sh fetch'" in missing.stderr
+    (tmp_path / ".gpu" / "whl").mkdir(parents=True)
+    (tmp_path / ".gpu" / "whl" / "kept-1.0-py3-none-any.whl").write_text("")
+    failed = bash("fetch", PIP_NO_INDEX="1", PIP_FIND_LINKS="", PIP_CONFIG_FILE=os.devnull)
+    assert failed.returncode != 0
+    assert (tmp_path / ".gpu" / "whl" / "kept-1.0-py3-none-any.whl").is_file()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert ".gpu" not in status  # both the prepared folder and the staging one are ignored
+    helped = bash("--help")
+    assert helped.returncode == 0 and "bash scripts/gpu_session.sh issue11" in helped.stdout
+
+
+@pytest.mark.parametrize("name, argv, said", [
+    ("crossval", ["--workdir", "w", "--folds", "1"], "--folds must be at least 2"),
+    ("crossval", ["--workdir", "w", "--only", "abc"], "--only takes fold numbers"),
+    ("crossval", ["--workdir", "w", "--max-pairs-per-fold", "0"], "--max-pairs-per-fold must be at least 1"),
+    ("fit_pairhmm", ["--data", "/nonexistent"], "no dataset there"),
+    ("fit_pairhmm", ["--data", ".", "--gap-types", "0"], "invalid choice: 0"),
+    ("fit_pairhmm", ["--data", ".", "--pseudocount", "-1"], "--pseudocount must be above 0"),
+    ("tune_decoder", ["--data", "/nonexistent", "--checkpoint", "."], "no such file or folder: /nonexistent"),
+    ("tune_decoder", ["--data", ".", "--checkpoint", ".", "--max-pairs", "0"], "must be at least 1"),
+    ("bench_posterior", ["--data", ".", "--hmm", "/nonexistent.json"], "no such file or folder"),
+    ("bench_posterior", ["--data", ".", "--pairs", "0"], "must be at least 1"),
+    ("bench_local", ["--data", "/nonexistent"], "no such file or folder"),
+    ("bench_engines", ["--checkpoint", "/nonexistent"], "no such file or folder"),
+    ("asap_features", ["--checkpoint", "/nonexistent"], "no such file or folder"),
+    ("bench_encoder", ["--kinds", "foo"], "--kinds must name some of"),
+    ("validate_ceta", ["--causal-steps", "4"], "--causal-steps needs two or more"),
+    ("profile_transport", ["--impls", "foo"], "--impls must name some of"),
+    ("profile_transport", ["--repeats", "0"], "must be at least 1"),
+    ("benchmark_production_backward_modes", ["--modes", "foo"], "--modes must name some of"),
+    ("benchmark_production_backward_modes", ["--cases", "32x8"], "need BATCHxLxW items"),
+    ("estimate_r2_backward_memory", ["--cases", "64"], "need LxW items"),
+    ("benchmark_four_plan_adjoint", ["--lengths", "0"], "need one or more integers of at least 1"),
+])
+def test_scripts_refuse_bad_arguments_in_one_line(name, argv, said, capsys):
+    """A wrong argument is an argparse error (exit 2, the option named), not a traceback after
+    the imports or a run that measures nothing."""
+    module = importlib.import_module(name)
+    with pytest.raises(SystemExit) as stop:
+        module.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err
