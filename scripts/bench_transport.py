@@ -24,8 +24,9 @@ and implementation:
     prohibitive cost so the support is the same), exactly T+R iterations, differentiated by
     unrolling (``implicit_diff=None``); O = L * plan @ V (ott's marginals are 1/L). Note it
     differentiates all T+R iterations (no stopped base) and updates columns first.
-Every configuration runs in a fresh subprocess: ``peak_rss_MiB`` is that child's ``ru_maxrss``
-(interpreter + JAX runtime + compile + runs); the time is the min over ``--repeats`` calls
+Every configuration runs in a fresh subprocess: ``peak_rss_MiB`` is that child's own peak
+(``VmHWM``: interpreter + JAX runtime + compile + runs; since 2026-11-30: before, its
+``ru_maxrss``, which also held this driver's ~180 MiB); the time is the min over ``--repeats`` calls
 after the compiling call. ``temp_MiB`` is XLA's compiled temporary memory. A dense baseline
 is skipped (with the reason recorded) when its compiled memory exceeds ``--mem-budget-gib``.
 Ratios are against ``reference`` at the same L in the same run: ``speedup_vs_ref`` =
