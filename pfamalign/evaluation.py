@@ -45,7 +45,7 @@ from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIAB
                                          prf_by_identity, reliability, reliability_sums)
 from pfamalign.checkpoint import read_training_record
 from pfamalign.model import Aligner, aligner_loss, objective
-from pfamalign.pipelines.records import write_json
+from pfamalign.outputs import open_output
 
 BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
@@ -379,8 +379,9 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
     if predictor is not None:
         summary["training_overlap"] = training_overlap(predictor.path, ev.families)
         summary["provenance"] = predictor.provenance(decoding)
-    if json_path:
-        write_json(pathlib.Path(json_path), summary, indent=2)
+    if json_path:  # a user's file: links written through, devices in place, mode kept (outputs)
+        with open_output(json_path) as sink:
+            sink.write(jsonio.dumps(summary, indent=2, sort_keys=True) + "\n")
     if plot_path:
         plot(summary, plot_path)
     return summary

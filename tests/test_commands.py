@@ -1046,3 +1046,22 @@ def test_certify_pair_reports_each_stage_as_it_starts(model_dir):
                  score_noise=1e-3, progress=stages.append)
     assert [s.split()[0] for s in stages] == ["projective", "tail", "the", "aligned"]
     assert stages[1] == "tail bias at depths 0, 1"
+
+
+def test_eval_json_is_written_as_every_other_output(dataset, tmp_path):
+    """eval --json went through the dataset writer, not the outputs': a link to the file was
+    replaced by a file (its target never written) and the file's permissions were lost."""
+    import os
+    import stat
+
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    args = ["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--max-pairs", 2, "--quiet", "--bootstrap", 0]
+    res = run([*args, "--json", link])
+    assert res.exit_code == 0, res.output
+    assert link.is_symlink() and json.loads(target.read_text())["n_pairs"] == 2
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert not [p.name for p in tmp_path.iterdir() if p.name not in ("real.json", "link.json")]
