@@ -53,6 +53,11 @@ def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iter
     ``UnwritableOutput`` naming ``path``; any other error passes unchanged."""
     try:
         yield
+    except shutil.Error as err:  # copytree's list of (source, destination, why) failures
+        failure = _copy_failure(err, tmp)
+        if failure is None:
+            raise
+        raise UnwritableOutput(path, failure, None) from err
     except OSError as err:
         named = [os.path.abspath(f) for f in (err.filename, err.filename2)
                  if isinstance(f, (str, os.PathLike))]
@@ -64,6 +69,29 @@ def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iter
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # errors of writing, not of naming a file
+
+
+def _copy_failure(err: shutil.Error, tmp: pathlib.Path) -> OSError | None:
+    """The first failure of a ``shutil.copytree`` into ``tmp`` that ``_ADVICE`` knows (a full
+    disk, a denied write) as an OSError; None when there is none (the raw list then stands)."""
+    import re
+
+    entries = err.args[0] if err.args and isinstance(err.args[0], list) else []
+    for entry in entries:
+        if len(entry) == 3 and inside(entry[1], tmp):
+            found = re.search(r"\[Errno (\d+)\] ([^:]+)", str(entry[2]))
+            if found and int(found[1]) in _ADVICE:
+                return OSError(int(found[1]), found[2])
+    return None
+
+
+def naming(err: OSError, path: os.PathLike) -> OSError:
+    """A write error that names no file (a full disk met by a buffered write's flush) as
+    ``UnwritableOutput`` naming ``path``, the output the command was writing; any other
+    error unchanged."""
+    if err.errno in _FULL and err.filename is None and not isinstance(err, UnwritableOutput):
+        return UnwritableOutput(pathlib.Path(path), err, None)
+    return err
 
 
 def describe(err: OSError) -> str:

@@ -9,6 +9,7 @@ and uninterrupted runs write byte-identical files. Decoding needs no pickle.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from pfamalign import interrupts, jsonio
-from pfamalign.outputs import temporary_path
+from pfamalign.outputs import UnwritableOutput, temporary_path
 
 MAGIC = b"PFR1"
 _HEADER = struct.Struct("<I")
@@ -121,11 +122,27 @@ def write_array_record(path: os.PathLike, records: Iterable[bytes], *,
                 n += 1
         finally:
             writer.close()
+    except RuntimeError as err:  # ArrayRecord's C++ writer reports a failed write(2) as text
+        tmp.unlink(missing_ok=True)
+        raise _system_error(err, path) from err
     except BaseException:  # a failing producer (an embedder error mid-part) leaves no temporary
         tmp.unlink(missing_ok=True)
         raise
     commit(tmp, path)
     return n
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
+
+
+def _system_error(err: RuntimeError, path: pathlib.Path) -> Exception:
+    """ArrayRecord's ``RuntimeError("write() failed: No space left on device; ...")`` as the
+    OSError it stands for (``UnwritableOutput``, naming ``path``: a command ends in one line
+    saying what to do); any other RuntimeError unchanged."""
+    for code in _WRITE_ERRNOS:
+        if os.strerror(code) in str(err):
+            return UnwritableOutput(path, OSError(code, os.strerror(code)), None)
+    return err
 
 
 def read_array_record(path: os.PathLike) -> Iterator[bytes]:

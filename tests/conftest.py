@@ -95,6 +95,20 @@ def foreground_sigint():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """An empty 64 KiB file system (tmpfs): writes there meet a full disk. Root only: the test
+    skips where mount is not allowed."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
 @pytest.fixture(scope="session")
 def shared_pfam():
     """The shared real Pfam data directory, or skip when this machine does not have it."""

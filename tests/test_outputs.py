@@ -199,3 +199,24 @@ def test_an_unwritable_output_directory_is_refused_before_any_work(tmp_path, mon
     with pytest.raises(OutputError, match=f"cannot write {read_only / 'e.json'}: its directory {read_only} is not writable"):
         check_output_path(read_only / "e.json")
     assert check_output_path(tmp_path / "e.json") == tmp_path / "e.json"
+
+
+def test_a_directory_copy_that_fills_the_disk_is_one_line_naming_the_output(tmp_path):
+    """compile and ensemble copy a model into a staged directory; on a full disk copytree
+    raises shutil.Error with every file's failure (one 6 KB line of tuples): the user gets
+    the output named and what to do, and nothing is left."""
+    import shutil
+
+    from pfamalign.outputs import UnwritableOutput, staged_directory
+
+    out = tmp_path / "compiled"
+    with pytest.raises(UnwritableOutput) as caught:
+        with staged_directory(out) as work:
+            raise shutil.Error([(str(tmp_path / "model" / f"f{i}"), str(work / f"f{i}"),
+                                 f"[Errno 28] No space left on device: '{work / f'f{i}'}'") for i in range(20)])
+    assert str(caught.value) == f"cannot write {out}: No space left on device; free some space or write the output elsewhere"
+    assert list(tmp_path.iterdir()) == []
+    # a failure that is not about writing the copy (an unreadable source) keeps its own message
+    with pytest.raises(shutil.Error):
+        with staged_directory(out) as work:
+            raise shutil.Error([(str(tmp_path / "model" / "f"), str(work / "f"), "[Errno 5] Input/output error")])

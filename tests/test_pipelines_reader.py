@@ -163,3 +163,24 @@ def test_an_array_record_write_that_fails_midway_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     assert write_array_record(tmp_path / "part.rec", [b"one", b"two"]) == 2
     assert count_array_record(tmp_path / "part.rec") == 2 and len(list(tmp_path.iterdir())) == 1
+
+
+def test_a_full_disk_under_an_array_record_writer_is_an_unwritable_output(small_disk):
+    """ArrayRecord reports a failed write(2) as RuntimeError("write() failed: No space left on
+    device; ..."): prepare ended in a traceback. It is now the OSError a command turns into one
+    line naming the file, and no temporary is left."""
+    from pfamalign.outputs import UnwritableOutput
+    from pfamalign.pipelines import records
+
+    path = small_disk / "part.array_record"
+    with pytest.raises(UnwritableOutput) as caught:
+        records.write_array_record(path, (b"x" * 4096 for _ in range(100)))
+    assert str(caught.value) == f"cannot write {path}: No space left on device; free some space or write the output elsewhere"
+    assert list(small_disk.iterdir()) == []
+
+
+def test_array_record_errors_that_are_not_about_writing_pass_unchanged():
+    from pfamalign.pipelines import records
+
+    other = RuntimeError("Invalid argument: bad options")
+    assert records._system_error(other, pathlib.Path("x")) is other

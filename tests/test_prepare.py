@@ -160,6 +160,19 @@ def test_cli_prints_summary_and_rerun_is_a_no_op(tmp_path):
     assert f"replaced the dataset of config {old_hash} (--overwrite)" in _flat(res.output)
 
 
+def test_a_full_disk_ends_prepare_in_one_line_naming_the_dataset(small_disk):
+    """ArrayRecord's write failure was a RuntimeError and a buffered write's a nameless
+    OSError: a traceback, or "cannot write the output". Now one line names what could not be
+    written and says the work is kept for the rerun."""
+    out = small_disk / "ds"
+    res = CliRunner().invoke(cli, ["prepare", "shards", "--pfam", str(SEED), "--out", str(out), *ARGS],
+                             env={"CI": "1"})
+    assert res.exit_code == 1, res.output
+    message = _flat(res.output)
+    assert f"Error: cannot write {out}" in message and "No space left on device; free some space" in message
+    assert "re-run the same command to resume" in message and "Traceback" not in res.output
+
+
 def test_an_empty_split_is_reported_with_what_to_change(tmp_path):
     """One family over train and val: the split it was not assigned to is empty, and prepare
     says so (even with -q) rather than training finding no validation pairs later."""

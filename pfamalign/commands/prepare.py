@@ -148,6 +148,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
 
     Re-running the same command resumes an interrupted run and never duplicates a record.
     """
+    from pfamalign.outputs import UnwritableOutput, naming
     from pfamalign.pipelines.config import PrepareConfig
     from pfamalign.pipelines.embed import EmbedderError
     from pfamalign.pipelines.pairs import SamplingConfig
@@ -200,6 +201,12 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
                                    "families and continue.") from err
     except (EmbedderError, PrepareError, ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk: the dataset named, and its work kept for the rerun
+        named = naming(err, out)
+        if named is not err or isinstance(err, UnwritableOutput):
+            raise click.ClickException(f"{named}\nThe work done so far is kept in {out}: re-run the same "
+                                       "command to resume.") from err
+        raise
     for warning in result.summary.get("warnings", []):  # even with --quiet: act on it now
         click.echo(f"Warning: {warning}", err=True)
     left_out = result.summary["skipped"]["families"]
