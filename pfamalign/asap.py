@@ -752,7 +752,7 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     from pfamalign.pipelines.records import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
-    with staged_directory(out, replace=True) as staged:  # check_output_dir allowed any replacing
+    with staged_directory(out, replace=replace) as staged:
         shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
         write_json(staged / OPERATOR_FILE, op.to_dict(), indent=2)
         # the operator is fitted numbers, not settings to edit: `verify` checks it as the parameters;
@@ -760,4 +760,7 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
         if not read_checksums(staged):  # a source saved before checksums: its parameters as copied
             write_checksums(staged, ("params",))
         add_checksums(staged, (OPERATOR_FILE, *MODEL_RECORDS))
+        # again, just before the swap: a directory another process made at OUT meanwhile is
+        # refused, never replaced (only a compiled model is)
+        check_output_dir(source, out, replace=replace)
     return out

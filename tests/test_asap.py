@@ -275,6 +275,32 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.write_compiled(src, out, op)
 
 
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_directory_made_at_the_output_while_compiling_is_kept(tmp_path, monkeypatch, replace):
+    """OUT was checked before the copy, then swapped out and deleted whatever it had become: a
+    directory another process made there meanwhile (a user's, another compile's) was lost."""
+    import shutil
+
+    model = _model(seed=0)
+    src = checkpoint.save_model(tmp_path / "model", model)
+    op = asap.fit(model, _pairs(0, 4), asap.AsapSettings(slices=2))
+    out = tmp_path / "compiled"
+    copy = shutil.copytree
+
+    def copy_while_someone_makes_out(*args, **kwargs):
+        copied = copy(*args, **kwargs)
+        if not out.exists():  # once, after the outer copy (copytree recurses through itself)
+            out.mkdir()
+            (out / "precious.txt").write_text("keep")
+        return copied
+
+    monkeypatch.setattr(shutil, "copytree", copy_while_someone_makes_out)
+    with pytest.raises(ValueError, match="already exists"):
+        asap.write_compiled(src, out, op, replace=replace)
+    assert [p.name for p in out.iterdir()] == ["precious.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compiled", "model"]  # no stage left
+
+
 # ---- the commands -------------------------------------------------------------------------------
 
 def _run(args):
