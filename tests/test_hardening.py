@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -1426,11 +1427,14 @@ def test_validation_asked_of_a_dataset_without_val_pairs_is_a_warning(tmp_path):
 
     ds = make_seed_dataset(tmp_path / "ds", pairs_per_family=6, max_len=160, split_fractions=(0.6, 0.0, 0.4),
                            seed=1)
-    out = tmp_path / "run"
+    out = tmp_path / "my run"
     result = run(["train", "--data", ds, "--config", "align_ce", "--out", out, "--no-tune", "--eval-every", "1",
                   *(f"--set={k}={v}" for k, v in TINY.items())])
     assert result.exit_code == 0, result.output
     assert f"warning: {ds} has no val pairs (within max_len): no validation every 1 steps" in result.output
+    # the next commands can be pasted into a shell: the run's path holds a space
+    model = shlex.quote(os.path.relpath(out / "model"))
+    assert f"pfamalign align --checkpoint {model} SEQ_A SEQ_B" in result.output and "'" in model
     assert not any(key.startswith("val/") for line in (out / "metrics.jsonl").read_text().splitlines()
                    for key in json.loads(line))
 

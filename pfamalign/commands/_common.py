@@ -136,6 +136,8 @@ def resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index) -> dict:
                                "SEQ_B, --stockholm FILE with --ids ID_A ID_B, or --data DIR")
     if ids and stockholm is None:
         raise click.UsageError("--ids names rows of --stockholm FILE; add --stockholm")
+    if seq_a == seq_b == inputs.STDIN:  # one stream read once: the second side would find it empty
+        raise click.UsageError("standard input (-) can be SEQ_A or SEQ_B, not both")
     ctx = click.get_current_context(silent=True)
     typed = [f"--{name}" for name in ("split", "index") if ctx is not None
              and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]

@@ -170,6 +170,7 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
           tensorboard, quiet):
     """Trains an aligner (the help text is ``_HELP``)."""
     import os
+    import shlex
 
     from pfamalign import configs, training
     from pfamalign.checkpoint import CheckpointError
@@ -232,5 +233,6 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         if shown:
             console.print("  (val/: the model's plan on the val pairs, before decoding; diag/: the "
                           "diagonal baseline's)", soft_wrap=True)
-        console.print(f"next: pfamalign eval --data {data_dir} --split test --checkpoint {model}\n"
-                      f"      pfamalign align --checkpoint {model} SEQ_A SEQ_B", soft_wrap=True)
+        quoted = shlex.quote(model)  # lines to paste into a shell: paths with spaces quoted
+        console.print(f"next: pfamalign eval --data {shlex.quote(str(data_dir))} --split test --checkpoint {quoted}\n"
+                      f"      pfamalign align --checkpoint {quoted} SEQ_A SEQ_B", soft_wrap=True, markup=False)
