@@ -627,6 +627,22 @@ def test_a_stray_manifest_temporary_is_cleaned_on_rerun(tmp_path):
     assert not list(out.rglob(TEMPORARY_GLOB))
 
 
+def test_verify_names_working_files_beside_a_finished_dataset(tmp_path):
+    """A prepare stopped between writing its manifest and removing work/ (or --keep-work)
+    left working files verify said nothing of; a note names them, not as a problem."""
+    from pfamalign.commands.verify import verify_directory
+    from pfamalign.pipelines.prepare import run_prepare
+
+    out = tmp_path / "ds"
+    run_prepare(_prepare_cfg(out, keep_work=True), quiet=True)
+    checked, problems = verify_directory(out)
+    assert problems == [] and [line for line in checked if line.startswith(f"note: {out / 'work'}:")] == [
+        f"note: {out / 'work'}: working files beside a finished dataset (kept by --keep-work, or left by a run "
+        "stopped just after it wrote the manifest); not part of the dataset: delete work/ if you do not need it"]
+    shutil.rmtree(out / "work")
+    assert not any(line.startswith(f"note: {out / 'work'}") for line in verify_directory(out)[0])
+
+
 @pytest.mark.parametrize("skip_bad", [False, True])
 def test_truncated_gz_input_is_a_clear_error(tmp_path, skip_bad):
     import gzip

@@ -98,6 +98,12 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                            f"({len(mine)} temporary file(s)); re-run that command to finish it, or delete "
                            f"{unfinished.name}/ to give it up")
             temporaries = [p for p in temporaries if p not in mine]
+    work = directory / "work"
+    if (directory / "manifest.json").is_file() and work.is_dir() and not any(
+            line.startswith(f"{NOTE}{work}:") for line in checked):
+        checked.append(f"{NOTE}{work}: working files beside a finished dataset (kept by --keep-work, or "
+                       "left by a run stopped just after it wrote the manifest); not part of the dataset: "
+                       "delete work/ if you do not need it")
     replacement = directory / REPLACEMENT
     if replacement.is_dir() and not any(line.startswith(f"{NOTE}{replacement}:") for line in checked):
         # built whole, then stopped before the swap (no temporary left to report it)
