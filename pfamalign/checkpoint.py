@@ -136,8 +136,9 @@ def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConf
     params = params if params is not None else model_params(model)
     directory.mkdir(parents=True, exist_ok=True)
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(directory / "params", params, force=True)
-    ckptr.wait_until_finished()
+    with _orbax_writing(directory / "params"):
+        ckptr.save(directory / "params", params, force=True)
+        ckptr.wait_until_finished()
     if jax.process_index() == 0:
         write_checksums(directory, ("params",))
         records.write_json(directory / "config.json", {"format": MODEL_FORMAT,
@@ -284,6 +285,59 @@ def _silence_orphaned_reads() -> None:
             previous(unraisable)
 
     sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _orbax_writing(where: pathlib.Path):
+    """Around an orbax save into ``where``: a failed write (a full disk: TensorStore's
+    ``RESOURCE_EXHAUSTED ... os_error_code='28'``, raised as a ValueError after absl has
+    logged it from each writer thread) ends in one error naming ``where``, an
+    ``UnwritableOutput`` where it was the disk, else a ``CheckpointError``; the save's
+    temporary directory is removed and its orphaned tasks' tracebacks are not printed."""
+    import errno
+    import logging
+    import shutil
+
+    _silence_orphaned_reads()  # a failing save's callbacks meet its closed loop during the save
+    _silence_orphaned_writes()
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # each writer thread logs the failure the save raises
+    try:
+        yield
+    except Exception as err:
+        for tmp in where.parent.glob(f"{where.name}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause, innermost = _orbax_failure(err), err
+        while (innermost.__cause__ or innermost.__context__) is not None:
+            innermost = innermost.__cause__ or innermost.__context__
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
+            if f"os_error_code='{code}'" in str(innermost) or os.strerror(code) in str(innermost):
+                from pfamalign.outputs import UnwritableOutput
+
+                raise UnwritableOutput(where, OSError(code, os.strerror(code)), None) from None
+        raise CheckpointError(f"cannot save {where}: {cause}") from None
+    finally:
+        logger.setLevel(level)
+
+
+@functools.cache  # one filter for the process
+def _silence_orphaned_writes() -> None:
+    """A failed orbax save leaves its other write tasks failed and unawaited; asyncio logs
+    each as "Task (or _GatheringFuture) exception was never retrieved" with its traceback when
+    it is collected. Those of orbax's writes, and only they, are dropped."""
+    import logging
+    import traceback
+
+    def keep(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "exception was never retrieved" not in text.split("\n", 1)[0]:
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            text += "".join(traceback.format_exception(*record.exc_info))
+        return not ("orbax" in text or "OCDBT" in text)
+
+    logging.getLogger("asyncio").addFilter(keep)
 
 
 @contextlib.contextmanager
@@ -492,10 +546,11 @@ class TrainCheckpoints:
 
     def save(self, step: int, *, params, opt_state, data_state: dict, meta: dict) -> None:
         ocp = _ocp()
-        self._mngr.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-            data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)), force=True)
-        self._mngr.wait_until_finished()
+        with _orbax_writing(self.directory / str(step)):
+            self._mngr.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+                data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)), force=True)
+            self._mngr.wait_until_finished()
         if jax.process_index() == 0:
             # the data-iterator state and bookkeeping too: a changed position would resume
             # on other batches without a word

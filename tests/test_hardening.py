@@ -901,6 +901,45 @@ def test_save_model_records_checksums(tmp_path):
     assert set(sums) == files and checkpoint.verify_checksums(tmp_path / "m") == []
 
 
+def test_a_full_disk_under_an_orbax_save_is_one_error_and_leaves_no_temporary(small_disk, capfd):
+    """orbax raised a ValueError (RESOURCE_EXHAUSTED ... os_error_code='28') after absl logged it
+    from every writer thread and asyncio printed each orphaned task: `train` on a full disk
+    printed hundreds of lines and left STEP.orbax-checkpoint-tmp. Now: one error naming what
+    could not be written, nothing printed, nothing left."""
+    import gc
+
+    import jax.numpy as jnp
+
+    from pfamalign import checkpoint
+    from pfamalign.kernels import TransportConfig
+    from pfamalign.model import AlignerConfig, build_model
+    from pfamalign.outputs import UnwritableOutput
+
+    fd = os.open(small_disk / "ballast", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:  # fill the file system
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    params, opt = {"w": jnp.arange(4096.0)}, {"m": jnp.ones(4096)}
+    ckpts = checkpoint.TrainCheckpoints(small_disk / "checkpoints")
+    with pytest.raises(UnwritableOutput) as caught:
+        ckpts.save(3, params=params, opt_state=opt, data_state={"next_index": 3}, meta={"step": 3})
+    assert str(caught.value) == (f"cannot write {small_disk / 'checkpoints' / '3'}: No space left on device; "
+                                 "free some space or write the output elsewhere")
+    model = build_model(AlignerConfig(name="full", feature_dim=50, embedder_id="builtin/onehot+blosum62",
+                                      encoder="none", heads=2, head_dim=8, value_dim=4,
+                                      transport=TransportConfig(half_band=5, impl="reference")), seed=0)
+    with pytest.raises(UnwritableOutput, match=r"cannot write .*model/params: No space left on device"):
+        checkpoint.save_model(small_disk / "model", model)
+    gc.collect()  # the orphaned tasks are reported as they are collected
+    assert not [p for p in small_disk.rglob("*") if "orbax-checkpoint-tmp" in p.name]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ERROR:absl" not in err and "never retrieved" not in err, err[:2000]
+
+
 def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):
     import jax
     import jax.numpy as jnp
