@@ -54,7 +54,7 @@ from pfamalign import jsonio
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
 from pfamalign.kernels import DustbinTokens, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
-from pfamalign.outputs import inside, staged_directory
+from pfamalign.outputs import check_output_directory, inside, staged_directory
 
 ENGINES = ("sinkhorn", "steps", "asap")
 FEATURES = ("rowlse", "norm", "spoke", "max")
@@ -738,9 +738,7 @@ def check_output_dir(source, out, *, replace: bool = False) -> pathlib.Path:
                          f"elsewhere")
     if out.exists() and not (replace and (out / OPERATOR_FILE).is_file()):
         raise ValueError(f"output {out} already exists; give a new directory")
-    if not out.parent.is_dir():
-        raise ValueError(f"the parent of {out} does not exist")
-    return out
+    return check_output_directory(out)  # its parent exists and is writable
 
 
 def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathlib.Path:

@@ -43,7 +43,7 @@ from pfamalign import jsonio
 from pfamalign.decoding import DecoderSettings
 from pfamalign.inference import ENSEMBLE_FILE, Predictor, finished_run_model, model_content_hash, predictor_path
 from pfamalign.plans import PairPlan
-from pfamalign.outputs import inside, staged_directory
+from pfamalign.outputs import check_output_directory, inside, staged_directory
 from pfamalign.tuning import PLAN_POWERS
 
 # each member's power is chosen on validation pairs from these (the decoder grid's, and the
@@ -226,6 +226,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     models = [finished_run_model(pathlib.Path(m)) or pathlib.Path(m) for m in models]
     if out.exists():
         raise ValueError(f"{out} already exists; choose a new --out directory")
+    check_output_directory(out)  # a read-only place is found now, not after the tuning
     if len(models) < 2:
         raise ValueError("an ensemble needs at least two models")
     resolved = [m.resolve() for m in models]

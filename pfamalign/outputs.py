@@ -140,6 +140,19 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
                               f"(a dataset's, a model's); write the output elsewhere")
     if path.is_dir():
         raise OutputError(f"output {path} is a directory; give a file name")
+    _check_parent(path)
+    return path
+
+
+def check_output_directory(path: os.PathLike) -> pathlib.Path:
+    """An output directory about to be built beside its place (``staged_directory``): its
+    parent exists and can take it. Checked before the work, not found after it."""
+    path = pathlib.Path(path)
+    _check_parent(path)
+    return path
+
+
+def _check_parent(path: pathlib.Path) -> None:
     if not path.parent.is_dir():
         blocker = next((d for d in path.parents if d.exists()), None)
         if blocker is not None and not blocker.is_dir():
@@ -152,7 +165,6 @@ def check_output_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = 
     if not (path.exists() and not path.is_file()) and not os.access(path.parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {path}: its directory {path.parent} is not writable (a read-only "
                           f"file system, or no permission); {_WRITE_ELSEWHERE}")
-    return path
 
 
 # Every temporary name starts with "." and holds ".tmp": ``temporary_path``'s

@@ -220,3 +220,25 @@ def test_a_directory_copy_that_fills_the_disk_is_one_line_naming_the_output(tmp_
     with pytest.raises(shutil.Error):
         with staged_directory(out) as work:
             raise shutil.Error([(str(tmp_path / "model" / "f"), str(work / "f"), "[Errno 5] Input/output error")])
+
+
+def test_an_output_directory_in_an_unwritable_place_is_refused_before_any_work(tmp_path, monkeypatch):
+    """ensemble tuned every member, then failed to write on a read-only file system; compile
+    said nothing of it either. Both refuse first (os.access, which reports a read-only file
+    system to root too)."""
+    from pfamalign import asap, ensemble
+    from pfamalign.outputs import check_output_directory
+
+    read_only, real = tmp_path / "ro", os.access
+    read_only.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if pathlib.Path(p) == read_only else real(p, mode, **kw))
+    said = f"cannot write {read_only / 'e'}: its directory {read_only} is not writable"
+    with pytest.raises(OutputError, match=said):
+        check_output_directory(read_only / "e")
+    with pytest.raises(OutputError, match=said):  # before the models or the data are read
+        ensemble.build(read_only / "e", [tmp_path / "no-model-a", tmp_path / "no-model-b"], tmp_path / "no-data")
+    with pytest.raises(OutputError, match=said):
+        asap.check_output_dir(tmp_path / "model", read_only / "e")
+    with pytest.raises(OutputError, match="output directory .*missing does not exist"):
+        check_output_directory(tmp_path / "missing" / "e")
+    assert check_output_directory(tmp_path / "e") == tmp_path / "e"
