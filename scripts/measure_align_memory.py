@@ -16,28 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
 import _common
 
 CHILD = """
-import json, resource, sys
+import json, sys
 import numpy as np
+sys.path.insert(0, sys.argv[3])  # scripts/: its helpers
+from _common import own_peak_rss_bytes as peak_bytes  # VmHWM: not the parent's peak
 from pfamalign import PairAligner
-
-def peak_bytes():
-    # Linux: this process image's high-water mark. ru_maxrss survives exec, so a child of a
-    # large process (a long pytest run) would report its parent's size
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 length, checkpoint = int(sys.argv[1]), sys.argv[2] or None
 aligner = PairAligner(checkpoint, max_length=10 ** 6, max_memory=0)
@@ -59,7 +49,8 @@ def main(argv=None) -> None:
     from pfamalign import resources
 
     for length in args.lengths:
-        out = subprocess.run([sys.executable, "-c", CHILD, str(length), args.checkpoint],
+        out = subprocess.run([sys.executable, "-c", CHILD, str(length), args.checkpoint,
+                              os.path.dirname(os.path.abspath(__file__))],
                              capture_output=True, text=True, check=True, timeout=3600)
         child = json.loads(out.stdout.strip().splitlines()[-1])
         estimate = resources.estimate_align_bytes(length, length, child["plan_models"])
