@@ -165,8 +165,7 @@ class BuiltinEmbedder(Embedder):
 def _weights_help(name: str) -> str:
     hub = _torch_hub_checkpoints()
     return (f"It needs the fair-esm checkpoint file '{name}.pt' ({ESM_URL}/models/{name}.pt; "
-            f"the optional '{name}-contact-regression.pt' from {ESM_URL}/regression/ may sit "
-            f"beside it). Put it at {hub / (name + '.pt')} (the torch hub cache), or pass "
+            f"no contact-regression file). Put it at {hub / (name + '.pt')} (the torch hub cache), or pass "
             f"--weights /path/to/{name}.pt (or a directory holding it), or set "
             f"{WEIGHTS_ENV}=/path/to/{name}.pt. Keep the original file name: fair-esm derives "
             "the architecture from it.")
@@ -215,23 +214,38 @@ def resolve_esm_weights(name: str, weights: str | os.PathLike | None = None) -> 
 
 
 def _fingerprint_file(path: pathlib.Path) -> str:
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
+    """``NAME:SIZE:SHA256[:16]`` of the whole file: two weights files differing anywhere give
+    datasets of different configurations (until 2026-11-30 only the first and last MiB were
+    read, and weights differing in between shared a dataset's hash and its embeddings)."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        if size > (2 << 20):
-            f.seek(size - (1 << 20))
-            h.update(f.read(1 << 20))
-    return f"{path.name}:{size}:{h.hexdigest()[:16]}"
+        while block := f.read(8 << 20):
+            h.update(block)
+    return f"{path.name}:{path.stat().st_size}:{h.hexdigest()[:16]}"
+
+
+def trusted_weights() -> bool:
+    """Whether ``$PFAMALIGN_TRUST_WEIGHTS`` allows full unpickling: only an explicit yes
+    (1, true, yes, on); unset, empty, 0, false, no and off keep weights-only loading, and any
+    other value is an error (a typo must not run a file's code)."""
+    value = os.environ.get(TRUST_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise EmbedderError(f"${TRUST_ENV}={os.environ[TRUST_ENV]!r}: give 1 to allow full unpickling of "
+                        "trusted weights files, or unset it (0 / false / no / off also keep it off)")
 
 
 def load_esm(path: pathlib.Path):
-    """Loads a fair-esm ESM-2 checkpoint (and its contact regression file when present).
+    """Loads a fair-esm ESM-2 checkpoint.
 
-    Both files are loaded with ``weights_only=True`` (no code runs, whatever the file holds);
+    The file is loaded with ``weights_only=True`` (no code runs, whatever the file holds);
     fair-esm's own checkpoints hold an ``argparse.Namespace``, which is allow-listed.
     Checkpoints needing more can be loaded with ``PFAMALIGN_TRUST_WEIGHTS=1`` (full
-    unpickling: trusted files only).
+    unpickling: trusted files only). The contact-regression file fair-esm keeps beside it is
+    never read: residue representations do not use the contact head, and a file read for
+    nothing could only fail (or, trusted, run code).
     """
     import argparse
     import pickle
@@ -240,8 +254,7 @@ def load_esm(path: pathlib.Path):
     import torch
 
     name = path.stem
-    regression = path.with_name(f"{name}-contact-regression.pt")
-    trust = os.environ.get(TRUST_ENV, "") not in ("", "0")
+    trust = trusted_weights()
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -256,10 +269,7 @@ def load_esm(path: pathlib.Path):
             # never fair-esm's load_model_and_alphabet_local: its torch.load relies on the
             # torch default, which unpickles arbitrary objects before torch 2.6
             model_data = torch.load(str(path), map_location="cpu", weights_only=not trust)
-            regression_data = (torch.load(str(regression), map_location="cpu",
-                                          weights_only=not trust)
-                               if regression.is_file() else None)
-            return esm.pretrained.load_model_and_alphabet_core(name, model_data, regression_data)
+            return esm.pretrained.load_model_and_alphabet_core(name, model_data, None)
     except pickle.UnpicklingError as err:
         raise EmbedderError(
             f"cannot load ESM-2 weights {path} in weights-only mode ({err}). If you trust the "
@@ -308,20 +318,33 @@ class EsmEmbedder(Embedder):
             raise EmbedderError(f"long_policy must be 'refuse' or 'window', got {long_policy!r}")
         import torch
 
+        if threads is not None and int(threads) < 1:
+            raise EmbedderError(f"threads must be at least 1, got {threads}")
+        try:
+            torch_device = torch.device(device)
+        except RuntimeError as err:
+            raise EmbedderError(f"unknown torch device {device!r} ({err}); give cpu, cuda or cuda:N") from err
+        if torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise EmbedderError(f"device {device!r}: this torch has no CUDA GPU available (torch "
+                                f"{torch.__version__}); give --device cpu, or install a CUDA build of torch")
         if threads:
             torch.set_num_threads(int(threads))
         self.name = name
         self.weights = weights
         self.model, self.alphabet = load_esm(weights)
-        self.model.eval().to(device)
+        try:
+            self.model.eval().to(torch_device)
+        except (RuntimeError, AssertionError) as err:  # a device this torch cannot use
+            raise EmbedderError(f"cannot move ESM-2 to device {device!r}: {err}") from err
         self.device = device
         n_layers = int(self.model.num_layers)
-        layer = n_layers if layer is None else int(layer)
-        if layer < 0:
-            layer += n_layers + 1
-        if not 0 <= layer <= n_layers:
+        chosen = n_layers if layer is None else int(layer)
+        if chosen < 0:
+            chosen += n_layers + 1
+        if not 0 <= chosen <= n_layers:
             raise EmbedderError(f"layer {layer} out of range for {name} ({n_layers} layers; "
-                                f"use 0..{n_layers} or -1 for the last)")
+                                f"use 0..{n_layers}, or -1 for the last)")
+        layer = chosen
         self.layer = layer
         self.embedder_id = f"{name}/layer{layer}"
         self.dim = int(self.model.embed_dim)

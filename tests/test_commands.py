@@ -819,8 +819,12 @@ def test_a_pair_named_two_ways_is_refused(command, dataset):
     ("--pid-bins", "30,150", "expected finite numbers from 0 to 100"),
     ("--layer", "6", "--layer picks a layer of an ESM-2 embedder; builtin/onehot has none"),
     ("--pid-bins", "30,60", "--pid-bins are the bins of --stratify-pid"),  # else silently unused
-    ("--device", "cuda", "--device set torch for an ESM-2 embedder; builtin/onehot uses no torch"),
-    ("--threads", "2", "--threads set torch for an ESM-2 embedder"),
+    ("--device", "cuda", "--device sets how an ESM-2 embedder runs; builtin/onehot has no such setting"),
+    ("--threads", "2", "--threads sets how an ESM-2 embedder runs"),
+    # they entered the dataset's configuration and blocked a rerun, while changing nothing
+    ("--toks-per-batch", "7", "--toks-per-batch sets how an ESM-2 embedder runs"),
+    ("--long-seqs", "window", "--long-seqs sets how an ESM-2 embedder runs"),
+    ("--threads", "0", "--threads"),
 ])
 def test_prepare_refuses_numbers_it_cannot_use(option, value, message, tmp_path):
     out = tmp_path / "ds"

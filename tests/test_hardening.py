@@ -1143,20 +1143,53 @@ def _tiny_esm(directory):
     return mod.build_tiny_esm(directory)
 
 
-@pytest.mark.parametrize("crafted", ["model", "regression"])
-def test_a_crafted_pickle_in_esm_weights_is_refused_without_running(tmp_path, monkeypatch, crafted):
+@pytest.mark.parametrize("trust", [None, "0", "false", "no", "off", "FALSE "])
+def test_a_crafted_pickle_in_esm_weights_is_refused_without_running(tmp_path, monkeypatch, trust):
+    """Every spelling of "no" keeps weights-only loading (false, no and off turned full
+    unpickling on: only "" and "0" were read as no)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("esm")
     from pfamalign.pipelines.embed import TRUST_ENV, EmbedderError, load_esm
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
+    if trust is not None:
+        monkeypatch.setenv(TRUST_ENV, trust)
     weights = _tiny_esm(tmp_path / "w")
-    target = weights if crafted == "model" else weights.with_name(f"{weights.stem}-contact-regression.pt")
     marker = tmp_path / "pwned"
-    torch.save({"model": _Payload(marker)}, target)
+    torch.save({"model": _Payload(marker)}, weights)
     with pytest.raises(EmbedderError, match="weights-only"):
         load_esm(weights)
     assert not marker.exists()
+
+
+def test_an_unclear_trust_setting_is_refused_before_any_file_is_read(tmp_path, monkeypatch):
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, EmbedderError, load_esm
+
+    monkeypatch.setenv(TRUST_ENV, "maybe")
+    with pytest.raises(EmbedderError, match=r"\$PFAMALIGN_TRUST_WEIGHTS='maybe': give 1 to allow full unpickling"):
+        load_esm(_tiny_esm(tmp_path / "w"))
+
+
+@pytest.mark.parametrize("regression", ["crafted", "truncated"])
+def test_the_contact_regression_file_is_never_read(tmp_path, monkeypatch, regression):
+    """Residue representations do not use the contact head: a crafted or damaged regression
+    file beside good weights failed the load, blaming the model file (and advising the user to
+    trust it, which would have run the regression file's code)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import TRUST_ENV, get_embedder
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    weights = _tiny_esm(tmp_path / "w")
+    target = weights.with_name(f"{weights.stem}-contact-regression.pt")
+    marker = tmp_path / "pwned"
+    if regression == "crafted":
+        torch.save({"model": _Payload(marker)}, target)
+    else:
+        target.write_bytes(target.read_bytes()[:1000])
+    features = get_embedder(weights.stem, weights).embed(["MKV"])[0]
+    assert features.shape == (3, 32) and np.isfinite(features).all() and not marker.exists()
 
 
 def test_every_torch_load_of_esm_weights_is_weights_only(tmp_path, monkeypatch):
@@ -1175,7 +1208,7 @@ def test_every_torch_load_of_esm_weights_is_weights_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "load", spy)
     load_esm(weights)
-    assert calls == [True, True]  # the model and its contact-regression file
+    assert calls == [True]  # the model (its contact-regression file is never read)
 
 
 def test_the_embed_extra_requires_a_weights_only_torch():

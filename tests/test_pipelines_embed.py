@@ -157,6 +157,34 @@ def test_esm_layers_and_extraction_match_fair_esm(tiny_esm):
     np.testing.assert_allclose(e.embed(["MJK"])[0], e.embed(["MXK"])[0], atol=1e-6)
 
 
+def test_the_weights_fingerprint_reads_the_whole_file(tmp_path):
+    """Two files of one size differing only in the middle: the fingerprint read the first and
+    last MiB, so different weights made datasets of one configuration (and --reuse-embeddings
+    took the other's embeddings)."""
+    a, b = tmp_path / "a" / "w.pt", tmp_path / "b" / "w.pt"
+    a.parent.mkdir(), b.parent.mkdir()
+    data = bytearray(np.random.default_rng(0).bytes(5 << 20))
+    a.write_bytes(bytes(data))
+    data[len(data) // 2] ^= 1
+    b.write_bytes(bytes(data))
+    assert embed._fingerprint_file(a) != embed._fingerprint_file(b)
+    assert embed._fingerprint_file(a).startswith(f"w.pt:{5 << 20}:")
+
+
+def test_esm_device_threads_and_layer_errors_name_what_was_given(tiny_esm, monkeypatch):
+    import torch
+
+    with pytest.raises(embed.EmbedderError, match="unknown torch device 'foo'"):
+        embed.get_embedder(tiny_esm.stem, tiny_esm, device="foo")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(embed.EmbedderError, match="device 'cuda': this torch has no CUDA GPU available"):
+        embed.get_embedder(tiny_esm.stem, tiny_esm, device="cuda")
+    with pytest.raises(embed.EmbedderError, match="threads must be at least 1, got -1"):
+        embed.get_embedder(tiny_esm.stem, tiny_esm, threads=-1)
+    with pytest.raises(embed.EmbedderError, match=r"layer -4 out of range .* use 0..2, or -1 for the last"):
+        embed.get_embedder(f"{tiny_esm.stem}/layer-4", tiny_esm)
+
+
 def test_esm_without_regression_file(tiny_esm, tmp_path):
     d = tmp_path / "noreg"
     d.mkdir()

@@ -75,7 +75,7 @@ def prepare():
               default="refuse", show_default=True,
               help="ESM-2 and sequences over 1022 residues: leave them out (refuse) or embed "
                    "overlapping windows.")
-@click.option("--toks-per-batch", type=int, default=4096, show_default=True,
+@click.option("--toks-per-batch", type=click.IntRange(min=1), default=4096, show_default=True,
               help="ESM-2 batch size in tokens.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
               show_default=True, help="Embedding storage type.")
@@ -129,7 +129,7 @@ def prepare():
               help="Replace a dataset built with other options in --out (only the files "
                    "prepare wrote; other files stay).")
 @click.option("--device", default="cpu", show_default=True, help="torch device for ESM-2.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per process for ESM-2 (default: torch's choice; 1 is often "
                    "fastest on a busy machine).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars and no summary.")
@@ -157,10 +157,13 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     from pfamalign.pipelines.stockholm import StockholmError
 
     given = lambda name: click.get_current_context().get_parameter_source(name) is ParameterSource.COMMANDLINE  # noqa: E731
-    torch_options = [f"--{name}" for name in ("device", "threads") if given(name)]
-    if torch_options and embedder.strip().startswith("builtin"):  # it would be silently ignored
-        raise click.UsageError(f"{' and '.join(torch_options)} set torch for an ESM-2 embedder; {embedder} "
-                               "uses no torch (drop them, or give --embedder esm2_...)")
+    esm_options = {"device": "--device", "threads": "--threads", "toks_per_batch": "--toks-per-batch",
+                   "long_policy": "--long-seqs"}
+    esm_given = [flag for name, flag in esm_options.items() if given(name)]
+    if esm_given and embedder.strip().startswith("builtin"):  # it would be silently ignored
+        raise click.UsageError(f"{' and '.join(esm_given)} set{'s' if len(esm_given) == 1 else ''} how an "
+                               f"ESM-2 embedder runs; {embedder} has no such setting (drop "
+                               f"{'it' if len(esm_given) == 1 else 'them'}, or give --embedder esm2_...)")
     splits_given = click.get_current_context().get_parameter_source("split_text")
     if fold_text is not None and splits_given is not ParameterSource.DEFAULT:
         raise click.UsageError("--fold K/N and --splits both choose the splits; give one of them "
