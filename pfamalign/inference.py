@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from pfamalign import resources
-from pfamalign.alignment import numba_jit
+from pfamalign.alignment import numba_jit, pairhmm
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
 from pfamalign.alignment.pairs import PairAlignment
@@ -429,18 +429,23 @@ class Predictor:
         if bulk:
             from pfamalign.alignment.pairhmm_numba import match_posteriors_many
 
-            return match_posteriors_many(self.pairhmm, list(seq_pairs), local=mode == "local",
-                                         log_emissions=log_emissions)
-        from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
+            out = match_posteriors_many(self.pairhmm, list(seq_pairs), local=mode == "local",
+                                        log_emissions=log_emissions)
+        else:
+            from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
-        out: list = [None] * len(seq_pairs)
-        for pad, chunk in bucketed_batches([max(len(a), len(b)) for a, b in seq_pairs]):
-            padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
-            tables = None if log_emissions is None else [log_emissions[n] for n in padded]
-            posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
-                                             local=mode == "local", log_emissions=tables)
-            for n, post in zip(chunk, posts):
-                out[n] = post
+            out = [None] * len(seq_pairs)
+            for pad, chunk in bucketed_batches([max(len(a), len(b)) for a, b in seq_pairs]):
+                padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
+                tables = None if log_emissions is None else [log_emissions[n] for n in padded]
+                posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
+                                                 local=mode == "local", log_emissions=tables)
+                for n, post in zip(chunk, posts):
+                    out[n] = post
+        for n, post in enumerate(out):  # a pair past the scaled engines' range: the log-space reference
+            if not pairhmm.plausible_posteriors(post):
+                out[n] = pairhmm.match_posteriors(self.pairhmm, *seq_pairs[n], local=mode == "local",
+                                                  log_emissions=None if log_emissions is None else log_emissions[n])
         return out
 
     def plan_posteriors(self, seq_pairs: Sequence[tuple[str, str]], plans: Sequence[PairPlan],

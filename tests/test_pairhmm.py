@@ -408,6 +408,42 @@ def test_a_model_directory_uses_its_own_pairhmm(tmp_path):
     assert not np.allclose(pairhmm.match_posteriors(own, a, b), pairhmm.match_posteriors(shipped, a, b))
 
 
+@pytest.mark.parametrize("bulk", [True, False])  # the numba engine, the XLA one
+def test_pairs_past_the_fast_engines_range_get_the_reference_posteriors(bulk):
+    """The fast engines scale each lattice row by its largest entry; a repeat's plan raised to
+    an accepted power (or emissions near the accepted bound) span more than float64 holds in a
+    row: they returned NaN (`align` failed: "plan must be finite") or wrong cells. Such a
+    pair is now recomputed by the log-space reference; an ordinary pair keeps the fast answer."""
+    from pfamalign.inference import Predictor
+
+    predictor = Predictor()
+    hmm = predictor.pairhmm
+    rng = np.random.default_rng(0)
+    seq = lambda n: "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), n))
+    domain = seq(100)
+    plan = np.full((200, 100), 1e-9)
+    plan[np.arange(100), np.arange(100)] = plan[np.arange(100, 200), np.arange(100)] = 0.5  # a repeat
+    repeat = (domain + domain, domain)
+    ordinary = (seq(30), seq(25))
+    emissions = [pairhmm.plan_log_odds(plan, 3.0), rng.normal(size=(30, 25))]
+    got = predictor.hmm_posteriors([repeat, ordinary], log_emissions=emissions, bulk=bulk)
+    for (a, b), emit, post in zip([repeat, ordinary], emissions, got):
+        assert pairhmm.plausible_posteriors(post)
+        np.testing.assert_allclose(post, match_posteriors(hmm, a, b, log_emissions=emit), atol=1e-9)
+    # the case of the ±700 bound itself: emissions of 400 everywhere
+    flat = predictor.hmm_posteriors([("ACDEFG", "ACDEF")], log_emissions=[np.full((6, 5), 400.0)], bulk=bulk)[0]
+    np.testing.assert_allclose(flat, match_posteriors(hmm, "ACDEFG", "ACDEF", log_emissions=np.full((6, 5), 400.0)),
+                               atol=1e-9)
+
+
+def test_plausible_posteriors_holds_a_residue_to_one_match():
+    assert pairhmm.plausible_posteriors(np.array([[0.5, 0.5], [0.0, 0.5]]))
+    assert not pairhmm.plausible_posteriors(np.array([[0.7, 0.5], [0.0, 0.0]]))  # a row past 1
+    assert not pairhmm.plausible_posteriors(np.array([[0.7, 0.0], [0.6, 0.0]]))  # a column past 1
+    assert not pairhmm.plausible_posteriors(np.array([[np.nan, 0.0]]))
+    assert not pairhmm.plausible_posteriors(np.array([[-0.1, 0.0]]))
+
+
 # ---- the identity mixture -------------------------------------------------------------------
 
 def _mixture(seed: int) -> pairhmm.PairHMMMixture:

@@ -372,6 +372,17 @@ def checked_emissions(log_emissions, lq: int, lk: int) -> np.ndarray:
     return emit
 
 
+def plausible_posteriors(post: np.ndarray, tol: float = 1e-6) -> bool:
+    """Whether ``post`` can be match posteriors: finite, within [0, 1], and no row or column
+    summing past 1 (a residue is matched at most once). The fast engines scale each lattice
+    row by its largest entry, which cannot hold a row whose entries span more than float64's
+    range (sharp or repeated plan emissions): their answer for such a pair fails this check
+    (NaN, or mass past 1) and the caller recomputes it here, in log space."""
+    post = np.asarray(post)
+    return bool(np.isfinite(post).all() and post.min(initial=0.0) >= -tol and post.max(initial=0.0) <= 1 + tol
+                and post.sum(1).max(initial=0.0) <= 1 + tol and post.sum(0).max(initial=0.0) <= 1 + tol)
+
+
 def match_posteriors(hmm: AnyPairHMM, seq_a: str, seq_b: str, *, local: bool = False,
                      log_emissions: np.ndarray | None = None) -> np.ndarray:
     """``[Lq, Lk]`` posterior probability that query residue i is aligned to key residue j
