@@ -215,13 +215,21 @@ class Operator:
                                "recompile with `pfamalign compile`")
 
 
-def check_model(model) -> None:
-    """Raises CompileError unless the model's plans are balanced: the reconstruction's
-    c-transforms are undamped, so semi-relaxed marginals (``rows`` / ``cols``, ``relax``) would
-    need another operator (the ``rows`` plan is a row softmax: nothing to amortise)."""
-    marginals = model.cfg.transport.marginals
+def compile_refusal(config) -> str | None:
+    """Why a model of ``config`` (an ``AlignerConfig``) cannot be compiled, or None: its plans
+    must be balanced; the reconstruction's c-transforms are undamped, so semi-relaxed
+    marginals (``rows`` / ``cols``, ``relax``) would need another operator (the ``rows`` plan
+    is a row softmax: nothing to amortise). ``train --compile`` asks before training."""
+    marginals = config.transport.marginals
     if marginals != "balanced":
-        raise CompileError(f"ASAP compiles balanced plans only; this model's marginals are {marginals!r}")
+        return f"ASAP compiles balanced plans only; this model's marginals are {marginals!r}"
+    return None
+
+
+def check_model(model) -> None:
+    """Raises CompileError unless the model can be compiled (``compile_refusal``)."""
+    if (why := compile_refusal(model.cfg)) is not None:
+        raise CompileError(why)
 
 
 def params_hash(model) -> str:

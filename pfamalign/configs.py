@@ -101,6 +101,9 @@ class OptimConfig:
                              f"{self.weight_decay!r}, {self.clip_norm!r}")
 
 
+MAX_SEED = 2**63 - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The training batches (the trajectory too).
@@ -122,7 +125,9 @@ class DataConfig:
 
     def __post_init__(self):
         _check_ints(self, positive=("batch_size", "pad_multiple", "bucket_window"),
-                    non_negative=("max_len",))
+                    non_negative=("max_len", "seed"))
+        if self.seed > MAX_SEED:  # the initialisation's generator takes a C long
+            raise ValueError(f"seed must be at most {MAX_SEED} (2**63 - 1), got {self.seed}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -418,6 +418,34 @@ def test_resume_refuses_other_settings(reference, dataset):
         rundir.check_resumable(_cfg(dataset, heads=2), saved, info, allow_changes=True)
 
 
+def test_allowed_changes_to_a_finished_run_that_trains_nothing_record_nothing(reference, dataset, tmp_path):
+    """A rerun of a finished run with --allow-changes and nothing to train rewrote config.json
+    with the new settings: the original command was then refused. --steps below the step
+    reached is refused (it trained nothing, and recorded steps: 2 of a run at 6)."""
+    run = tmp_path / "run"
+    shutil.copytree(reference.out_dir, run)
+    before = (run / "config.json").read_bytes()
+    result = train.run(dataset, run, _cfg(dataset, **{"train.lr": 5e-4}), quiet=True, allow_changes=True,
+                       tune_pairs=None)
+    assert result.step == result.start_step == STEPS and (run / "config.json").read_bytes() == before
+    with pytest.raises(train.TrainingError, match=f"at step {STEPS}; --steps 2 would train nothing"):
+        train.run(dataset, run, _cfg(dataset, **{"train.steps": 2}), quiet=True, allow_changes=True)
+    assert (run / "config.json").read_bytes() == before
+    train.run(dataset, run, _cfg(dataset), quiet=True, tune_pairs=None)  # the original settings: accepted
+
+
+def test_examples_seen_counts_each_steps_batch_across_a_resume_with_another_batch_size(reference, dataset,
+                                                                                     tmp_path):
+    """It was step x batch_size: 8 steps at batch 16 after 6 at 8 read 128, not 6 x 8 + 2 x 16 = 80."""
+    run = tmp_path / "run"
+    shutil.copytree(reference.out_dir, run)
+    train.run(dataset, run, _cfg(dataset, **{"train.steps": STEPS + 2, "train.batch_size": 16}), quiet=True,
+              allow_changes=True, tune_pairs=None)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    seen = {r["step"]: r["train/examples_seen"] for r in lines if "train/examples_seen" in r}
+    assert seen[STEPS] == STEPS * 8 and seen[STEPS + 2] == STEPS * 8 + 2 * 16, seen
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
@@ -609,6 +637,23 @@ def test_cli_bad_inputs(dataset, tmp_path):
     res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--coordinator",
                 "localhost:1234", *out])
     assert res.exit_code == 2 and "go together, with --distributed" in res.output
+    # --distributed: its options checked, and no cluster is one line, not a traceback
+    cluster = ["--distributed", "--coordinator"]
+    for args, said in (([*cluster, "notahostport", "--num-processes", "1", "--process-id", "0"], "is not HOST:PORT"),
+                       ([*cluster, "localhost:1234", "--num-processes", "2", "--process-id", "5"],
+                        "5 is not below --num-processes 2"),
+                       ([*cluster, "localhost:1234", "--num-processes", "0", "--process-id", "0"], "--num-processes"),
+                       (["--distributed"], "--distributed: cannot join a multi-host run")):
+        res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", *args, *out])
+        assert res.exit_code in (1, 2) and said in res.output and "Traceback" not in res.output, res.output
+    # refused before the training, not after it: --compile of an unbalanced model, seeds past a C long
+    res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", "--compile",
+                "--set", "transport.marginals=rows", *out])
+    assert res.exit_code == 2 and "--compile: ASAP compiles balanced plans only" in res.output
+    for seed in ("--set=train.seed=-1", f"--set=train.seed={2**63}"):
+        res = _cli(["train", "--data", str(dataset), "--config", "k2_eps1", seed, *out])
+        assert res.exit_code in (1, 2) and "seed must be" in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "r").exists()
     try:
         import tensorboardX  # noqa: F401
     except ImportError:
@@ -706,3 +751,8 @@ def test_progress_without_a_terminal_is_a_line_every_log_every_steps_at_the_typi
                      "step 30/30  loss 0.0333  40.0 ex/s  left 0:00:00"]
     ProgressLine(30, 0, quiet=True, every=10).update(10, "loss 1", step_time=0.1)
     assert capsys.readouterr().err == ""
+    # two steps, the first compiling: the rate is the second's (the upper middle was the compile)
+    short = ProgressLine(2, 0, quiet=False, every=1)
+    short.update(1, "loss 1", step_time=20.0, batch_size=4)
+    short.update(2, "loss 1", step_time=0.1, batch_size=4)
+    assert capsys.readouterr().err.splitlines()[-1] == "step 2/2  loss 1  40.0 ex/s  left 0:00:00"

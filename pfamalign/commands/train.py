@@ -135,7 +135,7 @@ def summary_line(result, total_steps: int) -> str:
               help="Validation every N steps, 0 = never  [config: 200]")
 @click.option("--ckpt-every", type=int, default=None,
               help="Checkpoint every N steps, 0 = only at the end  [config: 200]")
-@click.option("--seed", type=click.IntRange(min=0), default=None,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None,
               help="Initialisation and data order  [config: 0]")
 @click.option("--set", "set_items", multiple=True, metavar="KEY=VALUE",
               help="Override a config field (repeatable): a model field (heads=2), "
@@ -151,16 +151,19 @@ def summary_line(result, total_steps: int) -> str:
                    "any CETA encoder layers, calibrated on this dataset's train pairs) into "
                    "OUT/compiled, a model directory for `--engine asap` (replaced on a rerun).")
 @click.option("--allow-changes", is_flag=True,
-              help="Resume even though optimisation settings (--lr, --steps, ...) differ "
-                   "from the saved run's (e.g. a lower LR after a divergence).")
+              help="Resume even though training settings differ from the saved run's: the "
+                   "optimiser's (--lr, --steps, ...) and the batches' (--batch-size, --seed, "
+                   "train.max_len, ...), e.g. a lower LR after a divergence; never the model's "
+                   "or the dataset.")
 @click.option("--distributed", is_flag=True,
               help="Multi-host: call jax.distributed.initialize() first (run the same command "
                    "on every host; see above).")
 @click.option("--coordinator", default=None, metavar="HOST:PORT",
               help="With --distributed outside TPU / SLURM / MPI auto-detection: the "
                    "coordinator address (with --num-processes and --process-id).")
-@click.option("--num-processes", type=int, default=None, help="With --coordinator.")
-@click.option("--process-id", type=int, default=None, help="With --coordinator.")
+@click.option("--num-processes", type=click.IntRange(min=1), default=None, help="With --coordinator.")
+@click.option("--process-id", type=click.IntRange(min=0), default=None,
+              help="With --coordinator: this host's index, 0 to --num-processes - 1.")
 @click.option("--tensorboard", is_flag=True,
               help="Also write TensorBoard scalars to OUT/tensorboard (needs tensorboardX).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress line and no summary.")
@@ -197,12 +200,30 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
                                                                         for x in manual)):
         raise click.UsageError("--coordinator, --num-processes and --process-id go together, "
                                "with --distributed")
+    if coordinator is not None:
+        host, _, port = coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.BadParameter(f"{coordinator!r} is not HOST:PORT (e.g. 10.0.0.1:1234)",
+                                     param_hint="--coordinator")
+        if process_id >= num_processes:
+            raise click.BadParameter(f"{process_id} is not below --num-processes {num_processes}",
+                                     param_hint="--process-id")
     if distributed:
         from pfamalign.training.step import init_distributed
 
-        init_distributed(coordinator, num_processes, process_id)
+        try:
+            init_distributed(coordinator, num_processes, process_id)
+        except (ValueError, RuntimeError) as err:  # no cluster detected, or none answering
+            raise click.ClickException(
+                f"--distributed: cannot join a multi-host run ({err}); outside TPU / SLURM / MPI "
+                "auto-detection give --coordinator HOST:PORT --num-processes N --process-id I") from None
     try:
         cfg = training.run_config(data_dir, out_dir, config_name, overrides=overrides)
+        if compile_:  # refused now, not after the training
+            from pfamalign.asap import compile_refusal
+
+            if (why := compile_refusal(cfg.model)) is not None:
+                raise click.UsageError(f"--compile: {why}")
         result = training.run(data_dir, out_dir, cfg, tensorboard=tensorboard, quiet=quiet,
                               allow_changes=allow_changes,
                               tune_pairs=None if no_tune else tune_pairs)

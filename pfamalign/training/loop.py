@@ -203,6 +203,8 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
         it.set_state(data_state)
         step = int(meta["step"])
         window = list(meta.get("log_window", []))  # older checkpoints: none kept
+    # counted, not step x batch_size: --allow-changes may have changed the batch size on a resume
+    seen_at_start = int(meta.get("examples_seen", step * batch_size)) if resume_step is not None else 0
     start_step = step
     train_step = make_train_step(cfg, mesh)
     val = val_batches(data_dir, cfg.train) if loop.eval_every else []
@@ -230,7 +232,10 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
         pending = [{k: float(v) for k, v in r.items()} for r in window]
         checkpoints.save(at_step, params=state.params, opt_state=state.opt_state,
                          data_state=it.get_state(),
-                         meta={"step": at_step, "examples_seen": at_step * batch_size, "log_window": pending})
+                         meta={"step": at_step, "examples_seen": examples_seen(at_step), "log_window": pending})
+
+    def examples_seen(at_step: int) -> int:
+        return seen_at_start + (at_step - start_step) * batch_size
 
     def run_eval(at_step: int) -> dict:
         if not val:
@@ -293,7 +298,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
                         # the window's median step: a step that compiled a new shape would set the mean
                         "train/examples_per_s": batch_size / float(np.median([r["step_time"] for r in window])),
                         "train/step_time_s": total_time / len(window),
-                        "train/examples_seen": step * batch_size,
+                        "train/examples_seen": examples_seen(step),
                     })
                     writer.write(step, last_metrics)
                     window = []

@@ -127,9 +127,9 @@ def check_resumable(cfg: RunConfig, saved: dict, data: dict, *,
                     allow_changes: bool = False) -> list[str]:
     """Refuses to resume a run directory with a different model, trajectory or dataset.
 
-    ``allow_changes`` accepts other optimisation settings (e.g. a lower learning rate after
-    a divergence); the model and the dataset must still match. Returns the changed
-    optimisation settings."""
+    ``allow_changes`` accepts other training settings, the optimiser's and the batches' (e.g.
+    a lower learning rate after a divergence); the model and the dataset must still match.
+    Returns the changed settings."""
     new, old = cfg.to_dict(), RunConfig.from_dict(saved).to_dict()  # either config.json form
     diffs = _diff(new["model"], old["model"], "model.")
     changed = [d for d in _diff(new["train"], old["train"], "train.")
@@ -158,6 +158,11 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
     if saved is not None and steps:
         changed = check_resumable(cfg, saved, data, allow_changes=allow_changes)
         resume_step = steps[-1]
+        if changed and cfg.train.steps < resume_step:
+            raise TrainingError(f"{out_dir} is at step {resume_step}; --steps {cfg.train.steps} would train "
+                              f"nothing (give --steps above {resume_step} to continue it)")
+        if resume_step >= cfg.train.steps:  # nothing to train: the recorded settings stand
+            return resume_step, []
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         records.write_json(out_dir / "config.json",
@@ -253,7 +258,8 @@ class ProgressLine:
             self._times.append(step_time)
         left = "-"
         if self._times:
-            typical = float(sorted(self._times)[len(self._times) // 2])
+            # the lower median: of an even count (two steps, one of them compiling) the faster
+            typical = float(sorted(self._times)[(len(self._times) - 1) // 2])
             left = _clock(typical * (self.total - step))
             if batch_size:
                 info = f"{info}  {batch_size / typical:.1f} ex/s"
