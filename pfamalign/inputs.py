@@ -50,15 +50,18 @@ class FastaRecord:
     description: str = ""  # the header after the id (BLAST's definition line is id + description)
 
 
-def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
-    """(1-based number, text without the newline) of each line; a line over MAX_LINE raises.
-    A byte-order mark opening the text (Windows editors write one) is dropped."""
+def _bounded_lines(handle: IO[str], source: str, kind: str = "FASTA") -> Iterator[tuple[int, str]]:
+    """(1-based number, text without the newline) of each line; a line over MAX_LINE raises
+    (``kind``: the file's kind, for the hint), and so does a line that is not UTF-8, by its
+    own number (``open_text`` decodes with surrogateescape: a strict decoder fails on a
+    chunk read ahead, at an earlier line). A byte-order mark opening the text (Windows
+    editors write one) is dropped."""
     lineno = 0
     while True:
         try:
             line = handle.readline(MAX_LINE + 1)
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{source}:{lineno + 1}: not UTF-8 text ({err.reason})") from err
+        except UnicodeDecodeError as err:  # a strict stream (standard input): decoded ahead
+            raise ValueError(f"{source}: not UTF-8 text at or after line {lineno + 1} ({err.reason})") from err
         except (EOFError, gzip.BadGzipFile, zlib.error) as err:
             raise ValueError(f"{source}:{lineno + 1}: the compressed file is truncated or corrupt "
                              f"({err})") from err
@@ -69,9 +72,11 @@ def _bounded_lines(handle: IO[str], source: str) -> Iterator[tuple[int, str]]:
         lineno += 1
         if lineno == 1:
             line = line.removeprefix("\ufeff")
+        if not line.isascii() and (bad := next((c for c in line if "\udc80" <= c <= "\udcff"), None)):
+            raise ValueError(f"{source}:{lineno}: not UTF-8 text (byte 0x{ord(bad) - 0xdc00:02x})")
         if len(line.rstrip("\n\r")) > MAX_LINE:
             raise ValueError(f"{source}:{lineno}: line longer than {MAX_LINE} characters; "
-                             "is this a FASTA file?")
+                             f"is this a {kind} file?")
         yield lineno, line.rstrip("\n\r")
 
 
@@ -149,7 +154,7 @@ def open_text(name: str, what: str, *, newline: str | None = None
             yield sys.stdin, "<stdin>"
             return
         with gzip.GzipFile(fileobj=raw, mode="rb") as stream, \
-                io.TextIOWrapper(stream, encoding="utf-8", newline=newline) as text:
+                io.TextIOWrapper(stream, encoding="utf-8", errors="surrogateescape", newline=newline) as text:
             yield text, "<stdin>"
         return
     if os.path.isdir(name):
@@ -160,7 +165,8 @@ def open_text(name: str, what: str, *, newline: str | None = None
         raise ValueError(f"{name}: cannot read {what} file ({err.strerror})") from err
     with raw:
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
-        with io.TextIOWrapper(stream, encoding="utf-8", newline=newline) as text:
+        # surrogateescape: a byte that is not UTF-8 is named at its own line (_bounded_lines)
+        with io.TextIOWrapper(stream, encoding="utf-8", errors="surrogateescape", newline=newline) as text:
             yield text, name
 
 
@@ -328,7 +334,7 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
     stack = contextlib.ExitStack()
     try:
         handle, source = stack.enter_context(open_text(str(path), "pairs", newline=""))
-        lines = _bounded_lines(handle, source)
+        lines = _bounded_lines(handle, source, "pairs (TSV)")
         first = _first_pair_line(lines, source)
     except BaseException:
         stack.close()
@@ -344,7 +350,7 @@ def count_pairs_tsv(path: str | os.PathLike) -> int | None:
         return None
     try:
         with open_text(str(path), "pairs", newline="") as (handle, source):
-            pair_lines = (line for _, line in _bounded_lines(handle, source) if _holds_a_pair(line))
+            pair_lines = (line for _, line in _bounded_lines(handle, source, "pairs (TSV)") if _holds_a_pair(line))
             first = next(pair_lines, None)
             return sum(1 for _ in pair_lines) + (first is not None and not _is_header(first))
     except (ValueError, OSError):  # the reader reports it

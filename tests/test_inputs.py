@@ -158,6 +158,24 @@ def test_fasta_lines_are_bounded(tmp_path, monkeypatch):
         list(inputs.read_fasta(path))
 
 
+def test_a_byte_that_is_not_utf8_is_named_at_its_own_line(tmp_path, monkeypatch):
+    """The decoder reads ahead in chunks: a bad byte on line 5 was reported at line 1 (any
+    small file), on line 201 of a pairs file at line 178."""
+    fasta = tmp_path / "bad.fa"
+    fasta.write_bytes(b">s1\nMKVLAAGIVG\n>s2\nMKVLSAGIVG\n>s\xe93\nMKVLSAGIVG\n")
+    with pytest.raises(ValueError, match=r"bad.fa:5: not UTF-8 text \(byte 0xe9\)"):
+        list(inputs.read_fasta(fasta))
+    pairs = tmp_path / "bad.tsv"
+    rows = [f"a{i}\tMKVLAAGIVG\tb{i}\tMKVLSAGIVG\n".encode() for i in range(300)]
+    rows[200] = b"a\xe9\tMKVLAAGIVG\tb\tMKVLSAGIVG\n"
+    pairs.write_bytes(b"".join(rows))
+    with pytest.raises(ValueError, match=r"bad.tsv:201: not UTF-8 text"):
+        list(inputs.read_pairs_tsv(pairs))
+    monkeypatch.setattr(inputs, "MAX_LINE", 10)  # and an over-long line of a pairs file is not "FASTA"
+    with pytest.raises(ValueError, match=r"bad.tsv:1: line longer than 10 characters; is this a pairs \(TSV\) file\?"):
+        list(inputs.read_pairs_tsv(pairs))
+
+
 def test_dash_reads_fasta_from_standard_input(monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(">q\nMKVL\n>k\nMKIL\n>r\nMRVL\n"))
     pairs = list(inputs.fasta_pairs("-"))
