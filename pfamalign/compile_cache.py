@@ -17,6 +17,7 @@ variables when jax is not loaded yet (``pfamalign --help`` must stay jax-free).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
@@ -161,7 +162,10 @@ def exported_program(path: pathlib.Path, export):
     import jax
 
     try:
-        return jax.export.deserialize(bytearray(path.read_bytes()))
+        program = jax.export.deserialize(bytearray(path.read_bytes()))
+        with contextlib.suppress(OSError):  # used: its model's programs are the newest kept
+            os.utime(path.parent)
+        return program
     except Exception:  # noqa: BLE001 -- none yet, or a damaged or foreign file: export it
         pass
     try:
@@ -175,9 +179,29 @@ def exported_program(path: pathlib.Path, export):
         path.parent.mkdir(parents=True, exist_ok=True)
         records.write_bytes(path, blob)
         _evict_other_builds(path)
+        _evict_other_models(path)
     except OSError:
         pass
     return program
+
+
+PROGRAM_DIRS = 16  # models whose exported programs are kept (the most recently used)
+
+
+def _evict_other_models(path: pathlib.Path) -> None:
+    """Keeps the ``PROGRAM_DIRS`` most recently used models' program directories under
+    ``CACHE/programs/`` (each holds about 2 MB a padded length, its parameters baked in):
+    a sweep over many models would otherwise leave every one's programs behind."""
+    import shutil
+
+    root = cache_dir()
+    if root is None or path.parent.parent != root / "programs":
+        return
+    models = sorted((d for d in path.parent.parent.iterdir() if d.is_dir()),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in models[PROGRAM_DIRS:]:
+        if old != path.parent:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)

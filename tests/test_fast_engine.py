@@ -536,6 +536,31 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
         assert compile_cache.cache_dir() == tmp_path / "xdg" / "pfamalign"
 
 
+def test_exported_programs_of_the_least_recently_used_models_are_removed(monkeypatch, tmp_path):
+    """Each model's programs (about 2 MB a padded length, parameters baked in) stayed in the
+    cache forever: a sweep over many models filled it. The PROGRAM_DIRS most recently used
+    models' directories are kept; reading a program refreshes its model's age."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "c"))
+    export = lambda: jax.export.export(jax.jit(lambda x: x + 1.0))(  # noqa: E731
+        jax.ShapeDtypeStruct((2,), jnp.float32)).serialize()
+    n, blob = compile_cache.PROGRAM_DIRS, export()
+    for k in range(n + 3):  # programs of n + 3 models, model 0 the oldest
+        path = compile_cache.program_path(f"model{k}", "plans")
+        path.parent.mkdir(parents=True)
+        path.write_bytes(blob)
+        os.utime(path.parent, (1000 + k, 1000 + k))
+    compile_cache.exported_program(compile_cache.program_path("model0", "plans"), export)  # a read: used now
+    compile_cache.exported_program(compile_cache.program_path("new", "plans"), export)  # a write: the eviction
+    kept = {d.name for d in (tmp_path / "c" / "programs").iterdir()}
+    assert len(kept) == n and {"new", "model0", f"model{n + 2}"} <= kept
+    assert not {"model1", "model2", "model3", "model4"} & kept
+
+
 _COMPILE_ONCE = """
 from pfamalign import compile_cache
 compile_cache.enable()
