@@ -182,6 +182,10 @@ class Operator:
             if heads < 1 or shape != want:
                 raise ValueError(f"{name} has shape {shape}, where its settings ({len(settings.features)} "
                                  f"features, {settings.slices} slices) give {want}")
+        for name, values in (("omega", omega), ("omega_dustbin", omega_db), ("slices", slices)):
+            if not np.isfinite(values).all():  # else the plan fails later, blamed on eps
+                raise ValueError(f"{name} holds non-finite numbers: the operator file is damaged; "
+                                 "recompile with `pfamalign compile`")
         return cls(settings, omega, omega_db, slices, data["params_hash"], data.get("stats", {}),
                    tuple(cls.from_dict(layer) for layer in data.get("layers", [])))
 
@@ -353,6 +357,12 @@ def predict_dual(x, z, rows, omega, omega_dustbin):
     u_real = jnp.einsum("bhif,hf->bhi", x, omega)
     u_db = jnp.einsum("bhf,hf->bh", z, omega_dustbin)
     return jnp.concatenate([jnp.where(rows, u_real, 0.0), u_db[..., None]], -1)
+
+
+# The `steps` engine's most steps: its solve (the reference's, a step per traced operation,
+# every step's potentials kept) grows with them: 200 steps of a 64 x 63 pair took 24 s and
+# 1.3 GB, 1000 took 9.5 min and 7.4 GB (2026-11-30).
+MAX_ENGINE_STEPS = 200
 
 
 def teacher_of(cfg, q, k, tokens, q_len, k_len, *, steps: int | None = None):
@@ -668,6 +678,7 @@ class Engine:
         operator (checked against the model's parameters; ``passes`` overrides its own)."""
         if name != "asap":
             return cls(name, steps)
+        check_model(model)  # before looking for an operator `compile` would refuse to write
         op = load_operator(model_dir)
         op.check(model)
         if passes is not None:

@@ -61,13 +61,13 @@ class PairAligner:
         from pfamalign import resources
         from pfamalign.decoding import DecoderSettings
         from pfamalign.inference import Predictor
-        from pfamalign.kernels.config import MAX_STEPS
+        from pfamalign.asap import MAX_ENGINE_STEPS
 
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model is a directory path or a shipped model's name, got {type(model).__name__}")
         _check_int("max_length", max_length, 1)
         if steps is not None:
-            _check_int("steps", steps, 1, MAX_STEPS)
+            _check_int("steps", steps, 1, MAX_ENGINE_STEPS)
         if max_memory is not None:
             if isinstance(max_memory, str):
                 try:

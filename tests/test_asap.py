@@ -242,6 +242,21 @@ def test_asap_refuses_a_model_with_relaxed_marginals():
     rows = build_model(dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, marginals="rows")))
     with pytest.raises(asap.CompileError, match="balanced"):
         asap.fit(rows, _pairs(0, 2))
+    # --engine asap says so at once (it said to run `pfamalign compile`, which then refused)
+    with pytest.raises(asap.CompileError, match="balanced"):
+        asap.Engine.load("asap", "/nonexistent-model-dir", rows)
+
+
+def test_an_operator_with_non_finite_numbers_is_refused_by_name(tmp_path):
+    """A damaged asap.json that no checksum covers (an older compile): the plan failed later,
+    blamed on the transport's eps."""
+    model = _model(seed=0)
+    op = asap.fit(model, _pairs(0, 4), asap.AsapSettings(slices=2))
+    for key in ("omega", "omega_dustbin"):
+        data = json.loads(json.dumps(op.to_dict()))
+        data[key][0][0] = float("nan")
+        with pytest.raises(ValueError, match=f"{key} holds non-finite numbers"):
+            asap.Operator.from_dict(data)
 
 
 # ---- compiled directories ---------------------------------------------------------------------
@@ -353,6 +368,10 @@ def test_compile_writes_a_model_that_aligns_with_every_engine_and_benchmarks(tmp
     stats = json.loads(res.output)
     assert stats["held_out_pairs"] == 2 and -1 < stats["r2_dual"] <= 1
     assert json.loads((out / asap.OPERATOR_FILE).read_text())["params_hash"] == stats["params_hash"]
+    # one pair and none held out is a fit (it was refused: "has 1 pairs; need at least 2")
+    res = _run(["compile", "--checkpoint", src, "--data", data, "--pairs", 1, "--held-out", 0, "--slices", 2,
+                "-o", tmp_path / "one"])
+    assert res.exit_code == 0 and json.loads(res.output).get("held_out_pairs", 0) == 0, res.output
     for engine in (["--engine", "asap"], ["--engine", "steps", "--steps", 2], []):
         res = _run(["align", "--checkpoint", out, *engine, "-f", "json", "ACDEFGHIKLMN", "ACDEGHIKLN"])
         assert res.exit_code == 0, res.output

@@ -1637,11 +1637,17 @@ def test_options_out_of_range_are_refused_before_any_work(args, fragment):
     assert_clear_error(run(args, input=""), fragment)
 
 
-def test_the_command_lines_step_limit_is_the_ops():
-    from pfamalign.commands._common import MAX_STEPS
-    from pfamalign.kernels.config import MAX_STEPS as OP_MAX_STEPS
+def test_the_command_lines_step_limit_is_the_engines():
+    """--engine steps accepted 100,000 steps, whose solve (a step per traced operation)
+    never finishes: 1,000 took 9.5 min and 7.4 GB on a 64-residue pair."""
+    import pfamalign
+    from pfamalign.asap import MAX_ENGINE_STEPS
+    from pfamalign.commands._common import MAX_ENGINE_STEPS as CLI_MAX
 
-    assert MAX_STEPS == OP_MAX_STEPS
+    assert CLI_MAX == MAX_ENGINE_STEPS == 200
+    assert_clear_error(run(["align", "--engine", "steps", "--steps", "201", "MKV", "MKV"]), "--steps")
+    with pytest.raises(ValueError, match="steps"):
+        pfamalign.PairAligner(engine="steps", steps=MAX_ENGINE_STEPS + 1)
 
 
 def test_a_length_limit_names_whose_it_is():

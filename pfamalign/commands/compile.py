@@ -106,8 +106,10 @@ def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int =
     records, _, features = pair_records(data=data, split=split, max_pairs=n_pairs + held_out, seed=seed,
                                         embedder_id=predictor.config.embedder_id)
     records = list(records)
-    if len(records) < 2:
-        raise ValueError(f"{data} split {split!r} has {len(records)} pairs; need at least 2")
+    need = 2 if held_out else 1  # one to fit (and one to hold out)
+    if len(records) < need:
+        raise ValueError(f"{data} split {split!r} gave {len(records)} pair(s); compiling needs at least {need}"
+                         + (" (one to fit, one to hold out; or --held-out 0)" if held_out else ""))
     if features == "records":
         pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in records]
     else:
