@@ -265,10 +265,15 @@ def _orbax_failure(err: BaseException) -> str:
     "Data corruption detected"), not the outer error's dump of the array spec. Also silences
     the read's orphans from here on (``_silence_orphaned_reads``)."""
     _silence_orphaned_reads()
+    text = str(err := _innermost(err)).strip()
+    return (text.splitlines()[0][:300] if text else type(err).__name__)
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """The exception at the bottom of ``err``'s chain of causes."""
     while (err.__cause__ or err.__context__) is not None:
         err = err.__cause__ or err.__context__
-    text = str(err).strip()
-    return (text.splitlines()[0][:300] if text else type(err).__name__)
+    return err
 
 
 @functools.cache  # one hook for the process, however many reads fail
@@ -308,15 +313,13 @@ def _orbax_writing(where: pathlib.Path):
     except Exception as err:
         for tmp in where.parent.glob(f"{where.name}.orbax-checkpoint-tmp*"):
             shutil.rmtree(tmp, ignore_errors=True)
-        cause, innermost = _orbax_failure(err), err
-        while (innermost.__cause__ or innermost.__context__) is not None:
-            innermost = innermost.__cause__ or innermost.__context__
-        for code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
-            if f"os_error_code='{code}'" in str(innermost) or os.strerror(code) in str(innermost):
-                from pfamalign.outputs import UnwritableOutput
+        from pfamalign.outputs import write_error_in_text
 
-                raise UnwritableOutput(where, OSError(code, os.strerror(code)), None) from None
-        raise CheckpointError(f"cannot save {where}: {cause}") from None
+        disk = write_error_in_text(str(_innermost(err)), where, (errno.ENOSPC, errno.EDQUOT, errno.EACCES,
+                                                                 errno.EROFS))
+        if disk is not None:
+            raise disk from None
+        raise CheckpointError(f"cannot save {where}: {_orbax_failure(err)}") from None
     finally:
         logger.setLevel(level)
 

@@ -71,33 +71,47 @@ def _named_as(path: pathlib.Path, tmp: pathlib.Path, kind: str = "file") -> Iter
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # errors of writing, not of naming a file
 
 
+def write_error_in_text(text: str, path: os.PathLike, codes: Iterable[int]) -> UnwritableOutput | None:
+    """The write error a library reported only as text (copytree's ``[Errno 28] ...``,
+    TensorStore's ``os_error_code='28'``, ArrayRecord's bare "No space left on device") as an
+    ``UnwritableOutput`` naming ``path``, when its errno is one of ``codes``; else None."""
+    code = _errno_in_text(text, codes)
+    return None if code is None else UnwritableOutput(pathlib.Path(path), OSError(code, os.strerror(code)), None)
+
+
+def _errno_in_text(text: str, codes: Iterable[int]) -> int | None:
+    import re
+
+    found = re.search(r"\[Errno (\d+)\]|os_error_code='(\d+)'", text)
+    named = [int(found[1] or found[2])] if found else [c for c in codes if os.strerror(c) in text]
+    return next((c for c in named if c in codes), None)
+
+
 def _copy_failure(err: shutil.Error, tmp: pathlib.Path) -> OSError | None:
     """The first failure of a ``shutil.copytree`` into ``tmp`` that ``_ADVICE`` knows (a full
     disk, a denied write) as an OSError; None when there is none (the raw list then stands)."""
-    import re
-
     entries = err.args[0] if err.args and isinstance(err.args[0], list) else []
     for entry in entries:
-        if len(entry) == 3 and inside(entry[1], tmp):
-            found = re.search(r"\[Errno (\d+)\] ([^:]+)", str(entry[2]))
-            if found and int(found[1]) in _ADVICE:
-                return OSError(int(found[1]), found[2])
+        if len(entry) == 3 and inside(entry[1], tmp) and (code := _errno_in_text(str(entry[2]), _ADVICE)):
+            return OSError(code, os.strerror(code))
     return None
 
 
+def _unnamed_write_error(err: OSError) -> bool:
+    """A write error that names no file: a full disk met by a buffered write's flush."""
+    return err.errno in _FULL and err.filename is None and not isinstance(err, UnwritableOutput)
+
+
 def naming(err: OSError, path: os.PathLike) -> OSError:
-    """A write error that names no file (a full disk met by a buffered write's flush) as
-    ``UnwritableOutput`` naming ``path``, the output the command was writing; any other
-    error unchanged."""
-    if err.errno in _FULL and err.filename is None and not isinstance(err, UnwritableOutput):
-        return UnwritableOutput(pathlib.Path(path), err, None)
-    return err
+    """A write error that names no file as ``UnwritableOutput`` naming ``path``, the output
+    the command was writing; any other error unchanged."""
+    return UnwritableOutput(pathlib.Path(path), err, None) if _unnamed_write_error(err) else err
 
 
 def describe(err: OSError) -> str:
     """An OSError as one line for the user: a write error that names no file (the standard
     output on a full disk, ``> /dev/full``) says what could not be written and what to do."""
-    if err.errno in _FULL and err.filename is None and not isinstance(err, UnwritableOutput):
+    if _unnamed_write_error(err):
         return f"cannot write the output: {err.strerror}; {_ADVICE.get(err.errno, 'write the output elsewhere')}"
     return str(err)
 

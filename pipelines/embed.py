@@ -344,9 +344,8 @@ class EsmEmbedder(Embedder):
         if not 0 <= chosen <= n_layers:
             raise EmbedderError(f"layer {layer} out of range for {name} ({n_layers} layers; "
                                 f"use 0..{n_layers}, or -1 for the last)")
-        layer = chosen
-        self.layer = layer
-        self.embedder_id = f"{name}/layer{layer}"
+        self.layer = chosen
+        self.embedder_id = f"{name}/layer{chosen}"
         self.dim = int(self.model.embed_dim)
         self.long_policy = long_policy
         self.max_residues = ESM_MAX_RESIDUES if long_policy == "refuse" else None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from pfamalign import interrupts, jsonio
-from pfamalign.outputs import UnwritableOutput, temporary_path
+from pfamalign.outputs import temporary_path, write_error_in_text
 
 MAGIC = b"PFR1"
 _HEADER = struct.Struct("<I")
@@ -139,10 +139,7 @@ def _system_error(err: RuntimeError, path: pathlib.Path) -> Exception:
     """ArrayRecord's ``RuntimeError("write() failed: No space left on device; ...")`` as the
     OSError it stands for (``UnwritableOutput``, naming ``path``: a command ends in one line
     saying what to do); any other RuntimeError unchanged."""
-    for code in _WRITE_ERRNOS:
-        if os.strerror(code) in str(err):
-            return UnwritableOutput(path, OSError(code, os.strerror(code)), None)
-    return err
+    return write_error_in_text(str(err), path, _WRITE_ERRNOS) or err
 
 
 def read_array_record(path: os.PathLike) -> Iterator[bytes]:

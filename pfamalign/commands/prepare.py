@@ -205,8 +205,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
     except (EmbedderError, PrepareError, ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from err
     except OSError as err:  # a full disk: the dataset named, and its work kept for the rerun
-        named = naming(err, out)
-        if named is not err or isinstance(err, UnwritableOutput):
+        if isinstance(named := naming(err, out), UnwritableOutput):
             raise click.ClickException(f"{named}\nThe work done so far is kept in {out}: re-run the same "
                                        "command to resume.") from err
         raise

@@ -195,7 +195,7 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
     # -- state --------------------------------------------------------------------------------
     state = init_state(cfg, mesh)
     checkpoints = ckpt.TrainCheckpoints(manager_dir, keep=loop.keep_checkpoints)
-    step, window = 0, []
+    step, window, seen_at_start = 0, [], 0
     if resume_step is not None:
         abs_params, abs_opt = abstract_state(state)
         state.params, state.opt_state, data_state, meta = checkpoints.restore(
@@ -203,8 +203,8 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
         it.set_state(data_state)
         step = int(meta["step"])
         window = list(meta.get("log_window", []))  # older checkpoints: none kept
-    # counted, not step x batch_size: --allow-changes may have changed the batch size on a resume
-    seen_at_start = int(meta.get("examples_seen", step * batch_size)) if resume_step is not None else 0
+        # counted, not step x batch_size: --allow-changes may have changed the batch size
+        seen_at_start = int(meta.get("examples_seen", step * batch_size))
     start_step = step
     train_step = make_train_step(cfg, mesh)
     val = val_batches(data_dir, cfg.train) if loop.eval_every else []

@@ -160,7 +160,7 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
         resume_step = steps[-1]
         if changed and cfg.train.steps < resume_step:
             raise TrainingError(f"{out_dir} is at step {resume_step}; --steps {cfg.train.steps} would train "
-                              f"nothing (give --steps above {resume_step} to continue it)")
+                                f"nothing (give --steps above {resume_step} to continue it)")
         if resume_step >= cfg.train.steps:  # nothing to train: the recorded settings stand
             return resume_step, []
     if jax.process_index() == 0:
