@@ -22,7 +22,9 @@ class PrepareConfig:
     Output-determining fields enter :meth:`output_config` / the config hash; ``workers``,
     ``keep_work``, ``overwrite``, ``engine``, ``beam_args``, ``device``, ``threads``,
     ``reuse_embeddings`` and paths do not (any worker count gives the same bytes; reused embeddings are those of the same
-    embedder and weights).
+    embedder and weights). ``toks_per_batch`` enters it, but a run recorded with another
+    batch size and otherwise the same options resumes under its recorded one
+    (``prepare._with_recorded_batch_size``).
     """
 
     inputs: tuple[str, ...]

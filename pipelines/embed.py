@@ -398,7 +398,17 @@ class EsmEmbedder(Embedder):
         with torch.no_grad():
             for batch in batches:
                 toks = self.tokens([items[i][2] for i in batch])
-                out = self.model(toks.to(self.device), repr_layers=[self.layer])
+                try:
+                    out = self.model(toks.to(self.device), repr_layers=[self.layer])
+                except (torch.OutOfMemoryError, RuntimeError) as err:
+                    if not _out_of_memory(err):
+                        raise
+                    raise EmbedderError(
+                        f"ESM-2 ran out of memory on {self.device} embedding {len(batch)} "
+                        f"sequence(s) of up to {toks.shape[1] - 2} residues (--toks-per-batch "
+                        f"{self.toks_per_batch}): re-run with a smaller --toks-per-batch, e.g. "
+                        f"{max(1, self.toks_per_batch // 2)}; a dataset resumes with its finished "
+                        "parts kept") from err
                 rep = out["representations"][self.layer]  # [b, T, D]
                 for row, i in enumerate(batch):
                     n = len(items[i][2])
@@ -414,6 +424,17 @@ class EsmEmbedder(Embedder):
                 out_list.append(stitch_windows(len(sequences[si]), [s for s, _ in parts],
                                                [p for _, p in parts]))
         return out_list
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """Whether torch failed for want of memory: a CUDA ``OutOfMemoryError``, or the CPU
+    allocator's RuntimeError (which has no class of its own)."""
+    import torch
+
+    text = str(err).lower()
+    return isinstance(err, torch.OutOfMemoryError) or any(
+        phrase in text for phrase in ("out of memory", "can't allocate memory",
+                                      "not enough memory"))
 
 
 # ------------------------------------------------------------------------------------------

@@ -154,6 +154,30 @@ def _input_changes(old, new) -> list[str]:
             + [f"input {n}: no longer given" for n in sorted(a.keys() - b.keys())])
 
 
+BATCH_SIZE_KEY = "embedder.toks_per_batch"
+
+
+def _with_recorded_batch_size(out: pathlib.Path, output_config: dict) -> dict:
+    """``output_config`` with the ESM-2 batch size that the dataset or unfinished run in
+    ``out`` records, where that is all that differs: ``--toks-per-batch`` is lowered after
+    running out of memory, and the run must resume with its work kept (the batch size moves
+    an embedding only by rounding, as ``--device`` and ``--threads`` do, which the config
+    leaves out). The config keeps the key so that the hashes of existing datasets stand."""
+    for path in (out / "manifest.json", out / "work" / "config.json"):
+        try:
+            recorded = json.loads(path.read_text()).get("config")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            continue  # missing or not ours: _check_out_dir says which
+        if not isinstance(recorded, dict):
+            continue
+        differs = jsonio.changes(recorded, json.loads(json.dumps(output_config)))
+        if differs and [key for key, _, _ in differs] == [BATCH_SIZE_KEY]:
+            old = differs[0][1]
+            return {**output_config, "embedder": {**output_config["embedder"], "toks_per_batch": old}}
+        return output_config
+    return output_config
+
+
 def _check_out_dir(out: pathlib.Path, chash: str, overwrite: bool,
                    config: dict | None = None) -> tuple[dict | None, dict | None]:
     """``(done, replaced)``: ``done`` the manifest if ``out`` already holds this exact dataset;
@@ -481,6 +505,7 @@ def _run_prepare(cfg: PrepareConfig, *, quiet: bool, embedder: Embedder | None) 
                                       embedder_id=embedder.embedder_id,
                                       embedder_fingerprint=embedder.fingerprint(),
                                       dim=embedder.dim)
+    output_config = _with_recorded_batch_size(out, output_config)
     chash = config_hash(output_config)
     staged = out / REPLACEMENT
     if (staged / "manifest.json").exists():  # killed while swapping a replacement in: finish

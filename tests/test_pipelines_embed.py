@@ -221,3 +221,12 @@ def test_window_geometry():
     out = embed.stitch_windows(8, [0, 2, 4], parts)
     assert out[:, 0].tolist() == [0, 0, 1, 1, 1, 2, 2, 2] or out[:, 0].tolist() == [
         0, 0, 0, 1, 1, 2, 2, 2]
+
+
+def test_out_of_memory_is_told_from_other_torch_errors():
+    torch = pytest.importorskip("torch")
+    assert embed._out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert embed._out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
+                                             "DefaultCPUAllocator: not enough memory: you tried "
+                                             "to allocate 68719476736 bytes."))
+    assert not embed._out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

@@ -1,5 +1,6 @@
 """`pfamalign prepare shards` end to end: dataset layout, manifest, resume, engines, bad input."""
 
+import dataclasses
 import gzip
 import importlib.util
 import json
@@ -606,3 +607,58 @@ def test_esm_resume_after_kill_is_byte_identical(tmp_path):
     assert len(list((out / "work" / "emb").glob("part-*"))) == 1
     subprocess.run([*_entry(), *args], env=env, check=True, timeout=300)
     assert _tree(out) == _tree(ref)
+
+
+def test_esm_out_of_memory_resumes_with_a_smaller_batch_size(tmp_path):
+    """ESM-2 out of memory mid-embedding: the error names the batch size and suggests half; the
+    re-run with a smaller --toks-per-batch resumes (finished parts kept, the recorded batch size
+    in the config hash) instead of starting over, and a later re-run finds it complete."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("esm")
+    from pfamalign.pipelines.embed import EmbedderError, get_embedder
+
+    weights = _tiny_esm(tmp_path / "w")
+    files = [SEED / f for f in ("PF00076.sto", "PF02184.sto", "PF02790.sto")]
+    calls = []
+
+    def esm(toks_per_batch, fail_at=None):
+        e = get_embedder(weights.stem, weights, threads=1, toks_per_batch=toks_per_batch)
+        model = e.model
+
+        def forward(toks, **kw):  # the real model; the allocator's failure injected at one call
+            calls.append(toks.shape[0])
+            if len(calls) == fail_at:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return model(toks, **kw)
+
+        e.model = forward
+        return e
+
+    def cfg(out, toks_per_batch):
+        return _cfg(out, inputs=files, sampling=SamplingConfig(pairs_per_family=15),
+                    seqs_per_part=16, toks_per_batch=toks_per_batch)
+
+    out = tmp_path / "ds"
+    with pytest.raises(EmbedderError, match=r"out of memory .*--toks-per-batch 4096\): re-run "
+                                            r"with a smaller --toks-per-batch, e.g. 2048"):
+        run_prepare(cfg(out, 4096), quiet=True, embedder=esm(4096, fail_at=3))
+    kept = sorted(p.name for p in (out / "work" / "emb").glob("part-*"))
+    assert len(kept) == 2 and not (out / "manifest.json").exists()
+    calls.clear()
+    result = run_prepare(cfg(out, 300), quiet=True, embedder=esm(300))
+    assert calls and max(calls) < 16  # the smaller batches did run
+    assert result.manifest["config"]["embedder"]["toks_per_batch"] == 4096  # as started
+    reference = run_prepare(cfg(tmp_path / "ref", 4096), quiet=True, embedder=esm(4096))
+    assert result.manifest["config_hash"] == reference.manifest["config_hash"]
+    assert 0 < result.summary["embeddings"]["computed_this_run"] < reference.summary["embeddings"]["count"]
+    for s in ("train", "val", "test"):  # the same records; embeddings equal up to rounding
+        a = list(reader.iter_pairs(out, s, features=True))
+        b = list(reader.iter_pairs(tmp_path / "ref", s, features=True))
+        assert [p["q_seq"] for p in a] == [p["q_seq"] for p in b]
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x["q_feat"], y["q_feat"], rtol=2e-3, atol=2e-3)
+    again = run_prepare(cfg(out, 64), quiet=True, embedder=esm(64))
+    assert again.already_complete
+    # another option changed as well: still refused, naming both
+    with pytest.raises(PrepareError, match="toks_per_batch.*seed|seed.*toks_per_batch"):
+        run_prepare(dataclasses.replace(cfg(out, 64), seed=5), quiet=True, embedder=esm(64))

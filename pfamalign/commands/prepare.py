@@ -76,7 +76,8 @@ def prepare():
               help="ESM-2 and sequences over 1022 residues: leave them out (refuse) or embed "
                    "overlapping windows.")
 @click.option("--toks-per-batch", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="ESM-2 batch size in tokens.")
+              help="ESM-2 batch size in tokens. Lower it if ESM-2 runs out of memory: an "
+                   "unfinished run resumes with another batch size, its work kept.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
               show_default=True, help="Embedding storage type.")
 @click.option("--pairs-per-family", type=click.IntRange(min=1), default=50, show_default=True,
