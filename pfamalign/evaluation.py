@@ -273,7 +273,9 @@ def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int =
     """Pair records sampled from Stockholm files (the same sampler as `prepare`). A malformed
     family raises, or with ``errors`` (a ``batch.BatchErrors``) is reported there (file:line)
     and skipped; a family that yields no pair (too short, one sequence) is named in
-    ``left_out`` (``file:line: family K: why``)."""
+    ``left_out`` (``file:line: family K: why``), and so is a second copy of a family key
+    (a directory and a file in it, or a copy: its pairs would count twice), as `prepare`
+    leaves it out."""
     from pfamalign.inputs import BadRecord
     from pfamalign.pipelines.pairs import SamplingConfig, sample_family
     from pfamalign.pipelines.stockholm import StockholmError, expand_inputs, iter_inputs, parse_family
@@ -283,14 +285,22 @@ def stockholm_records(paths, *, pairs_per_family: int, seed: int, max_len: int =
         raise ValueError(f"no Stockholm files in {', '.join(paths)} (a directory contributes its *.sto / "
                          "*.stockholm files and files starting with a '# STOCKHOLM' line)")
     cfg = SamplingConfig(pairs_per_family=pairs_per_family, max_len=max_len)
+    first_read: dict[str, str] = {}  # family key -> file:line of its first copy
     for raw in iter_inputs(paths, skip_bad=errors is not None):
+        where = f"{raw.source}:{raw.start_line}"
+        if raw.error is None and raw.key in first_read:
+            if left_out is not None:
+                left_out.append(f"{where}: family {raw.key}: a second copy (first read at "
+                                f"{first_read[raw.key]}; its pairs would count twice)")
+            continue
         try:
             family = parse_family(raw)
         except StockholmError as err:
             if errors is None:
                 raise
             errors.add(BadRecord(f"{err.path}:{err.line}", err.message))
-            continue
+            continue  # a malformed copy claims no key (as in `prepare --skip-bad`)
+        first_read[raw.key] = where
         sampled = sample_family(family, cfg, seed=seed, split="eval")
         if not sampled.pairs and left_out is not None:  # said, not silently dropped
             why = sampled.skip or "no pair of its sequences shares enough aligned columns"

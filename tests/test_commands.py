@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
 import os
 import pathlib
 import re
@@ -1019,6 +1020,22 @@ def test_eval_refuses_one_stockholm_file_given_twice():
     twin = SEED / ".." / SEED.name / "PF00041.sto"
     res = run(["eval", "--stockholm", path, "--stockholm", twin, "--no-model", "--baselines", "nw"])
     assert res.exit_code == 2 and "--stockholm names one file twice" in res.stderr
+
+
+def test_eval_scores_a_family_reached_twice_once(tmp_path):
+    """A directory and a file in it (or a copy of a file) reach one family twice: its pairs
+    are scored once, and the second copy is named as left out."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    shutil.copy(SEED / "PF00041.sto", folder / "PF00041.sto")
+    shutil.copy(SEED / "PF00041.sto", tmp_path / "copy.sto")
+    for extra in (folder / "PF00041.sto", tmp_path / "copy.sto"):
+        res = run(["eval", "--stockholm", folder, "--stockholm", extra, "--no-model", "--baselines",
+                   "diagonal", "--bootstrap", 0, "--pairs-per-family", 3, "--json", tmp_path / "e.json"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((tmp_path / "e.json").read_text())
+        assert summary["n_pairs"] == 3, extra
+        assert f"{extra}:1: family PF00041" in res.stderr and "a second copy" in res.stderr
 
 
 def test_compile_refuses_an_output_inside_its_checkpoint(model_dir):
