@@ -319,6 +319,17 @@ def _as_typed(text: str) -> str:
     return text[:1]
 
 
+def _as_written(text: str) -> str:
+    """Latin-1-decoded ``text`` as UTF-8 where its bytes are UTF-8 (a sequence name
+    ``séqA``, which a user types so in ``--ids``), else as read."""
+    if text.isascii():
+        return text
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def _show(line: str, width: int = 40) -> str:
     return repr(line if len(line) <= width else line[:width] + "...")
 
@@ -358,7 +369,7 @@ def parse_family(raw: RawFamily) -> Family:
         if len(parts) != 2:
             raise StockholmError(source, lineno, "expected '<sequence name> <aligned residues>', "
                                  f"found {len(parts)} fields: {_show(line)}")
-        seq_id, aligned = parts
+        seq_id, aligned = _as_written(parts[0]), parts[1]
         bad = first_invalid(aligned, GAP_CHARS)
         if bad is not None:
             raise StockholmError(source, lineno, f"invalid character {_as_typed(aligned[bad:])!r} at column "

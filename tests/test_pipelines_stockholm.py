@@ -259,3 +259,12 @@ def test_an_invalid_character_is_named_as_typed(tmp_path, typed):
     path.write_bytes(f"# STOCKHOLM 1.0\nA/1-4 MK{typed}V\nB/1-4 MKVV\n//\n".encode("utf-8"))
     with pytest.raises(st.StockholmError, match=f"invalid character '{re.escape(typed)}' at column 3"):
         list(st.read_families(path))
+
+
+def test_a_utf8_sequence_name_is_read_as_written(tmp_path):
+    """The file is decoded as latin-1 (Pfam's free text has such bytes), but a UTF-8 name is
+    the name the user wrote and types in ``--ids``; a latin-1 byte that is not UTF-8 stays."""
+    path = tmp_path / "u.sto"
+    path.write_bytes("# STOCKHOLM 1.0\nséqA MKVLAAG\nseqB MKVLSAG\n".encode() + b"caf\xe9 MKVLSAG\n//\n")
+    fam = st.parse_family(next(st.iter_raw_families(path)))
+    assert fam.seq_ids == ("séqA", "seqB", "caf\xe9")
