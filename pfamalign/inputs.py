@@ -50,12 +50,15 @@ class FastaRecord:
     description: str = ""  # the header after the id (BLAST's definition line is id + description)
 
 
-def _bounded_lines(handle: IO[str], source: str, kind: str = "FASTA") -> Iterator[tuple[int, str]]:
+def _bounded_lines(handle: IO[str], source: str, kind: str = "FASTA", *,
+                   strict_utf8: bool = True) -> Iterator[tuple[int, str]]:
     """(1-based number, text without the newline) of each line; a line over MAX_LINE raises
     (``kind``: the file's kind, for the hint), and so does a line that is not UTF-8, by its
     own number (``open_text`` decodes with surrogateescape: a strict decoder fails on a
-    chunk read ahead, at an earlier line). A byte-order mark opening the text (Windows
-    editors write one) is dropped."""
+    chunk read ahead, at an earlier line), unless ``strict_utf8`` is off: then the line
+    comes with its bad bytes as surrogates (``not_utf8``), for the reader to refuse only the
+    record that holds it. A byte-order mark opening the text (Windows editors write one) is
+    dropped."""
     lineno = 0
     while True:
         try:
@@ -72,12 +75,20 @@ def _bounded_lines(handle: IO[str], source: str, kind: str = "FASTA") -> Iterato
         lineno += 1
         if lineno == 1:
             line = line.removeprefix("\ufeff")
-        if not line.isascii() and (bad := next((c for c in line if "\udc80" <= c <= "\udcff"), None)):
-            raise ValueError(f"{source}:{lineno}: not UTF-8 text (byte 0x{ord(bad) - 0xdc00:02x})")
+        if strict_utf8 and (why := not_utf8(line)):
+            raise ValueError(f"{source}:{lineno}: {why}")
         if len(line.rstrip("\n\r")) > MAX_LINE:
             raise ValueError(f"{source}:{lineno}: line longer than {MAX_LINE} characters; "
                              f"is this a {kind} file?")
         yield lineno, line.rstrip("\n\r")
+
+
+def not_utf8(line: str) -> str | None:
+    """What is wrong with a line decoded with surrogateescape (``open_text``) whose bytes are
+    not all UTF-8, naming the first such byte; None for a line that is UTF-8."""
+    if not line.isascii() and (bad := next((c for c in line if "\udc80" <= c <= "\udcff"), None)):
+        return f"not UTF-8 text (byte 0x{ord(bad) - 0xdc00:02x})"
+    return None
 
 
 def fasta_records(handle: IO[str], source: str, *, validate: bool = True
@@ -95,10 +106,15 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
     parts: list[str] = []
     starts: list[tuple[int, int]] = []  # (offset in the record, line number) of each sequence line
     size = 0
+    undecodable: tuple[str, str] | None = None  # (file:line, why) of the record's first non-UTF-8 line
 
     def finish():
         lineno, text = header
         where = f"{source}:{lineno}"
+        if undecodable is not None:  # this record only: the batch goes on
+            at, why = undecodable
+            return BadRecord(at, f"{why}; the record starting at line {lineno} is left out "
+                                 "(save the file as UTF-8)")
         words = text.split(maxsplit=1)
         if not words:
             return BadRecord(where, "FASTA header without a name")
@@ -119,25 +135,31 @@ def fasta_records(handle: IO[str], source: str, *, validate: bool = True
                                     f"{pos + 1} (1-based), on line {line}; expected residue letters only "
                                     "(no gaps or digits; one '*' may end a record)")
 
-    for lineno, line in _bounded_lines(handle, source):
+    for lineno, line in _bounded_lines(handle, source, strict_utf8=False):
+        why = not_utf8(line)
         if line.startswith(">"):
             if header is not None:
                 yield finish()
-            header, parts, starts, size = (lineno, line[1:]), [], [], 0
-        elif line.strip():
-            if header is None:
-                if line.startswith("# STOCKHOLM"):
-                    raise ValueError(f"{source}:{lineno}: a Stockholm alignment, not FASTA (convert it, "
-                                     "e.g. `esl-reformat fasta`, or give it to --stockholm where a "
-                                     "command takes one)")
-                hint = " (a tab-separated pairs file? give it to --pairs)" if "\t" in line else ""
-                raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header{hint}")
-            starts.append((size, lineno))
-            line = line.strip().replace(" ", "").replace("\t", "")  # not other whitespace: a bad character
-            size += len(line)
-            if size > MAX_RECORD:
-                raise ValueError(f"{source}:{header[0]}: record longer than {MAX_RECORD} residues")
-            parts.append(line)
+            header, parts, starts, size, undecodable = (lineno, line[1:]), [], [], 0, None
+        elif why and header is None:  # before any record: not FASTA text at all
+            raise ValueError(f"{source}:{lineno}: {why}")
+        if why and undecodable is None:  # the record's first such line; it is left out
+            undecodable = (f"{source}:{lineno}", why)
+        if line.startswith(">") or not line.strip():
+            continue
+        if header is None:
+            if line.startswith("# STOCKHOLM"):
+                raise ValueError(f"{source}:{lineno}: a Stockholm alignment, not FASTA (convert it, "
+                                 "e.g. `esl-reformat fasta`, or give it to --stockholm where a "
+                                 "command takes one)")
+            hint = " (a tab-separated pairs file? give it to --pairs)" if "\t" in line else ""
+            raise ValueError(f"{source}:{lineno}: not FASTA: sequence before the first '>' header{hint}")
+        starts.append((size, lineno))
+        line = line.strip().replace(" ", "").replace("\t", "")  # not other whitespace: a bad character
+        size += len(line)
+        if size > MAX_RECORD:
+            raise ValueError(f"{source}:{header[0]}: record longer than {MAX_RECORD} residues")
+        parts.append(line)
     if header is not None:
         yield finish()
 

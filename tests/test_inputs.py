@@ -153,8 +153,8 @@ def test_fasta_lines_are_bounded(tmp_path, monkeypatch):
     path.write_text(">a\nMKVLLMKVLLMKV\n")
     with pytest.raises(ValueError, match="long.fa:2: line longer than 10 characters"):
         list(inputs.read_fasta(path))
-    path.write_bytes(b">a\n\xff\xfe\n")
-    with pytest.raises(ValueError, match="not UTF-8"):
+    path.write_bytes(b"\xff\xfe>a\nMKVL\n")  # not text before any record: the file is refused
+    with pytest.raises(ValueError, match="long.fa:1: not UTF-8"):
         list(inputs.read_fasta(path))
 
 
@@ -162,9 +162,14 @@ def test_a_byte_that_is_not_utf8_is_named_at_its_own_line(tmp_path, monkeypatch)
     """The decoder reads ahead in chunks: a bad byte on line 5 was reported at line 1 (any
     small file), on line 201 of a pairs file at line 178."""
     fasta = tmp_path / "bad.fa"
-    fasta.write_bytes(b">s1\nMKVLAAGIVG\n>s2\nMKVLSAGIVG\n>s\xe93\nMKVLSAGIVG\n")
-    with pytest.raises(ValueError, match=r"bad.fa:5: not UTF-8 text \(byte 0xe9\)"):
-        list(inputs.read_fasta(fasta))
+    fasta.write_bytes(b">s1\nMKVLAAGIVG\n>s2\nMKVLSAGIVG\n>s\xe93\nMKVLSAGIVG\n>s4 ok\nMKVL\n"
+                      b">s5\nMKV\n\xff\nLL\n>s6\nMKIL\n")
+    got = list(inputs.read_fasta(fasta))  # only the records holding such a byte are left out
+    assert [r.id if isinstance(r, inputs.FastaRecord) else str(r) for r in got] == [
+        "s1", "s2", f"{fasta}:5: not UTF-8 text (byte 0xe9); the record starting at line 5 is left out "
+        "(save the file as UTF-8)", "s4",
+        f"{fasta}:11: not UTF-8 text (byte 0xff); the record starting at line 9 is left out "
+        "(save the file as UTF-8)", "s6"]
     pairs = tmp_path / "bad.tsv"
     rows = [f"a{i}\tMKVLAAGIVG\tb{i}\tMKVLSAGIVG\n".encode() for i in range(300)]
     rows[200] = b"a\xe9\tMKVLAAGIVG\tb\tMKVLSAGIVG\n"
