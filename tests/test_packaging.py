@@ -31,3 +31,22 @@ def test_the_compile_cache_lock_is_a_declared_dependency():
     assert compile_cache._settings(ROOT)["jax_compilation_cache_max_size"] > 0
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(d.split(">")[0].split("=")[0].strip() == "filelock" for d in deps)
+
+
+def test_the_source_tree_imports_kernels_and_pipelines_without_an_editable_install(tmp_path):
+    """Python started in the repository root imports ./pfamalign ahead of an installed copy
+    (a `pip install .`): kernels/ and pipelines/ beside it must still be pfamalign.kernels and
+    pfamalign.pipelines. Run without site processing (no editable finder), the site-packages
+    on the path for jax and numpy only."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    code = ("import sys; sys.path.append(sys.argv[1]); import pfamalign.kernels.config, "
+            "pfamalign.pipelines.config; print(pfamalign.kernels.__file__); "
+            "print(pfamalign.pipelines.__file__); import pfamalign.pairwise")
+    out = subprocess.run([sys.executable, "-S", "-c", code, sysconfig.get_paths()["purelib"]],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(ROOT / "kernels" / "__init__.py"),
+                                  str(ROOT / "pipelines" / "__init__.py")]
