@@ -294,6 +294,14 @@ def argument_path(arg: str) -> pathlib.Path | None:
     return None
 
 
+def fasta_argument(arg: str) -> str:
+    """The file a FASTA-file argument names: ``@FILE`` is FILE (the form ``argument_path``
+    reads, e.g. for a file named like residues), anything else as given."""
+    if arg == "@":
+        raise ValueError("'@' names no file: write @FILE to read FILE as FASTA (e.g. @query.txt)")
+    return arg.removeprefix("@")
+
+
 ALIGN_MANY = "give one multi-FASTA file alone, or use --pairs, for many pairs"  # align's batch inputs
 
 
@@ -308,13 +316,12 @@ def read_sequence(arg: str, default_id: str, *, many: str = ALIGN_MANY) -> tuple
     """
     from pfamalign.residues import input_sequence
 
-    if arg == "@":
-        raise ValueError("'@' names no file: write @FILE to read FILE as FASTA (e.g. @query.txt)")
+    name = fasta_argument(arg)  # '@' alone names no file: an error
     path = None if arg == STDIN else argument_path(arg)
     if arg == STDIN or path is not None:
         if path is not None and not path.exists():  # exists, not is_file: /dev/fd/N is a pipe
             raise ValueError(f"{arg}: no such FASTA file")
-        records = list(read_fasta(arg.removeprefix("@")))  # the name as the user wrote it
+        records = list(read_fasta(name))  # the name as the user wrote it
         if len(records) != 1:
             raise ValueError(f"{arg}: expected exactly one FASTA record, found {len(records)} ({many})")
         if isinstance(records[0], BadRecord):

@@ -1249,6 +1249,24 @@ def test_a_fasta_file_with_any_extension_is_read_as_a_file(tmp_path, monkeypatch
         inputs.read_sequence("@", "seq_a")  # was ": cannot read FASTA file", the working directory read
 
 
+def test_at_file_reads_the_file_in_every_fasta_argument(tmp_path, monkeypatch):
+    """``@FILE`` (the form align's warning suggests for a file named like residues) is read as
+    the file FILE by align's single multi-FASTA argument and by search's QUERY and DATABASE
+    too, and -o naming that file is refused as an input."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two").write_text(">a\nMKVLAAGIVGLLLAWWRRTTPLLK\n>b\nMKVLSAGIVALLAWWRRTTPLLK\n")
+    (tmp_path / "q").write_text(">q\nMKVLAAGIVGLLLAWWRRTTPLLK\n")
+    res = run(["align", "@two", "-f", "cigar"])
+    assert res.exit_code == 0 and res.stdout.startswith("a\tb\t"), res.output
+    res = run(["search", "@q", "@two", "-f", "blast6"])
+    assert res.exit_code == 0 and [line.split("\t")[:2] for line in res.stdout.splitlines()] == [
+        ["q", "a"], ["q", "b"]], res.output
+    res = run(["search", "@q", "@two", "-o", "two"])
+    assert res.exit_code == 2 and "output two is also an input" in res.stderr
+    res = run(["search", "@", "two"])
+    assert res.exit_code == 2 and "'@' names no file" in res.stderr
+
+
 def test_directories_and_pipes_as_sequence_arguments(tmp_path, monkeypatch, capsys):
     from pfamalign import inputs
 

@@ -136,7 +136,7 @@ def align(seq_a, seq_b, pairs_file, all_pairs, checkpoint, weights, fmt, out, pl
             if seq_a != "-" and not os.path.exists(seq_a) and seq_a.isalpha():  # a sequence, not a file
                 raise click.UsageError(f"{seq_a[:20]}{'...' if len(seq_a) > 20 else ''} is not a file: give two "
                                        "sequences (pfamalign align SEQ_A SEQ_B), or one FASTA file")
-            pairs = inputs.fasta_pairs(seq_a, all_pairs=all_pairs)
+            pairs = inputs.fasta_pairs(inputs.fasta_argument(seq_a), all_pairs=all_pairs)
             total = len(pairs)
             if plot is not None and total != 1:
                 raise click.UsageError(f"--plot draws a single pair, and {seq_a} holds {total} pairs or "

@@ -116,6 +116,10 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     from pfamalign.jsonio import dumps_line
     from pfamalign.outputs import open_output, same_file
 
+    try:  # @FILE: the file FILE, as every sequence argument reads it
+        query, database = (None if a is None else inputs.fasta_argument(a) for a in (query, database))
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
     if all_vs_all == (database is not None):
         raise click.UsageError("give QUERY DATABASE, or one file with --all-vs-all")
     if query == database == inputs.STDIN:
