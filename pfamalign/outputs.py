@@ -220,15 +220,20 @@ def atomic_path(path: os.PathLike, inputs: Iterable[os.PathLike | None] = ()) ->
         with _named_as(given, tmp):  # the error names the user's path, not the temporary
             yield tmp
             interrupts.check()  # a Ctrl-C a library swallowed midway: the output is not whole
-            if tmp.exists():
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-                if path.exists():  # the file replaced keeps its permissions
-                    shutil.copymode(path, tmp)
-                os.replace(tmp, path)
+            if not tmp.exists():  # not a success: what was written is gone
+                raise UnwritableOutput(given, OSError(None, VANISHED), None)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            if path.exists():  # the file replaced keeps its permissions
+                shutil.copymode(path, tmp)
+            os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):  # e.g. a read-only file system: its own error stands
             tmp.unlink(missing_ok=True)
+
+
+VANISHED = ("the file being written vanished (its directory was removed or moved, or the "
+            "temporary file deleted); nothing was saved: run the command again")
 
 
 def _remove_dead_stages(out: pathlib.Path) -> None:

@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 
+from pfamalign import outputs
 from pfamalign.outputs import (TEMPORARY_GLOB, OutputError, atomic_path, is_temporary, open_output,
                                temporary_path)
 
@@ -242,3 +243,21 @@ def test_an_output_directory_in_an_unwritable_place_is_refused_before_any_work(t
     with pytest.raises(OutputError, match="output directory .*missing does not exist"):
         check_output_directory(tmp_path / "missing" / "e")
     assert check_output_directory(tmp_path / "e") == tmp_path / "e"
+
+
+def test_an_output_whose_folder_vanished_midway_is_an_error(tmp_path):
+    """Its folder removed or moved (or the temporary deleted) while the output is written:
+    nothing is saved, so the write fails naming the output, instead of ending as a success."""
+    import shutil
+
+    for undo in (shutil.rmtree, lambda d: d.rename(d.with_name("moved"))):
+        folder = tmp_path / "gone"
+        folder.mkdir()
+        with pytest.raises(outputs.UnwritableOutput,
+                           match=r"cannot write .*gone/out\.txt: the file being written vanished"):
+            with outputs.open_output(folder / "out.txt") as sink:
+                sink.write("x")
+                sink.flush()
+                undo(folder)
+        assert not (folder / "out.txt").exists()
+        shutil.rmtree(tmp_path / "moved", ignore_errors=True)
