@@ -157,12 +157,13 @@ def _evict_other_builds(path: pathlib.Path) -> None:
 
 def exported_program(path: pathlib.Path, export):
     """The program at ``path`` (``jax.export.Exported``), or ``export()``'s serialized program,
-    written there atomically first; a file that does not deserialize is exported again. None
-    when jax.export cannot serialize here (it needs flatbuffers): the caller traces instead."""
+    written there atomically first; a file that does not deserialize, or whose bytes are not
+    those written (``_sealed``), is exported again. None when jax.export cannot serialize
+    here (it needs flatbuffers): the caller traces instead."""
     import jax
 
     try:
-        program = jax.export.deserialize(bytearray(path.read_bytes()))
+        program = jax.export.deserialize(bytearray(_unsealed(path.read_bytes())))
         with contextlib.suppress(OSError):  # used: its model's programs are the newest kept
             os.utime(path.parent)
         return program
@@ -177,12 +178,34 @@ def exported_program(path: pathlib.Path, export):
 
     try:  # an unwritable cache is not used
         path.parent.mkdir(parents=True, exist_ok=True)
-        records.write_bytes(path, blob)
+        records.write_bytes(path, _sealed(blob))
         _evict_other_builds(path)
         _evict_other_models(path)
     except OSError:
         pass
     return program
+
+
+_SEAL = b"\npfamalign-sha256:"
+
+
+def _sealed(blob: bytes) -> bytes:
+    """``blob`` and its SHA-256: a program's parameters are baked into its bytes, and a
+    flipped byte there deserializes and runs, giving wrong plans without an error."""
+    import hashlib
+
+    return blob + _SEAL + hashlib.sha256(blob).hexdigest().encode()
+
+
+def _unsealed(data: bytes) -> bytes:
+    """The blob of ``_sealed`` bytes; ValueError where the digest does not match (a damaged
+    file, or one written before the seal)."""
+    import hashlib
+
+    blob, seal, digest = data.rpartition(_SEAL)
+    if not seal or hashlib.sha256(blob).hexdigest().encode() != digest:
+        raise ValueError("not the bytes written: damaged")
+    return blob
 
 
 PROGRAM_DIRS = 16  # models whose exported programs are kept (the most recently used)

@@ -552,7 +552,7 @@ def test_exported_programs_of_the_least_recently_used_models_are_removed(monkeyp
     for k in range(n + 3):  # programs of n + 3 models, model 0 the oldest
         path = compile_cache.program_path(f"model{k}", "plans")
         path.parent.mkdir(parents=True)
-        path.write_bytes(blob)
+        path.write_bytes(compile_cache._sealed(blob))
         os.utime(path.parent, (1000 + k, 1000 + k))
     compile_cache.exported_program(compile_cache.program_path("model0", "plans"), export)  # a read: used now
     compile_cache.exported_program(compile_cache.program_path("new", "plans"), export)  # a write: the eviction
@@ -659,6 +659,30 @@ def test_exported_plans_are_the_models(tmp_path, monkeypatch):
     again.programs._loaded[xq.shape[:2]] = Unsafe()
     np.testing.assert_array_equal(np.asarray(again.programs.plans_both_ways(xq, xk, lq, lk)[0]),
                                   np.asarray(model[0]))
+
+
+def test_a_program_whose_bytes_changed_is_exported_again(monkeypatch, tmp_path):
+    """A program's parameters are baked into its bytes: one changed there still deserializes
+    and runs, computing something else (here the constant 3 read as 5). The file carries its
+    SHA-256; one that does not match (or a file written before) is exported again."""
+    import jax
+    import jax.numpy as jnp
+
+    export = lambda: jax.export.export(jax.jit(lambda x: x * 3.0))(  # noqa: E731
+        jax.ShapeDtypeStruct((2,), jnp.float32)).serialize()
+    path = tmp_path / "times3.jaxexport"
+    np.testing.assert_array_equal(compile_cache.exported_program(path, export).call(jnp.ones(2)), [3, 3])
+    data = bytearray(path.read_bytes())
+    at = data.find(np.float32(3.0).tobytes())
+    data[at:at + 4] = np.float32(5.0).tobytes()
+    damaged = bytes(data)
+    blob = damaged.rpartition(compile_cache._SEAL)[0]
+    np.testing.assert_array_equal(jax.export.deserialize(bytearray(blob)).call(jnp.ones(2)), [5, 5])
+    for on_disk in (damaged, blob):  # a changed byte; the bare blob of an older cache
+        path.write_bytes(on_disk)
+        np.testing.assert_array_equal(compile_cache.exported_program(path, export).call(jnp.ones(2)), [3, 3])
+        rewritten = path.read_bytes()  # exported again: its seal holds
+        assert rewritten != on_disk and compile_cache._unsealed(rewritten)
 
 
 def test_the_frozen_programs_are_the_models(predictor):
