@@ -31,15 +31,55 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 def cache_dir() -> pathlib.Path | None:
-    """The compilation cache directory, or None when ``$PFAMALIGN_CACHE_DIR`` is empty."""
+    """The compilation cache directory, or None when ``$PFAMALIGN_CACHE_DIR`` is empty or the
+    directory is not private (``_others_can_write``)."""
     override = os.environ.get(ENV)
     if override is not None:
-        return pathlib.Path(override).expanduser() if override.strip() else None
-    if sys.platform == "darwin":
-        base = pathlib.Path.home() / "Library" / "Caches"
+        directory = pathlib.Path(override).expanduser() if override.strip() else None
+    elif sys.platform == "darwin":
+        directory = pathlib.Path.home() / "Library" / "Caches" / "pfamalign"
     else:
-        base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
-    return base / "pfamalign"
+        directory = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "pfamalign"
+    if directory is not None and (why := _others_can_write(directory)):
+        _warn_once(f"Warning: the cache directory {directory} {why}: what it holds runs as this "
+                   "process (compiled code, and numba's pickled kernels), so it is not used; "
+                   f"make it private (chmod go-w), or set {ENV} to a directory of your own")
+        return None
+    return directory
+
+
+def _others_can_write(directory: pathlib.Path) -> str | None:
+    """Why another user could put files into ``directory`` (owned by another user, or writable
+    by group or others), or None: a shared cache would run their code in every user's job."""
+    try:
+        info = directory.stat()
+    except OSError:  # not made yet (it will be ours), or unreadable (the cache then fails)
+        return None
+    if not hasattr(os, "getuid"):  # Windows: no such modes
+        return None
+    if info.st_uid != os.getuid():
+        return "belongs to another user"
+    if info.st_mode & 0o002 or (info.st_mode & 0o020 and _shared_group(info.st_gid)):
+        return "is writable by other users"
+    return None
+
+
+def _shared_group(gid: int) -> bool:
+    """Whether group ``gid`` may hold another user: not this user's own (private) group,
+    which a umask of 002 makes every new directory writable by."""
+    import grp
+    import pwd
+
+    try:
+        me, members = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(gid).gr_mem
+    except KeyError:  # a group or user the system cannot name
+        return True
+    return gid != os.getgid() or any(member != me for member in members)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _settings(directory: pathlib.Path) -> dict[str, object]:

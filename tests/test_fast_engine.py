@@ -437,6 +437,33 @@ def test_the_cli_keeps_numba_kernels_in_its_cache_directory(tmp_path):
     assert numba_dir(**{compile_cache.ENV: str(tmp_path / "c"), "NUMBA_CACHE_DIR": mine}) == mine
 
 
+def test_a_damaged_numba_cache_entry_is_compiled_again(tmp_path):
+    """numba's loader raises on a damaged entry (EOFError for an empty index, which click
+    printed as "Aborted!", UnpicklingError for garbage) in every later process; the entry is
+    dropped and the kernel compiled, and the next process loads the rewritten entry."""
+    (tmp_path / "kern.py").write_text("from pfamalign.alignment.numba_jit import njit\n\n\n"
+                                      "@njit()\ndef twice(x):\n    return 2 * x\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import kern; "
+            "print(kern.twice(21), sum(kern.twice.stats.cache_hits.values()))")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["42", "0"] and run() == ["42", "1"]  # compiled, then loaded
+    (index,) = (tmp_path / "nc").rglob("*.nbi")
+    (data,) = (tmp_path / "nc").rglob("*.nbc")
+    whole = index.read_bytes()
+    for damaged, content in ((index, b""), (index, whole[:len(whole) // 2]), (index, b"garbage" * 20),
+                             (data, b""), (data, b"garbage" * 20)):
+        damaged.write_bytes(content)
+        assert run() == ["42", "0"], (damaged.suffix, content[:10])  # compiled again
+        assert run() == ["42", "1"]  # and written again
+
+
 @pytest.mark.slow
 def test_align_records_equal_the_reference_on_pfam_pairs(predictor, shared_pfam):
     from pfamalign import inputs
@@ -534,6 +561,29 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     if sys.platform != "darwin":
         assert compile_cache.cache_dir() == tmp_path / "xdg" / "pfamalign"
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_cache_directory_others_can_write_is_not_used(monkeypatch, tmp_path, capsys):
+    """What the cache holds runs as this process (compiled executables, numba's pickled
+    kernels): one that another user can write to, or that belongs to another, is not used."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv(compile_cache.ENV, str(shared))
+    shared.chmod(0o700)
+    assert compile_cache.cache_dir() == shared
+    shared.chmod(0o777)
+    assert compile_cache.cache_dir() is None and compile_cache.enable() is None
+    assert f"the cache directory {shared} is writable by other users" in capsys.readouterr().err
+    shared.chmod(0o770)  # group-writable: safe only where the group is the user's own
+    monkeypatch.setattr(compile_cache, "_shared_group", lambda gid: False)
+    assert compile_cache.cache_dir() == shared
+    monkeypatch.setattr(compile_cache, "_shared_group", lambda gid: True)
+    assert compile_cache.cache_dir() is None
+    shared.chmod(0o700)
+    monkeypatch.setattr(os, "getuid", lambda: shared.stat().st_uid + 1)
+    assert compile_cache.cache_dir() is None
+    assert "belongs to another user" in capsys.readouterr().err
 
 
 def test_exported_programs_of_the_least_recently_used_models_are_removed(monkeypatch, tmp_path):

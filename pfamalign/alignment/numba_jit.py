@@ -57,10 +57,33 @@ def njit(variant: str | None = None, **flags):
             kernel = numba.njit(nogil=True, cache=True, error_model="numpy", **flags)(fn)
         except RuntimeError:  # "cannot cache function ...: no locator available"
             kernel = numba.njit(nogil=True, cache=False, error_model="numpy", **flags)(fn)
+        _recompile_damaged_entries(kernel)
         _kernels.append(kernel)
         return kernel
 
     return decorate
+
+
+def _recompile_damaged_entries(kernel) -> None:
+    """A damaged entry of numba's disk cache (a file truncated by a crash, emptied, garbage)
+    raises from numba's loader (EOFError, UnpicklingError, ...) in every later process: such
+    an entry is dropped (its index emptied) and the kernel compiled, as on a cold cache."""
+    cache = getattr(kernel, "_cache", None)
+    load = getattr(cache, "load_overload", None)
+    if load is None:
+        return
+
+    def load_overload(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        except Exception:  # noqa: BLE001 -- any failure to read it: compile instead
+            try:
+                cache.flush()
+            except Exception:  # noqa: BLE001 -- an unwritable cache: compiled each time
+                pass
+            return None
+
+    cache.load_overload = load_overload
 
 
 def counts() -> tuple[int, int]:
