@@ -79,6 +79,17 @@ def pad_flat(x, length):
     return jnp.pad(x.reshape(b * h, l, m), ((0, 0), (0, length - l), (0, 0)))
 
 
+def zero_padding(q, k, v, q_len, k_len):
+    """``q``, ``k``, ``v`` with their positions past the lengths set to 0, on every path:
+    padding never counts, and a NaN or an inf there would (a plan weight of 0 times a NaN is
+    NaN in the output and the gradients; a NaN score in a kernel's LSE)."""
+    def zeroed(x, lens):
+        active = jnp.arange(x.shape[2])[None, None, :, None] < jnp.asarray(lens)[:, None, None, None]
+        return jnp.where(active, x, jnp.zeros((), x.dtype))
+
+    return zeroed(q, q_len), zeroed(k, k_len), zeroed(v, k_len)
+
+
 def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, history: bool = False,
             stats: bool = False):
     """Inputs ``[B, H, L, .]`` -> the banded op's padded flat problem and its static spec.
@@ -106,8 +117,6 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     row_active = pos < per_head(q_len)[:, None]
     col_active = pos < per_head(k_len)[:, None]
     qf, kf, vf = pad_flat(q, lp), pad_flat(k, lp), pad_flat(v, lp)
-    # padded values never count (a plan weight of 0 times a NaN there is NaN); fused with the pad
-    vf = jnp.where(col_active[..., None], vf, jnp.zeros((), vf.dtype))
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
     tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))
@@ -190,6 +199,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
         config = config.dense_reference()  # shapes (the banded tilings divide by the count)
     # lengths past the arrays (checked above unless traced) mean the whole axis, on every path
     q_len, k_len = jnp.clip(jnp.asarray(q_len), 0, q.shape[2]), jnp.clip(jnp.asarray(k_len), 0, k.shape[2])
+    q, k, v = zero_padding(q, k, v, q_len, k_len)
     if targets is not None:
         if jnp.shape(targets) != (q.shape[0], q.shape[2]):
             raise ValueError(f"targets must have shape [B, Lq]={(q.shape[0], q.shape[2])}, "

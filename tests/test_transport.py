@@ -693,6 +693,14 @@ def test_padded_values_never_reach_the_output_or_the_gradient(impl):
     np.testing.assert_array_equal(out, want)
     for got, expected in zip(grads, want_grads):
         jax.tree.map(np.testing.assert_array_equal, got, expected)
+    # and in q past q_len, k past k_len (NaN reached the kernels' LSE and every path's dq / dk)
+    dirty_q, dirty_k = q.at[1, 0, 9:].set(jnp.nan), k.at[0, 0, 10].set(jnp.inf).at[0, 0, 11].set(jnp.nan)
+    clean_q, clean_k = q.at[1, 0, 9:].set(0.0), k.at[0, 0, 10:].set(0.0)
+    (_, out), grads = _value_and_grad(cfg)(dirty_q, dirty_k, v, tokens, q_len, k_len, w)
+    (_, want), want_grads = _value_and_grad(cfg)(clean_q, clean_k, v, tokens, q_len, k_len, w)
+    np.testing.assert_array_equal(out, want)
+    for got, expected in zip(grads, want_grads):
+        jax.tree.map(np.testing.assert_array_equal, got, expected)
 
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_, jnp.complex64])
