@@ -216,6 +216,36 @@ EPS_MIN, EPS_MAX = 1e-3, 1e6
 MAX_STEPS = 100_000
 
 
+def _interpret_params(value) -> bool:
+    """Whether ``value`` is a ``pltpu.InterpretParams`` (the TPU interpreter's settings);
+    Pallas's TPU module is imported only to check one (a string "false" must not pass)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return isinstance(value, pltpu.InterpretParams)
+
+
+def _schedule(stages) -> tuple[tuple[float, int], ...]:
+    """``eps_schedule`` as ``((eps, steps), ...)`` of floats and ints, each stage checked for
+    its form: a pair of a real eps and a whole step count (2.5 steps is refused, as it is for
+    ``base_steps``, not truncated)."""
+    try:
+        stages = tuple(stages)
+    except TypeError:
+        raise ValueError(f"eps_schedule must be ((eps, steps), ...), got {stages!r}") from None
+    out = []
+    for stage in stages:
+        try:
+            eps, steps = stage
+        except (TypeError, ValueError):
+            raise ValueError(f"every stage of eps_schedule must be a pair (eps, steps), got {stage!r}") from None
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise ValueError(f"every eps of eps_schedule must be a number, got {eps!r}")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+            raise ValueError(f"every step count of eps_schedule must be an integer, got {steps!r}")
+        out.append((float(eps), int(steps)))
+    return tuple(out)
+
+
 def _check_eps(eps, name: str) -> None:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not EPS_MIN <= eps <= EPS_MAX:
         raise ValueError(f"{name} must be a number in [{EPS_MIN:g}, {EPS_MAX:g}], got {eps!r}")
@@ -353,6 +383,9 @@ class TransportConfig:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.marginals not in MARGINALS:
             raise ValueError(f"marginals must be one of {MARGINALS}, got {self.marginals!r}")
+        if not (self.interpret is None or isinstance(self.interpret, bool) or _interpret_params(self.interpret)):
+            raise ValueError(f"interpret must be None (when the lowering platform is CPU), True, False "
+                             f"or a pltpu.InterpretParams, got {self.interpret!r}")
         if not isinstance(self.branch_free, bool):
             raise ValueError(f"branch_free must be True or False, got {self.branch_free!r}")
         if not isinstance(self.unroll, bool):
@@ -389,7 +422,7 @@ class TransportConfig:
                 not 1 <= self.max_steps <= MAX_STEPS:
             raise ValueError(f"max_steps must be an integer from 1 to {MAX_STEPS}, got {self.max_steps!r}")
         if self.eps_schedule is not None:
-            sched = tuple((float(e), int(t)) for e, t in self.eps_schedule)
+            sched = _schedule(self.eps_schedule)
             object.__setattr__(self, "eps_schedule", sched)
             if not sched:
                 raise ValueError("eps_schedule must not be empty (use None for a constant eps)")

@@ -89,13 +89,17 @@ def tiling(geom: BandGeometry, shape: KernelShape) -> tuple[BandGeometry, GpuTil
     (``shape.stored``: only the launch settings are free)."""
     if geom.block < MIN_DOT:
         return geom, GpuTiling(geom.block, gpu_budget.num_warps(geom.block), gpu_budget.STAGES[0])
-    t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget(),
-                                                      max_edge=geom.block if shape.stored else None)
+    fallback = "use impl='xla' (the banded XLA path: no kernel tiling), or narrower q / k / v"
+    try:
+        t = FORCED_TILING.get(shape) or gpu_budget.choose(shape, geom.block, gpu_budget.device_budget(),
+                                                          max_edge=geom.block if shape.stored else None)
+    except ValueError as err:
+        raise ValueError(f"{err}: {fallback}") from None
     if not shape.stored:
         return make_geometry(geom.length, geom.half_band, t.block, pallas=True), t
     if t.block != geom.block:
         raise ValueError(f"a band stored at {geom.block}-wide tiles does not fit this GPU's shared "
-                         f"memory for {shape}: use impl='pallas' without resident_scores")
+                         f"memory for {shape}: {fallback}")
     return geom, t
 
 

@@ -630,3 +630,14 @@ def test_gradient_band_kernels_compile_without_spills(kernel, dots, monkeypatch,
     chosen = gpu_budget.choose(shape, geom.block, SMEM_BUDGET["h100"])
     assert got.stack == 0, got.registers
     assert 0 < got.shared <= gpu_budget.smem_bytes(shape, chosen.block, chosen.num_stages)
+
+
+def test_a_shape_no_tiling_fits_names_the_path_that_runs_it():
+    """Feature widths no Triton tiling holds (d = 256 on a consumer GPU): the error points to
+    the XLA path (it suggested resident_scores off, which fails the same way)."""
+    from pfamalign.kernels import pallas_gpu
+
+    geom = make_geometry(1024, 256, pallas=True)
+    for shape in (KernelShape(256, 256, 260), KernelShape(0, 256, 260, stored=True)):
+        with pytest.raises(ValueError, match="use impl='xla'"):
+            pallas_gpu.tiling(geom, shape)

@@ -718,6 +718,31 @@ def test_inputs_that_are_not_real_floats_are_refused_by_name(dtype):
                   half_band=3, dustbin="spoke")
 
 
+@pytest.mark.parametrize("schedule, message", [
+    (((2.0, 2.5), (1.0, 12.5)), "every step count of eps_schedule must be an integer, got 2.5"),
+    (((2.0, 2, 3), (1.0, 13)), r"every stage of eps_schedule must be a pair \(eps, steps\)"),
+    ((("a", 2), (1.0, 13)), "every eps of eps_schedule must be a number, got 'a'"),
+    (5, r"eps_schedule must be \(\(eps, steps\), ...\)")])
+def test_an_eps_schedule_of_another_form_is_refused_by_name(schedule, message):
+    """2.5 steps was truncated to 2 (base_steps=2.5 is refused); a malformed stage gave a bare
+    "too many values to unpack"."""
+    with pytest.raises(ValueError, match=message):
+        TransportConfig(half_band=4, base_steps=15, eps_schedule=schedule)
+    assert TransportConfig(half_band=4, base_steps=15, eps_schedule=((2.0, np.int64(2)), (1.0, 13))
+                           ).eps_schedule == ((2.0, 2), (1.0, 13))
+
+
+def test_interpret_is_none_a_bool_or_interpreter_settings():
+    """A string "false" from a config file was truthy: interpret mode forced on a GPU."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    for bad in ("false", "yes", 1):
+        with pytest.raises(ValueError, match="interpret must be None .*True, False or a pltpu.InterpretParams"):
+            TransportConfig(half_band=4, interpret=bad)
+    for good in (None, True, False, pltpu.InterpretParams()):
+        assert TransportConfig(half_band=4, interpret=good).interpret is good
+
+
 def test_max_steps_takes_a_numpy_integer_as_the_other_step_counts_do():
     assert TransportConfig(half_band=3, tol=1e-3, max_steps=np.int64(20)).max_steps == 20
 
