@@ -346,7 +346,7 @@ def plot_certificates(result: dict, path, *, title: str | None = None, names: tu
                  f"stable matches at r={st['score_noise']:g}: {st['certified']}/{st['aligned']}"
                  + ("" if st["applies"] else " (does not apply)"), fontsize=10)
     lq, lk = result["lengths"]
-    fig.suptitle(f"{title + ': ' if title else ''}certificates of the transport plan ({lq} x {lk} residues, head 1 "
-                 f"of {result['heads']})", fontsize=11)
+    fig.suptitle(f"{title + ': ' if title else ''}certificates of the transport plan ({lq} x {lk} residues, head 0 "
+                 f"of {result['heads']}, numbered from 0 as in the tables)", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110, fmt=fmt)

@@ -400,15 +400,20 @@ def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_f
 # ---- reporting ----------------------------------------------------------------------------------
 
 
+def _numbers(cell: dict) -> tuple[float, float, float]:
+    """``(value, low, high)``: a summary read back from its JSON holds null where it had NaN."""
+    return tuple(np.nan if cell[k] is None else cell[k] for k in ("value", "low", "high"))
+
+
 def _fmt(cell: dict) -> str:
-    v, lo, hi = cell["value"], cell["low"], cell["high"]
+    v, lo, hi = _numbers(cell)
     if not np.isfinite(v):
         return "—"
     return f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{v:.3f}"
 
 
 def _fmt_signed(cell: dict, value: bool = True) -> str:
-    v, lo, hi = cell["value"], cell["low"], cell["high"]
+    v, lo, hi = _numbers(cell)
     if not np.isfinite(v):
         return "—"
     ci = f"[{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) else ""
@@ -426,11 +431,11 @@ def render(summary: dict, console=None) -> None:
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]
     first = next(iter(summary["methods"].values()))["prf"]
     # n_boot 0 computes no intervals (summaries from before n_boot was recorded had them)
-    ci = "95% bootstrap CI" if summary.get("n_boot", 1) else "no CI: --bootstrap 0"
+    ci = _interval_words(summary, "95% bootstrap CI", "no CI")
     prov = summary.get("provenance")
     model = f"\npfamalign: {prov['model']}, {prov['decoder']['name']} decoder" if prov else ""
-    tab = Table(title=f"aligned-pair F1 (micro, {ci}) — {summary['n_pairs']} pairs, "
-                      f"{summary['n_families']} families; NW/SW: BLOSUM62, gap open 11, extend 1{model}")
+    tab = Table(title=f"aligned-pair F1 (micro, {ci}) — {_counted(summary, 'n_pairs', 'pair')}, "
+                      f"{_counted(summary, 'n_families', 'family')}; NW/SW: BLOSUM62, gap open 11, extend 1{model}")
     tab.add_column("method", no_wrap=True)
     for b in bins:
         tab.add_column(f"{b} (n={first[b]['n_pairs']})", justify="right", no_wrap=True)
@@ -526,9 +531,9 @@ def figure(summary: dict):
     ax.set_ylim(0, 1.2)  # room above 1 for the intervals' caps and the legend
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.legend(fontsize=8, loc="upper center", ncol=min(len(methods), 3), frameon=False)
-    interval = ("95 % bootstrap intervals over pairs" if summary.get("n_boot", 1) else "no intervals (--bootstrap 0)")
-    ax.set_title(f"{summary.get('n_pairs', '?')} pairs of {summary.get('n_families', '?')} families; {interval}",
-                 fontsize=9)
+    interval = _interval_words(summary, "95 % bootstrap intervals over pairs", "no intervals")
+    ax.set_title(f"{_counted(summary, 'n_pairs', 'pair')} of {_counted(summary, 'n_families', 'family')}; "
+                 f"{interval}", fontsize=9)
     if calibrated:
         _reliability_panel(rel_ax, {summary["methods"][m]["label"]: (summary["methods"][m]["reliability"],
                                                                      METHOD_COLOURS.get(m, f"C{methods.index(m)}"))
@@ -577,6 +582,25 @@ def plot(summary: dict, path) -> pathlib.Path:
     with atomic_path(path) as tmp:
         save_figure(figure(summary), tmp, dpi=120, fmt=fmt)
     return pathlib.Path(path)
+
+
+def _counted(summary: dict, key: str, noun: str) -> str:
+    """``"1 pair"``, ``"5 families"``: a count of the summary and its noun, agreeing."""
+    n = summary.get(key, "?")
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n} {noun if n == 1 else plural}"
+
+
+def _interval_words(summary: dict, some: str, none: str) -> str:
+    """What the intervals of a summary are: ``some``, or why there are none (``--bootstrap
+    0``, or too few pairs or families to resample: every bound null)."""
+    if not summary.get("n_boot", 1):
+        return f"{none} (--bootstrap 0)"
+    bounds = [prf[b]["micro"]["f1"][k] for entry in summary.get("methods", {}).values()
+              for prf in (entry["prf"],) for b in prf for k in ("low", "high")]
+    if bounds and all(x is None or not np.isfinite(x) for x in bounds):
+        return f"{none} (too few pairs to resample)"
+    return some
 
 
 def to_json(summary: dict) -> str:

@@ -66,7 +66,8 @@ def test_the_plan_figure_marks_each_decoded_pair_on_1_based_named_axes():
     aln = mea_decode(plan)
     fig = plan_figure(plan, pairs=aln.pairs, names=("LAR_DROME", "IL7RA_HUMAN"))
     heat = fig.axes[0]
-    assert heat.get_xlabel() == "IL7RA_HUMAN residue (1-based)" and heat.get_ylabel() == "LAR_DROME residue (1-based)"
+    assert heat.get_xlabel() == "IL7RA_HUMAN residue (1-based)"
+    assert heat.get_ylabel() == "LAR_DROME\nresidue (1-based)"  # two lines: a wide plan's heatmap is short
     marks = [c for c in heat.collections if isinstance(c, PathCollection) and c.get_label() == "decoded pair"]
     assert len(marks) == 1  # one mark per pair, no line through them (a line would draw gaps as pairs)
     np.testing.assert_array_equal(marks[0].get_offsets(), aln.pairs[:, ::-1] + 1)
@@ -96,10 +97,60 @@ def test_figures_keep_text_as_text_in_svg_and_truetype_in_pdf(tmp_path):
     plan, target = _plan_and_target()
     plot_plan(plan, tmp_path / "p.svg", pairs=mea_decode(plan).pairs, names=("alpha", "beta"))
     svg = (tmp_path / "p.svg").read_text()
-    assert "<text" in svg and "alpha residue (1-based)" in svg  # searchable, editable text
+    assert "<text" in svg and "beta residue (1-based)" in svg  # searchable, editable text
     plot_barycenter(plan, target, tmp_path / "b.pdf")
     pdf = (tmp_path / "b.pdf").read_bytes()
     assert b"/Type3" not in pdf and (b"TrueType" in pdf or b"CIDFontType2" in pdf)
+
+
+def test_pairs_on_cells_too_small_for_a_dot_are_drawn_as_runs():
+    """Below 2 points a cell (a 400-residue pair; 30 x 600), a dot covered its cells and the
+    plan along the path: each run of consecutive pairs is a thin line, never across a gap."""
+    from matplotlib.collections import LineCollection
+
+    from pfamalign.alignment.plots import plan_figure
+
+    plan = np.full((380, 390), 1e-4)
+    pairs = np.array([(i, i) for i in range(100)] + [(i, i + 5) for i in range(150, 300)] + [(350, 360)])
+    plan[pairs[:, 0], pairs[:, 1]] = 0.5
+    fig = plan_figure(plan, pairs=pairs)
+    (runs,) = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    assert runs.get_label() == "decoded pair"
+    ends = [(tuple(seg[0]), tuple(seg[-1])) for seg in runs.get_segments()]
+    assert ends == [((1, 1), (100, 100)), ((156, 151), (305, 300))]  # (key, query), 1-based
+    (single,) = [c for c in fig.axes[0].collections if c is not runs and len(c.get_offsets()) == 1]
+    np.testing.assert_array_equal(single.get_offsets(), [[361, 351]])
+
+
+def test_a_figure_without_aligned_pairs_says_so():
+    """No pair: no "decoded pair" in the legend, the title says it, and the band view of a long
+    pair is centred on the diagonal, as its axis and title now say."""
+    from pfamalign.alignment.plots import plan_figure
+
+    rng = np.random.default_rng(4)
+    for lq, lk in ((40, 50), (31, 600)):
+        fig = plan_figure(rng.random((lq, lk)) / lk, pairs=np.zeros((0, 2), np.int64), title="t",
+                          row_dustbin=np.full(lq, 0.1))
+        labels = [t.get_text() for legend in fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
+                  for t in legend.get_texts()]
+        assert not [x for x in labels if x.startswith("decoded pair")]
+        assert "no aligned pairs" in fig._suptitle.get_text()
+        if lk == 600:  # the band view: its legend names the grey dustbin bars too
+            assert "around the diagonal" in fig._suptitle.get_text() and "dustbin mass" in labels
+            assert fig.axes[0].get_xlabel().startswith("offset from the diagonal")
+
+
+def test_an_svgz_names_no_temporary_file_in_its_gzip_header(tmp_path):
+    import gzip
+
+    from pfamalign.outputs import atomic_path
+
+    plan, _ = _plan_and_target()
+    with atomic_path(tmp_path / "p.svgz") as tmp:
+        plot_plan(plan, tmp, fmt="svgz")
+    data = (tmp_path / "p.svgz").read_bytes()
+    assert data[3] & 0x08 == 0  # FNAME flag off: `gunzip -N` restores no hidden temporary's name
+    assert b"tmp" not in data[:64] and gzip.decompress(data).lstrip().startswith(b"<?xml")
 
 
 def test_the_barycenter_figure_shows_the_error_only_against_a_reference():

@@ -305,6 +305,8 @@ def test_rows_without_support_get_a_null_per_row_entry_and_the_figure_draws(tmp_
                        "certified_tail_depth": None}, **secs}
     plot_certificates(result, tmp_path / "cert.png")
     assert (tmp_path / "cert.png").stat().st_size > 0
+    plot_certificates(result, tmp_path / "cert.svg")  # its head numbered as the tables number it
+    assert "head 0 of 1, numbered from 0 as in the tables" in (tmp_path / "cert.svg").read_text()
 
 
 def test_certify_counts_the_steps_of_a_solve_to_a_tolerance_as_the_op_takes_them():

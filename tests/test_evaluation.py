@@ -293,6 +293,28 @@ def test_eval_plot_has_the_reliability_panel(tmp_path):
     assert len(evaluation.figure(baselines).axes) == 1
 
 
+def test_the_eval_figure_and_table_say_what_their_intervals_are():
+    """One pair of one family: "1 pairs of 1 families; 95 % bootstrap intervals" over bars
+    without any interval. The counts agree with their nouns, and a summary whose every
+    bound is null says there are none and why."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    one = evaluation.evaluate([{"q_seq": "ACDEFGH", "k_seq": "ACDEFGH", "target": np.arange(7), "pid": 100.0,
+                                "family": "PF1"}], baselines=("nw",))
+    for summary in (one.summary(n_boot=100), json.loads(evaluation.to_json(one.summary(n_boot=100)))):
+        title = evaluation.figure(summary).axes[0].get_title()
+        assert title.startswith("1 pair of 1 family; no intervals (too few pairs to resample)"), title
+        out = io.StringIO()
+        evaluation.render(summary, console=Console(file=out, width=300))
+        assert "no CI (too few pairs to resample)) — 1 pair, 1 family;" in out.getvalue()
+    assert evaluation.figure(one.summary(n_boot=0)).axes[0].get_title().endswith("no intervals (--bootstrap 0)")
+    many = _calibration_evaluation().summary(n_boot=50)
+    assert "95 % bootstrap intervals over pairs" in evaluation.figure(many).axes[0].get_title()
+
+
 def test_the_plan_metrics_table_leaves_out_a_metric_no_method_has():
     import io
 

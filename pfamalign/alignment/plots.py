@@ -60,7 +60,16 @@ def save_figure(fig: Figure, path, dpi: int, fmt: str | None = None) -> pathlib.
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}):
-        fig.savefig(path, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=0.15)  # no label cut off
+        if fmt == "svgz":  # matplotlib's gzip header names the file written: an atomic write's
+            import gzip    # temporary, which `gunzip -N` would restore
+            import io
+
+            svg = io.BytesIO()
+            fig.savefig(svg, dpi=dpi, format="svg", bbox_inches="tight", pad_inches=0.15)
+            with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+                out.write(svg.getvalue())
+        else:
+            fig.savefig(path, dpi=dpi, format=fmt, bbox_inches="tight", pad_inches=0.15)  # no label cut off
     return path
 
 
@@ -100,15 +109,30 @@ def _cell_points(ax, n_rows: int, n_cols: int) -> float:
     return 72 * min(box.width * width / n_cols, box.height * height / n_rows)
 
 
-def _pair_marks(ax, rows, cols, cell_points: float, **kw) -> None:
-    """Aligned pairs as one mark each (a line through them would draw gaps as pairs), the
-    cell's colour left visible around it: hollow squares a cell wide on large cells, a dot
-    0.7 of a cell wide on small ones."""
+def _pair_marks(ax, rows, cols, cell_points: float, *, color: str, label: str) -> None:
+    """Aligned pairs, the cell's colour left visible around them: hollow squares a cell wide
+    on large cells, a dot 0.7 of a cell wide on small ones, and on cells too small for a
+    visible dot (below 2 points: a 200-residue pair, or a 30 x 600 one) a thin
+    half-transparent line through each run of consecutive pairs (never across a gap: that
+    would draw the gap as pairs), single pairs as dots."""
+    if not len(rows):
+        return
     if cell_points >= 6:
         ax.scatter(cols, rows, marker="s", s=min(cell_points, 14) ** 2, facecolors="none",
-                   linewidths=1.0, **kw)
+                   edgecolors=color, linewidths=1.0, label=label)
+    elif cell_points >= 2:
+        ax.scatter(cols, rows, marker="o", s=(0.7 * cell_points) ** 2, linewidths=0, color=color, label=label)
     else:
-        ax.scatter(cols, rows, marker="o", s=max(0.7 * cell_points, 1.5) ** 2, linewidths=0, **kw)
+        from matplotlib.collections import LineCollection
+
+        breaks = np.flatnonzero((np.diff(rows) != 1) | (np.diff(cols) != 1)) + 1
+        runs = [(r, c) for r, c in zip(np.split(rows, breaks), np.split(cols, breaks))]
+        lines = [np.column_stack([c, r]) for r, c in runs if len(r) > 1]
+        single = np.array([(r[0], c[0]) for r, c in runs if len(r) == 1]).reshape(-1, 2)
+        ax.add_collection(LineCollection(lines, colors=color, linewidths=0.8, alpha=0.75, label=label))
+        if len(single):
+            ax.scatter(single[:, 1], single[:, 0], marker="o", s=1.5 ** 2, linewidths=0, color=color,
+                       alpha=0.75, label=None if lines else label)
 
 
 BAND_ABOVE = 400  # residues: longer plans are drawn as the band around the decoded path
@@ -159,7 +183,7 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
         return _band_figure(plan, pairs=pairs, reference_pairs=reference_pairs, row_dustbin=row_dustbin,
                             title=title, names=names, log_scale=log_scale)
     width = 7.5
-    height = width * float(np.clip(lq / lk, 0.6, 1.6))  # inches; the marginals keep theirs
+    height = width * float(np.clip(lq / lk, 0.7, 1.6))  # inches; the marginals keep theirs
     fig = Figure(figsize=(width, height))
     grid = fig.add_gridspec(2, 3, width_ratios=[5, 1.2, 0.25], height_ratios=[1.25, height - 2.45],
                             wspace=0.08, hspace=0.2 / (height - 1.2), top=1 - (0.55 if title else 0.2) / height,
@@ -180,12 +204,12 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
         ref = check_pairs(reference_pairs, lq, lk, proper=False)
         ax.scatter(ref[:, 1] + 1, ref[:, 0] + 1, marker="x", s=max(min(cell, 6), 2) ** 2, linewidths=0.8,
                    color="tab:cyan", label="reference pair")
+    no_pairs = pairs is not None and not len(pairs)
     if pairs is not None:
         dec = check_pairs(pairs, lq, lk, proper=False)
-        _pair_marks(ax, dec[:, 0] + 1, dec[:, 1] + 1, cell, edgecolors="tab:red", color="tab:red",
-                    label="decoded pair")
+        _pair_marks(ax, dec[:, 0] + 1, dec[:, 1] + 1, cell, color="tab:red", label="decoded pair")
     ax.set_xlabel(residue_label(names[1]))
-    ax.set_ylabel(residue_label(names[0]))
+    ax.set_ylabel(residue_label(names[0]).replace(" residue", "\nresidue"))  # a short heatmap: two lines
     integer_ticks(ax.xaxis)
     integer_ticks(ax.yaxis)
 
@@ -202,8 +226,8 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
     more = ax_top.get_legend_handles_labels()
     if handles or col_dustbin is not None or row_dustbin is not None:
         ax_key.legend(handles + more[0], labels + more[1], loc="center", fontsize=7, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    if title or no_pairs:
+        fig.suptitle(f"{title or ''}{' (no aligned pairs)' if no_pairs else ''}".strip(), fontsize=10)
     return fig
 
 
@@ -234,7 +258,7 @@ def _band_figure(plan, *, pairs, reference_pairs, row_dustbin, title, names, log
     half = BAND_HALF_WIDTH
     band, centre = _band(plan, pairs, half)
     fig = Figure(figsize=(6.0, 9.0))
-    grid = fig.add_gridspec(1, 3, width_ratios=[5, 1.2, 0.25], wspace=0.08, top=0.93, bottom=0.13)
+    grid = fig.add_gridspec(1, 3, width_ratios=[5, 1.2, 0.25], wspace=0.2, top=0.93, bottom=0.13)
     ax = fig.add_subplot(grid[0, 0])
     ax_right = fig.add_subplot(grid[0, 1], sharey=ax)
     ax_bar = fig.add_subplot(grid[0, 2])
@@ -242,8 +266,9 @@ def _band_figure(plan, *, pairs, reference_pairs, row_dustbin, title, names, log
     image = ax.imshow(shown, aspect="auto", origin="upper", cmap="viridis", norm=norm, interpolation="nearest",
                       extent=(-half - 0.5, half + 0.5, lq + 0.5, 0.5))
     fig.colorbar(image, cax=ax_bar, label=label)
-    if pairs is not None:
-        dec = check_pairs(pairs, lq, lk, proper=False)
+    dec = None if pairs is None else check_pairs(pairs, lq, lk, proper=False)
+    path = "decoded path" if dec is not None and len(dec) else "diagonal"  # _band's centre
+    if dec is not None and len(dec):
         ax.scatter(dec[:, 1] - centre[dec[:, 0]], dec[:, 0] + 1, marker="|", s=16, linewidths=0.9,
                    color="tab:red", label="decoded pair (offset 0)")
     if reference_pairs is not None:
@@ -251,16 +276,18 @@ def _band_figure(plan, *, pairs, reference_pairs, row_dustbin, title, names, log
         ax.scatter(ref[:, 1] - centre[ref[:, 0]], ref[:, 0] + 1, marker="x", s=8, linewidths=0.6,
                    color="tab:cyan", label="reference pair")
     ax.set_xlim(-half - 0.5, half + 0.5)
-    ax.set_xlabel(f"offset from the decoded path\n({names[1]} residues)", fontsize=9)
+    ax.set_xlabel(f"offset from the {path}\n({names[1]} residues)", fontsize=9)
     ax.set_ylabel(residue_label(names[0]))
     _row_marginal(ax_right, plan, row_dustbin, inside=band.sum(axis=1))
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles + [_patch("tab:blue"), _patch("lightsteelblue")],
-               labels + ["row mass in the band", "row mass outside it"],
+    dustbin = ([_patch("tab:gray")], ["dustbin mass"]) if row_dustbin is not None else ([], [])
+    fig.legend(handles + [_patch("tab:blue"), _patch("lightsteelblue")] + dustbin[0],
+               labels + ["row mass in the band", "row mass outside it"] + dustbin[1],
                loc="lower center", ncol=2, fontsize=7, frameon=False)
     held = float(band.sum()) / max(float(plan.sum()), 1e-300)
-    fig.suptitle(f"{title + chr(10) if title else ''}{lq} x {lk}: the ±{half} residues around the decoded "
-                 f"path hold {held:.0%} of the plan's mass", fontsize=9)
+    fig.suptitle(f"{title + chr(10) if title else ''}{lq} x {lk}: the ±{half} residues around the {path} "
+                 f"hold {held:.0%} of the plan's mass{' (no aligned pairs)' if path == 'diagonal' and dec is not None else ''}",
+                 fontsize=9)
     return fig
 
 
