@@ -43,38 +43,50 @@ def cache_dir() -> pathlib.Path | None:
     if directory is not None and (why := _others_can_write(directory)):
         _warn_once(f"Warning: the cache directory {directory} {why}: what it holds runs as this "
                    "process (compiled code, and numba's pickled kernels), so it is not used; "
-                   f"make it private (chmod go-w), or set {ENV} to a directory of your own")
+                   f"make it private (chmod -R go-w), or set {ENV} to a directory of your own")
         return None
     return directory
 
 
 def _others_can_write(directory: pathlib.Path) -> str | None:
-    """Why another user could put files into ``directory`` (owned by another user, or writable
-    by group or others), or None: a shared cache would run their code in every user's job."""
-    try:
-        info = directory.stat()
-    except OSError:  # not made yet (it will be ours), or unreadable (the cache then fails)
-        return None
+    """Why another user could put files into the cache (``directory`` or a folder in it: the
+    executables and pickles live in those) -- owned by another user, or writable by others or
+    by a group another user is in -- or None: a shared cache would run their code in every
+    user's job. Checked once a process per directory."""
+    return _why_not_private(str(directory))
+
+
+@functools.lru_cache(maxsize=None)
+def _why_not_private(directory: str) -> str | None:
     if not hasattr(os, "getuid"):  # Windows: no such modes
         return None
-    if info.st_uid != os.getuid():
-        return "belongs to another user"
-    if info.st_mode & 0o002 or (info.st_mode & 0o020 and _shared_group(info.st_gid)):
-        return "is writable by other users"
+    for folder, _, _ in os.walk(directory):  # nothing when it is not made yet (it will be ours)
+        try:
+            info = os.stat(folder)
+        except OSError:  # gone meanwhile, or unreadable (the cache then fails on its own)
+            continue
+        where = "" if folder == directory else f" (its folder {os.path.relpath(folder, directory)})"
+        if info.st_uid != os.getuid():
+            return f"belongs to another user{where}"
+        if info.st_mode & 0o002 or (info.st_mode & 0o020 and _shared_group(info.st_gid)):
+            return f"is writable by other users{where}"
     return None
 
 
 def _shared_group(gid: int) -> bool:
-    """Whether group ``gid`` may hold another user: not this user's own (private) group,
-    which a umask of 002 makes every new directory writable by."""
+    """Whether group ``gid`` may hold another user: anything but this user's private group
+    (named after the user, no other member listed, no other user's primary group), which a
+    umask of 002 makes every new directory writable by."""
     import grp
     import pwd
 
     try:
-        me, members = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(gid).gr_mem
+        me, group = pwd.getpwuid(os.getuid()), grp.getgrgid(gid)
     except KeyError:  # a group or user the system cannot name
         return True
-    return gid != os.getgid() or any(member != me for member in members)
+    if group.gr_name != me.pw_name or any(member != me.pw_name for member in group.gr_mem):
+        return True
+    return any(user.pw_gid == gid and user.pw_uid != me.pw_uid for user in pwd.getpwall())
 
 
 @functools.lru_cache(maxsize=None)

@@ -163,7 +163,8 @@ def _with_recorded_batch_size(out: pathlib.Path, output_config: dict) -> dict:
     running out of memory, and the run must resume with its work kept (the batch size moves
     an embedding only by rounding, as ``--device`` and ``--threads`` do, which the config
     leaves out). The config keeps the key so that the hashes of existing datasets stand."""
-    for path in (out / "manifest.json", out / "work" / "config.json"):
+    for path in (out / "manifest.json", out / "work" / "config.json",
+                 out / REPLACEMENT / "work" / "config.json"):  # (an --overwrite's rebuild)
         try:
             recorded = json.loads(path.read_text()).get("config")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
@@ -174,7 +175,6 @@ def _with_recorded_batch_size(out: pathlib.Path, output_config: dict) -> dict:
         if differs and [key for key, _, _ in differs] == [BATCH_SIZE_KEY]:
             old = differs[0][1]
             return {**output_config, "embedder": {**output_config["embedder"], "toks_per_batch": old}}
-        return output_config
     return output_config
 
 

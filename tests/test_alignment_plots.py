@@ -120,6 +120,9 @@ def test_pairs_on_cells_too_small_for_a_dot_are_drawn_as_runs():
     assert ends == [((1, 1), (100, 100)), ((156, 151), (305, 300))]  # (key, query), 1-based
     (single,) = [c for c in fig.axes[0].collections if c is not runs and len(c.get_offsets()) == 1]
     np.testing.assert_array_equal(single.get_offsets(), [[361, 351]])
+    lone = plan_figure(np.full((250, 250), 1 / 62500), pairs=np.array([(10, 12)]))  # no run at all
+    labels = [t.get_text() for a in lone.axes if a.get_legend() for t in a.get_legend().get_texts()]
+    assert labels.count("decoded pair") == 1
 
 
 def test_a_figure_without_aligned_pairs_says_so():

@@ -566,24 +566,59 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
 def test_a_cache_directory_others_can_write_is_not_used(monkeypatch, tmp_path, capsys):
     """What the cache holds runs as this process (compiled executables, numba's pickled
-    kernels): one that another user can write to, or that belongs to another, is not used."""
+    kernels): one that another user can write to (the folder or one in it, where the files
+    live), or that belongs to another, is not used."""
     shared = tmp_path / "shared"
-    shared.mkdir()
+    (shared / "programs").mkdir(parents=True)
     monkeypatch.setenv(compile_cache.ENV, str(shared))
+
+    def cache_dir():
+        compile_cache._why_not_private.cache_clear()  # checked once a process: here, each time
+        return compile_cache.cache_dir()
+
     shared.chmod(0o700)
-    assert compile_cache.cache_dir() == shared
+    assert cache_dir() == shared
     shared.chmod(0o777)
-    assert compile_cache.cache_dir() is None and compile_cache.enable() is None
+    assert cache_dir() is None and compile_cache.enable() is None
     assert f"the cache directory {shared} is writable by other users" in capsys.readouterr().err
+    shared.chmod(0o755)
+    (shared / "programs").chmod(0o777)  # the top folder made private, as advised, but not below it
+    assert cache_dir() is None
+    assert "writable by other users (its folder programs)" in capsys.readouterr().err
+    (shared / "programs").chmod(0o700)
     shared.chmod(0o770)  # group-writable: safe only where the group is the user's own
     monkeypatch.setattr(compile_cache, "_shared_group", lambda gid: False)
-    assert compile_cache.cache_dir() == shared
+    assert cache_dir() == shared
     monkeypatch.setattr(compile_cache, "_shared_group", lambda gid: True)
-    assert compile_cache.cache_dir() is None
+    assert cache_dir() is None
     shared.chmod(0o700)
     monkeypatch.setattr(os, "getuid", lambda: shared.stat().st_uid + 1)
-    assert compile_cache.cache_dir() is None
+    assert cache_dir() is None
     assert "belongs to another user" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_only_the_users_private_group_counts_as_the_user(monkeypatch):
+    """A group is the user's alone only when named after the user, with no other member,
+    listed or by primary group (users whose primary group it is are not in its member list:
+    "users", "nogroup")."""
+    import grp
+    import pwd
+    import types
+
+    me = types.SimpleNamespace(pw_name="ann", pw_uid=1000, pw_gid=1000)
+    users = [me, types.SimpleNamespace(pw_name="bob", pw_uid=1001, pw_gid=100)]
+    groups = {1000: ("ann", []), 100: ("users", []), 1002: ("ann", ["bob"])}
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: me)
+    monkeypatch.setattr(pwd, "getpwall", lambda: users)
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: types.SimpleNamespace(
+        gr_name=groups[gid][0], gr_mem=groups[gid][1]))
+    assert not compile_cache._shared_group(1000)
+    assert compile_cache._shared_group(100)  # bob's primary group, no member listed
+    assert compile_cache._shared_group(1002)
+    users.append(types.SimpleNamespace(pw_name="cy", pw_uid=1003, pw_gid=1000))
+    assert compile_cache._shared_group(1000)
 
 
 def test_exported_programs_of_the_least_recently_used_models_are_removed(monkeypatch, tmp_path):

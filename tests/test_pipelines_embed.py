@@ -230,3 +230,21 @@ def test_out_of_memory_is_told_from_other_torch_errors():
                                              "DefaultCPUAllocator: not enough memory: you tried "
                                              "to allocate 68719476736 bytes."))
     assert not embed._out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_out_of_memory_advice_fits_the_batch(tiny_esm):
+    """Halving --toks-per-batch helps a batch of several sequences; a sequence longer than
+    the batch size is a batch of its own, which no smaller batch size shrinks."""
+    torch = pytest.importorskip("torch")
+    e = embed.get_embedder(tiny_esm.stem, tiny_esm, toks_per_batch=64, threads=1)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    e.model = out_of_memory
+    with pytest.raises(embed.EmbedderError, match=r"embedding 2 sequences of up to 20 residues "
+                                                  r"\(--toks-per-batch 64\): re-run with a smaller --toks-per-batch, e.g. 32"):
+        e.embed(["MKVLAAGIVG" * 2] * 3)
+    with pytest.raises(embed.EmbedderError, match=r"embedding one sequence of 100 residues: this sequence "
+                                                  r"does not fit alone"):
+        e.embed(["M" + "K" * 99])

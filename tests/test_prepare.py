@@ -634,9 +634,9 @@ def test_esm_out_of_memory_resumes_with_a_smaller_batch_size(tmp_path):
         e.model = forward
         return e
 
-    def cfg(out, toks_per_batch):
+    def cfg(out, toks_per_batch, **kw):
         return _cfg(out, inputs=files, sampling=SamplingConfig(pairs_per_family=15),
-                    seqs_per_part=16, toks_per_batch=toks_per_batch)
+                    seqs_per_part=16, toks_per_batch=toks_per_batch, **kw)
 
     out = tmp_path / "ds"
     with pytest.raises(EmbedderError, match=r"out of memory .*--toks-per-batch 4096\): re-run "
@@ -659,6 +659,13 @@ def test_esm_out_of_memory_resumes_with_a_smaller_batch_size(tmp_path):
             np.testing.assert_allclose(x["q_feat"], y["q_feat"], rtol=2e-3, atol=2e-3)
     again = run_prepare(cfg(out, 64), quiet=True, embedder=esm(64))
     assert again.already_complete
+    # the same for an --overwrite's rebuild beside the finished dataset
+    calls.clear()
+    with pytest.raises(EmbedderError, match="out of memory"):
+        run_prepare(cfg(out, 4096, seed=5, overwrite=True), quiet=True, embedder=esm(4096, fail_at=3))
+    rebuilt = run_prepare(cfg(out, 300, seed=5, overwrite=True), quiet=True, embedder=esm(300))
+    assert 0 < rebuilt.summary["embeddings"]["computed_this_run"] < rebuilt.summary["embeddings"]["count"]
+    assert rebuilt.manifest["config"]["embedder"]["toks_per_batch"] == 4096 and rebuilt.manifest["config"]["seed"] == 5
     # another option changed as well: still refused, naming both
     with pytest.raises(PrepareError, match="toks_per_batch.*seed|seed.*toks_per_batch"):
-        run_prepare(dataclasses.replace(cfg(out, 64), seed=5), quiet=True, embedder=esm(64))
+        run_prepare(cfg(out, 64, seed=7), quiet=True, embedder=esm(64))

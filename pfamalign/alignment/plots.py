@@ -112,7 +112,7 @@ def _cell_points(ax, n_rows: int, n_cols: int) -> float:
 def _pair_marks(ax, rows, cols, cell_points: float, *, color: str, label: str) -> None:
     """Aligned pairs, the cell's colour left visible around them: hollow squares a cell wide
     on large cells, a dot 0.7 of a cell wide on small ones, and on cells too small for a
-    visible dot (below 2 points: a 200-residue pair, or a 30 x 600 one) a thin
+    visible dot (below 2 points: from about 160 residues) a thin
     half-transparent line through each run of consecutive pairs (never across a gap: that
     would draw the gap as pairs), single pairs as dots."""
     if not len(rows):
@@ -129,7 +129,8 @@ def _pair_marks(ax, rows, cols, cell_points: float, *, color: str, label: str) -
         runs = [(r, c) for r, c in zip(np.split(rows, breaks), np.split(cols, breaks))]
         lines = [np.column_stack([c, r]) for r, c in runs if len(r) > 1]
         single = np.array([(r[0], c[0]) for r, c in runs if len(r) == 1]).reshape(-1, 2)
-        ax.add_collection(LineCollection(lines, colors=color, linewidths=0.8, alpha=0.75, label=label))
+        if lines:
+            ax.add_collection(LineCollection(lines, colors=color, linewidths=0.8, alpha=0.75, label=label))
         if len(single):
             ax.scatter(single[:, 1], single[:, 0], marker="o", s=1.5 ** 2, linewidths=0, color=color,
                        alpha=0.75, label=None if lines else label)
