@@ -915,7 +915,7 @@ def test_eval_bootstrap_zero_titles_its_tables_without_a_ci(dataset):
     args = ["eval", "--data", dataset, "--no-model", "--baselines", "nw", "--max-pairs", 3, "--quiet"]
     res = run([*args, "--bootstrap", 0])
     assert res.exit_code == 0, res.output
-    assert "no CI: --bootstrap 0" in res.stdout and "95%" not in res.stdout
+    assert "no CI (--bootstrap 0)" in res.stdout and "95%" not in res.stdout
     assert "95% bootstrap CI" in run([*args, "--bootstrap", 10]).stdout
     res = run([*args, "--bootstrap", -1])
     assert res.exit_code == 2 and "--bootstrap" in res.stderr
