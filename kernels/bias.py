@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pfamalign.kernels import sinkhorn as sk
-from pfamalign.kernels.api import check_inputs, flatten, pad_flat, transport, zero_padding
+from pfamalign.kernels.api import check_inputs, flatten, pad_flat, transport
 from pfamalign.kernels.config import DustbinTokens, TransportConfig
 
 
@@ -65,7 +65,6 @@ class TailBiasCertificate(NamedTuple):
 def _flatten(q, k, v, q_len, k_len, tokens, cfg: TransportConfig):
     """Inputs -> (Flat, Spec) of the banded op (no targets), always on the XLA band (plain
     jnp, differentiable by autodiff)."""
-    q, k, v = zero_padding(q, k, v, q_len, k_len)
     flat, spec, _ = flatten(q, k, v, q_len, k_len, tokens, None, dataclasses.replace(cfg, impl="xla"))
     return flat, spec
 
