@@ -84,11 +84,13 @@ def zero_padding(q, k, v, q_len, k_len):
     (the dense path's; ``flatten`` does the same to the banded problem as it pads): padding
     never counts, and a NaN or an inf there would (a plan weight of 0 times a NaN is NaN in
     the output and the gradients; a NaN score in a kernel's LSE)."""
-    def zeroed(x, lens):
-        active = jnp.arange(x.shape[2])[None, None, :, None] < jnp.asarray(lens)[:, None, None, None]
-        return jnp.where(active, x, jnp.zeros((), x.dtype))
+    active = lambda x, lens: jnp.arange(x.shape[2])[None, None, :] < jnp.asarray(lens)[:, None, None]  # noqa: E731
+    return _zeroed(q, active(q, q_len)), _zeroed(k, active(k, k_len)), _zeroed(v, active(v, k_len))
 
-    return zeroed(q, q_len), zeroed(k, k_len), zeroed(v, k_len)
+
+def _zeroed(x, active):
+    """``x`` with 0 where ``active`` (``x``'s shape but its last axis) is False."""
+    return jnp.where(active[..., None], x, jnp.zeros((), x.dtype))
 
 
 def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, history: bool = False,
@@ -120,8 +122,7 @@ def flatten(q, k, v, q_len, k_len, tokens, targets, cfg: TransportConfig, *, his
     qf, kf, vf = pad_flat(q, lp), pad_flat(k, lp), pad_flat(v, lp)
     # padded values never count (a plan weight of 0 times a NaN there is NaN, and so is an LSE
     # over a NaN score); fused with the pad: zeroing before it cost the GPU 3-5 more launches
-    zero = lambda x, active: jnp.where(active[..., None], x, jnp.zeros((), x.dtype))  # noqa: E731
-    qf, kf, vf = zero(qf, row_active), zero(kf, col_active), zero(vf, col_active)
+    qf, kf, vf = _zeroed(qf, row_active), _zeroed(kf, col_active), _zeroed(vf, col_active)
     tok = lambda t, m: (jnp.zeros((n, m), q.dtype) if t is None or cfg.dustbin == "none"
                         else jnp.tile(t.astype(q.dtype), (b, 1)))
     tq, tk, tv = (tok(t, m) for t, m in zip(tokens or (None,) * 3, (d, d, dv)))

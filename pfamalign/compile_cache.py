@@ -48,16 +48,12 @@ def cache_dir() -> pathlib.Path | None:
     return directory
 
 
+@functools.lru_cache(maxsize=None)
 def _others_can_write(directory: pathlib.Path) -> str | None:
     """Why another user could put files into the cache (``directory`` or a folder in it: the
     executables and pickles live in those) -- owned by another user, or writable by others or
     by a group another user is in -- or None: a shared cache would run their code in every
     user's job. Checked once a process per directory."""
-    return _why_not_private(str(directory))
-
-
-@functools.lru_cache(maxsize=None)
-def _why_not_private(directory: str) -> str | None:
     if not hasattr(os, "getuid"):  # Windows: no such modes
         return None
     for folder, _, _ in os.walk(directory):  # nothing when it is not made yet (it will be ours)
@@ -65,7 +61,7 @@ def _why_not_private(directory: str) -> str | None:
             info = os.stat(folder)
         except OSError:  # gone meanwhile, or unreadable (the cache then fails on its own)
             continue
-        where = "" if folder == directory else f" (its folder {os.path.relpath(folder, directory)})"
+        where = "" if folder == str(directory) else f" (its folder {os.path.relpath(folder, directory)})"
         if info.st_uid != os.getuid():
             return f"belongs to another user{where}"
         if info.st_mode & 0o002 or (info.st_mode & 0o020 and _shared_group(info.st_gid)):

@@ -403,17 +403,17 @@ class EsmEmbedder(Embedder):
                 except (torch.OutOfMemoryError, RuntimeError) as err:
                     if not _out_of_memory(err):
                         raise
-                    what = (f"{len(batch)} sequences of up to {toks.shape[1] - 2} residues "
-                            f"(--toks-per-batch {self.toks_per_batch})")
-                    advice = (f"re-run with a smaller --toks-per-batch, e.g. {max(1, self.toks_per_batch // 2)}"
-                              if len(batch) > 1 else  # a batch of its own: a smaller one cannot help
-                              "this sequence does not fit alone: leave such lengths out (--max-len), "
-                              "embed windows of them (--long-seqs window, on sequences over 1022), "
-                              "or use a device with more memory or a smaller ESM-2")
-                    if len(batch) == 1:
-                        what = f"one sequence of {toks.shape[1] - 2} residues"
-                    raise EmbedderError(f"ESM-2 ran out of memory on {self.device} embedding {what}: "
-                                        f"{advice}; a dataset resumes with its finished parts kept") from err
+                    if len(batch) > 1:
+                        what = (f"{len(batch)} sequences of up to {toks.shape[1] - 2} residues (--toks-per-batch "
+                                f"{self.toks_per_batch}): re-run with a smaller --toks-per-batch, e.g. "
+                                f"{max(1, self.toks_per_batch // 2)}")
+                    else:  # a batch of its own: a smaller batch size cannot help
+                        what = (f"one sequence of {toks.shape[1] - 2} residues: this sequence does not fit "
+                                "alone: leave such lengths out (--max-len), embed windows of them "
+                                "(--long-seqs window, on sequences over 1022), or use a device with more "
+                                "memory or a smaller ESM-2")
+                    raise EmbedderError(f"ESM-2 ran out of memory on {self.device} embedding {what}"
+                                        f"; a dataset resumes with its finished parts kept") from err
                 rep = out["representations"][self.layer]  # [b, T, D]
                 for row, i in enumerate(batch):
                     n = len(items[i][2])

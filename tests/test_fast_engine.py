@@ -573,7 +573,7 @@ def test_a_cache_directory_others_can_write_is_not_used(monkeypatch, tmp_path, c
     monkeypatch.setenv(compile_cache.ENV, str(shared))
 
     def cache_dir():
-        compile_cache._why_not_private.cache_clear()  # checked once a process: here, each time
+        compile_cache._others_can_write.cache_clear()  # checked once a process: here, each time
         return compile_cache.cache_dir()
 
     shared.chmod(0o700)

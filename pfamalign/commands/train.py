@@ -135,7 +135,7 @@ def summary_line(result, total_steps: int) -> str:
               help="Validation every N steps, 0 = never  [config: 200]")
 @click.option("--ckpt-every", type=int, default=None,
               help="Checkpoint every N steps, 0 = only at the end  [config: 200]")
-@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None,
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None,  # configs.MAX_SEED (it loads jax)
               help="Initialisation and data order  [config: 0]")
 @click.option("--set", "set_items", multiple=True, metavar="KEY=VALUE",
               help="Override a config field (repeatable): a model field (heads=2), "
