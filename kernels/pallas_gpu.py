@@ -247,15 +247,17 @@ def _walked(ref, j_blk, geom: BandGeometry, tiles: int = 1):
     return ref[pl.ds(j_blk * geom.block, tiles * geom.block)]
 
 
-def _tile_logits(s, a, c, i_blk, j_blk, geom: BandGeometry, masked: bool = True):
-    """Masked logits ``[b, b]`` of line block ``i_blk`` (scores ``s`` ``[b, b]``, row offsets
-    ``a [b, 1]`` or None) against walked block ``j_blk`` (its offsets ``c [b]``). A stored band
-    is -inf off the support already and its scale is positive (``stored_lse``):
-    ``masked=False`` leaves the mask out (a fifth of a walk's instructions in sm_90 SASS)."""
+def _tile_logits(s, a, c, i_blk, j_blk, geom: BandGeometry, source: str, masked: bool = True):
+    """Masked logits ``[b, b]`` of line block ``i_blk`` (scores ``s`` ``[b, b]`` from
+    ``source``, row offsets ``a [b, 1]`` or None) against walked block ``j_blk`` (its offsets
+    ``c [b]``). A stored band is -inf off the support already and its scale is positive
+    (``stored_lse``): ``masked=False`` leaves the mask out (a fifth of a walk's instructions in
+    sm_90 SASS)."""
     c, b = c[None, :], geom.block
     if not masked:
         return s + c if a is None else s + (a + c)  # as tile_math.mask_band: one rounding both ways
-    return tile_math.mask_band(s, a, c, row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band)
+    return tile_math.mask_band(s, a, c, row0=i_blk * b, col0=j_blk * b, half_band=geom.half_band,
+                               computed=source == "qk")
 
 
 def _call(kernel, geom: BandGeometry, launch: GpuTiling, *, in_specs, out_spec, out_shape, interpret,
@@ -370,7 +372,7 @@ def _walk_lse(ref0, ref1, c_ref, geom: BandGeometry, source: str, dots: str = "i
 
         def step(j_blk, loaded, carry):
             raw, c = loaded
-            return tile_math.lse_update(*carry, _tile_logits(scores(raw), None, c, i_blk, j_blk, geom,
+            return tile_math.lse_update(*carry, _tile_logits(scores(raw), None, c, i_blk, j_blk, geom, source,
                                                              masked=source == "qk"))
 
         axis = 1
@@ -932,7 +934,7 @@ def _product_kernel(*refs, geom: BandGeometry, modulated: bool, source: str, dot
         if linear:  # the band holds the plan's entries (0 off the support)
             p = scores(raw)
         else:
-            p = tile_math.plan_tile(_tile_logits(scores(raw), a, c, i_blk, j_blk, geom, masked))  # [b, b]
+            p = tile_math.plan_tile(_tile_logits(scores(raw), a, c, i_blk, j_blk, geom, source, masked))  # [b, b]
         if modulated:
             keys = pl.ds(j_blk * b, b)
             p = tile_math.modulate(p, x, [z_ref[keys, pl.ds(o, s)] for o, s in pieces], dots)

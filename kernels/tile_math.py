@@ -82,14 +82,16 @@ def band_logits(q, k, row_off, col_off, *, row0, col0, half_band: int, dots: str
     Returns:
       ``[b, bk]`` f32 logits.
     """
-    return mask_band(dot_nt(q, k, dots), row_off, col_off, row0=row0, col0=col0, half_band=half_band)
+    return mask_band(dot_nt(q, k, dots), row_off, col_off, row0=row0, col0=col0, half_band=half_band,
+                     computed=True)
 
 
-def mask_band(s, row_off, col_off, *, row0, col0, half_band: int):
+def mask_band(s, row_off, col_off, *, row0, col0, half_band: int, computed: bool = False):
     """``s_ij + a_i + c_j`` on the band ``|i - j| <= W``, ``-inf`` elsewhere: the logits of a
     tile whose scores ``s [b, bk]`` are given (computed, or read from a stored band). Arguments
     as ``band_logits``; the band is symmetric, so a transposed tile (keys as its rows) is
-    masked with the keys' index as ``row0``."""
+    masked with the keys' index as ``row0``. ``computed``: s is a dot's result in this kernel;
+    the offsets are then added to the masked scores, not to the dot (below)."""
     shape = s.shape
     # i - j from the block offset plus in-tile offsets: small ints, no |.| on vectors needed.
     diff = (row0 - col0) + (jax.lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -99,8 +101,17 @@ def mask_band(s, row_off, col_off, *, row0, col0, half_band: int):
     # a row and a column walk must round a plan entry alike (the adjoint's cancellations at cold
     # scores rest on every product seeing one plan; (s + a) + c and (s + c) + a differ by
     # u |S| in the exponent).
-    x = s + col_off if row_off is None else s + (row_off + col_off)
-    return jnp.where(inside, x, -jnp.inf)
+    off = col_off if row_off is None else row_off + col_off
+    if computed:
+        # Triton folds ``dot + x`` into the dot (its accumulator starts at x), and the offsets
+        # are about -|S|: every partial sum of <q_i, k_j> then rounds at that size. At eps 1e-3,
+        # T 0 the recomputing kernels' dq was 7.1e-4 from float64 so on an H200, against 2.2e-4
+        # with the select in between (interpret mode: 1.6e-4; 2026-11-30, docs/design.md §3.5).
+        return jnp.where(inside, s, -jnp.inf) + off
+    # A stored tile's scale multiply stays beside the addition, as in the unmasked walks
+    # (``pallas_gpu._tile_logits``): a compiler may contract the two into one FMA, and must then
+    # do so in both (with the select in between, XLA's CPU compile rounded them 1.1e-4 apart).
+    return jnp.where(inside, s + off, -jnp.inf)
 
 
 _LOG2E = 1.4426950408889634

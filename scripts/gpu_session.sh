@@ -221,8 +221,9 @@ case "${1:-}" in
     issue11) install; issue11 ;;
     spokes) install; spokes ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
-    tests) install
-        python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" ;;
+    tests) install  # preallocation off: with -n N each worker would take 75 % of the GPU (2026-11-30)
+        XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 \
+            | tee "$OUT_DIR/pytest_gpu.txt" ;;
     targets) install  # issue 11's three targets in one run (ratios in the same run)
         python3 scripts/bench_transport.py \
             --impls reference,ott,xla,pallas-fused,pallas-one-pass,pallas-fused-tf32x3,pallas-one-pass-tf32x3 \

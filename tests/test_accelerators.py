@@ -306,7 +306,9 @@ def test_cold_score_gradients_stay_exact_on_gpu(impl):
     all cancellation) the compiled paths' dq and dk within 8x the distance of dense f32 autodiff
     on the same GPU from float64, as in interpret mode (test_transport's
     ``test_kernel_walks_round_one_plan_at_cold_scores``): the row and column walks must round a
-    plan entry alike as Triton compiles them too (its multiply-adds contracted)."""
+    plan entry alike as Triton compiles them too (its multiply-adds contracted), and the
+    recomputing kernels' potentials must not go into the score dot's accumulator (15x on an
+    H200 when they did, 2026-11-30: docs/design.md §3.5)."""
     _skip_without_gpu()
     from test_transport import _cold_problem, _cold_value_and_grad
 

@@ -250,6 +250,51 @@ class TestPrimitivesGPUResidentTF32x3(TestPrimitivesGPUResidentTF32x3Interpret):
     INTERPRET = False
 
 
+def _cold_plan_reads(ops, lp=32, d=8, half_band=6, seed=0):
+    """A plan at cold scores (|S| ~ 1000: each exponent carries a rounding of u |S|) read off
+    the products with y = I: the row walk's, a column walk's, and both modulated by <1, 1>."""
+    rng = np.random.default_rng(seed)
+    q, k = (jnp.asarray(rng.normal(size=(1, lp, d)), jnp.float32) for _ in range(2))
+    active = jnp.arange(lp)[None] < lp - 5
+    scale = 300.0
+    s64 = scale * np.einsum("id,jd->ij", *(np.asarray(x[0], np.float64) for x in (q, k)))
+    pos = np.arange(lp)
+    support = (np.abs(pos[:, None] - pos[None]) <= half_band) & np.asarray(active[0])[:, None] & np.asarray(active[0])
+    top = np.where(support, s64, -np.inf).max(1)
+    row_pot = jnp.asarray(np.where(np.isfinite(top), -top, 0.0)[None], jnp.float32)  # row maxima near 1
+    plan = ops.plan(ops.scores(q, k, active, active, scale), row_pot, jnp.zeros((1, lp), jnp.float32))
+    eye, ones = jnp.eye(lp)[None], jnp.ones((1, lp, 1))
+    reads = {"rows": ops.plan_rows(plan, eye), "cols": jnp.swapaxes(ops.plan_cols(plan, eye), 1, 2),
+             "rows_modulated": ops.plan_rows(plan, eye, ones, ones),
+             "cols_modulated": jnp.swapaxes(ops.plan_cols(plan, eye, ones, ones), 1, 2)}
+    return {name: np.asarray(x[0], np.float64) for name, x in reads.items()}, np.abs(s64[support]).max()
+
+
+@pytest.mark.parametrize("kind", ["pallas-gpu", "pallas-tpu", "resident-gpu", "pallas-gpu-compiled",
+                                  "resident-gpu-compiled"])
+def test_every_product_rounds_one_plan(kind):
+    """At cold scores every product sees the row walk's plan, from a column walk and modulated
+    too, within a few ulps (the exponential's own rounding; XLA's CPU exp differs by an ulp
+    between its vector and scalar code): the adjoint's cancellations rest on one plan
+    (docs/design.md §3.5). A walk that rounds the exponent its own way is u |S| ~ 1000 ulps
+    off: adding a stored tile's offsets after its mask (as the recomputing kernels now do) made
+    the masked and unmasked stored walks so here, 1.1e-4 relative (2026-11-30)."""
+    name, wrapper, *compiled = kind.split("-")
+    interpret = not compiled
+    if compiled:
+        pytest.importorskip("jax.experimental.pallas.triton")
+        _skip_unless_runnable(wrapper, interpret)
+    cls = StoredBandOps if name == "resident" else PallasBandOps
+    ops = cls(make_geometry(32, 6, 8 if interpret else 16, pallas=True), interpret, wrapper=wrapper)
+    reads, largest = _cold_plan_reads(ops)
+    assert largest > 500  # cold: an exponent rounding of u |S| is hundreds of ulps
+    rows = reads.pop("rows")
+    assert rows.max() > 0.5  # the row maxima near 1, as the potentials were set
+    for what, read in reads.items():
+        rel = np.abs(read - rows)[rows > 0] / rows[rows > 0]
+        assert np.array_equal(read == 0, rows == 0) and rel.max() <= 16 * F32_UNIT, (what, rel.max())  # 8 ulps
+
+
 def _support(p, geom: BandGeometry):
     """``[N, Lp, Lp]`` bool: the band among active rows and columns."""
     pos = np.arange(geom.length)
@@ -706,6 +751,43 @@ def test_kernel_lowers_for_its_platform(wrapper, kernel):
     """The real Mosaic / Triton lowering of each kernel at 128-wide tiles."""
     text = _lower(wrapper, kernel, LOWER_GEOM).as_text()
     assert _CUSTOM_CALL[wrapper] in text
+
+
+def _dot_takers(jpr) -> list[set]:
+    """For every dot in the kernel bodies of a jaxpr's pallas_calls (their sub-jaxprs
+    included), the primitives that take its result."""
+    def walk(body):
+        takers = {}
+        for eqn in body.eqns:
+            for var in eqn.invars:
+                if isinstance(var, jax.extend.core.Var):
+                    takers.setdefault(var, set()).add(eqn.primitive.name)
+        found = [takers.get(eqn.outvars[0], set()) for eqn in body.eqns if eqn.primitive.name == "dot_general"]
+        subs = [getattr(sub, "jaxpr", sub) for eqn in body.eqns for param in eqn.params.values()
+                for sub in (param if isinstance(param, (list, tuple)) else [param])]
+        return found + [t for sub in subs if hasattr(sub, "eqns") for t in walk(sub)]
+    return [t for eqn in _equations(jpr.jaxpr) if eqn.primitive.name == "pallas_call"
+            for t in walk(getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"]))]
+
+
+@pytest.mark.parametrize("wrapper, kernel, vector", [("gpu", "band_lse", False), ("gpu", "band_product", True),
+                                                     ("tpu", "band_lse", False), ("gpu", "band_scores", False)])
+def test_computed_scores_take_their_offsets_after_the_mask(wrapper, kernel, vector):
+    """The kernels that compute score tiles add the potentials to the masked tile, not to the
+    dot: Triton folds ``dot + x`` into the dot (its accumulator starts at x, about -|S|), and
+    every partial sum of <q_i, k_j> then rounds at that size. On an H200 (2026-11-30, eps 1e-3,
+    T 0) the recomputing kernels' dq was 7.1e-4 from float64 so, 15x dense autodiff's there, and
+    2.2e-4 with the offsets added after the select. (The kernels here hold the score dot only:
+    a product with a matrix y also adds its accumulator to a dot, as it should.)"""
+    if kernel == "band_scores":
+        specs = _stored_specs(kernel, LOWER_GEOM)
+    else:
+        specs = _kernel_specs(kernel, LOWER_GEOM, m=1 if vector else 8)
+    if vector:
+        specs[-1] = jax.ShapeDtypeStruct(specs[-1].shape[:-1] + (1,), jnp.float32)
+    fn = functools.partial(getattr(pallas_ops.WRAPPERS[wrapper], kernel), geom=LOWER_GEOM, interpret=False)
+    takers = _dot_takers(jax.make_jaxpr(fn)(*specs))
+    assert takers and not any("add" in t for t in takers), takers
 
 
 def _stored_specs(kernel: str, geom: BandGeometry, *, n=2, d=32, m=8, mx=12):
