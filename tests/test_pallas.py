@@ -270,8 +270,9 @@ def _cold_plan_reads(ops, lp=32, d=8, half_band=6, seed=0):
     return {name: np.asarray(x[0], np.float64) for name, x in reads.items()}, np.abs(s64[support]).max()
 
 
-@pytest.mark.parametrize("kind", ["pallas-gpu", "pallas-tpu", "resident-gpu", "pallas-gpu-compiled",
-                                  "resident-gpu-compiled"])
+@pytest.mark.parametrize("kind", ["pallas-gpu", "pallas-tpu", "resident-gpu",
+                                  *(pytest.param(k, marks=pytest.mark.gpu)
+                                    for k in ("pallas-gpu-compiled", "resident-gpu-compiled"))])
 def test_every_product_rounds_one_plan(kind):
     """At cold scores every product sees the row walk's plan, from a column walk and modulated
     too, within a few ulps (the exponential's own rounding; XLA's CPU exp differs by an ulp
