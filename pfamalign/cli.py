@@ -116,5 +116,16 @@ def main():
     sys.modules.setdefault("IPython", None)
 
 
+def run():
+    """The ``pfamalign`` program: ``main``, then the interpreter's teardown (jax's exit handlers
+    take a moment) with interrupts ignored. The command has finished by then: a Ctrl-C in that
+    moment printed a KeyboardInterrupt traceback from an exit handler, and ending the process
+    there could cut the final flush of its output."""
+    try:
+        main()
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -175,3 +175,20 @@ def test_a_dropped_interrupt_stops_a_batch_at_its_next_step(tmp_path, monkeypatc
     assert res.exit_code == 130 and "Interrupted (SIGINT)" in res.output, res.output
     assert len(chunks) == 1, chunks  # stopped at the first step after the drop
     assert not out.exists() and sorted(tmp_path.iterdir()) == [db]
+
+
+def test_an_interrupt_after_the_command_is_quiet_and_keeps_its_output(tmp_path):
+    """A Ctrl-C while the interpreter shuts down (after the command, in the exit handlers,
+    where jax's take a moment) prints no KeyboardInterrupt traceback and costs no output: the
+    command's status and its flushed output stand. The interrupt is sent from an exit handler
+    registered before the program runs (handlers run last-registered first, so it runs last)."""
+    script = ("import atexit, os, signal, sys, time\n"
+              "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+              "from pfamalign import cli\n"
+              "sys.argv = ['pfamalign', '--version']\n"
+              "cli.run()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.returncode == 0, out.stderr
+    assert "KeyboardInterrupt" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "version" in out.stdout
