@@ -268,12 +268,18 @@ def against_profile(rows: list[dict], measured: list[dict]) -> list[dict]:
         s["calls"] += r["calls"]
         s["bound_ms"] += r["calls"] * r["bound_us"] / 1e3
         s["estimate_ms"] += r["calls"] * r["estimate_us"] / 1e3
-    out = []
+    # A kernel launched from two places in the program is two ops of the profile, the second
+    # named as XLA names a duplicate (``stored_rows_product__1``): one kernel here.
+    timed = {}
     for m in measured:
-        if m.get("op") in static:
-            s = static[m["op"]]
-            out.append({"gpu_kernel": m["op"], "calls": s["calls"], "measured_calls": m.get("calls"),
-                        "measured_ms": m["ms"], "bound_ms": s["bound_ms"], "estimate_ms": s["estimate_ms"]})
+        name = re.sub(r"__\d+$", "", m.get("op") or "")
+        if name in static:
+            t = timed.setdefault(name, {"calls": 0, "ms": 0.0})
+            t["calls"] += m.get("calls") or 0
+            t["ms"] += m["ms"]
+    out = [{"gpu_kernel": name, "calls": static[name]["calls"], "measured_calls": t["calls"], "measured_ms": t["ms"],
+            "bound_ms": static[name]["bound_ms"], "estimate_ms": static[name]["estimate_ms"]}
+           for name, t in timed.items()]
     if out:
         out.append({"gpu_kernel": "(all measured)", "calls": sum(o["calls"] for o in out),
                     "measured_calls": sum(o["measured_calls"] or 0 for o in out),

@@ -591,6 +591,11 @@ def test_static_cost_sets_a_gpu_profile_beside_its_rows(tmp_path, capsys):
     assert (total["calls"], total["measured_ms"]) == (20, pytest.approx(1.96))
     assert total["measured_over_bound"] == pytest.approx(1.96 / 0.78)
     assert cost.against_profile(rows, [{"op": "fusion.12", "calls": 4, "ms": 0.2}]) == []
+    # a kernel launched from two places: two ops of the profile, the second as XLA names a
+    # duplicate; one kernel here (matched alone, the 2026-11-30 H200 profile read 0.69x bound)
+    split = [{"op": "stored_rows_product", "calls": 1, "ms": 0.4}, {"op": "stored_rows_product__1", "calls": 2, "ms": 0.2}]
+    (one, _total) = cost.against_profile(rows, split)
+    assert (one["measured_calls"], one["measured_ms"], one["calls"]) == (3, pytest.approx(0.6), 3)
 
     profile = tmp_path / "profile.jsonl"  # a GPU profile's lines for the variant, at L 256
     profile.write_text("\n".join(json.dumps({"L": 256, "W": 256, "impl": "pallas-fused", "op": op, "calls": n,
