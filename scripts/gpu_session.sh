@@ -158,7 +158,7 @@ issue11() {
     part 220 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
         -p no:cacheprovider --tb=short -rfE
     part 40 profile_fused.jsonl python3 scripts/profile_transport.py --impls pallas-fused \
-        --lengths 16384 --half-band 1024 --top 14 --out "$OUT_DIR"
+        --lengths 16384 --half-band 1024 --top 30 --out "$OUT_DIR"
     # the shipped models' spoke dustbin at the largest size (the full set: `spokes`)
     part 60 bench_spoke_16384.txt python3 scripts/bench_transport.py --dustbin spoke \
         --impls reference,xla,pallas-fused --lengths 16384 --repeats 5 --json --mem-budget-gib 60 --timeout 60
