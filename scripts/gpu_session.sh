@@ -154,7 +154,8 @@ issue11() {
         --repeats 5 --json --mem-budget-gib 60 --timeout 100
     part 70 bench_4096.txt python3 scripts/bench_transport.py --impls "$TARGET_IMPLS" --lengths 4096 \
         --repeats 5 --json --timeout 60
-    # ~170 tests, mostly Triton compiles (127 s on 2026-11-29): 8 workers on the 16 cores, sharing the GPU
+    # ~174 tests, mostly Triton compiles (127 s on 2026-11-29, 160 s on 2026-11-30): 8 workers on the
+    # 16 cores, sharing the GPU
     part 220 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
         -p no:cacheprovider --tb=short -rfE
     part 40 profile_fused.jsonl python3 scripts/profile_transport.py --impls pallas-fused \
