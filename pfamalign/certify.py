@@ -91,7 +91,7 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
         g_out = 2.0 * (o - want)  # d/dO of the reconstruction error on annotated rows
         cotangent = "reconstruction loss"
     else:
-        g_out = jax.random.normal(jax.random.PRNGKey(seed), o.shape)
+        g_out = jax.random.normal(jax.random.PRNGKey(seed), o.shape, o.dtype)
         g_out = g_out / jnp.linalg.norm(g_out)
         cotangent = "random unit"
     bias = tail_bias_certificate(q, k, v, ql, kl, tokens, config=tcfg, g_out=g_out,

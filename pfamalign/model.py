@@ -215,9 +215,9 @@ class Aligner(nnx.Module):
         d_total = d + self.substitution_dim
         if cfg.dustbin:
             init = nnx.initializers.normal(cfg.token_init_scale)
-            self.dustbin_q = nnx.Param(init(rngs.params(), (h, d_total)))
-            self.dustbin_k = nnx.Param(init(rngs.params(), (h, d_total)))
-            self.dustbin_v = nnx.Param(init(rngs.params(), (h, dv)))
+            self.dustbin_q = nnx.Param(init(rngs.params(), (h, d_total), jnp.float32))
+            self.dustbin_k = nnx.Param(init(rngs.params(), (h, d_total), jnp.float32))
+            self.dustbin_v = nnx.Param(init(rngs.params(), (h, dv), jnp.float32))
 
     # -- pieces ----------------------------------------------------------------------------
 

@@ -1071,6 +1071,24 @@ def test_certify_pair_reports_each_stage_as_it_starts(model_dir):
     assert stages[1] == "tail bias at depths 0, 1"
 
 
+def test_models_load_align_and_certify_with_float64_switched_on():
+    """A user's ``JAX_ENABLE_X64`` (or ``jax_enable_x64`` in a notebook): the dustbin tokens
+    were created in the default float (float64 then), so loading the shipped model failed with
+    "config.json does not match the parameters" (and ``verify`` called it damaged), and
+    certify's random cotangent was float64 against a float32 output."""
+    import jax
+    from flax import nnx
+
+    from pfamalign.certify import certify_pair
+    from pfamalign.inference import Predictor, default_model_dir
+    from pfamalign.inputs import pair_from_sequences
+
+    with jax.enable_x64(True):
+        predictor = Predictor(default_model_dir())
+        certify_pair(predictor, pair_from_sequences(PDZ_A[:30], PDZ_B[:28]), tail_depths=(0,), score_noise=1e-3)
+        assert {x.dtype for x in jax.tree.leaves(nnx.state(predictor.model, nnx.Param))} == {np.dtype("float32")}
+
+
 def test_eval_json_is_written_as_every_other_output(dataset, tmp_path):
     """eval --json went through the dataset writer, not the outputs': a link to the file was
     replaced by a file (its target never written) and the file's permissions were lost."""
