@@ -15,7 +15,9 @@
 A ``PairAligner`` runs the same batch path as the command line (``batch.aligned`` over
 ``Predictor.align_records``), so each alignment it formats is byte for byte what ``pfamalign
 align`` prints for that pair with the same model and decoder settings (a many-pair file of the
-command opens its text once with a file header and names each pair on its CIGAR line).
+command opens its text once with a file header and names each pair on its CIGAR line). A pair
+planned in a batch of another size can differ in the eighth digit of its numbers, and so in a
+printed score's last digit (README, the rounding note under Quick start).
 """
 
 from __future__ import annotations
