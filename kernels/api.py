@@ -200,7 +200,7 @@ def transport(q, k, v, q_len, k_len, tokens: DustbinTokens | None = None, *,
     """
     config = _config(config, settings)
     check_inputs(q, k, v, q_len, k_len, tokens, config)
-    config = config.resolved(length=max(q.shape[2], k.shape[2]))
+    config = config.resolved(length=max(q.shape[2], k.shape[2]), features=(q.shape[-1], v.shape[-1]))
     if q.shape[0] * q.shape[1] == 0:  # no problem to solve: the dense path answers with the
         config = config.dense_reference()  # shapes (the banded tilings divide by the count)
     # lengths past the arrays (checked above unless traced) mean the whole axis, on every path

@@ -162,7 +162,7 @@ def pallas_triton() -> bool:
 
 
 def resolve_impl(impl: str, platform: str | None = None, *, length: int | None = None,
-                 steps: int | None = None, fused: bool = True) -> str:
+                 steps: int | None = None, fused: bool = True, stored_fits: bool = True) -> str:
     """The one place ``impl="auto"`` is decided: the Pallas kernels on TPU, the banded XLA path
     on CPU (where Pallas would run in interpret mode). On GPU, ``GPU_BANDED_IMPL``, and dense
     autodiff for problems shorter than ``GPU_DENSE_CROSSOVER`` (``length`` = the longer
@@ -170,8 +170,9 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
     below ``GPU_LOOPED_CROSSOVER``) where the banded variant's fused steps do not apply
     (``fused`` false: an eps schedule, a tolerance, one-pass steps with spokes, the TPU kernels
     forced), its steps are straight-line and ``steps`` (the fixed steps it would unroll) exceeds
-    ``GPU_UNROLLED_MAX_STEPS``, or this jax has no Pallas Triton backend (``pallas_triton``).
-    Other values pass through.
+    ``GPU_UNROLLED_MAX_STEPS``, its stored band's kernels do not fit this GPU's shared memory
+    at the problem's feature widths (``stored_fits`` false: ``pallas_gpu.stored_band_fits``),
+    or this jax has no Pallas Triton backend (``pallas_triton``). Other values pass through.
     ``platform`` defaults to this host's backend: a config lowered for another platform from
     here names its impl explicitly. Returns a name of ``IMPL_VARIANTS`` (its settings:
     ``impl_variant``; ``TransportConfig.resolved`` applies them)."""
@@ -185,6 +186,7 @@ def resolve_impl(impl: str, platform: str | None = None, *, length: int | None =
         variant = IMPL_VARIANTS[banded]
         if (variant.get("fused_steps") and not fused) or \
                 (variant.get("unroll") and steps is not None and steps > GPU_UNROLLED_MAX_STEPS) or \
+                (variant.get("resident_scores") and not stored_fits) or \
                 (variant["impl"] == "pallas" and not pallas_triton()):
             banded, crossover = GPU_LOOPED_IMPL, GPU_LOOPED_CROSSOVER
         if crossover is not None and length is not None and length < crossover:
@@ -468,13 +470,22 @@ class TransportConfig:
             data["eps_schedule"] = tuple(tuple(s) for s in schedule)
         return cls(**data)
 
-    def resolved_impl(self, platform: str | None = None, *, length: int | None = None) -> str:
+    def resolved_impl(self, platform: str | None = None, *, length: int | None = None,
+                      features: tuple[int, int] | None = None) -> str:
         """The name (``IMPL_VARIANTS``) of the implementation that runs this config
-        (``resolve_impl``; ``length``: the longer sequence, for its size rule)."""
+        (``resolve_impl``; ``length``: the longer sequence, for its size rule; ``features``:
+        the widths (d, dv) of q / k and v, for the GPU kernels' shared memory)."""
         # a base run to a tolerance is a loop whatever the variant: only the tail is unrolled
         steps = self.tail_steps if self.tol is not None else self.base_steps + self.tail_steps
         fused = self.fusable() and self.kernel != "tpu"  # the stored band has Triton kernels only
-        return resolve_impl(self.impl, platform, length=length, steps=steps, fused=fused)
+        stored_fits = True
+        if self.impl == "auto" and features is not None and length is not None and accelerator(platform) == "gpu":
+            from pfamalign.kernels import pallas_gpu
+            from pfamalign.kernels.band import make_geometry
+
+            geom = make_geometry(length, self.half_band, self.blocks.block, pallas=True)
+            stored_fits = pallas_gpu.stored_band_fits(geom, *features, self.tail_steps)
+        return resolve_impl(self.impl, platform, length=length, steps=steps, fused=fused, stored_fits=stored_fits)
 
     def fusable(self) -> bool:
         """Whether ``fused_steps`` apply to this problem (``sinkhorn.solve``): one eps, no
@@ -483,10 +494,11 @@ class TransportConfig:
         spokes = self.dustbin not in ("none", "widened")
         return self.eps_schedule is None and self.tol is None and not (self.one_pass_steps and spokes)
 
-    def resolved(self, platform: str | None = None, *, length: int | None = None) -> "TransportConfig":
+    def resolved(self, platform: str | None = None, *, length: int | None = None,
+                 features: tuple[int, int] | None = None) -> "TransportConfig":
         """This config with ``impl="auto"`` replaced by the implementation that runs it
         (``resolved_impl``) and that variant's settings."""
-        impl = self.resolved_impl(platform, length=length)
+        impl = self.resolved_impl(platform, length=length, features=features)
         return self if impl == self.impl else dataclasses.replace(self, **impl_variant(impl))
 
     def dense_reference(self) -> "TransportConfig":

@@ -300,6 +300,22 @@ def stored_geometry(geom: BandGeometry) -> BandGeometry:
     return geom if edge == geom.block else make_geometry(geom.length, geom.half_band, edge, pallas=True)
 
 
+def stored_band_fits(geom: BandGeometry, d: int, dv: int, tail_steps: int) -> bool:
+    """Whether this GPU's shared memory (``gpu_budget.device_budget``) holds the stored-band
+    kernels' widest calls for features d (q, k) and dv (v): the scores (d), the output's
+    product (y = v) and the gradient's modulated products (y = k or q; x and z of dv + 2R, the
+    one-reference adjoint's, wider than the four-plan's dv). ``impl="auto"`` takes the XLA
+    path where they do not fit (``config.resolve_impl``)."""
+    stored = stored_geometry(geom)
+    try:
+        for shape in (KernelShape(d, stored=True), KernelShape(0, dv, stored=True),
+                      KernelShape(0, d, dv + 2 * tail_steps, stored=True)):
+            tiling(stored, shape)
+    except ValueError:
+        return False
+    return True
+
+
 # ---- the stored band ---------------------------------------------------------------------------
 
 

@@ -655,6 +655,32 @@ def test_gpu_auto_loops_where_the_fused_steps_do_not_apply(monkeypatch):
     assert resolve_impl("auto", "cuda", length=8192, steps=10 * cap, fused=False) == "pallas-resident"
 
 
+@pytest.mark.parametrize("d, dv, fits", [(256, 64, True), (320, 16, False), (64, 256, False)])
+def test_gpu_auto_takes_the_xla_path_where_the_stored_band_does_not_fit(d, dv, fits):
+    """``impl="auto"`` on a GPU takes the stored-band kernels only at feature widths whose
+    calls fit the device's shared memory (``pallas_gpu.stored_band_fits``; here, with no GPU,
+    the smallest budget listed, a consumer card's); elsewhere the looped XLA path (dense below
+    its crossover), where before it raised the kernels' tiling error. The predicate is checked
+    against the op itself lowered for "cuda" with the stored-band kernels."""
+    from pfamalign.kernels import config
+    from pfamalign.kernels.pallas_ops import lower
+
+    cfg = TransportConfig(half_band=64, base_steps=2, tail_steps=2)
+    want = config.GPU_BANDED_IMPL if fits else config.GPU_LOOPED_IMPL
+    assert cfg.resolved_impl("cuda", length=16384, features=(d, dv)) == want
+    assert cfg.resolved_impl("cuda", length=16384) == config.GPU_BANDED_IMPL  # widths unknown: as before
+    q, k, v, _, _ = make_inputs(1, 1, 512, 512, d, dv, seed=0)
+    lens = jnp.array([512])
+    fused = dataclasses.replace(cfg, **impl_variant(config.GPU_BANDED_IMPL))
+    op = jax.jit(jax.grad(lambda q, k, v: jnp.sum(transport(q, k, v, lens, lens, config=fused)), (0, 1, 2)))
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    if fits:
+        lower(op, "cuda", *specs)
+    else:
+        with pytest.raises(ValueError, match="use impl='xla'"):
+            lower(op, "cuda", *specs)
+
+
 def test_dense_crossover_is_where_the_kernels_win_from_then_on():
     """The benchmark's rule for ``GPU_DENSE_CROSSOVER``: the shortest L from which the kernels
     win at every longer measured L; a dense path over its memory counts as a kernel win, a
