@@ -281,12 +281,15 @@ def _silence_orphaned_reads() -> None:
     """A failed orbax read leaves TensorStore reads pending; they fail again as their
     coroutines are collected or their callbacks meet a closed event loop at exit, and Python
     prints each as an unraisable traceback (hundreds of lines of array specs, after the
-    error). Those two messages, and only they, are dropped."""
+    error); one collected as the interpreter shuts down fails on a lazy import instead
+    ("sys.meta_path is None", seen in CI under load). Those messages, and only they, are
+    dropped."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
         text = str(unraisable.exc_value)
-        if not (text == "Event loop is closed" or text.startswith("Encountered error while reading array")):
+        if not (text == "Event loop is closed" or text.startswith("Encountered error while reading array")
+                or (isinstance(unraisable.exc_value, ImportError) and "Python is likely shutting down" in text)):
             previous(unraisable)
 
     sys.unraisablehook = hook
