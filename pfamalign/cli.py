@@ -109,6 +109,12 @@ def main():
 
     from pfamalign import compile_cache
 
+    for stream in (sys.stdout, sys.stderr):
+        # an encoding that cannot hold every character (PYTHONIOENCODING=latin-1, an ASCII
+        # locale outside Python's UTF-8 mode) prints escapes, not a traceback halfway through the
+        # output; -o files are UTF-8 whatever the locale
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     compile_cache.enable()  # jax-free: configures jax before a command imports it
     # flax.nnx imports IPython (about 0.2 s of every model-loading command) only to ask whether
     # it runs inside an IPython shell, which a command never does: None in sys.modules makes

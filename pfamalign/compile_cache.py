@@ -31,21 +31,45 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 def cache_dir() -> pathlib.Path | None:
-    """The compilation cache directory, or None when ``$PFAMALIGN_CACHE_DIR`` is empty or the
-    directory is not private (``_others_can_write``)."""
+    """The compilation cache directory, or None when ``$PFAMALIGN_CACHE_DIR`` is empty, there
+    is no home directory to put it in, or the directory is not private (``_others_can_write``)
+    or cannot be written (``_unwritable``)."""
     override = os.environ.get(ENV)
     if override is not None:
         directory = pathlib.Path(override).expanduser() if override.strip() else None
-    elif sys.platform == "darwin":
-        directory = pathlib.Path.home() / "Library" / "Caches" / "pfamalign"
+    elif os.environ.get("XDG_CACHE_HOME") and sys.platform != "darwin":
+        directory = pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "pfamalign"
     else:
-        directory = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "pfamalign"
+        try:
+            home = pathlib.Path.home()
+        except (RuntimeError, KeyError):  # no $HOME and no passwd entry: a container's arbitrary uid
+            _warn_once(f"Warning: no home directory to keep the compile cache in, so it is off; set {ENV} "
+                       "to a directory of your own to keep compiled programs between runs")
+            return None
+        directory = home / "Library" / "Caches" / "pfamalign" if sys.platform == "darwin" else \
+            home / ".cache" / "pfamalign"
     if directory is not None and (why := _others_can_write(directory)):
         _warn_once(f"Warning: the cache directory {directory} {why}: what it holds runs as this "
                    "process (compiled code, and numba's pickled kernels), so it is not used; "
                    f"make it private (chmod -R go-w), or set {ENV} to a directory of your own")
         return None
+    if directory is not None and (why := _unwritable(directory)):
+        _warn_once(f"Warning: the cache directory {directory} {why}, so the compile cache is off; "
+                   f"set {ENV} to a directory you can write")
+        return None
     return directory
+
+
+@functools.lru_cache(maxsize=None)
+def _unwritable(directory: pathlib.Path) -> str | None:
+    """Why this process cannot keep its cache in ``directory`` (made here if missing), or
+    None. jax would still read such a cache, warning on each entry, and its size lock needs
+    write access even to read."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot be made ({err.strerror or err})"
+    return None if os.access(directory, os.W_OK | os.X_OK) else "is not writable"
 
 
 @functools.lru_cache(maxsize=None)

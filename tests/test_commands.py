@@ -1071,6 +1071,18 @@ def test_certify_pair_reports_each_stage_as_it_starts(model_dir):
     assert stages[1] == "tail bias at depths 0, 1"
 
 
+def test_an_output_encoding_without_every_character_prints_escapes(tmp_path):
+    """Standard output in an encoding that cannot hold a record id (PYTHONIOENCODING=latin-1):
+    the id is printed escaped, and no output is lost (the command stopped at the first such
+    id with "Error: 'latin-1' codec can't encode character", or in a traceback for eval's and
+    barycenter's tables)."""
+    fasta = tmp_path / "u.fasta"
+    fasta.write_text(f">q1\n{PDZ_A[:30]}\n>s_\u03b1\n{PDZ_B[:28]}\n>s3\n{PDZ_B[:25]}\n", encoding="utf-8")
+    res = CliRunner(charset="latin-1").invoke(main, ["align", str(fasta), "-f", "cigar"])
+    assert res.exit_code == 0, res.output
+    assert [line.split("\t")[1] for line in res.output.splitlines()] == ["s_\\u03b1", "s3"]
+
+
 def test_models_load_align_and_certify_with_float64_switched_on():
     """A user's ``JAX_ENABLE_X64`` (or ``jax_enable_x64`` in a notebook): the dustbin tokens
     were created in the default float (float64 then), so loading the shipped model failed with

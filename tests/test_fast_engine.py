@@ -563,6 +563,27 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
         assert compile_cache.cache_dir() == tmp_path / "xdg" / "pfamalign"
 
 
+def test_without_a_home_or_a_writable_directory_the_cache_is_off(monkeypatch, tmp_path, capsys):
+    """No $HOME and no passwd entry (a container's arbitrary uid: ``Path.home()`` raises), or a
+    cache directory that cannot be made or written: the cache is off with one warning, and
+    the command runs (every command, --help too, failed in ``Path.home()``)."""
+    monkeypatch.delenv(compile_cache.ENV, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(pathlib.Path, "home", staticmethod(homeless))
+    assert compile_cache.cache_dir() is None and compile_cache.enable() is None
+    assert "no home directory to keep the compile cache in" in capsys.readouterr().err
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no home needed then
+    assert compile_cache.cache_dir() == tmp_path / "xdg" / "pfamalign"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "file" / "cache"))  # under a file: cannot be made
+    assert compile_cache.cache_dir() is None
+    assert f"the cache directory {tmp_path / 'file' / 'cache'} cannot be made" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
 def test_a_cache_directory_others_can_write_is_not_used(monkeypatch, tmp_path, capsys):
     """What the cache holds runs as this process (compiled executables, numba's pickled
