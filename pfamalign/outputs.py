@@ -293,5 +293,8 @@ def open_output(path: os.PathLike | None, inputs: Iterable[os.PathLike | None] =
         yield sys.stdout if "b" not in mode else sys.stdout.buffer
         return
     with atomic_path(path, inputs) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as sink:
+        # a file name that is not UTF-8 (held as surrogate escapes: BLAST7's "# Database:") is
+        # written as its own bytes, not refused after the work
+        text = {"encoding": "utf-8", "errors": "surrogateescape"}
+        with open(tmp, mode, **({} if "b" in mode else text)) as sink:
             yield sink

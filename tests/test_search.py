@@ -726,3 +726,20 @@ def test_a_query_too_short_for_calibrated_evalues_is_warned_about(fastas):
     assert warned == [f"Warning: {q}:1: query 'short' has {len(short)} residue(s): the E-values of queries "
                       f"shorter than {MIN_CALIBRATED_QUERY} residues are optimistic (more unrelated hits "
                       "than they promise); read its hits with caution"]
+
+
+def test_a_database_named_in_bytes_that_are_not_utf8_is_written_as_named(fastas):
+    """BLAST7's '# Database:' line names the file; a name that is not UTF-8 (Python holds its
+    byte as a surrogate escape) is written as its own bytes. The run failed after its work
+    ("surrogates not allowed"), with no output file."""
+    import os
+
+    tmp, _, _ = fastas
+    name = os.fsdecode(b"db\xe9.fasta")
+    db = tmp / name
+    db.write_bytes((tmp / "db.fasta").read_bytes())
+    out = tmp / "hits_named.blast7"
+    res = CliRunner().invoke(main, ["search", str(tmp / "q.fasta"), str(db), "--decoys", "10", "-f", "blast7",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert b"# Database: " + os.fsencode(str(db)) + b"\n" in out.read_bytes()
