@@ -45,7 +45,7 @@ from pfamalign.alignment.metrics import (IDENTITY_BINS, RELIABILITY_BINS, RELIAB
                                          prf_by_identity, reliability, reliability_sums)
 from pfamalign.checkpoint import read_training_record
 from pfamalign.model import Aligner, aligner_loss, objective
-from pfamalign.outputs import open_output
+from pfamalign.outputs import open_output, table_console
 
 BASELINES: dict[str, Callable] = {
     "diagonal": lambda r: diagonal_pairs(len(r["q_seq"]), len(r["k_seq"])),
@@ -422,10 +422,9 @@ def _fmt_signed(cell: dict, value: bool = True) -> str:
 
 def render(summary: dict, console=None) -> None:
     """Prints the F1 table (by identity bin) and the plan-metric table with rich."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=None if sys.stdout.isatty() else 150)  # no wrapping in logs
+    console = console or table_console()
     for error in summary.get("errors", ()):
         console.print(f"skipped (malformed): {error['error']}", markup=False, highlight=False)
     bins = ["all"] + [name for name, _, _ in IDENTITY_BINS]

@@ -281,6 +281,16 @@ def staged_directory(out: os.PathLike, *, replace: bool = False) -> Iterator[pat
         shutil.rmtree(old, ignore_errors=True)
 
 
+def table_console(stderr: bool = False):
+    """A rich console for a command's tables: the terminal's width on a terminal, else 150
+    columns (into a file or a pipe, ``$COLUMNS`` or rich's 80 would wrap them or elide their
+    numbers)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream is not None and stream.isatty() else 150)
+
+
 @contextlib.contextmanager
 def open_output(path: os.PathLike | None, inputs: Iterable[os.PathLike | None] = (), *,
                 mode: str = "w") -> Iterator[IO]:

@@ -118,12 +118,12 @@ def _fmt(n) -> str:
 
 def render_summary(summary: dict, console=None) -> None:
     """Prints the end-of-run summary: totals, per-split sizes, skipped items and why."""
-    from rich.console import Console
     from rich.table import Table
 
+    from pfamalign.outputs import table_console
     from pfamalign.pipelines.splits import SPLITS
 
-    console = console or Console()
+    console = console or table_console()
     totals = Table(title=f"pfamalign prepare: {summary['out']}", show_header=True)
     totals.add_column("item")
     totals.add_column("count", justify="right")

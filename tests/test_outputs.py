@@ -261,3 +261,23 @@ def test_an_output_whose_folder_vanished_midway_is_an_error(tmp_path):
                 undo(folder)
         assert not (folder / "out.txt").exists()
         shutil.rmtree(tmp_path / "moved", ignore_errors=True)
+
+
+def test_tables_into_a_file_or_a_pipe_keep_their_width(monkeypatch):
+    """A command's tables (eval, certify, barycenter, prepare's summary) are 150 columns wide
+    when not written to a terminal: $COLUMNS (20 in a narrow pane, say) elided every number
+    of certify's tables and blanked barycenter's."""
+    from rich.table import Table
+
+    from pfamalign.outputs import table_console
+
+    monkeypatch.setenv("COLUMNS", "20")
+    console = table_console()
+    assert console.width == 150 and table_console(stderr=True).width == 150
+    table = Table()
+    for name in ("depth", "bias", "bound", "ratio"):
+        table.add_column(name)
+    table.add_row("4", "1.234567e-05", "2.345678e-04", "0.052631")
+    with console.capture() as captured:
+        console.print(table)
+    assert "1.234567e-05" in captured.get() and "…" not in captured.get()

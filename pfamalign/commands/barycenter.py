@@ -35,11 +35,11 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
       pfamalign barycenter --data data/ --split test --index 3
       pfamalign barycenter MKVLAAGIVG MKVLSAGIVA
     """
-    from rich.console import Console
     from rich.table import Table
 
     from pfamalign.barycenter import pair_barycenters
     from pfamalign.inference import Predictor
+    from pfamalign.outputs import table_console
 
     from pfamalign.outputs import atomic_path, open_output
 
@@ -52,7 +52,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     table, pm = result.table, result.metrics
-    console = Console(stderr=str(tsv) == "-")  # stdout carries the TSV alone
+    console = table_console(stderr=str(tsv) == "-")  # stdout carries the TSV alone
     tab = Table(title=f"barycenters: {pair['q_id']} vs {pair['k_id']}")
     for col in table.columns:
         tab.add_column(col, justify="right")

@@ -68,6 +68,8 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     from rich.console import Console
     from rich.table import Table
 
+    from pfamalign.outputs import table_console
+
     from pfamalign.certify import certify_pair, contraction_verdict, plot_certificates
     from pfamalign.inference import Predictor
     from pfamalign.resources import budget, check_memory, estimate_certify_bytes
@@ -101,7 +103,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
                                   block_rows=block_rows, score_noise=score_noise, progress=stage)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    console = Console(stderr=str(json_out) == "-")  # stdout carries the JSON alone
+    console = table_console(stderr=str(json_out) == "-")  # stdout carries the JSON alone
     c = result["contraction"]
     tab = Table(title=f"projective contraction: {contraction_verdict(c)}")
     for col in ("", "count", "min", "median", "p90", "max"):

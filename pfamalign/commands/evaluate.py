@@ -137,11 +137,10 @@ def evaluate(ctx, data, split, stockholm, pairs_per_family, checkpoint, no_model
                        "families; score families it never saw (the test split of its dataset).",
                        err=True)
     if json_to_stdout:
-        from rich.console import Console
-
         from pfamalign import jsonio
+        from pfamalign.outputs import table_console
 
-        evaluation.render(summary, Console(stderr=True, width=None if sys.stderr.isatty() else 150))
+        evaluation.render(summary, table_console(stderr=True))
         click.echo(jsonio.dumps(summary, indent=2))
     else:
         evaluation.render(summary)

@@ -149,7 +149,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
 
     Re-running the same command resumes an interrupted run and never duplicates a record.
     """
-    from pfamalign.outputs import UnwritableOutput, naming
+    from pfamalign.outputs import UnwritableOutput, naming, table_console
     from pfamalign.pipelines.config import PrepareConfig
     from pfamalign.pipelines.embed import EmbedderError
     from pfamalign.pipelines.pairs import SamplingConfig
@@ -221,9 +221,7 @@ def shards(inputs, out, embedder, weights, layer, long_policy, toks_per_batch, d
             click.echo(f"Warning: {what.format(count)} famil{'y' if count == 1 else 'ies'} "
                        f"(file:line in {out}/families.tsv)", err=True)
     if not quiet:
-        from rich.console import Console
-
-        console = Console()
+        console = table_console()
         if result.already_complete:
             console.print(f"{out}: already complete (config {result.manifest['config_hash']}); "
                           "nothing to do.")
