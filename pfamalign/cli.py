@@ -41,6 +41,26 @@ def _interrupted(ctx, signum: int, notes=()) -> None:
     ctx.exit(128 + signum)
 
 
+def _unstartable_backend() -> str | None:
+    """What to tell a user whose ``JAX_PLATFORMS`` names a backend jax cannot start here (jax
+    raised a traceback naming another, "rocm" for "gpu", or a bare assertion for "cuda"), or
+    None when jax's backend is fine."""
+    import os
+
+    platforms = os.environ.get("JAX_PLATFORMS")
+    if not platforms:
+        return None
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as err:
+        detail = str(err).splitlines()[0] if str(err) else "no backend"
+        return (f"JAX_PLATFORMS={platforms} names a backend jax cannot start on this machine ({detail}): "
+                "unset JAX_PLATFORMS, or set it to one this machine has (cpu)")
+    return None
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
@@ -62,6 +82,12 @@ class _LazyGroup(click.Group):
             _interrupted(ctx, signum, getattr(interrupt, "__notes__", ()))
         except click.exceptions.Exit:  # a command's (or our own) chosen exit status
             raise
+        except (RuntimeError, AssertionError) as err:
+            reason = _unstartable_backend()
+            if reason is None:
+                raise
+            click.echo(f"Error: {reason}", err=True)
+            ctx.exit(1)
         except BrokenPipeError:  # `pfamalign search ... | head`: the reader has what it wanted
             import os
             import sys

@@ -1,6 +1,7 @@
 """Instant answers: help and argument errors load no jax (a subprocess, so this test
 process's own jax import cannot hide one)."""
 
+import os
 import subprocess
 import sys
 
@@ -49,3 +50,19 @@ def test_a_command_does_not_import_ipython_through_flax():
     proc = subprocess.run([sys.executable, "-c", _LOADED, "align", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert proc.stderr.strip().splitlines()[-1] == "IPYTHON_FREE", proc.stderr
+
+
+@pytest.mark.parametrize("platforms", ["gpu", "cuda"])
+def test_a_backend_this_machine_lacks_is_one_error_line(platforms):
+    """``JAX_PLATFORMS=gpu`` on a machine without one: a 64-line traceback ending in jax's
+    "Unable to initialize backend 'rocm'" (a backend the user never named), and for "cuda" a
+    bare AssertionError. Now one line that names the variable and the way out."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("this machine has an accelerator")
+    res = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", "MKVL", "MKVLL"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": platforms})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"Error: JAX_PLATFORMS={platforms} names a backend jax cannot start") \
+        and res.stderr.count("\n") == 1, res.stderr
