@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import sys
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 

@@ -39,9 +39,7 @@ def barycenter(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, wei
 
     from pfamalign.barycenter import pair_barycenters
     from pfamalign.inference import Predictor
-    from pfamalign.outputs import table_console
-
-    from pfamalign.outputs import atomic_path, open_output
+    from pfamalign.outputs import atomic_path, open_output, table_console
 
     sources = (*sequence_paths(seq_a, seq_b), stockholm, data, checkpoint, weights)
     check_outputs(tsv, plot, inputs=sources)

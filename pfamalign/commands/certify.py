@@ -68,10 +68,9 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     from rich.console import Console
     from rich.table import Table
 
-    from pfamalign.outputs import table_console
-
     from pfamalign.certify import certify_pair, contraction_verdict, plot_certificates
     from pfamalign.inference import Predictor
+    from pfamalign.outputs import table_console
     from pfamalign.resources import budget, check_memory, estimate_certify_bytes
 
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import click
 from click.core import ParameterSource
