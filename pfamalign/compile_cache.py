@@ -62,14 +62,18 @@ def cache_dir() -> pathlib.Path | None:
 
 @functools.lru_cache(maxsize=None)
 def _unwritable(directory: pathlib.Path) -> str | None:
-    """Why this process cannot keep its cache in ``directory`` (made here if missing), or
-    None. jax would still read such a cache, warning on each entry, and its size lock needs
-    write access even to read."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        return f"cannot be made ({err.strerror or err})"
-    return None if os.access(directory, os.W_OK | os.X_OK) else "is not writable"
+    """Why this process could not keep its cache in ``directory``, or None; checked on the
+    folder it is, or would be made in (nothing is made here: a cache that is off leaves no
+    trace). jax would still read an unwritable cache, warning on each entry, and its size lock
+    needs write access even to read."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be made ({existing} is not a folder)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return "is not writable" if existing == directory else f"cannot be made ({existing} is not writable)"
+    return None
 
 
 @functools.lru_cache(maxsize=None)
