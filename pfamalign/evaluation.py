@@ -594,8 +594,8 @@ def _interval_words(summary: dict, some: str, none: str) -> str:
     0``, or too few pairs or families to resample: every bound null)."""
     if not summary.get("n_boot", 1):
         return f"{none} (--bootstrap 0)"
-    bounds = [cell[k] for entry in summary.get("methods", {}).values() for by_bin in entry["prf"].values()
-              for cell in (by_bin["micro"]["f1"],) for k in ("low", "high")]
+    bounds = [by_bin["micro"]["f1"][k] for entry in summary.get("methods", {}).values()
+              for by_bin in entry["prf"].values() for k in ("low", "high")]
     if bounds and all(x is None or not np.isfinite(x) for x in bounds):
         return f"{none} (too few pairs to resample)"
     return some

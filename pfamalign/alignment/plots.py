@@ -126,7 +126,7 @@ def _pair_marks(ax, rows, cols, cell_points: float, *, color: str, label: str) -
         from matplotlib.collections import LineCollection
 
         breaks = np.flatnonzero((np.diff(rows) != 1) | (np.diff(cols) != 1)) + 1
-        runs = [(r, c) for r, c in zip(np.split(rows, breaks), np.split(cols, breaks))]
+        runs = list(zip(np.split(rows, breaks), np.split(cols, breaks)))
         lines = [np.column_stack([c, r]) for r, c in runs if len(r) > 1]
         single = np.array([(r[0], c[0]) for r, c in runs if len(r) == 1]).reshape(-1, 2)
         if lines:
