@@ -49,7 +49,8 @@ def check_pair(pair: dict, predictor) -> dict:
     from pfamalign.alignment.formats import id_problem
     from pfamalign.residues import input_sequence
 
-    where = pair.get("where", f"{pair['q_id']} vs {pair['k_id']}")
+    pair_name = f"{pair['q_id']} vs {pair['k_id']}"
+    where = pair.get("where", pair_name)
     try:
         seqs = {}
         for key, id_key in (("q_seq", "q_id"), ("k_seq", "k_id")):
@@ -61,8 +62,8 @@ def check_pair(pair: dict, predictor) -> dict:
             if problem is not None:  # which of the two
                 raise ValueError(f"{pair[id_key]}: {problem}")
         problem = predictor.pair_problem(seqs["q_seq"], seqs["k_seq"])
-        if problem is not None:  # the two together (memory)
-            raise ValueError(f"{pair['q_id']} vs {pair['k_id']}: {problem}")
+        if problem is not None:  # the two together (memory); named, unless ``where`` names them
+            raise ValueError(problem if pair_name in where else f"{pair_name}: {problem}")
     except ValueError as err:
         raise BadRecord(where, str(err)) from err
     return {**pair, **seqs}

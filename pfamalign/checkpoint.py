@@ -449,9 +449,12 @@ def _warn_unverifiable(directory: pathlib.Path) -> None:
 def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
     """How the saved parameters (their orbax metadata: names, shapes, dtypes) differ from the
     tree a config asks for (``abstract_params``); empty when they fit. Reads no array."""
+    jax.devices()  # orbax needs a backend: one that cannot start raises its own error, not a mismatch
     try:
         with _quiet_absl():  # a checkpoint step's params/ has no metadata file of its own: a warning
             meta = _local_checkpointer(_ocp()).metadata(pathlib.Path(params_path).absolute())
+    except ImportError:  # orbax's own libraries failed to load (a ulimit -v too low): not the data
+        raise
     except Exception as err:  # orbax raises several types on foreign / truncated data
         return [f"no readable parameter metadata ({err})"]
     saved = dict(_flat_names(getattr(meta, "item_metadata", meta)))

@@ -61,6 +61,19 @@ def _unstartable_backend() -> str | None:
     return None
 
 
+def _out_of_memory(err: BaseException) -> str | None:
+    """What to tell a user whose command ran out of memory (numpy's MemoryError, XLA's
+    RESOURCE_EXHAUSTED, a shared library that could not be mapped), or None for any other error."""
+    unmappable = isinstance(err, (ImportError, OSError)) and any(
+        sign in str(err) for sign in ("failed to map segment", "Cannot allocate memory"))  # a library's load
+    if isinstance(err, MemoryError) or unmappable or "RESOURCE_EXHAUSTED: Out of memory" in str(err):
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return (f"out of memory ({detail}): the work needed more memory than this process could get "
+                "(the machine's, its container's limit or its ulimit -v); split long sequences into "
+                "domains, or give the process more memory")
+    return None
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
@@ -82,8 +95,8 @@ class _LazyGroup(click.Group):
             _interrupted(ctx, signum, getattr(interrupt, "__notes__", ()))
         except click.exceptions.Exit:  # a command's (or our own) chosen exit status
             raise
-        except (RuntimeError, AssertionError) as err:
-            reason = _unstartable_backend()
+        except (RuntimeError, AssertionError) as err:  # XLA's errors are RuntimeErrors
+            reason = _unstartable_backend() or _out_of_memory(err)
             if reason is None:
                 raise
             click.echo(f"Error: {reason}", err=True)
@@ -98,6 +111,9 @@ class _LazyGroup(click.Group):
             failed = not (isinstance(err, SystemExit) and err.code in (0, None))
             if failed and interrupts.received() is not None:  # an error the signal caused (a library
                 _interrupted(ctx, interrupts.received())        # cut midway): the signal is the news
+            if failed and _out_of_memory(err) is not None:
+                click.echo(f"Error: {_out_of_memory(err)}", err=True)
+                ctx.exit(1)
             if not isinstance(err, OSError):
                 raise
             click.echo(f"Error: {outputs.describe(err)}", err=True)  # a full disk, a read-only file

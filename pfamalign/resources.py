@@ -101,7 +101,8 @@ def budget(value: int | str | None) -> int:
 def check_align_memory(len_a: int, len_b: int, budget: int | None, models: int = 1) -> None:
     """Raises ValueError when aligning sequences of these lengths (with ``models`` plan models)
     would need more than ``budget`` bytes (None or 0: no limit)."""
-    check_memory(estimate_align_bytes(len_a, len_b, models), budget, f"aligning {len_a} x {len_b} residues")
+    check_memory(estimate_align_bytes(len_a, len_b, models), budget, f"aligning {len_a} x {len_b} residues",
+                 fixed=FIXED_BYTES)
 
 
 def check_budget_usable(budget: int | None, models: int = 1) -> None:
@@ -127,9 +128,48 @@ def estimate_certify_bytes(len_a: int, len_b: int) -> int:
     return CERTIFY_FIXED_BYTES + CERTIFY_BYTES_PER_CELL * pad * pad
 
 
-def check_memory(need: int, budget: int | None, doing: str) -> None:
+# What a pair maps beyond what its memory estimate counts, under a ``ulimit -v`` (2026-11-30,
+# this host, `align` of random pairs under several limits, address space left when the pair
+# was checked): 14 residues failed with 0.19 GB left and ran with 0.48; 2000 failed with 0.67
+# and 0.81; 3000 ran with 1.38 and 1.55 and failed with 1.65; 4500 failed with 2.55 and ran
+# with 2.99 (estimates beyond the fixed part: 0.54 / 1.21 / 2.72 GB at 2000 / 3000 / 4500).
+# It varies from run to run (glibc maps 64 MiB of address space for each thread's malloc
+# arena as XLA's threads start), so the margin is wide: refusing a pair that a limit would
+# just hold is better than failing inside XLA, or its abort or segfault.
+ADDRESS_SPACE_PER_BYTE = 1.1
+ADDRESS_SPACE_SLACK = 384 << 20
+
+
+def address_space_left() -> int | None:
+    """Bytes of address space this process may still map under its ``ulimit -v`` (the soft
+    ``RLIMIT_AS``), or None without such a limit (or where it cannot be read). The limit counts
+    mappings, not memory in use: jax's runtime maps about 1.5 GB at start where 0.2 GB is
+    resident, so a pair that fits the memory budget can still fail under it, inside XLA."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        status = pathlib.Path("/proc/self/status").read_text(encoding="ascii")
+        mapped = int(re.search(r"^VmSize:\s+(\d+) kB", status, re.MULTILINE).group(1)) << 10
+    except (ImportError, OSError, ValueError, AttributeError):  # no resource module, no /proc
+        return None
+    return max(soft - mapped, 0)
+
+
+def check_memory(need: int, budget: int | None, doing: str, fixed: int = 0) -> None:
     """Raises ValueError when ``doing`` (what the work is, for the message) would need more
-    than ``budget`` bytes (None or 0: no limit), naming the option that lifts it."""
+    than ``budget`` bytes (None or 0: no limit), naming the option that lifts it; or when its
+    growth beyond ``fixed`` (the part already mapped: runtime, model) is more than the address
+    space a ``ulimit -v`` leaves, which no budget lifts (XLA would fail midway, or abort)."""
+    left = address_space_left()
+    mapping = int(ADDRESS_SPACE_PER_BYTE * (need - fixed)) + ADDRESS_SPACE_SLACK
+    if left is not None and mapping > left:
+        raise ValueError(
+            f"{doing} needs about {format_size(mapping)} more address space, over the "
+            f"{format_size(left)} this process's limit leaves (ulimit -v): raise the limit "
+            "(ulimit -v unlimited), or split the sequences into domains")
     if budget and need > budget:
         raise ValueError(
             f"{doing} needs about {format_size(need)}, over the "

@@ -2,10 +2,13 @@
 process's own jax import cannot hide one)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository: the shipped model's path
 
 _PROBE = """
 import sys
@@ -53,15 +56,17 @@ def test_a_command_does_not_import_ipython_through_flax():
 
 
 @pytest.mark.parametrize("platforms", ["gpu", "cuda"])
-def test_a_backend_this_machine_lacks_is_one_error_line(platforms):
+@pytest.mark.parametrize("command", [["align", "MKVL", "MKVLL"], ["verify", "pfamalign/assets/default_model"]])
+def test_a_backend_this_machine_lacks_is_one_error_line(platforms, command):
     """``JAX_PLATFORMS=gpu`` on a machine without one: a 64-line traceback ending in jax's
     "Unable to initialize backend 'rocm'" (a backend the user never named), and for "cuda" a
-    bare AssertionError. Now one line that names the variable and the way out."""
+    bare AssertionError. Now one line that names the variable and the way out. ``verify``
+    called the shipped model damaged ("config.json does not match the parameters")."""
     import jax
 
     if jax.default_backend() != "cpu":
         pytest.skip("this machine has an accelerator")
-    res = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", "MKVL", "MKVLL"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "pfamalign.cli", *command], capture_output=True, cwd=ROOT,
                          text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": platforms})
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.startswith(f"Error: JAX_PLATFORMS={platforms} names a backend jax cannot start") \

@@ -1044,6 +1044,8 @@ def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
     result = run(["align", long_a, long_b, "--max-memory", "1G"])
     assert_clear_error(result, "3000 x 3000", "--max-memory")
     assert "needs about" in result.output
+    # the pair named once (it was "seq_a vs seq_b: seq_a vs seq_b: aligning ...")
+    assert result.output.startswith("Error: seq_a vs seq_b: aligning 3000 x 3000 residues needs about"), result.output
 
 
 @pytest.mark.parametrize("command", [["align", "--pairs"], ["search", "--all-vs-all"]])
@@ -1120,6 +1122,81 @@ def test_a_containers_memory_limit_caps_the_default_budget(tmp_path, monkeypatch
     assert resources.machine_memory() == min(physical, 2 << 30)
     assert resources.default_budget() == int(min(physical, 2 << 30) * resources.DEFAULT_FRACTION)
     assert (resources.budget("2G"), resources.budget(0), resources.budget(1024)) == (2 << 30, 0, 1024)
+
+
+
+def _address_space_limit(nbytes: int):
+    """A ``preexec_fn`` that sets the child's ``ulimit -v`` (its soft RLIMIT_AS) to ``nbytes``."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (nbytes, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def test_the_address_space_left_under_a_ulimit_is_read_from_the_process():
+    from pfamalign import resources
+
+    probe = "from pfamalign import resources; print(resources.address_space_left())"
+    free = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    limited = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                             preexec_fn=_address_space_limit(3 << 30))
+    assert free.stdout.strip() == "None", free.stderr
+    assert 2 << 30 < int(limited.stdout) < 3 << 30, limited.stderr  # the limit less what Python maps
+    assert resources.address_space_left() is None or resources.address_space_left() > 0
+
+
+def test_the_address_space_check_charges_a_pairs_growth_with_its_margin(monkeypatch):
+    from pfamalign import resources
+
+    monkeypatch.setattr(resources, "address_space_left", lambda: 2 << 30)
+    fits = int(((2 << 30) - resources.ADDRESS_SPACE_SLACK) / resources.ADDRESS_SPACE_PER_BYTE)
+    resources.check_memory(resources.FIXED_BYTES + fits - 16, 0, "aligning", fixed=resources.FIXED_BYTES)
+    with pytest.raises(ValueError, match=r"aligning needs about 2.0 GiB more address space, over the 2.0 GiB "
+                                         r"this process's limit leaves \(ulimit -v\): raise the limit"):
+        resources.check_memory(resources.FIXED_BYTES + fits + (1 << 20), 0, "aligning", fixed=resources.FIXED_BYTES)
+    monkeypatch.setattr(resources, "address_space_left", lambda: None)  # no ulimit: the budget alone
+    resources.check_memory(10 ** 15, 0, "aligning", fixed=resources.FIXED_BYTES)
+
+
+def test_a_pair_over_the_address_space_limit_is_refused_before_xla_fails(tmp_path):
+    """Under ``ulimit -v`` jax maps what the limit allows and a pair's arrays fail to map midway:
+    before the check, ``align`` of two PDZ domains under a 1.5 GB limit ended in XLA's
+    RESOURCE_EXHAUSTED traceback (1 GB: a segfault; 0.6 GB: an abort).
+    The limit here: what a process that loaded the model maps without one, plus 200 MiB (jax
+    maps less under a limit), so that the model loads and the pair is what does not fit."""
+    probe = ("import re; from pfamalign.inference import Predictor; Predictor(None); "
+             "print(re.search(r'VmSize:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    limit = (int(loaded.stdout) << 10) + (200 << 20)
+    out = tmp_path / "out.txt"
+    proc = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", PDZ_A, PDZ_B, "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_address_space_limit(limit))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: seq_a vs seq_b: aligning 65 x 63 residues needs about "), proc.stderr
+    assert "this process's limit leaves (ulimit -v)" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary
+
+
+def test_running_out_of_memory_is_one_error_line(monkeypatch):
+    """numpy's MemoryError and XLA's RESOURCE_EXHAUSTED (what a command without a memory check
+    meets when the machine, its container or its ulimit runs out) end in one line, exit 1."""
+    import jax
+
+    from pfamalign.inference import Predictor
+
+    def exhausted_numpy(*args, **kwargs):
+        np.ones(1 << 47)  # 1 PiB: numpy's MemoryError
+
+    def exhausted_xla(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 684893304 bytes.")
+
+    for fail, detail in ((exhausted_numpy, "Unable to allocate 1.00 PiB"),
+                         (exhausted_xla, "RESOURCE_EXHAUSTED: Out of memory allocating 684893304 bytes.")):
+        monkeypatch.setattr(Predictor, "align_records", fail)
+        result = run(["align", PDZ_A, PDZ_B])
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output, result.output
+        assert result.output.strip().splitlines()[-1].startswith(f"Error: out of memory ({detail}"), result.output
+        assert "split long sequences into domains, or give the process more memory" in result.output
 
 
 # ---- 14: loading untrusted weights runs no code ----------------------------------------------

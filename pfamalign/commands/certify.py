@@ -71,7 +71,7 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     from pfamalign.certify import certify_pair, contraction_verdict, plot_certificates
     from pfamalign.inference import Predictor
     from pfamalign.outputs import table_console
-    from pfamalign.resources import budget, check_memory, estimate_certify_bytes
+    from pfamalign.resources import CERTIFY_FIXED_BYTES, budget, check_memory, estimate_certify_bytes
 
     try:
         depths = tuple(int(x) for x in tail_depths.split(","))
@@ -89,10 +89,10 @@ def certify(seq_a, seq_b, stockholm, ids, data, split, index, checkpoint, weight
     pair = resolve_pair(seq_a, seq_b, stockholm, ids, data, split, index)
     try:
         lengths = len(pair["q_seq"]), len(pair["k_seq"])
-        if max(lengths) <= max_length:  # a longer one is refused by its length first
-            check_memory(estimate_certify_bytes(*lengths), budget(max_memory),
-                         f"certifying {lengths[0]} x {lengths[1]} residues")
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length)
+        if max(lengths) <= max_length:  # a longer one is refused by its length first; checked once
+            check_memory(estimate_certify_bytes(*lengths), budget(max_memory),  # the runtime is mapped
+                         f"certifying {lengths[0]} x {lengths[1]} residues", fixed=CERTIFY_FIXED_BYTES)
         with Console(stderr=True).status(f"certifying {lengths[0]} x {lengths[1]} residues") as status:
             def stage(name: str) -> None:
                 interrupts.check()  # an interrupt Python dropped midway stops the next stage
