@@ -22,6 +22,7 @@ import io
 import itertools
 import os
 import pathlib
+import re
 import sys
 import zlib
 from typing import IO, Iterable, Iterator
@@ -368,6 +369,7 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
     except BaseException:
         stack.close()
         raise
+    _warn_if_column_names(source, *first)
     return _pair_records(stack, itertools.chain([first], lines), source)
 
 
@@ -413,11 +415,28 @@ _HEADER_WORDS = frozenset(f"{stem}{tag}" for stem in ("seq", "sequence", "query"
                           for tag in ("", "s", "_a", "_b", "a", "b", "1", "2", "_1", "_2"))
 
 
+def _sequence_cells(line: str) -> list[str]:
+    """A pairs-file line's sequence columns (none for a line of another width)."""
+    cols = [c.strip() for c in line.split("\t")]
+    return cols if len(cols) == 2 else cols[1::2] if len(cols) == 4 else []
+
+
 def _is_header(line: str) -> bool:
     """Whether a pairs-file line names its columns (its sequence columns are column names)."""
-    cols = [c.strip().lower() for c in line.split("\t")]
-    seqs = cols if len(cols) == 2 else cols[1::2] if len(cols) == 4 else []
-    return bool(seqs) and all(c in _HEADER_WORDS for c in seqs)
+    seqs = _sequence_cells(line)
+    return bool(seqs) and all(c.lower() in _HEADER_WORDS for c in seqs)
+
+
+def _warn_if_column_names(source: str, lineno: int, line: str) -> None:
+    """A warning on standard error when the first pair line looks like column names that are
+    not ``_HEADER_WORDS`` ("antigen<TAB>antibody", "heavy_chain<TAB>light_chain": short, with
+    lower case or characters no residue has): it is read as a pair all the same (skipping a
+    mistyped sequence would lose it silently), and the warning says how to skip it."""
+    seqs = _sequence_cells(line)
+    if seqs and all(0 < len(c) <= 32 and re.search(r"[a-z]|[^A-Za-z*]", c) for c in seqs):
+        print(f"Warning: {source}:{lineno} ({', '.join(seqs)}) is read as a pair, though it looks like column "
+              "names: start it with '#' to skip it (a first line of query, target, seq_a, seq_b, ... is "
+              "skipped)", file=sys.stderr, flush=True)
 
 
 def _holds_a_pair(line: str) -> bool:

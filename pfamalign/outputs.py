@@ -7,6 +7,7 @@ none) and never a truncated one. An output path that names one of the command's 
 refused before anything is opened (``align --pairs f.tsv -o f.tsv`` would otherwise truncate
 its own input), and a missing parent directory is a clear error, not a traceback. An output
 path that is a symbolic link is written through: the link's target is replaced, the link kept.
+A path ending in ``.gz`` is written gzip-compressed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import contextlib
 import errno
 import fnmatch
 import glob
+import gzip
+import io
 import os
 import pathlib
 import shutil
@@ -306,5 +309,15 @@ def open_output(path: os.PathLike | None, inputs: Iterable[os.PathLike | None] =
         # a file name that is not UTF-8 (held as surrogate escapes: BLAST7's "# Database:") is
         # written as its own bytes, not refused after the work
         text = {"encoding": "utf-8", "errors": "surrogateescape"}
-        with open(tmp, mode, **({} if "b" in mode else text)) as sink:
-            yield sink
+        if pathlib.Path(path).suffix != ".gz":
+            with open(tmp, mode, **({} if "b" in mode else text)) as sink:
+                yield sink
+            return
+        # -o hits.m8.gz: gzip, as every input may be (mtime 0: the same output, the same bytes)
+        with open(tmp, mode.replace("t", "").replace("b", "") + "b") as raw, \
+                gzip.GzipFile(pathlib.Path(path).name, "wb", fileobj=raw, mtime=0) as packed:  # named x.fa
+            if "b" in mode:
+                yield packed
+            else:
+                with io.TextIOWrapper(packed, **text) as sink:
+                    yield sink

@@ -40,6 +40,23 @@ def test_a_first_line_of_column_names_is_a_header_not_a_pair(tmp_path, header):
         inputs.read_pairs_tsv(path)
 
 
+@pytest.mark.parametrize("first", ["antigen\tantibody", "id\theavy\tid\tlight", "query_sequence\ttarget_sequence"])
+def test_a_first_line_that_looks_like_other_column_names_is_read_with_a_warning(tmp_path, capsys, first):
+    """Column names made of residue letters that ``_HEADER_WORDS`` lacks ("antigen") aligned
+    as a pair without a word, and "query_sequence" was a bad record: each stays a pair (a
+    mistyped sequence is not skipped silently), and a warning says how to skip the line."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text(f"{first}\nMKV\tMKL\n")
+    got = list(inputs.read_pairs_tsv(path))
+    assert len(got) == 2 and got[1]["q_seq"] == "MKV"
+    err = capsys.readouterr().err
+    assert err.startswith(f"Warning: {path}:1 (") and "start it with '#' to skip it" in err, err
+    for plain in ("MKV\tMKL", "mkvlaagivgllaamkvlaagivgllaamkvlaagivg\tMKVL", "x1\tMKV\tx2\tMKL"):
+        path.write_text(f"{plain}\nMKV\tMKL\n")  # residues (upper case, or too long for a name)
+        list(inputs.read_pairs_tsv(path))
+        assert capsys.readouterr().err == "", plain
+
+
 def test_bad_pairs_tsv_line_is_yielded_as_a_bad_record_and_reading_goes_on(tmp_path):
     path = tmp_path / "bad.tsv"
     path.write_text("MKV\tMKL\nMKV\nAAA\tCCC\n")

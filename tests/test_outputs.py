@@ -40,6 +40,27 @@ def test_successful_block_replaces_the_file(tmp_path):
     assert (tmp_path / "x.bin").read_bytes() == b"\x00\x01"
 
 
+def test_an_output_named_gz_is_gzip_compressed_and_the_same_bytes_each_time(tmp_path):
+    """``-o hits.m8.gz`` wrote plain text under a .gz name (zcat: "not in gzip format"), though
+    every input may be gzip; now it is compressed, named inside as the file without .gz, and
+    with mtime 0, so that the same output is the same bytes. A failed block leaves nothing."""
+    import gzip
+
+    out = tmp_path / "hits.m8.gz"
+    runs = []
+    for _ in range(2):
+        with open_output(out) as sink:
+            sink.write("q\tt\t99.5\n\u00e9\n")
+        runs.append(out.read_bytes())
+    assert runs[0] == runs[1] and runs[0][:2] == b"\x1f\x8b"  # gzip's magic
+    assert gzip.decompress(runs[0]).decode() == "q\tt\t99.5\n\u00e9\n"
+    assert b"hits.m8\0" in runs[0][:30]  # the name gzip -d would restore
+    with pytest.raises(RuntimeError), open_output(tmp_path / "other.gz") as sink:
+        sink.write("half")
+        raise RuntimeError("failed midway")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.m8.gz"]
+
+
 def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(OutputError, match="does not exist"):
         with open_output(tmp_path / "nope" / "out.txt"):
