@@ -37,6 +37,18 @@ def test_help_and_usage_errors_import_no_jax(argv):
     assert proc.stderr.strip().splitlines()[-1] == "JAX_FREE", proc.stderr
 
 
+def test_the_command_list_gives_each_command_a_whole_summary():
+    """``pfamalign --help`` cut each command's first docstring sentence at 45 characters
+    ("Align SEQ_A with SEQ_B (residue strings or FASTA files; -..."): each has its own."""
+    from click.testing import CliRunner
+
+    from pfamalign.cli import _COMMANDS, main
+
+    lines = CliRunner().invoke(main, ["--help"], terminal_width=120).output.split("Commands:")[1].strip().splitlines()
+    assert [line.split()[0] for line in lines] == sorted(_COMMANDS)
+    assert not [line for line in lines if line.rstrip().endswith("...")], lines
+
+
 _LOADED = """
 import sys
 from pfamalign.cli import main

@@ -29,7 +29,7 @@ def _shipped_mix() -> str:
     return f"{alpha:.0%} plan, {1 - alpha:.0%} pair-HMM"
 
 
-@click.command()
+@click.command(short_help="Align two sequences, or many pairs.")
 @click.argument("seq_a", required=False)
 @click.argument("seq_b", required=False)
 @click.option("--pairs", "pairs_file",

@@ -10,7 +10,7 @@ from pfamalign.commands._common import (OutputFile, check_figure, check_outputs,
                                        pair_input_options, resolve_pair, sequence_paths)
 
 
-@click.command()
+@click.command(short_help="Transport barycenters of a pair against its reference columns.")
 @pair_input_options()
 @click.option("--plot", type=OutputFile(),
               help="Figure (format from the extension: .png, .svg, .pdf, ...): barycenter of each query row "

@@ -13,7 +13,7 @@ from pfamalign.commands._common import (Number, OutputFile, check_figure, check_
 MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond this, hours
 
 
-@click.command()
+@click.command(short_help="Certificates of one pair's transport plan.")
 @pair_input_options(ensembles=False)
 @click.option("--tail-depths", default="0,1,2,4", show_default=True,
               help="Tail depths R for the bias certificate (comma-separated, any order).")

@@ -10,7 +10,7 @@ import click
 from pfamalign.commands._common import DatasetDirectory, Number, checkpoint_option, fail
 
 
-@click.command(name="compile")
+@click.command(name="compile", short_help="Fit a compiled plan operator (ASAP) to a model.")
 @checkpoint_option("Model directory to compile", ensembles=False)
 @click.option("--data", type=DatasetDirectory(),
               help="Dataset (`pfamalign prepare` output) whose pairs calibrate the operator. "

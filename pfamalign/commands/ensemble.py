@@ -9,7 +9,7 @@ import click
 from pfamalign.commands._common import DatasetDirectory, fail
 
 
-@click.command(name="ensemble")
+@click.command(name="ensemble", short_help="Combine trained aligners into one model.")
 @click.argument("models", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path))
 @click.option("--data", type=DatasetDirectory(), required=True,

@@ -12,7 +12,7 @@ from pfamalign.commands._common import (DatasetDirectory, OutputFile, check_figu
                                        strict_option)
 
 
-@click.command("eval")
+@click.command("eval", short_help="Score the aligner against reference alignments and baselines.")
 @click.option("--data", type=DatasetDirectory(), help="Dataset directory from `pfamalign prepare shards`.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]),
               help="Dataset split to score (with --data).")

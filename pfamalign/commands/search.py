@@ -13,7 +13,7 @@ from pfamalign.commands._common import (Number, OutputFile, batch_options, batch
                                        fail, max_length_option, max_memory_option)
 
 
-@click.command()
+@click.command(short_help="Search queries against a database: hits, E-values.")
 @click.argument("query")
 @click.argument("database", required=False)
 @click.option("--all-vs-all", is_flag=True,

@@ -117,7 +117,7 @@ def summary_line(result, total_steps: int) -> str:
     return f"{steps} (resumed at step {result.start_step}, now at {result.step} of {total_steps})"
 
 
-@click.command("train", help=_HELP)
+@click.command("train", help=_HELP, short_help="Train an aligner on a prepared dataset.")
 @click.option("--data", "data_dir", required=True, type=DatasetDirectory(),
               help="Dataset directory written by `pfamalign prepare shards`.")
 @click.option("--config", "config_name", type=click.Choice(CONFIG_NAMES), default=None,

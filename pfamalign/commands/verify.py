@@ -203,7 +203,7 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
     return problems
 
 
-@click.command()
+@click.command(short_help="Check a dataset, model or run against its checksums.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=pathlib.Path))
 def verify(directory):
     """Check DIRECTORY (a dataset, a model, an ensemble or a training run) byte for byte
