@@ -60,6 +60,13 @@ ENGINES = ("sinkhorn", "steps", "asap")
 FEATURES = ("rowlse", "norm", "spoke", "max")
 OPERATOR_FILE = "asap.json"
 OPERATOR_FORMAT = "pfamalign-asap"
+# Transport settings that choose how a plan is computed, not what it is: a compiled operator
+# serves the model whatever they are (fingerprint 3 leaves them out)
+RUNTIME_TRANSPORT_FIELDS = ("impl", "adjoint", "blocks", "interpret", "kernel", "branch_free", "resident_scores",
+                            "unroll", "fused_steps", "one_pass_steps", "triton_dots")
+# params_hash's versions: 1 the parameters alone (before 2026-11-29); 2 with the whole
+# configuration (which a new runtime setting changed); 3 without RUNTIME_TRANSPORT_FIELDS
+FINGERPRINT = 3
 
 
 class CompileError(ValueError):
@@ -160,10 +167,11 @@ class Operator:
     params_hash: str
     stats: dict = dataclasses.field(default_factory=dict)
     layers: tuple = ()
+    fingerprint: int | None = FINGERPRINT  # params_hash's version; None: a file that names none (1 or 2)
 
     def to_dict(self) -> dict:
         out = {"format": OPERATOR_FORMAT, "settings": dataclasses.asdict(self.settings),
-               "params_hash": self.params_hash, "stats": self.stats,
+               "params_hash": self.params_hash, "fingerprint": self.fingerprint, "stats": self.stats,
                "omega": self.omega.tolist(), "omega_dustbin": self.omega_dustbin.tolist(),
                "slices": self.slices.tolist()}
         return {**out, "layers": [layer.to_dict() for layer in self.layers]} if self.layers else out
@@ -172,6 +180,9 @@ class Operator:
     def from_dict(cls, data: dict) -> "Operator":
         if data.get("format") != OPERATOR_FORMAT:
             raise CompileError(f"not a compiled ASAP operator (format {data.get('format')!r})")
+        if data.get("fingerprint") not in (None, FINGERPRINT):
+            raise CompileError(f"the compiled operator names a fingerprint of the model ({data['fingerprint']!r}) "
+                               f"that this pfamalign does not know ({FINGERPRINT}): recompile with `pfamalign compile`")
         settings = AsapSettings(**data["settings"])
         omega, omega_db, slices = (np.asarray(data[k], np.float32) for k in ("omega", "omega_dustbin", "slices"))
         heads = omega.shape[0] if omega.ndim == 2 else -1
@@ -187,7 +198,7 @@ class Operator:
                 raise ValueError(f"{name} holds non-finite numbers: the operator file is damaged; "
                                  "recompile with `pfamalign compile`")
         return cls(settings, omega, omega_db, slices, data["params_hash"], data.get("stats", {}),
-                   tuple(cls.from_dict(layer) for layer in data.get("layers", [])))
+                   tuple(cls.from_dict(layer) for layer in data.get("layers", [])), data.get("fingerprint"))
 
     def arrays(self):
         """The operator's arrays, as ``asap_of`` takes them."""
@@ -206,8 +217,12 @@ class Operator:
         operator) was fitted to, has balanced marginals (``check_model``) and has an operator
         for each CETA layer of its encoder."""
         check_model(model)
-        have = params_hash(model)
         for op in (self,) + tuple(self.layers):
+            if op.fingerprint is None and op.params_hash == params_hash(model, 1):
+                raise CompileError("the compiled operator was made by a pfamalign before 2026-11-29, whose "
+                                   "fingerprint of the model left out its transport settings and whose 'max' "
+                                   "feature differed: recompile with `pfamalign compile`")
+            have = params_hash(model, op.fingerprint or 2)
             if have != op.params_hash:
                 raise CompileError(f"the compiled operator was fitted to the model {op.params_hash[:12]} "
                                    f"(parameters and configuration), but this model is {have[:12]}: "
@@ -236,12 +251,18 @@ def check_model(model) -> None:
         raise CompileError(why)
 
 
-def params_hash(model) -> str:
+def params_hash(model, version: int = FINGERPRINT) -> str:
     """sha256 over the model's configuration (the transport's eps, band, dustbin and steps make
-    the teacher as much as the weights do) and its parameters (paths, shapes, dtypes and bytes,
-    in path order)."""
+    the teacher as much as the weights do; not ``RUNTIME_TRANSPORT_FIELDS``) and its parameters
+    (paths, shapes, dtypes and bytes, in path order); ``version`` (``FINGERPRINT``) an earlier
+    definition, to check an operator compiled under it."""
     h = hashlib.sha256()
-    h.update(b"config|" + jsonio.dumps(model.cfg.to_dict(), sort_keys=True).encode())
+    config = model.cfg.to_dict()
+    if version >= 3:
+        config["transport"] = {k: v for k, v in config["transport"].items() if k not in RUNTIME_TRANSPORT_FIELDS}
+        h.update(b"fingerprint 3|")
+    if version >= 2:
+        h.update(b"config|" + jsonio.dumps(config, sort_keys=True).encode())
     flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]
     for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
         arr = np.ascontiguousarray(np.asarray(leaf))

@@ -28,6 +28,10 @@ DECODERS = ("affine", "mea", "hybrid", "posterior")
 # The plan pair-HMM's powers: 0.05-0.2 are chosen in tuning; beyond this the plan's log-odds
 # (a power times up to ~70) leave the range where a forward pass means anything.
 MAX_PLAN_POWER = 10.0
+# The largest |gap_open|, |gap_extend|, |gap_cost|, |threshold|, |plan_weight|: far past any useful
+# value (plan mass is at most 1 a pair, BLOSUM62 at most 11), and far from where the decoders'
+# sums overflow to inf (from ~1e307 they did: a wrong alignment with a score of -inf or null)
+MAX_COST = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +81,9 @@ class DecoderSettings:
             if f.type == "float" and (isinstance(value, bool) or not (isinstance(value, numbers.Real)
                                                                        and math.isfinite(value))):
                 raise ValueError(f"{f.name} must be a finite number, got {value!r}")
+        for name in ("gap_open", "gap_extend", "gap_cost", "threshold", "plan_weight"):
+            if abs(getattr(self, name)) > MAX_COST:
+                raise ValueError(f"{name} must be at most {MAX_COST:g} in absolute value, got {getattr(self, name)}")
         if not self.gap_open >= self.gap_extend >= 0:
             raise ValueError(f"need gap_open >= gap_extend >= 0, got {self.gap_open}, {self.gap_extend}")
         if not 0 <= self.alpha <= 1:

@@ -290,6 +290,32 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.write_compiled(src, out, op)
 
 
+def test_the_fingerprint_ignores_how_the_plan_runs_and_names_an_older_pfamaligns_operator():
+    """A compiled operator serves the model whatever its runtime settings (impl, kernels,
+    dots...), which a new such setting in the configuration would otherwise have made "another
+    model"; an operator of a pfamalign before 2026-11-29 (its hash over the parameters alone,
+    no "fingerprint" in asap.json) was refused as "fitted to the model ..." though the model
+    was the same: now it is named as older; one of fingerprint 2 (the whole configuration)
+    still serves; an unknown fingerprint is refused by name."""
+    assert set(asap.RUNTIME_TRANSPORT_FIELDS) <= {f.name for f in dataclasses.fields(TransportConfig)}
+    model = _model()
+    op = _shaped_operator(model, model.cfg.heads, model.cfg.head_dim + model.substitution_dim, asap.AsapSettings())
+    stored = op.to_dict()
+    assert stored["fingerprint"] == asap.FINGERPRINT
+    op.check(model)
+    for runtime in ({"impl": "xla"}, {"triton_dots": "tf32x3", "unroll": True}, {"blocks": 16}):
+        other = dataclasses.replace(model.cfg, transport=dataclasses.replace(model.cfg.transport, **runtime))
+        op.check(build_model(other, seed=0))  # the same plans: served
+    legacy = {k: v for k, v in stored.items() if k != "fingerprint"}
+    asap.Operator.from_dict({**legacy, "params_hash": asap.params_hash(model, 2)}).check(model)
+    with pytest.raises(asap.CompileError, match="made by a pfamalign before 2026-11-29.*recompile"):
+        asap.Operator.from_dict({**legacy, "params_hash": asap.params_hash(model, 1)}).check(model)
+    with pytest.raises(asap.CompileError, match="fitted to the model"):
+        asap.Operator.from_dict({**legacy, "params_hash": "0" * 64}).check(model)
+    with pytest.raises(asap.CompileError, match=r"fingerprint of the model \(4\) that this pfamalign does not know"):
+        asap.Operator.from_dict({**stored, "fingerprint": 4})
+
+
 @pytest.mark.parametrize("replace", [False, True])
 def test_a_directory_made_at_the_output_while_compiling_is_kept(tmp_path, monkeypatch, replace):
     """OUT was checked before the copy, then swapped out and deleted whatever it had become: a

@@ -1037,6 +1037,21 @@ def test_bad_tail_depths_are_refused_naming_the_option(depths):
                        "--tail-depths", "from 0 to 1000")
 
 
+@pytest.mark.parametrize("decoder, option", [("posterior", "--gap-cost"), ("mea", "--gap-cost"), ("affine", "--gap-open"),
+                                              ("affine", "--threshold"), ("hybrid", "--plan-weight")])
+def test_decoder_costs_past_any_use_are_refused_before_the_decoder_overflows(decoder, option):
+    """From ~1e307 the decoders' sums overflowed: ``--gap-cost 1e308`` aligned one pair with a
+    score of -inf (null in JSON). Now refused by name; at the bound the score is finite."""
+    sign = "-" if option == "--threshold" else ""
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--decoder", decoder, option, f"{sign}1e307"]),
+                       f"{option} must be at most 1e+06 in absolute value, got {sign}1e+307")
+    edge = f"{sign}1e6"
+    result = run(["align", PDZ_A, PDZ_B, "--decoder", decoder, option, edge, "-f", "json", "-q"])
+    assert result.exit_code == 0, result.output
+    aln = json.loads(result.output.strip().splitlines()[-1])
+    assert aln["score"] is not None and np.isfinite(aln["score"]) and aln["n_aligned"] >= 1, aln
+
+
 # ---- 12: memory ------------------------------------------------------------------------------
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():

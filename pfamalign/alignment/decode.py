@@ -121,6 +121,26 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
                            objective=objective)[0]
 
 
+def _decoded_transposed(plan: np.ndarray) -> bool:
+    """Whether a plan is decoded as its transpose, the alignment transposed back: exactly one
+    of a plan and its transpose is (the shorter sequence as the rows; for a square plan, the
+    one whose first entry off its transpose is the smaller), so that swapping the sequences
+    swaps the alignment even where the DP meets exact ties, which it breaks by row order
+    (poly-A 400 against 399 residues moved its gap by three)."""
+    rows, cols = plan.shape
+    if rows != cols:
+        return rows > cols
+    differ = plan != plan.T
+    first = int(np.argmax(differ))  # row-major: above the diagonal, its mirror below comes later
+    return bool(differ.flat[first]) and plan.flat[first] > plan.T.flat[first]
+
+
+def transposed(aln: PairAlignment) -> PairAlignment:
+    """The alignment of the swapped sequences: each pair ``(i, j)`` as ``(j, i)``."""
+    return PairAlignment(pairs=aln.pairs[:, ::-1], confidence=aln.confidence, score=aln.score,
+                         query_length=aln.key_length, key_length=aln.query_length)
+
+
 def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: float = 0.0,
                     gap_cost: float = 0.0, pair_cost: float = 0.0, mode: str = "global",
                     objective: str = "accuracy") -> list[PairAlignment]:
@@ -128,8 +148,26 @@ def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: fl
     ``col_dustbins``, lists or None): the same alignments, faster for many. In global mode
     the plans' DP rows advance together, one set of vector operations per row for all of
     them (on 300-residue pairs numpy's per-call overhead is most of a DP's cost); the
-    expected-F1 rounds run in step, each plan leaving when its own value stops rising."""
+    expected-F1 rounds run in step, each plan leaving when its own value stops rising. Each
+    plan is decoded in one orientation of the two (``_decoded_transposed``)."""
     plans = [_check_plan(plan) for plan in plans]
+    count = len(plans)
+    for name, given in (("row_dustbins", row_dustbins), ("col_dustbins", col_dustbins)):
+        if given is not None and len(given) != count:
+            raise ValueError(f"{name} must hold one entry (or None) per plan: {len(given)} for {count} plans")
+    flips = [_decoded_transposed(plan) for plan in plans]
+    rows, cols = row_dustbins or [None] * count, col_dustbins or [None] * count
+    found = _mea_decode_many_as_given(
+        [np.ascontiguousarray(plan.T) if flip else plan for plan, flip in zip(plans, flips)],
+        row_dustbins=[c if flip else r for r, c, flip in zip(rows, cols, flips)],
+        col_dustbins=[r if flip else c for r, c, flip in zip(rows, cols, flips)],
+        min_mass=min_mass, gap_cost=gap_cost, pair_cost=pair_cost, mode=mode, objective=objective)
+    return [transposed(aln) if flip else aln for aln, flip in zip(found, flips)]
+
+
+def _mea_decode_many_as_given(plans, *, row_dustbins, col_dustbins, min_mass: float, gap_cost: float,
+                              pair_cost: float, mode: str, objective: str) -> list[PairAlignment]:
+    """``mea_decode_many`` of the plans as they are (rows the rows of the DP)."""
     for name, value in (("gap_cost", gap_cost), ("pair_cost", pair_cost)):
         if not np.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -137,13 +175,9 @@ def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: fl
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     local = _is_local(mode)
     count = len(plans)
-    for name, given in (("row_dustbins", row_dustbins), ("col_dustbins", col_dustbins)):
-        if given is not None and len(given) != count:
-            raise ValueError(f"{name} must hold one entry (or None) per plan: {len(given)} for {count} plans")
     if not count:
         return []
-    oks = [_allowed(plan, row_db, col_db, min_mass) for plan, row_db, col_db in
-           zip(plans, row_dustbins or [None] * count, col_dustbins or [None] * count)]
+    oks = [_allowed(plan, row_db, col_db, min_mass) for plan, row_db, col_db in zip(plans, row_dustbins, col_dustbins)]
 
     def decode(which: list[int], costs: list[float]) -> list[PairAlignment]:
         """The best alignments of ``sum (P_ij - cost) - gap_cost * unaligned`` (allowed pairs)."""
@@ -362,6 +396,10 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     plan = _check_plan(plan)
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold}")
+    if _decoded_transposed(plan):  # one orientation of the two: swapped sequences, swapped ties
+        return transposed(affine_decode(np.ascontiguousarray(plan.T), gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
+                                        row_dustbin=col_dustbin, col_dustbin=row_dustbin, min_mass=min_mass,
+                                        mode=mode))
     ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)
     return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, mode)
 
