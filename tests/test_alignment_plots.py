@@ -183,3 +183,14 @@ def test_figures_of_plans_with_empty_rows_or_failed_cells_still_draw():
     fig = barycenter_figure(empty, target)
     scored = int(((target >= 0) & (np.arange(30) != 5)).sum())
     assert f"of {scored} rows" in fig.axes[1].get_title() and "nan" not in fig.axes[1].get_title()
+
+
+def test_the_band_figure_numbers_residues_with_whole_numbers():
+    """A one-residue sequence against 1,500 (the band view) had its residue axis at 0.6 ... 1.4."""
+    from pfamalign.alignment.plots import plan_figure
+
+    plan = np.random.default_rng(0).random((1, 1500)) / 1500
+    fig = plan_figure(plan, pairs=np.array([[0, 700]]))
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[0].get_yticks() if 0.5 <= t <= 1.5]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks

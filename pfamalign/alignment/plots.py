@@ -279,6 +279,7 @@ def _band_figure(plan, *, pairs, reference_pairs, row_dustbin, title, names, log
     ax.set_xlim(-half - 0.5, half + 0.5)
     ax.set_xlabel(f"offset from the {path}\n({names[1]} residues)", fontsize=9)
     ax.set_ylabel(residue_label(names[0]))
+    integer_ticks(ax.yaxis)  # residue numbers (a one-residue sequence had 0.6 ... 1.4)
     _row_marginal(ax_right, plan, row_dustbin, inside=band.sum(axis=1))
     handles, labels = ax.get_legend_handles_labels()
     dustbin = ([_patch("tab:gray")], ["dustbin mass"]) if row_dustbin is not None else ([], [])
