@@ -261,6 +261,7 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     (ens / "checksums.json").unlink()  # nothing vouches for its members and powers: a problem, as for a model
     res = run(["verify", ens])
     assert res.exit_code == 1 and f"{ens}: no checksums.json" in res.stderr
+    assert "rebuild it with `pfamalign ensemble`" in res.stderr  # what to do about it
     shutil.copy(shipped_model_dir("ensemble") / "checksums.json", ens / "checksums.json")
     victim = next(p for p in sorted((ens / members[1] / "params").rglob("*")) if p.is_file() and p.stat().st_size > 100)
     data = bytearray(victim.read_bytes())

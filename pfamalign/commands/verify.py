@@ -42,7 +42,8 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         problems += verify_checksums(directory)  # its own files (none recorded before 2026-11-29)
         if not (directory / CHECKSUMS).is_file():  # as for a model: nothing vouches for ensemble.json
             problems.append(f"{directory}: no {CHECKSUMS} (saved by an older pfamalign, or killed before "
-                            "it was written): its members and powers cannot be verified")
+                            "it was written): its members and powers cannot be verified; rebuild it with "
+                            "`pfamalign ensemble` to record them")
         try:
             members = [directory / m.path for m in ensemble.read_members(directory)]
         except ValueError as err:  # a damaged ensemble.json: its checksum said so above, if recorded
