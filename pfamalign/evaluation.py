@@ -432,8 +432,10 @@ def render(summary: dict, console=None) -> None:
     ci = _interval_words(summary, "95% bootstrap CI", "no CI")
     prov = summary.get("provenance")
     model = f"\npfamalign: {prov['model']}, {prov['decoder']['name']} decoder" if prov else ""
+    substitution = ("; NW/SW: BLOSUM62, gap open 11, extend 1"
+                    if {"nw", "sw"} & set(summary["methods"]) else "")  # only beside their rows
     tab = Table(title=f"aligned-pair F1 (micro, {ci}) — {_counted(summary, 'n_pairs', 'pair')}, "
-                      f"{_counted(summary, 'n_families', 'family')}; NW/SW: BLOSUM62, gap open 11, extend 1{model}")
+                      f"{_counted(summary, 'n_families', 'family')}{substitution}{model}")
     tab.add_column("method", no_wrap=True)
     for b in bins:
         tab.add_column(f"{b} (n={first[b]['n_pairs']})", justify="right", no_wrap=True)

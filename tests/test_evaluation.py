@@ -331,3 +331,17 @@ def test_the_plan_metrics_table_leaves_out_a_metric_no_method_has():
     out = io.StringIO()
     evaluation.render(summary, console=Console(file=out, width=250))
     assert "reconstruction" in out.getvalue() and "0.2500" in out.getvalue()
+
+
+def test_the_f1_table_names_the_substitution_settings_only_beside_their_rows():
+    """Its title gave "NW/SW: BLOSUM62, gap open 11, extend 1" with neither among the methods."""
+    import io
+
+    from rich.console import Console
+
+    pair = [{"q_seq": "ACDEFGH", "k_seq": "ACDEFGH", "target": np.arange(7), "pid": 100.0, "family": "PF1"}]
+    for baselines, named in ((("nw",), True), (("sw", "diagonal"), True), (("diagonal",), False)):
+        out = io.StringIO()
+        evaluation.render(evaluation.evaluate(pair, baselines=baselines).summary(n_boot=0),
+                          console=Console(file=out, width=300))
+        assert ("NW/SW: BLOSUM62" in out.getvalue()) == named, (baselines, out.getvalue())  # (the title wraps)

@@ -1635,6 +1635,7 @@ def test_validation_asked_of_a_dataset_without_val_pairs_is_a_warning(tmp_path):
     assert f"pfamalign align --checkpoint {model} SEQ_A SEQ_B" in result.output and "'" in model
     assert not any(key.startswith("val/") for line in (out / "metrics.jsonl").read_text().splitlines()
                    for key in json.loads(line))
+    assert "train/loss" in result.output and "(val/: the model's plan" not in result.output  # no legend of none
 
 
 @pytest.mark.slow  # compiles a train step (15 s)

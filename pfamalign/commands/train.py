@@ -251,7 +251,7 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         console.print(f"{summary_line(result, cfg.train.steps)}; model: {model}")
         for key, value in shown.items():
             console.print(f"  {key:32s} {value:.4g}{METRIC_NOTES.get(key.split('/')[1], '')}")
-        if shown:
+        if any(k.startswith(("val/", "diag/")) for k in shown):  # the legend of lines shown
             console.print("  (val/: the model's plan on the val pairs, before decoding; diag/: the "
                           "diagonal baseline's)", soft_wrap=True)
         quoted = shlex.quote(model)  # lines to paste into a shell: paths with spaces quoted
