@@ -16,6 +16,9 @@
 #                                                # the compiled-kernel tests, then the per-kernel profile of
 #                                                # auto's variant, then the spoke dustbin at L 16384, each
 #                                                # part under its own time limit; a short table last
+#   bash scripts/gpu_session.sh rest             # what issue11 leaves, one call (< 6 min): the compiled one-plan
+#                                                # and cold-score tests, the spoke dustbin at L 4096 and 8192,
+#                                                # k2_eps1's training throughput
 #   bash scripts/gpu_session.sh tests            # pytest -m gpu: compiled Triton kernels
 #   bash scripts/gpu_session.sh targets          # bench_transport at issue 11's sizes (L 4096, 16384): dense,
 #                                                # ott-jax, xla and the stored-band variants ("ieee" and
@@ -216,11 +219,29 @@ PY
     } 2>&1 | tee -a "$log"
 }
 
+# What issue11's call leaves to run, in one call (< 6 minutes): the compiled one-plan and
+# cold-score tests (added after the last GPU run), the spoke dustbin at L 4096 and 8192 beside
+# dense and the XLA path (16384 is in issue11), and k2_eps1's training throughput.
+rest() {
+    local log="$OUT_DIR/rest_summary.txt"
+    PART_LOG=$log
+    part 90 pytest_gpu_rest.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 4 \
+        -p no:cacheprovider --tb=short -rfE -k "one_plan or cold_score" tests/test_pallas.py tests/test_accelerators.py
+    part 150 bench_spoke_4096_8192.txt python3 scripts/bench_transport.py --dustbin spoke \
+        --impls reference,xla,pallas-fused --lengths 4096,8192 --repeats 5 --json --timeout 45
+    part 150 bench_train.jsonl python3 scripts/bench_train.py --pfam .gpu/pfam --configs k2_eps1 --no-pad1024
+    {   tail -1 "$OUT_DIR/pytest_gpu_rest.txt" || true
+        grep -h "^target\|crossover" "$OUT_DIR/bench_spoke_4096_8192.txt" || true
+        grep -h "examples_per_s" "$OUT_DIR/bench_train.jsonl" | cut -c1-300 || true
+    } 2>&1 | tee -a "$log"
+}
+
 case "${1:-}" in
     fetch) fetch ;;
     replica) replica ;;
     issue11) install; issue11 ;;
     spokes) install; spokes ;;
+    rest) install; rest ;;
     # Extra arguments go to pytest / the benchmark (e.g. a test file, --lengths 4096).
     tests) install  # preallocation off: with -n N each worker would take 75 % of the GPU (2026-11-30)
         XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -p no:cacheprovider "${@:2}" 2>&1 \
@@ -250,5 +271,5 @@ case "${1:-}" in
     train) install
         python3 scripts/bench_train.py --pfam .gpu/pfam "${@:2}" 2>&1 | tee "$OUT_DIR/bench_train.jsonl" ;;
     -h|--help) sed -n '2,/^set -euo/p' scripts/gpu_session.sh | sed '$d'; exit 0 ;;
-    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | tests | targets | resident | transport | tune | profile | flags | spokes | train | replica" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_session.sh fetch | issue11 | rest | tests | targets | resident | transport | tune | profile | flags | spokes | train | replica" >&2; exit 2 ;;
 esac

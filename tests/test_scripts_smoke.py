@@ -581,7 +581,7 @@ def test_count_gpu_launches_flags_a_long_reduction_fused_into_an_elementwise_ker
 def test_gpu_session_script_parses_and_names_its_steps():
     """scripts/gpu_session.sh (run on a lent GPU machine; its ``fetch`` and ``replica`` here) is
     valid bash, and without a step it exits 2 naming each one, the one-call ``issue11`` first
-    after ``fetch``."""
+    after ``fetch``, then ``rest`` (what it leaves to run)."""
     import subprocess
 
     script = SCRIPTS / "gpu_session.sh"
@@ -589,7 +589,7 @@ def test_gpu_session_script_parses_and_names_its_steps():
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert run.returncode == 2
     steps = run.stderr.split("gpu_session.sh", 1)[1].split("|")
-    assert [s.strip() for s in steps[:3]] == ["fetch", "issue11", "tests"]
+    assert [s.strip() for s in steps[:4]] == ["fetch", "issue11", "rest", "tests"]
     assert {"targets", "resident", "profile", "train", "replica"} <= {s.strip() for s in steps}
     # issue11's parts, each stopped at its limit (+10 s to kill), and ~30 s of install fit one
     # 600 s call of a 15-minute lease
@@ -600,6 +600,7 @@ def test_gpu_session_script_parses_and_names_its_steps():
                                                       re.M)]
     assert len(limits("issue11")) == 5 and sum(limits("issue11")) + 10 * 5 + 30 <= 600
     assert len(limits("spokes")) == 3 and sum(limits("spokes")) + 10 * 3 + 30 <= 600
+    assert len(limits("rest")) == 3 and sum(limits("rest")) + 10 * 3 + 30 <= 600
 
 
 def test_gpu_session_keeps_the_prepared_files_when_a_fetch_fails(tmp_path):
