@@ -786,12 +786,12 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     settings, training record) plus the operator, built beside OUT and renamed into place
     (never half written). Refuses OUT equal to ``source`` and an existing OUT (``replace``:
     an existing compiled model directory is swapped out, as ``train --compile`` does)."""
-    from pfamalign.checkpoint import MODEL_RECORDS, add_checksums, read_checksums, write_checksums
+    from pfamalign.checkpoint import MODEL_RECORDS, add_checksums, copy_model, read_checksums, write_checksums
     from pfamalign.pipelines.records import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)
     with staged_directory(out, replace=replace) as staged:
-        shutil.copytree(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
+        copy_model(source, staged, ignore=shutil.ignore_patterns(OPERATOR_FILE), dirs_exist_ok=True)
         write_json(staged / OPERATOR_FILE, op.to_dict(), indent=2)
         # the operator is fitted numbers, not settings to edit: `verify` checks it as the parameters;
         # the source's recorded digests are kept (its parameters are not re-read to vouch for them)

@@ -36,6 +36,7 @@ import io
 import json
 import os
 import pathlib
+import shutil
 import sys
 import zipfile
 from typing import Any
@@ -185,12 +186,33 @@ def read_checksums(directory: pathlib.Path) -> dict[str, str]:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise ValueError(f"{path}: unreadable ({err})") from None
     sums = data.get("sha256") if isinstance(data, dict) else None
     if not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
         raise ValueError(f'{path}: unreadable (no "sha256" table of file names to digests)')
+    outside = [name for name in sums if not _inside(name)]
+    if outside:  # read and hashed, "params/../../../etc/passwd" would be checked outside the model
+        raise ValueError(f"{path}: unreadable (names a file outside its directory: {outside[0]!r})")
     return sums
+
+
+def _inside(name: str) -> bool:
+    """Whether a recorded file name stays inside its directory (relative, no ``..``)."""
+    relative = pathlib.PurePosixPath(name)
+    return bool(relative.parts) and not relative.is_absolute() and ".." not in relative.parts
+
+
+def copy_model(source: pathlib.Path, dest: pathlib.Path, *, ignore=None, dirs_exist_ok: bool = False) -> None:
+    """Copies a model directory (``ensemble``'s members, ``compile``'s copy): regular files and
+    folders only. A symbolic link or special file inside is refused by name: copied as
+    ``copytree`` does, a link's target (a file outside the model, ``/dev/zero``) was read in."""
+    for path in sorted(pathlib.Path(source).rglob("*")):
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise CheckpointError(f"{path} is a symbolic link or not a regular file: a model directory holds "
+                                  "regular files only; copy the model with its links resolved (cp -rL) and give "
+                                  "the copy")
+    shutil.copytree(source, dest, ignore=ignore, dirs_exist_ok=dirs_exist_ok, symlinks=True)
 
 
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:

@@ -82,7 +82,8 @@ def read_members(directory: pathlib.Path) -> list[Member]:
             raise ValueError(f"{path} member {n}: needs both path and plan_power")
         member = Member(**fields)
         relative = pathlib.PurePosixPath(member.path)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts \
+                or not (path.parent / relative).resolve().is_relative_to(path.parent.resolve()):  # a link out
             raise ValueError(f"{path} member {n}: path {member.path!r} must name a directory "
                              "inside the ensemble directory")
         if not (math.isfinite(member.plan_power) and member.plan_power > 0):
@@ -218,7 +219,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     written to training.json."""
     from pfamalign import evaluation, tuning
     from pfamalign.alignment.pairhmm import MODEL_FILE
-    from pfamalign.checkpoint import read_training_record, write_training_record
+    from pfamalign.checkpoint import copy_model, read_training_record, write_training_record
     from pfamalign.pipelines.records import write_json
 
     out = pathlib.Path(out)
@@ -274,7 +275,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
         record["trained_on"] = {"families": sorted(trained)}
     with staged_directory(out) as work:
         for member, model in zip(members, models):
-            shutil.copytree(model, work / member.path)
+            copy_model(model, work / member.path)
         if (models[0] / MODEL_FILE).is_file():
             shutil.copy2(models[0] / MODEL_FILE, work / MODEL_FILE)
         write_json(work / ENSEMBLE_FILE, {"members": [dataclasses.asdict(m) for m in members]}, indent=2)

@@ -118,8 +118,10 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
         for f in pathlib.Path(params_path).rglob("*") if f.is_file())
     digest = hashlib.sha256()
     for name, f in named:
-        data = f.read_bytes()
-        digest.update(f"{name}\0{len(data)}\0".encode() + data)  # unambiguous file boundaries
+        with open(f, "rb") as handle:  # in chunks: a parameter file may be large (or sparse and huge)
+            digest.update(f"{name}\0{os.fstat(handle.fileno()).st_size}\0".encode())  # unambiguous boundaries
+            while block := handle.read(1 << 20):
+                digest.update(block)
     digest.update(hmm.to_json().encode())
     return "sha256:" + digest.hexdigest()[:16]
 

@@ -550,6 +550,36 @@ def test_model_hash_follows_the_parameter_bytes(tmp_path):
     assert model_content_hash(default_model_dir(), _one_gap_type_hmm()) != model_content_hash(default_model_dir(), hmm)
 
 
+def test_model_hash_reads_its_files_in_chunks(tmp_path):
+    """It read each parameter file whole: a model whose params/ held a 5 GB (sparse) file,
+    recorded in its checksums, took 5 GB to align. A sparse 1 GiB file now hashes in bounded
+    memory (a fresh process's peak), to the digest of its bytes."""
+    import hashlib
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    (model / "params").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "params" / "small").write_bytes(b"abc")
+    with open(model / "params" / "huge", "wb") as f:
+        f.truncate(1 << 30)
+    probe = ("import resource, sys; from pfamalign.alignment.pairhmm import default_pairhmm; "
+             "from pfamalign.inference import model_content_hash; "
+             "print(model_content_hash(sys.argv[1], default_pairhmm()), "
+             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(model)], capture_output=True, text=True, timeout=300)
+    got, peak_kib = proc.stdout.split()
+    assert int(peak_kib) < 800 << 10, peak_kib  # reading the file whole: over 1.2 GiB
+    want = hashlib.sha256(b"config.json\x002\x00{}")
+    want.update(f"params/huge\0{1 << 30}\0".encode())
+    for _ in range(1 << 10):
+        want.update(bytes(1 << 20))
+    want.update(b"params/small\x003\x00abc")
+    want.update(default_pairhmm().to_json().encode())
+    assert got == "sha256:" + want.hexdigest()[:16]
+
+
 # ---- compile cache -------------------------------------------------------------------------
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):

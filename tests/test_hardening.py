@@ -1052,6 +1052,58 @@ def test_decoder_costs_past_any_use_are_refused_before_the_decoder_overflows(dec
     assert aln["score"] is not None and np.isfinite(aln["score"]) and aln["n_aligned"] >= 1, aln
 
 
+def test_a_models_checksums_naming_files_outside_it_are_a_damaged_table(tmp_path):
+    """checksums.json entries such as "params/../../../etc/passwd" were opened and hashed
+    outside the model (and verify listed the parent folder's files as unrecorded)."""
+    from pfamalign.checkpoint import read_checksums
+    from pfamalign.inference import default_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir(), model)
+    table = json.loads((model / "checksums.json").read_text())
+    for name in ("params/../../outside.txt", "/etc/hostname"):
+        (model / "checksums.json").write_text(json.dumps({**table, "sha256": {**table["sha256"], name: "00"}}))
+        with pytest.raises(ValueError, match=f"names a file outside its directory: {re.escape(repr(name))}"):
+            read_checksums(model)
+        result = run(["verify", model])
+        assert result.exit_code == 1 and "names a file outside its directory" in result.output, result.output
+        assert "outside.txt" not in result.output.replace(repr(name), "")
+
+
+def test_a_model_copied_by_ensemble_or_compile_holds_no_link_to_outside(tmp_path):
+    """A member model with a link to an outside file (or to /dev/zero) was copied with the
+    link followed: the file's bytes taken in (and verify then said ok), or the disk filled."""
+    from pfamalign.checkpoint import CheckpointError, copy_model
+    from pfamalign.inference import default_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir(), model)
+    (tmp_path / "secret.txt").write_text("SECRET")
+    (model / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(CheckpointError, match="notes.txt is a symbolic link or not a regular file"):
+        copy_model(model, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+    (model / "notes.txt").unlink()
+    copy_model(model, tmp_path / "copy")  # regular files: copied
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(p.name for p in model.iterdir())
+
+
+def test_an_ensemble_member_that_links_outside_the_ensemble_is_refused(tmp_path):
+    """ensemble.json's paths were checked by their text only: a member folder that is a
+    symbolic link to a model elsewhere loaded silently (and verify said ok)."""
+    from pfamalign import ensemble
+    from pfamalign.inference import shipped_model_dir
+
+    ens = tmp_path / "ens"
+    shutil.copytree(shipped_model_dir("ensemble"), ens)
+    member = ensemble.read_members(ens)[1].path
+    shutil.move(ens / member, tmp_path / "elsewhere")
+    (ens / member).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=f"path {re.escape(repr(member))} must name a directory inside the ensemble"):
+        ensemble.read_members(ens)
+    assert_clear_error(run(["align", "--checkpoint", ens, PDZ_A, PDZ_B]), "must name a directory inside the ensemble")
+
+
 # ---- 12: memory ------------------------------------------------------------------------------
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():

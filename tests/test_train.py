@@ -779,3 +779,26 @@ def test_progress_without_a_terminal_is_a_line_every_log_every_steps_at_the_typi
     short.update(1, "loss 1", step_time=20.0, batch_size=4)
     short.update(2, "loss 1", step_time=0.1, batch_size=4)
     assert capsys.readouterr().err.splitlines()[-1] == "step 2/2  loss 1  40.0 ex/s  left 0:00:00"
+
+
+def test_a_metrics_file_that_links_elsewhere_is_refused_and_odd_lines_are_dropped(tmp_path):
+    """Resuming a handed-over run whose metrics.jsonl was a symbolic link rewrote the link's
+    target (a file outside the run); a line that is JSON but not an object was a traceback."""
+    from pfamalign.training.errors import TrainingError
+    from pfamalign.training.rundir import MetricsWriter
+
+    victim = tmp_path / "notes.txt"
+    victim.write_text("my notes\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(TrainingError, match="metrics.jsonl is a symbolic link or not a regular file"):
+        MetricsWriter(run, resume_step=3)
+    assert victim.read_text() == "my notes\n"
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").write_text('{"step": 1, "a": 1}\n[1, 2]\n{"step": "x"}\n{"step": 5}\n{"step": 3}\n{"tor')
+    writer = MetricsWriter(run, resume_step=3)
+    writer.write(4, {"b": 2.0})
+    writer.close()
+    assert [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": 1, "a": 1}, {"step": 3}, {"step": 4, "b": 2.0}]

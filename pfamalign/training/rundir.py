@@ -183,16 +183,21 @@ class MetricsWriter:
         self._tb = None
         if not self.active:
             return
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            # a run handed over with a link here would have its target read and rewritten
+            raise TrainingError(f"{self.path} is a symbolic link or not a regular file: a run's "
+                                "metrics.jsonl is a file of its own; move it away and run again")
         if self.path.exists():
             keep = []
             for line in self.path.read_text().splitlines():
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     continue  # a torn last line of a killed run
-                if resume_step is not None and rec.get("step", 0) <= resume_step:
+                step = rec.get("step", 0) if isinstance(rec, dict) else None  # a line of another form: dropped
+                if isinstance(step, (int, float)) and resume_step is not None and step <= resume_step:
                     keep.append(line)
-            self.path.write_text("".join(line + "\n" for line in keep))
+            records.write_text(self.path, "".join(line + "\n" for line in keep))
         self._file = open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
