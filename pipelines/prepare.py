@@ -119,7 +119,8 @@ def _remove_owned(out: pathlib.Path, manifest: dict | None) -> None:
         if path.is_relative_to(out.resolve()) and path.is_file():
             path.unlink()
     for d in sorted({(out / n).parent for n in names}, key=lambda p: -len(p.parts)):
-        if d != out and d.is_dir() and not any(d.iterdir()):
+        inside = d.resolve().is_relative_to(out.resolve())  # a manifest's "../x" names no folder of ours
+        if inside and d != out and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
 
 

@@ -57,12 +57,39 @@ def dataset_files(manifest: dict) -> list[str]:
     return files + [row["path"] for row in manifest.get("shards", [])]
 
 
+def _inside(name) -> bool:
+    """Whether a manifest's file name is a relative path that stays inside the dataset."""
+    relative = pathlib.PurePosixPath(name) if isinstance(name, str) else None
+    return relative is not None and bool(relative.parts) and not relative.is_absolute() and ".." not in relative.parts
+
+
+def manifest_file_problems(manifest: dict) -> list[str]:
+    """Files a manifest names outside its dataset (absolute, ``..``), and shards the splits
+    or the embeddings read that its checksummed ``shards`` rows do not record: a manifest
+    handed over with them would have the dataset read (and ``verify`` vouch for) other files."""
+    try:
+        rows = {row["path"] for row in manifest.get("shards", [])}
+        read = [name for split in manifest.get("splits", {}).values() for name in split.get("shards", [])]
+        read += list(manifest.get("embeddings", {}).get("shards", []))
+        named = dataset_files(manifest) + [row["path"] for row in manifest.get("tables", [])]
+    except (AttributeError, TypeError, KeyError) as err:  # "splits": "x", a shard row without a path
+        return [f"manifest.json is not shaped as a dataset manifest ({type(err).__name__}: {err})"]
+    problems = [f"manifest.json names {name!r}, not a file inside the dataset" for name in named + read
+                if not _inside(name)]
+    return problems + [f"manifest.json reads the shard {name!r}, which its shards table does not record"
+                       for name in read if _inside(name) and name not in rows]
+
+
 def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
     """The files of a dataset that are missing, and the shards and tables that differ from
     its manifest: by size (cheap, on every open), and by SHA-256 with ``full`` (``pfamalign
-    verify``). Manifests written before the tables were recorded check those for presence."""
+    verify``). Manifests written before the tables were recorded check those for presence.
+    A manifest naming files outside the dataset (``manifest_file_problems``) is checked no
+    further."""
+    problems = manifest_file_problems(manifest)
+    if problems:
+        return problems
     shards = {row["path"]: row for row in manifest.get("shards", []) + manifest.get("tables", [])}
-    problems = []
     for name in dataset_files(manifest):
         file, row = path / name, shards.get(name)
         if not file.is_file():

@@ -1104,6 +1104,41 @@ def test_an_ensemble_member_that_links_outside_the_ensemble_is_refused(tmp_path)
     assert_clear_error(run(["align", "--checkpoint", ens, PDZ_A, PDZ_B]), "must name a directory inside the ensemble")
 
 
+def test_a_manifest_naming_files_outside_its_dataset_is_refused_and_verify_says_so(tmp_path):
+    """A handed-over manifest whose split named "../other/train/pairs-...", or "/etc/passwd",
+    had eval read the other file (and verify say ok); "splits": "x" was a traceback. And
+    `prepare --overwrite` removed an empty folder a manifest named outside OUT."""
+    from conftest import make_seed_dataset
+
+    from pfamalign.pipelines.prepare import _remove_owned
+    from pfamalign.pipelines.reader import PairDataset
+
+    ds = make_seed_dataset(tmp_path / "ds", pairs_per_family=4, max_len=160, split_fractions=(0.5, 0.0, 0.5), seed=1)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    train_shard = manifest["splits"]["train"]["shards"][0]
+    other = tmp_path / "other"
+    shutil.copytree(ds, other)
+    for shards, why in (([f"../other/{train_shard}"], "not a file inside the dataset"),
+                        (["/etc/passwd"], "not a file inside the dataset"),
+                        ([f"{train_shard}.extra"], "which its shards table does not record")):
+        splits = {**manifest["splits"], "test": {**manifest["splits"]["test"], "shards": shards}}
+        (ds / "manifest.json").write_text(json.dumps({**manifest, "splits": splits}))
+        with pytest.raises(ValueError, match=re.escape(f"manifest.json names {shards[0]!r}, {why}")
+                           if "inside" in why else re.escape(why)):
+            PairDataset(ds)
+        result = run(["verify", ds])
+        assert result.exit_code == 1 and why in result.output, result.output
+    (ds / "manifest.json").write_text(json.dumps({**manifest, "splits": "x"}))
+    with pytest.raises(ValueError, match="not shaped as a dataset manifest"):
+        PairDataset(ds)
+    result = run(["verify", ds])  # was an AttributeError traceback
+    assert result.exit_code == 1 and "not shaped as a dataset manifest" in result.output, result.output
+    victim = tmp_path / "victim" / "empty_sub"
+    victim.mkdir(parents=True)
+    _remove_owned(ds, {**manifest, "families_table": "../victim/empty_sub/x"})
+    assert victim.is_dir()
+
+
 # ---- 12: memory ------------------------------------------------------------------------------
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():
