@@ -762,7 +762,7 @@ def load_operator(model_dir) -> Operator:
         if not isinstance(data, dict):
             raise TypeError(f"a JSON object is expected, got {type(data).__name__}")
         return Operator.from_dict(data)
-    except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSON, UTF-8, fields, arrays
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:  # JSON, UTF-8, fields, arrays
         raise CompileError(f"cannot read {path}: {err}") from err
 
 

@@ -74,6 +74,16 @@ def _out_of_memory(err: BaseException) -> str | None:
     return None
 
 
+def _too_deep(err: BaseException) -> str | None:
+    """What to tell a user whose input was nested too deeply to read (json's RecursionError on
+    a crafted or damaged settings file: ``[[[[...]]]]``), or None for any other error."""
+    if isinstance(err, RecursionError):
+        return (f"a file was nested too deeply to read ({err}): a JSON file handed over with the data or "
+                "the model (manifest.json, config.json, decoding.json, ...) is damaged or crafted; "
+                "`pfamalign verify DIRECTORY` checks one against its checksums")
+    return None
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
@@ -96,7 +106,7 @@ class _LazyGroup(click.Group):
         except click.exceptions.Exit:  # a command's (or our own) chosen exit status
             raise
         except (RuntimeError, AssertionError) as err:  # XLA's errors are RuntimeErrors
-            reason = _unstartable_backend() or _out_of_memory(err)
+            reason = _unstartable_backend() or _out_of_memory(err) or _too_deep(err)
             if reason is None:
                 raise
             click.echo(f"Error: {reason}", err=True)

@@ -75,4 +75,11 @@ def check_fields(cls, data, what: str) -> dict:
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or (
                 isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"{what}: {name} must be a finite {kind}, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            # 10**400 overflowed float() later (a traceback); its digits cannot even be printed
+            raise ValueError(f"{what}: {name} must be a {kind} of at most 2**53 in size, got a number of "
+                             f"{value.bit_length()} bits")
     return dict(data)
+
+
+MAX_INT = 2 ** 53  # the largest integer a JSON settings field may hold (exact as a float too)

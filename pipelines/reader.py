@@ -138,7 +138,7 @@ class PairDataset:
         try:
             self.manifest = json.loads(manifest_path.read_text())
             version = self.manifest.get("format_version")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError) as err:
             raise ValueError(f"{manifest_path} is damaged ({err}); re-run prepare") from None
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path} has dataset format {version}; this pfamalign reads "

@@ -1139,6 +1139,28 @@ def test_a_manifest_naming_files_outside_its_dataset_is_refused_and_verify_says_
     assert victim.is_dir()
 
 
+def test_crafted_json_in_a_model_is_one_error_line(tmp_path):
+    """A model's JSON nested 100,000 deep was a RecursionError traceback; a float field of
+    10**400 an OverflowError one (its digits cannot even be printed). Now the file is named
+    where its reader catches it, and the CLI says what happened where none does."""
+    from pfamalign.inference import default_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir(), model)
+    decoding = (model / "decoding.json").read_text()
+    deep = "[" * 100_000 + "]" * 100_000
+    (model / "decoding.json").write_text(deep)
+    assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]),
+                       f"{model / 'decoding.json'}: not a readable decoding.json (maximum recursion depth")
+    (model / "decoding.json").write_text(decoding.replace('"gap_cost": 0.0', '"gap_cost": ' + "9" * 500))
+    assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]),
+                       f"{model / 'decoding.json'}: gap_cost must be a float of at most 2**53 in size, got a number of")
+    (model / "decoding.json").write_text(decoding)
+    (model / "training.json").write_text(deep)  # read where no reader catches it: eval's overlap check
+    assert_clear_error(run(["eval", "--checkpoint", model, "--stockholm", SEED / "PF00041.sto",
+                            "--pairs-per-family", 2, "--bootstrap", 0]), "Error: a file was nested too deeply to read")
+
+
 # ---- 12: memory ------------------------------------------------------------------------------
 
 def test_a_pair_over_the_memory_budget_is_refused_naming_the_option():

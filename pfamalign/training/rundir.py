@@ -36,7 +36,7 @@ def read_saved(out_dir: str | os.PathLike) -> dict | None:
         saved = json.loads(path.read_text())
         if not isinstance(saved, dict):
             raise ValueError(f"a JSON {type(saved).__name__}, not an object")
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise TrainingError(f"{path} is damaged ({err}): restore it from a copy to resume this "
                             "run, or give a new --out") from None
     return saved
