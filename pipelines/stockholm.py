@@ -31,6 +31,7 @@ import pathlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from pfamalign.inputs import MAX_LINE
 from pfamalign.residues import first_invalid
 
 GAP_CHARS = "-.~"
@@ -209,7 +210,10 @@ def _lines(f) -> Iterator[tuple[int, str]]:
     zlib / OS errors."""
     lineno = 0
     try:
-        for lineno, line in enumerate(f, start=1):
+        while line := f.readline(MAX_LINE + 1):  # bounded: a gzip of one 3 GB line was read whole
+            lineno += 1
+            if len(line.rstrip("\r\n")) > MAX_LINE:
+                raise _ReadError(lineno, f"line longer than {MAX_LINE} characters: not a Stockholm alignment")
             yield lineno, line.removeprefix(UTF8_BOM) if lineno == 1 else line
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise _ReadError(lineno + 1, f"the compressed file is truncated or corrupt after line "

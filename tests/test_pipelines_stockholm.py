@@ -268,3 +268,20 @@ def test_a_utf8_sequence_name_is_read_as_written(tmp_path):
     path.write_bytes("# STOCKHOLM 1.0\nséqA MKVLAAG\nseqB MKVLSAG\n".encode() + b"caf\xe9 MKVLSAG\n//\n")
     fam = st.parse_family(next(st.iter_raw_families(path)))
     assert fam.seq_ids == ("séqA", "seqB", "caf\xe9")
+
+
+def test_a_line_past_the_limit_is_an_error_not_read_whole(tmp_path):
+    """A 200 KB gzip holding one 200 MB sequence line was read into memory whole (a 3 GB one
+    ran out of memory): lines are read up to MAX_LINE, and a longer one names its line."""
+    import gzip
+
+    from pfamalign.inputs import MAX_LINE
+    from pfamalign.pipelines.stockholm import StockholmError, iter_raw_families
+
+    path = tmp_path / "bomb.sto.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("# STOCKHOLM 1.0\n#=GF AC PF00001.1\nseqA/1-10 " + "A" * (2 * MAX_LINE) + "\n//\n")
+    with pytest.raises(StockholmError, match=f"bomb.sto.gz:3: line longer than {MAX_LINE} characters"):
+        list(iter_raw_families(path))
+    (bad,) = iter_raw_families(path, skip_bad=True)  # reported as a bad stretch, reading stops
+    assert bad.error is not None and bad.error.line == 3
