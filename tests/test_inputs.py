@@ -288,3 +288,22 @@ def test_a_stockholm_file_given_as_fasta_is_named_as_such(tmp_path):
     path.write_text("# STOCKHOLM 1.0\nA MKV\n//\n")
     with pytest.raises(ValueError, match=r"PF00041.sto:1: a Stockholm alignment, not FASTA"):
         list(inputs.read_fasta(path))
+
+
+def test_a_multi_fasta_held_whole_is_bounded_in_residues(tmp_path, monkeypatch):
+    """Pairs and search hold every record at once: an 8 MB gzip of 2,000 records of 4 M residues
+    each took 8 GB before failing. Past MAX_IN_MEMORY residues in all, the file is refused by
+    name as it is read (here at a limit of 100 residues)."""
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+
+    path = tmp_path / "many.fa"
+    path.write_text("".join(f">s{i}\n{'ACDEFGHIKL' * 4}\n" for i in range(3)))  # 120 residues
+    assert len(inputs.fasta_pairs(path)) == 2
+    monkeypatch.setattr(inputs, "MAX_IN_MEMORY", 100)
+    with pytest.raises(ValueError, match=f"{path}: more than 100 residues in all, which this command holds"):
+        inputs.fasta_pairs(path)
+    res = CliRunner().invoke(main, ["search", str(path), str(path)])
+    assert res.exit_code != 0 and "more than 100 residues in all" in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # no traceback

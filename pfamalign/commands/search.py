@@ -129,11 +129,11 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
     check_outputs(out, inputs=(query, database, checkpoint, weights))
     errors = BatchErrors(strict)
     try:  # the files are read before the model loads: a wrong file fails at once
-        query_records = list(inputs.read_fasta(query))
+        query_records = inputs.fasta_in_memory(query)
         # one file as both (not --all-vs-all: each query meets itself too) is read and checked once
         same = all_vs_all or (inputs.STDIN not in (query, database)
                               and same_file(pathlib.Path(query), pathlib.Path(database)))
-        db_records = query_records if same else list(inputs.read_fasta(database))
+        db_records = query_records if same else inputs.fasta_in_memory(database)
         predictor = Predictor(checkpoint, weights=weights, max_length=max_length, engine=engine, steps=steps,
                               max_memory=resources.budget(max_memory))
         settings = decoder_settings(predictor.decoding, decoding)
