@@ -1156,6 +1156,12 @@ def test_crafted_json_in_a_model_is_one_error_line(tmp_path):
     assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]),
                        f"{model / 'decoding.json'}: gap_cost must be a float of at most 2**53 in size, got a number of")
     (model / "decoding.json").write_text(decoding)
+    config = (model / "config.json").read_text()
+    (model / "config.json").write_text(config.replace('"heads": ', '"heads": ' + "9" * 5000 + ", \"x\": ", 1))
+    assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]), f"cannot read {model / 'config.json'}")
+    verified = run(["verify", model])  # was a traceback: Python reads no integer of over 4,300 digits
+    assert verified.exit_code == 1 and f"cannot read {model / 'config.json'}" in verified.output, verified.output
+    (model / "config.json").write_text(config)
     (model / "training.json").write_text(deep)  # read where no reader catches it: eval's overlap check
     assert_clear_error(run(["eval", "--checkpoint", model, "--stockholm", SEED / "PF00041.sto",
                             "--pairs-per-family", 2, "--bootstrap", 0]), "Error: a file was nested too deeply to read")
