@@ -118,9 +118,29 @@ def write_training_record(directory: str | os.PathLike, record: dict) -> None:
 
 
 def read_training_record(directory: str | os.PathLike) -> dict | None:
-    """``MODEL/training.json``, or None for a model directory without one."""
+    """``MODEL/training.json``, or None for a model directory without one; CheckpointError
+    naming the file when it is unreadable or a part its readers use has another shape
+    (``eval``'s ``trained_on.families: 5`` was a TypeError traceback)."""
     path = pathlib.Path(directory) / TRAINING_RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+    strings = lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x)  # noqa: E731
+    text = lambda x: x is None or isinstance(x, str)  # noqa: E731
+    shapes = (("trained_on", lambda v: isinstance(v, dict) and strings(v.get("families", []))),
+              ("decoder", lambda v: v is None or isinstance(v, dict) and strings(v.get("families", []))),
+              ("dataset", lambda v: isinstance(v, dict) and text(v.get("path")) and text(v.get("config_hash"))),
+              ("step", lambda v: isinstance(v, int) and not isinstance(v, bool)))
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: not a training record (a JSON object); restore it or train again")
+    for key, fits in shapes:
+        if key in record and not fits(record[key]):
+            raise CheckpointError(f"{path}: {key!r} is not what a training record holds there; restore the "
+                                  "file or train again")
+    return record
 
 
 def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConfig | None = None,
@@ -191,28 +211,51 @@ def read_checksums(directory: pathlib.Path) -> dict[str, str]:
     sums = data.get("sha256") if isinstance(data, dict) else None
     if not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
         raise ValueError(f'{path}: unreadable (no "sha256" table of file names to digests)')
-    outside = [name for name in sums if not _inside(name)]
+    outside = [name for name in sums if not records.stays_inside(name)]
     if outside:  # read and hashed, "params/../../../etc/passwd" would be checked outside the model
         raise ValueError(f"{path}: unreadable (names a file outside its directory: {outside[0]!r})")
     return sums
 
 
-def _inside(name: str) -> bool:
-    """Whether a recorded file name stays inside its directory (relative, no ``..``)."""
-    relative = pathlib.PurePosixPath(name)
-    return bool(relative.parts) and not relative.is_absolute() and ".." not in relative.parts
+# What a model directory is made of: its copies (``copy_model``) follow links only for these
+MODEL_PARTS = ("config.json", "params", CHECKSUMS, *MODEL_RECORDS)
+
+
+def check_copyable(source: pathlib.Path) -> None:
+    """Raises CheckpointError when copying the model ``source`` would read something that is not
+    a regular file (``/dev/zero``, a FIFO: a copy that never ends) or loop (a link back up the
+    tree), links followed; called before slow work too (``ensemble``'s tuning, ``compile``'s fit)."""
+    seen = set()
+    for top, dirs, files in os.walk(source, followlinks=True):
+        if os.path.realpath(top) in seen:  # a link back up the tree: the copy would never end
+            raise CheckpointError(f"{top} links back into the model (a loop): remove the link and run again")
+        seen.add(os.path.realpath(top))
+        dirs[:] = [d for d in dirs if not _skipped_link(source, pathlib.Path(top) / d)]  # left out: not walked
+        for name in files:
+            path = pathlib.Path(top) / name
+            if not path.is_file() and not (path.is_symlink() and _skipped_link(source, path)):
+                raise CheckpointError(f"{path} is not a regular file (a device, a FIFO, a broken link): a model "
+                                      "directory holds regular files only; remove it and run again")
+
+
+def _skipped_link(source: pathlib.Path, path: pathlib.Path) -> bool:
+    """Whether ``copy_model`` leaves ``path`` out: a link outside the model's parts."""
+    return path.is_symlink() and path.relative_to(source).parts[0] not in MODEL_PARTS
 
 
 def copy_model(source: pathlib.Path, dest: pathlib.Path, *, ignore=None, dirs_exist_ok: bool = False) -> None:
-    """Copies a model directory (``ensemble``'s members, ``compile``'s copy): regular files and
-    folders only. A symbolic link or special file inside is refused by name: copied as
-    ``copytree`` does, a link's target (a file outside the model, ``/dev/zero``) was read in."""
-    for path in sorted(pathlib.Path(source).rglob("*")):
-        if path.is_symlink() or not (path.is_file() or path.is_dir()):
-            raise CheckpointError(f"{path} is a symbolic link or not a regular file: a model directory holds "
-                                  "regular files only; copy the model with its links resolved (cp -rL) and give "
-                                  "the copy")
-    shutil.copytree(source, dest, ignore=ignore, dirs_exist_ok=dirs_exist_ok, symlinks=True)
+    """Copies a model directory (``ensemble``'s members, ``compile``'s copy), links followed
+    where they are the model's own parts (``params/`` kept on shared storage) and left out
+    elsewhere: a handed-over model's ``notes.txt`` linked to a file outside was copied in, its
+    bytes then vouched for by nothing; a special file is refused (``check_copyable``)."""
+    source = pathlib.Path(source)
+    check_copyable(source)
+
+    def leave_out(folder, names):
+        skipped = {n for n in names if _skipped_link(source, pathlib.Path(folder) / n)}
+        return skipped | (set(ignore(folder, names)) if ignore else set())
+
+    shutil.copytree(source, dest, ignore=leave_out, dirs_exist_ok=dirs_exist_ok)
 
 
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:
@@ -256,7 +299,7 @@ def read_model_config(path: pathlib.Path) -> AlignerConfig:
                               f"{MODEL_FORMAT_VERSION}")
     try:
         return AlignerConfig.from_dict(data["model"])
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:  # OverflowError: a number past what a float holds
         raise CheckpointError(f"{path}: {err}") from None
 
 

@@ -219,7 +219,7 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     written to training.json."""
     from pfamalign import evaluation, tuning
     from pfamalign.alignment.pairhmm import MODEL_FILE
-    from pfamalign.checkpoint import copy_model, read_training_record, write_training_record
+    from pfamalign.checkpoint import check_copyable, copy_model, read_training_record, write_training_record
     from pfamalign.pipelines.records import write_json
 
     out = pathlib.Path(out)
@@ -233,6 +233,8 @@ def build(out: pathlib.Path, models: list[pathlib.Path], data: pathlib.Path, *, 
     resolved = [m.resolve() for m in models]
     if len(set(resolved)) < len(resolved):
         raise ValueError("a model is given twice")
+    for model in models:
+        check_copyable(model)  # copied at the end: a file it cannot copy is found now, not after the tuning
     for model in models:
         if is_ensemble(model):
             raise ValueError(f"{model} is an ensemble; give its members' directories")

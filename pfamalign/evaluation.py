@@ -352,7 +352,7 @@ def training_overlap(model_dir, families: Iterable[str]) -> dict | None:
         return None
     evaluated = {accession_base(f) for f in families}
     return {"trained_on": sorted(evaluated & set(record["trained_on"]["families"])),
-            "tuned_on": sorted(evaluated & set(record["decoder"].get("families", [])))}
+            "tuned_on": sorted(evaluated & set((record.get("decoder") or {}).get("families", [])))}
 
 
 def run(*, data=None, split: str = "test", stockholm: Sequence = (), pairs_per_family: int = 50,

@@ -216,20 +216,21 @@ def _warn_duplicates(source: str, duplicates: list[str]) -> None:
               "told apart (rename them to make every id unique)", file=sys.stderr)
 
 
-MAX_IN_MEMORY = 1 << 27  # residues of a multi-FASTA file held whole (pairs, a search database)
+# Residues of a multi-FASTA file held whole (align's pairs, search's query and database): past
+# UniProtKB/Swiss-Prot's ~0.2 G, at ~1 GB of memory, where a gzip of a few MB could ask for more
+MAX_IN_MEMORY = 1 << 30
 
 
 def fasta_in_memory(path: str | os.PathLike) -> list[FastaRecord | BadRecord]:
     """``read_fasta`` as a list, for work that needs every record at once; over
-    ``MAX_IN_MEMORY`` residues in all raises (a 8 MB gzip of 2,000 records of 4 M residues
-    took 8 GB), naming the file and the way out."""
+    ``MAX_IN_MEMORY`` residues in all raises (an 8 MB gzip of 2,000 records of 4 M residues
+    took 8 GB), naming the file."""
     items, total = [], 0
     for item in read_fasta(path):
         total += len(item.seq) if isinstance(item, FastaRecord) else 0
         if total > MAX_IN_MEMORY:
-            raise ValueError(f"{path}: more than {MAX_IN_MEMORY:,} residues in all, which this command holds in "
-                             "memory at once; split the file (or leave out records longer than the model "
-                             "aligns)")
+            raise ValueError(f"{path}: more than {MAX_IN_MEMORY:,} residues in all, past what pfamalign holds "
+                             "in memory at once (about 1 GB): give a smaller file")
         items.append(item)
     return items
 
@@ -384,11 +385,12 @@ def read_pairs_tsv(path: str | os.PathLike) -> Iterator[dict | BadRecord]:
         handle, source = stack.enter_context(open_text(str(path), "pairs", newline=""))
         lines = _bounded_lines(handle, source, "pairs (TSV)")
         first = _first_pair_line(lines, source)
+        second = next((item for item in lines if _holds_a_pair(item[1])), None)  # what pairs look like here
     except BaseException:
         stack.close()
         raise
-    _warn_if_column_names(source, *first)
-    return _pair_records(stack, itertools.chain([first], lines), source)
+    _warn_if_column_names(source, first, second)
+    return _pair_records(stack, itertools.chain([first], [second] if second else [], lines), source)
 
 
 def count_pairs_tsv(path: str | os.PathLike) -> int | None:
@@ -445,16 +447,24 @@ def _is_header(line: str) -> bool:
     return bool(seqs) and all(c.lower() in _HEADER_WORDS for c in seqs)
 
 
-def _warn_if_column_names(source: str, lineno: int, line: str) -> None:
-    """A warning on standard error when the first pair line looks like column names that are
-    not ``_HEADER_WORDS`` ("antigen<TAB>antibody", "heavy_chain<TAB>light_chain": short, with
-    lower case or characters no residue has): it is read as a pair all the same (skipping a
-    mistyped sequence would lose it silently), and the warning says how to skip it."""
+def _names_like(line: str) -> bool:
+    """Whether a pairs-file line's sequence cells look like column names: short, with lower
+    case or characters neither a residue nor a gap is (an underscore, a digit, a space)."""
     seqs = _sequence_cells(line)
-    if seqs and all(0 < len(c) <= 32 and re.search(r"[a-z]|[^A-Za-z*]", c) for c in seqs):
-        print(f"Warning: {source}:{lineno} ({', '.join(seqs)}) is read as a pair, though it looks like column "
-              "names: start it with '#' to skip it (a first line of query, target, seq_a, seq_b, ... is "
-              "skipped)", file=sys.stderr, flush=True)
+    return bool(seqs) and all(0 < len(c) <= 32 and re.search(r"[a-z]|[^A-Za-z*-]", c) for c in seqs)
+
+
+def _warn_if_column_names(source: str, first: tuple[int, str], second: tuple[int, str] | None) -> None:
+    """A warning on standard error when the first pair line looks like column names that are
+    not ``_HEADER_WORDS`` ("antigen<TAB>antibody", "heavy_chain<TAB>light_chain") and the next
+    does not (a file of short lower-case peptides is not warned about): it is read as a pair
+    all the same (skipping a mistyped sequence would lose it silently), and the warning says
+    how to skip it."""
+    (lineno, line) = first
+    if _names_like(line) and second is not None and not _names_like(second[1]):
+        print(f"Warning: {source}:{lineno} ({', '.join(_sequence_cells(line))}) is read as a pair, though it "
+              "looks like column names: start it with '#' to skip it (a first line of query, target, seq_a, "
+              "seq_b, ... is skipped)", file=sys.stderr, flush=True)
 
 
 def _holds_a_pair(line: str) -> bool:

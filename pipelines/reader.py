@@ -57,12 +57,6 @@ def dataset_files(manifest: dict) -> list[str]:
     return files + [row["path"] for row in manifest.get("shards", [])]
 
 
-def _inside(name) -> bool:
-    """Whether a manifest's file name is a relative path that stays inside the dataset."""
-    relative = pathlib.PurePosixPath(name) if isinstance(name, str) else None
-    return relative is not None and bool(relative.parts) and not relative.is_absolute() and ".." not in relative.parts
-
-
 def manifest_file_problems(manifest: dict) -> list[str]:
     """Files a manifest names outside its dataset (absolute, ``..``), and shards the splits
     or the embeddings read that its checksummed ``shards`` rows do not record: a manifest
@@ -75,9 +69,9 @@ def manifest_file_problems(manifest: dict) -> list[str]:
     except (AttributeError, TypeError, KeyError) as err:  # "splits": "x", a shard row without a path
         return [f"manifest.json is not shaped as a dataset manifest ({type(err).__name__}: {err})"]
     problems = [f"manifest.json names {name!r}, not a file inside the dataset" for name in named + read
-                if not _inside(name)]
+                if not rec.stays_inside(name)]
     return problems + [f"manifest.json reads the shard {name!r}, which its shards table does not record"
-                       for name in read if _inside(name) and name not in rows]
+                       for name in read if rec.stays_inside(name) and name not in rows]
 
 
 def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:

@@ -190,6 +190,13 @@ def write_json(path: os.PathLike, obj: object, *, indent: int = 1) -> None:
     write_text(path, jsonio.dumps(obj, indent=indent, sort_keys=True) + "\n")
 
 
+def stays_inside(name) -> bool:
+    """Whether a file name recorded in a manifest or a checksums table is a relative path that
+    stays inside its directory (no absolute path, no ``..``): what a handed-over one may name."""
+    relative = pathlib.PurePosixPath(name) if isinstance(name, str) else None
+    return relative is not None and bool(relative.parts) and not relative.is_absolute() and ".." not in relative.parts
+
+
 def file_sha256(path: os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -548,8 +548,10 @@ def test_a_transposed_plan_decodes_to_the_transposed_alignment_ties_included(sha
     }[kind]
     rng = np.random.default_rng(0)
     broken = 0
-    for _ in range(40):
+    for n in range(60):
         plan = rng.choice([0.0, 0.25, 0.5], size=shape)  # few values: many exact ties
+        if n % 3 == 0 and shape[0] == shape[1]:
+            plan = np.triu(plan) + np.triu(plan, 1).T  # its own transpose: the dustbins decide
         rows, cols = rng.uniform(0, 0.3, shape[0]), rng.uniform(0, 0.3, shape[1])
         a = decode(plan, row_dustbin=rows, col_dustbin=cols)
         b = decode(plan.T.copy(), row_dustbin=cols, col_dustbin=rows)

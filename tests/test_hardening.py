@@ -1070,22 +1070,36 @@ def test_a_models_checksums_naming_files_outside_it_are_a_damaged_table(tmp_path
         assert "outside.txt" not in result.output.replace(repr(name), "")
 
 
-def test_a_model_copied_by_ensemble_or_compile_holds_no_link_to_outside(tmp_path):
-    """A member model with a link to an outside file (or to /dev/zero) was copied with the
-    link followed: the file's bytes taken in (and verify then said ok), or the disk filled."""
-    from pfamalign.checkpoint import CheckpointError, copy_model
+def test_a_model_copied_by_ensemble_or_compile_takes_in_no_outside_file(tmp_path):
+    """A member model with a link to an outside file was copied with the link followed: the
+    file's bytes taken in (and verify then said ok); one to /dev/zero filled the disk. Links are
+    followed only where they are the model's own parts (params/ on shared storage, which loads
+    and verifies), left out elsewhere; a special file or a link loop is refused, by
+    ``check_copyable`` before ensemble's tuning and compile's fit too."""
+    from pfamalign.checkpoint import CheckpointError, check_copyable, copy_model
     from pfamalign.inference import default_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(default_model_dir(), model)
+    (tmp_path / "store").mkdir()
+    shutil.move(model / "params", tmp_path / "store" / "params")
+    (model / "params").symlink_to(tmp_path / "store" / "params")  # shared storage: followed
     (tmp_path / "secret.txt").write_text("SECRET")
-    (model / "notes.txt").symlink_to(tmp_path / "secret.txt")
-    with pytest.raises(CheckpointError, match="notes.txt is a symbolic link or not a regular file"):
-        copy_model(model, tmp_path / "copy")
-    assert not (tmp_path / "copy").exists()
-    (model / "notes.txt").unlink()
-    copy_model(model, tmp_path / "copy")  # regular files: copied
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(p.name for p in model.iterdir())
+    (model / "notes.txt").symlink_to(tmp_path / "secret.txt")  # not a part of the model: left out
+    copy_model(model, tmp_path / "copy")
+    assert not (tmp_path / "copy" / "notes.txt").exists() and not (tmp_path / "copy" / "params").is_symlink()
+    assert run(["verify", tmp_path / "copy"]).exit_code == 0
+    for name, target, why in (("params/zero", "/dev/zero", "is not a regular file"),
+                              ("params/loop", model, "links back into the model")):
+        (model / name).symlink_to(target)
+        with pytest.raises(CheckpointError, match=why):
+            check_copyable(model)
+        with pytest.raises(CheckpointError, match=why):
+            copy_model(model, tmp_path / "again")
+        assert not (tmp_path / "again").exists()
+        # compile refuses it before its fit: before it even looks for the model's dataset (not here)
+        assert_clear_error(run(["compile", "--checkpoint", model, "-o", tmp_path / "c"]), why)
+        (model / name).unlink()
 
 
 def test_an_ensemble_member_that_links_outside_the_ensemble_is_refused(tmp_path):
@@ -1161,10 +1175,24 @@ def test_crafted_json_in_a_model_is_one_error_line(tmp_path):
     assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]), f"cannot read {model / 'config.json'}")
     verified = run(["verify", model])  # was a traceback: Python reads no integer of over 4,300 digits
     assert verified.exit_code == 1 and f"cannot read {model / 'config.json'}" in verified.output, verified.output
+    settings = json.loads(config)
+    settings["model"]["transport"]["eps_schedule"] = [[10 ** 400, 3], [1.0, 5]]  # float() overflowed: a traceback
+    (model / "config.json").write_text(json.dumps(settings))
+    assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]),
+                       f"{model / 'config.json'}: eps_schedule holds an integer past 2**53 in size")
     (model / "config.json").write_text(config)
-    (model / "training.json").write_text(deep)  # read where no reader catches it: eval's overlap check
-    assert_clear_error(run(["eval", "--checkpoint", model, "--stockholm", SEED / "PF00041.sto",
-                            "--pairs-per-family", 2, "--bootstrap", 0]), "Error: a file was nested too deeply to read")
+    record = json.loads((model / "training.json").read_text())
+    for key, value, command in (("trained_on", {"families": 5}, ["eval", "--checkpoint", model, "--stockholm",
+                                                                  SEED / "PF00041.sto", "--bootstrap", 0]),
+                                ("dataset", "x", ["compile", "--checkpoint", model, "-o", tmp_path / "c"])):
+        (model / "training.json").write_text(json.dumps({**record, key: value}))  # were TypeError tracebacks
+        assert_clear_error(run(command), f"{model / 'training.json'}: {key!r} is not what a training record holds")
+    (model / "training.json").write_text(deep)
+    assert_clear_error(run(["eval", "--checkpoint", model, "--stockholm", SEED / "PF00041.sto", "--pairs-per-family",
+                            2, "--bootstrap", 0]), f"cannot read {model / 'training.json'}: maximum recursion depth")
+    (model / "training.json").write_text(json.dumps(record))
+    (model / "pairhmm.json").write_text(deep)  # read where no reader catches it
+    assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]), "Error: a file was nested too deeply to read")
 
 
 # ---- 12: memory ------------------------------------------------------------------------------

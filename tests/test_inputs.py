@@ -55,6 +55,10 @@ def test_a_first_line_that_looks_like_other_column_names_is_read_with_a_warning(
         path.write_text(f"{plain}\nMKV\tMKL\n")  # residues (upper case, or too long for a name)
         list(inputs.read_pairs_tsv(path))
         assert capsys.readouterr().err == "", plain
+    for peptides in ("mkvlaaglll\tmkvlaggllv\nmkv\tmkl\n", "MKV-LAAGLLL\tMKVLAGG-LLV\nMKV\tMKL\n", "mkv\tmkl\n"):
+        path.write_text(peptides)  # short lower-case peptides as the file's others are; a gap; one line
+        assert len(list(inputs.read_pairs_tsv(path))) == peptides.count("\n")
+        assert capsys.readouterr().err == "", peptides
 
 
 def test_bad_pairs_tsv_line_is_yielded_as_a_bad_record_and_reading_goes_on(tmp_path):
@@ -302,7 +306,7 @@ def test_a_multi_fasta_held_whole_is_bounded_in_residues(tmp_path, monkeypatch):
     path.write_text("".join(f">s{i}\n{'ACDEFGHIKL' * 4}\n" for i in range(3)))  # 120 residues
     assert len(inputs.fasta_pairs(path)) == 2
     monkeypatch.setattr(inputs, "MAX_IN_MEMORY", 100)
-    with pytest.raises(ValueError, match=f"{path}: more than 100 residues in all, which this command holds"):
+    with pytest.raises(ValueError, match=f"{path}: more than 100 residues in all, past what pfamalign holds"):
         inputs.fasta_pairs(path)
     res = CliRunner().invoke(main, ["search", str(path), str(path)])
     assert res.exit_code != 0 and "more than 100 residues in all" in res.output, res.output

@@ -121,18 +121,26 @@ def mea_decode(plan, *, row_dustbin=None, col_dustbin=None, min_mass: float = 0.
                            objective=objective)[0]
 
 
-def _decoded_transposed(plan: np.ndarray) -> bool:
+def _decoded_transposed(plan: np.ndarray, row_dustbin=None, col_dustbin=None) -> bool:
     """Whether a plan is decoded as its transpose, the alignment transposed back: exactly one
-    of a plan and its transpose is (the shorter sequence as the rows; for a square plan, the
-    one whose first entry off its transpose is the smaller), so that swapping the sequences
-    swaps the alignment even where the DP meets exact ties, which it breaks by row order
-    (poly-A 400 against 399 residues moved its gap by three)."""
+    of (plan, row dustbin, column dustbin) and (its transpose, column dustbin, row dustbin) is
+    (the shorter sequence as the rows; for a square plan, the one whose first entry off its
+    transpose is the smaller; for a symmetric one, the one whose first row-dustbin entry off
+    its column dustbin is the smaller, a missing one the smallest), so that swapping the
+    sequences swaps the alignment even where the DP meets exact ties, which it breaks by row
+    order (poly-A 400 against 399 residues moved its gap by three)."""
     rows, cols = plan.shape
     if rows != cols:
         return rows > cols
     differ = plan != plan.T
     first = int(np.argmax(differ))  # row-major: above the diagonal, its mirror below comes later
-    return bool(differ.flat[first]) and plan.flat[first] > plan.T.flat[first]
+    if differ.flat[first]:
+        return bool(plan.flat[first] > plan.T.flat[first])
+    if row_dustbin is None or col_dustbin is None:
+        return row_dustbin is not None  # (None, c) stays, (r, None) turns: one of the two
+    row_dustbin, col_dustbin = np.asarray(row_dustbin), np.asarray(col_dustbin)
+    off = np.flatnonzero(row_dustbin != col_dustbin)
+    return bool(off.size) and bool(row_dustbin[off[0]] > col_dustbin[off[0]])
 
 
 def transposed(aln: PairAlignment) -> PairAlignment:
@@ -155,8 +163,9 @@ def mea_decode_many(plans, *, row_dustbins=None, col_dustbins=None, min_mass: fl
     for name, given in (("row_dustbins", row_dustbins), ("col_dustbins", col_dustbins)):
         if given is not None and len(given) != count:
             raise ValueError(f"{name} must hold one entry (or None) per plan: {len(given)} for {count} plans")
-    flips = [_decoded_transposed(plan) for plan in plans]
-    rows, cols = row_dustbins or [None] * count, col_dustbins or [None] * count
+    rows = [_check_dustbin(r, plan.shape[0], "row_dustbin") for plan, r in zip(plans, row_dustbins or [None] * count)]
+    cols = [_check_dustbin(c, plan.shape[1], "col_dustbin") for plan, c in zip(plans, col_dustbins or [None] * count)]
+    flips = [_decoded_transposed(plan, r, c) for plan, r, c in zip(plans, rows, cols)]  # (named as given, above)
     found = _mea_decode_many_as_given(
         [np.ascontiguousarray(plan.T) if flip else plan for plan, flip in zip(plans, flips)],
         row_dustbins=[c if flip else r for r, c, flip in zip(rows, cols, flips)],
@@ -396,7 +405,9 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     plan = _check_plan(plan)
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold}")
-    if _decoded_transposed(plan):  # one orientation of the two: swapped sequences, swapped ties
+    row_dustbin = _check_dustbin(row_dustbin, plan.shape[0], "row_dustbin")  # named as given, before a turn
+    col_dustbin = _check_dustbin(col_dustbin, plan.shape[1], "col_dustbin")
+    if _decoded_transposed(plan, row_dustbin, col_dustbin):  # one orientation of two: swapped sequences, ties
         return transposed(affine_decode(np.ascontiguousarray(plan.T), gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
                                         row_dustbin=col_dustbin, col_dustbin=row_dustbin, min_mass=min_mass,
                                         mode=mode))

@@ -101,6 +101,7 @@ def compile_into(source, out, *, data=None, split: str = "train", n_pairs: int =
         raise ValueError(f"{source} is not a model directory (config.json + params/); compile RUN/model")
     source = config_path.parent
     asap.check_output_dir(source, out, replace=replace)  # before the slow part
+    ckpt.check_copyable(source)  # copied at the end, as the output's model
     data = data or _training_data(source)
     predictor = Predictor(source)
     records, _, features = pair_records(data=data, split=split, max_pairs=n_pairs + held_out, seed=seed,
