@@ -564,10 +564,11 @@ def test_model_hash_reads_its_files_in_chunks(tmp_path):
     (model / "params" / "small").write_bytes(b"abc")
     with open(model / "params" / "huge", "wb") as f:
         f.truncate(1 << 30)
-    probe = ("import resource, sys; from pfamalign.alignment.pairhmm import default_pairhmm; "
+    # VmHWM, this process's own peak (ru_maxrss keeps the forking pytest worker's across exec)
+    probe = ("import re, sys; from pfamalign.alignment.pairhmm import default_pairhmm; "
              "from pfamalign.inference import model_content_hash; "
              "print(model_content_hash(sys.argv[1], default_pairhmm()), "
-             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+             "re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
     proc = subprocess.run([sys.executable, "-c", probe, str(model)], capture_output=True, text=True, timeout=300)
     got, peak_kib = proc.stdout.split()
     assert int(peak_kib) < 800 << 10, peak_kib  # reading the file whole: over 1.2 GiB
