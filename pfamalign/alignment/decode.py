@@ -408,9 +408,9 @@ def affine_decode(plan, *, gap_open: float, gap_extend: float, threshold: float 
     row_dustbin = _check_dustbin(row_dustbin, plan.shape[0], "row_dustbin")  # named as given, before a turn
     col_dustbin = _check_dustbin(col_dustbin, plan.shape[1], "col_dustbin")
     if _decoded_transposed(plan, row_dustbin, col_dustbin):  # one orientation of two: swapped sequences, ties
-        return transposed(affine_decode(np.ascontiguousarray(plan.T), gap_open=gap_open, gap_extend=gap_extend, threshold=threshold,
-                                        row_dustbin=col_dustbin, col_dustbin=row_dustbin, min_mass=min_mass,
-                                        mode=mode))
+        return transposed(affine_decode(np.ascontiguousarray(plan.T), gap_open=gap_open, gap_extend=gap_extend,
+                                        threshold=threshold, row_dustbin=col_dustbin, col_dustbin=row_dustbin,
+                                        min_mass=min_mass, mode=mode))
     ok = _allowed(plan, row_dustbin, col_dustbin, min_mass)
     return _gotoh_alignment(plan, np.where(ok, plan - threshold, -np.inf), gap_open, gap_extend, mode)
 
