@@ -217,12 +217,13 @@ class Operator:
         operator) was fitted to, has balanced marginals (``check_model``) and has an operator
         for each CETA layer of its encoder."""
         check_model(model)
+        have_by_version = functools.cache(lambda version: params_hash(model, version))  # once, not per layer
         for op in (self,) + tuple(self.layers):
-            if op.fingerprint is None and op.params_hash == params_hash(model, 1):
+            if op.fingerprint is None and op.params_hash == have_by_version(1):
                 raise CompileError("the compiled operator was made by a pfamalign before 2026-11-29, whose "
                                    "fingerprint of the model left out its transport settings and whose 'max' "
                                    "feature differed: recompile with `pfamalign compile`")
-            have = params_hash(model, op.fingerprint or 2)
+            have = have_by_version(op.fingerprint or 2)
             if have != op.params_hash:
                 raise CompileError(f"the compiled operator was fitted to the model {op.params_hash[:12]} "
                                    f"(parameters and configuration), but this model is {have[:12]}: "

@@ -121,8 +121,8 @@ class _LazyGroup(click.Group):
             failed = not (isinstance(err, SystemExit) and err.code in (0, None))
             if failed and interrupts.received() is not None:  # an error the signal caused (a library
                 _interrupted(ctx, interrupts.received())        # cut midway): the signal is the news
-            if failed and _out_of_memory(err) is not None:
-                click.echo(f"Error: {_out_of_memory(err)}", err=True)
+            if failed and (reason := _out_of_memory(err)) is not None:
+                click.echo(f"Error: {reason}", err=True)
                 ctx.exit(1)
             if not isinstance(err, OSError):
                 raise

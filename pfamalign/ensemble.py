@@ -44,6 +44,7 @@ from pfamalign.decoding import DecoderSettings
 from pfamalign.inference import ENSEMBLE_FILE, Predictor, finished_run_model, model_content_hash, predictor_path
 from pfamalign.plans import PairPlan
 from pfamalign.outputs import check_output_directory, inside, staged_directory
+from pfamalign.pipelines.records import stays_inside
 from pfamalign.tuning import PLAN_POWERS
 
 # each member's power is chosen on validation pairs from these (the decoder grid's, and the
@@ -81,9 +82,7 @@ def read_members(directory: pathlib.Path) -> list[Member]:
         if set(fields) != {"path", "plan_power"}:
             raise ValueError(f"{path} member {n}: needs both path and plan_power")
         member = Member(**fields)
-        relative = pathlib.PurePosixPath(member.path)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts \
-                or not (path.parent / relative).resolve().is_relative_to(path.parent.resolve()):  # a link out
+        if not stays_inside(member.path) or not inside(path.parent / member.path, path.parent):  # or links out
             raise ValueError(f"{path} member {n}: path {member.path!r} must name a directory "
                              "inside the ensemble directory")
         if not (math.isfinite(member.plan_power) and member.plan_power > 0):
