@@ -57,30 +57,50 @@ def dataset_files(manifest: dict) -> list[str]:
     return files + [row["path"] for row in manifest.get("shards", [])]
 
 
-def manifest_file_problems(manifest: dict) -> list[str]:
-    """Files a manifest names outside its dataset (absolute, ``..``), and shards the splits
-    or the embeddings read that its checksummed ``shards`` rows do not record: a manifest
-    handed over with them would have the dataset read (and ``verify`` vouch for) other files."""
+MAX_FEATURE_DIM = 1 << 16  # per-residue features; ESM-2's widest model (15B) has 5,120
+
+
+def _numbers(manifest: dict) -> list[tuple[str, object, int, int]]:
+    """(name, value, least, most) of the numbers a reader sizes its work by."""
+    from pfamalign.jsonio import MAX_INT
+
+    numbers = [("embedder.dim", manifest["embedder"]["dim"], 1, MAX_FEATURE_DIM),
+               ("embeddings.count", manifest["embeddings"]["count"], 0, MAX_INT)]
+    return numbers + [(f"splits.{name}.pairs", split["pairs"], 0, MAX_INT)
+                      for name, split in manifest.get("splits", {}).items()]
+
+
+def manifest_problems(manifest: dict) -> list[str]:
+    """What keeps a manifest from being read as its dataset's: files it names outside the
+    dataset (absolute, ``..``), shards the splits or the embeddings read that its checksummed
+    ``shards`` rows do not record (a manifest handed over with them would have the dataset
+    read, and ``verify`` vouch for, other files), and numbers that are not counts in range
+    (the feature width sizes every batch: a damaged one is a traceback or a huge allocation
+    later)."""
     try:
         rows = {row["path"] for row in manifest.get("shards", [])}
         read = [name for split in manifest.get("splits", {}).values() for name in split.get("shards", [])]
         read += list(manifest.get("embeddings", {}).get("shards", []))
         named = dataset_files(manifest) + [row["path"] for row in manifest.get("tables", [])]
+        numbers = _numbers(manifest)
     except (AttributeError, TypeError, KeyError) as err:  # "splits": "x", a shard row without a path
         return [f"manifest.json is not shaped as a dataset manifest ({type(err).__name__}: {err})"]
     problems = [f"manifest.json names {name!r}, not a file inside the dataset" for name in named + read
                 if not rec.stays_inside(name)]
-    return problems + [f"manifest.json reads the shard {name!r}, which its shards table does not record"
-                       for name in read if rec.stays_inside(name) and name not in rows]
+    problems += [f"manifest.json reads the shard {name!r}, which its shards table does not record"
+                 for name in read if rec.stays_inside(name) and name not in rows]
+    return problems + [f"manifest.json: {name} must be a whole number from {least} to {most}, got {repr(value)[:40]}"
+                       for name, value, least, most in numbers
+                       if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most]
 
 
 def dataset_problems(path: pathlib.Path, manifest: dict, *, full: bool = False) -> list[str]:
     """The files of a dataset that are missing, and the shards and tables that differ from
     its manifest: by size (cheap, on every open), and by SHA-256 with ``full`` (``pfamalign
     verify``). Manifests written before the tables were recorded check those for presence.
-    A manifest naming files outside the dataset (``manifest_file_problems``) is checked no
-    further."""
-    problems = manifest_file_problems(manifest)
+    A manifest naming files outside the dataset, or damaged (``manifest_problems``), is
+    checked no further."""
+    problems = manifest_problems(manifest)
     if problems:
         return problems
     shards = {row["path"]: row for row in manifest.get("shards", []) + manifest.get("tables", [])}
@@ -224,12 +244,17 @@ class EmbeddingSource(_ArrayRecordFiles):
         manifest = json.loads((self.path / "manifest.json").read_text())
         self._files = [str(self.path / f) for f in manifest["embeddings"]["shards"]]
         self._len = int(manifest["embeddings"]["count"])
+        self.dim = int(manifest["embedder"]["dim"])
 
     def record(self, index: int) -> dict:
         return self._read(int(index))
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return np.asarray(self.record(index)["emb"], dtype=np.float32)
+        emb = np.asarray(self.record(index)["emb"], dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[1] != self.dim:  # else a broadcast error in the batch it joins
+            raise ValueError(f"embedding {index} of {self.path} has shape {emb.shape}, where its manifest's "
+                             f"embedder.dim is {self.dim}: the manifest or a shard is damaged; re-run prepare")
+        return emb
 
 
 class PairSource(_ArrayRecordFiles):

@@ -1118,6 +1118,31 @@ def test_an_ensemble_member_that_links_outside_the_ensemble_is_refused(tmp_path)
     assert_clear_error(run(["align", "--checkpoint", ens, PDZ_A, PDZ_B]), "must name a directory inside the ensemble")
 
 
+@pytest.mark.parametrize("dim, why", [
+    (None, "embedder.dim must be a whole number from 1 to 65536, got None"),  # was int(None): a traceback
+    ("25", "embedder.dim must be a whole number from 1 to 65536, got '25'"),  # was read as 25
+    (10 ** 9, "embedder.dim must be a whole number from 1 to 65536"),  # was a 512 GB allocation
+    (True, "embedder.dim must be a whole number"),
+    ("width+1", "embedder.dim is {width}"),  # was numpy's broadcast error in the batch
+])
+def test_a_manifests_feature_width_is_checked_by_readers_and_verify(tmp_path, dim, why):
+    from conftest import make_seed_dataset
+
+    from pfamalign.pipelines.reader import PairDataset, PairSource
+
+    ds = make_seed_dataset(tmp_path / "ds", pairs_per_family=2, max_len=120, split_fractions=(1.0, 0.0, 0.0), seed=1)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    width = manifest["embedder"]["dim"]
+    dim, why = (width + 1, why.format(width=width + 1)) if dim == "width+1" else (dim, why)
+    (ds / "manifest.json").write_text(json.dumps({**manifest, "embedder": {**manifest["embedder"], "dim": dim}}))
+    with pytest.raises(ValueError, match=re.escape(why)):
+        PairSource(ds, "train")[0] if isinstance(dim, int) and dim == width + 1 else PairDataset(ds)
+    result = run(["verify", ds])
+    assert result.exit_code == 1 and why in result.output, result.output
+    assert_clear_error(run(["train", "--data", ds, "--out", tmp_path / "run", "--config", "k2_eps1",
+                            "--steps", "1", "--batch-size", "8"]), why)
+
+
 def test_a_manifest_naming_files_outside_its_dataset_is_refused_and_verify_says_so(tmp_path):
     """A handed-over manifest whose split named "../other/train/pairs-...", or "/etc/passwd",
     had eval read the other file (and verify say ok); "splits": "x" was a traceback. And
@@ -1881,6 +1906,7 @@ def test_decoder_values_out_of_range_are_refused_naming_the_option(option, value
 @pytest.mark.parametrize("args, fragment", [
     (["certify", PDZ_A, PDZ_B, "--tail-depths", "1,,2"], "--tail-depths"),
     (["certify", PDZ_A, PDZ_B, "--tol", "inf"], "--tol"),
+    (["certify", PDZ_A, PDZ_B, "--perturbation", "1e308"], "--perturbation"),
     (["certify", PDZ_A, PDZ_B, "--block-rows", "0"], "--block-rows"),
     (["align", PDZ_A, PDZ_B, "--engine", "steps", "--steps", "100001"], "--steps"),
     (["search", "-", "--all-vs-all", "--decoys", "1000000"], "--decoys"),

@@ -11,6 +11,9 @@ from pfamalign.commands._common import (Number, OutputFile, check_figure, check_
 
 
 MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond this, hours
+# Scores are O(10) logits: a perturbation past this is all the perturbed plan is made of, and
+# near float64's top the perturbed scores overflow.
+MAX_PERTURBATION = 1e6
 
 
 @click.command(short_help="Certificates of one pair's transport plan.")
@@ -19,7 +22,8 @@ MAX_TAIL_DEPTH = 1000  # each depth differentiates through R more steps: beyond 
               help="Tail depths R for the bias certificate (comma-separated, any order).")
 @click.option("--tol", type=Number(min=0, min_open=True), default=1e-5, show_default=True,
               help="Bias tolerance tau: the certified depth is the smallest R with ||c_R|| <= tau.")
-@click.option("--perturbation", type=Number(min=0, min_open=True), default=1e-2, show_default=True,
+@click.option("--perturbation", type=Number(min=0, min_open=True, max=MAX_PERTURBATION), default=1e-2,
+              show_default=True,
               help="Size (sup norm) of the random score perturbation for the stability bounds.")
 @click.option("--score-noise", type=Number(min=0), default=None,
               help="Radius r (gauge-reduced oscillation of a score change): list the aligned pairs "

@@ -19,7 +19,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     from pfamalign.checkpoint import CHECKSUMS, MODEL_RECORDS, read_checksums, verify_checksums
     from pfamalign.inference import ENSEMBLE_FILE
     from pfamalign.pipelines.prepare import REPLACEMENT
-    from pfamalign.pipelines.reader import dataset_files, dataset_problems, manifest_file_problems
+    from pfamalign.pipelines.reader import EmbeddingSource, dataset_files, dataset_problems, manifest_problems
 
     checked, problems = [], []
     manifest = directory / "manifest.json"
@@ -28,10 +28,15 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
             data = json.loads(manifest.read_text())
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             return [], [f"{manifest}: unreadable ({err})"]
-        shape = manifest_file_problems(data) if isinstance(data, dict) else ["manifest.json is not a JSON object"]
+        shape = manifest_problems(data) if isinstance(data, dict) else ["manifest.json is not a JSON object"]
         if shape:  # named files outside the dataset, or not a manifest's shape: nothing more to read
             return [], [f"{directory}: {p}" for p in shape]
         problems += [f"{directory}: {p}" for p in dataset_problems(directory, data, full=True)]
+        if not problems and data["embeddings"]["count"]:  # the width the manifest gives its records
+            try:
+                EmbeddingSource(directory)[0]
+            except ValueError as err:
+                problems.append(str(err))
         checked.append(f"dataset {directory}: {len(data.get('shards', []))} shards")
         recorded = {row["path"] for row in data.get("shards", []) + data.get("tables", [])}
         bare = [name for name in dataset_files(data) if name not in recorded]
