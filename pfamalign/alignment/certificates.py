@@ -350,7 +350,8 @@ def softmax_rows(z, z_pert, mask, *, locked: float = LOCKED) -> dict:
 
     p, pp = masked_softmax(z, mask), masked_softmax(z_pert, mask)
     lhs = np.abs(p - pp).sum(1)[rows]
-    osc = np.array([oscillation((np.asarray(z_pert) - z)[i], mask[i]) for i in np.flatnonzero(rows)])
+    diff = np.subtract(z_pert, z, out=np.zeros(np.shape(z)), where=mask)  # off the support: -inf - -inf
+    osc = np.array([oscillation(diff[i], mask[i]) for i in np.flatnonzero(rows)])
     ratio = np.where(osc > 0, lhs / np.where(osc > 0, 0.5 * osc, 1.0), np.nan)
     pmax = p.max(1)[rows]
     delta = 1 - pmax
