@@ -84,6 +84,18 @@ def _too_deep(err: BaseException) -> str | None:
     return None
 
 
+def _ended_early(err: EOFError) -> str:
+    """What to tell a user whose command met a file that ended early (click prints a bare
+    "Aborted!" for an EOFError): the inputs say so themselves, so most likely a truncated
+    compiled module of the installation (``marshal data too short``)."""
+    import os
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    return (f"a file ended before its end ({err or 'EOFError'}): most likely a truncated compiled module "
+            f"of this installation (a __pycache__/*.pyc under {package}); delete those __pycache__ folders "
+            "or reinstall pfamalign")
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an interrupt exits 128 + signal, as shells and `train` report it
@@ -123,6 +135,9 @@ class _LazyGroup(click.Group):
                 _interrupted(ctx, interrupts.received())        # cut midway): the signal is the news
             if failed and (reason := _out_of_memory(err)) is not None:
                 click.echo(f"Error: {reason}", err=True)
+                ctx.exit(1)
+            if isinstance(err, EOFError):
+                click.echo(f"Error: {_ended_early(err)}", err=True)
                 ctx.exit(1)
             if not isinstance(err, OSError):
                 raise

@@ -1972,6 +1972,20 @@ def test_eval_names_the_families_it_leaves_out(tmp_path):
     assert_clear_error(run(["eval", "--stockholm", tmp_path / "empty", "--no-model"]), "no Stockholm files")
 
 
+def test_a_truncated_compiled_module_is_one_error_line_not_aborted(monkeypatch):
+    """A truncated .pyc under the installation raises EOFError ("marshal data too short") when
+    a command's module is imported, which click printed as a bare "Aborted!"."""
+    from pfamalign import cli
+
+    def truncated(self, ctx, name):  # as importing the command's module from a truncated .pyc
+        raise EOFError("marshal data too short")
+
+    monkeypatch.setattr(cli._LazyGroup, "get_command", truncated)
+    result = run(["verify", "."])
+    assert_clear_error(result, "marshal data too short")
+    assert "Aborted" not in result.output and "__pycache__" in result.output
+
+
 def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{PDZ_A}\t{PDZ_B[:40 + n % 20]}\n" for n in range(150)))
