@@ -42,11 +42,19 @@ def _interrupted(ctx, signum: int, notes=()) -> None:
 
 
 def _unstartable_backend() -> str | None:
-    """What to tell a user whose ``JAX_PLATFORMS`` names a backend jax cannot start here (jax
-    raised a traceback naming another, "rocm" for "gpu", or a bare assertion for "cuda"), or
-    None when jax's backend is fine."""
+    """What to tell a user whose ``XLA_FLAGS`` asks for no simulated CPU devices (0 or a
+    negative count: jax's traceback ends in "Could not determine process_index" or
+    "vector::reserve", with advice to set ``JAX_PLATFORMS=cpu``, which does not help) or whose
+    ``JAX_PLATFORMS`` names a backend jax cannot start here (jax raised a traceback naming
+    another, "rocm" for "gpu", or a bare assertion for "cuda"), or None when jax's backend is
+    fine."""
     import os
+    import re
 
+    count = re.search(r"--xla_force_host_platform_device_count=(\S*)", os.environ.get("XLA_FLAGS", ""))
+    if count and not (count.group(1).isdigit() and int(count.group(1)) >= 1):
+        return (f"XLA_FLAGS sets --xla_force_host_platform_device_count={count.group(1)}, but the number of "
+                "simulated CPU devices must be a whole number of at least 1: fix it, or take it out of XLA_FLAGS")
     platforms = os.environ.get("JAX_PLATFORMS")
     if not platforms:
         return None

@@ -83,3 +83,16 @@ def test_a_backend_this_machine_lacks_is_one_error_line(platforms, command):
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.startswith(f"Error: JAX_PLATFORMS={platforms} names a backend jax cannot start") \
         and res.stderr.count("\n") == 1, res.stderr
+
+
+@pytest.mark.parametrize("count", ["0", "-2"])
+def test_no_simulated_cpu_devices_is_one_error_line_naming_xla_flags(count):
+    """``--xla_force_host_platform_device_count=0`` (or negative): a 70-line traceback, or with
+    ``JAX_PLATFORMS=cpu`` an error blaming that variable, whose advice was to set it to cpu."""
+    for extra in ({}, {"JAX_PLATFORMS": "cpu"}):
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", **extra}
+        res = subprocess.run([sys.executable, "-m", "pfamalign.cli", "align", "MKVL", "MKVLL"], capture_output=True,
+                             cwd=ROOT, text=True, timeout=300, env=env)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith(f"Error: XLA_FLAGS sets --xla_force_host_platform_device_count={count}") \
+            and res.stderr.count("\n") == 1, res.stderr

@@ -717,7 +717,9 @@ def test_a_model_saved_on_8_devices_loads_on_1(reference):
 @pytest.mark.slow
 def test_two_processes_train_like_one(dataset, tmp_path):
     """`--distributed` with two CPU processes x 4 devices (gloo collectives) takes the same
-    steps as one process with 8 devices."""
+    steps as one process with 8 devices; with `--compile` process 0 alone compiles the model,
+    once it is finished (every process compiled it, the others while process 0 still finished
+    it: "not finished yet")."""
     import socket
 
     with socket.socket() as s:
@@ -730,10 +732,13 @@ def test_two_processes_train_like_one(dataset, tmp_path):
     procs = [subprocess.Popen(
         [sys.executable, "-m", "pfamalign.cli", "train", *base, "--out", str(tmp_path / "multi"),
          "--distributed", "--coordinator", f"localhost:{port}", "--num-processes", "2",
-         "--process-id", str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+         "--process-id", str(i), "--compile"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for i in range(2)]
     outs = [p.communicate(timeout=900)[0].decode() for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
+    assert not any("not finished" in out for out in outs), outs
+    compiled = tmp_path / "multi" / "compiled"
+    assert (compiled / "asap.json").is_file() and (compiled / "training.json").is_file()
     single = train.run(dataset, tmp_path / "single", _cfg(dataset), quiet=True)
     losses = {}
     for name in ("multi", "single"):
@@ -742,6 +747,26 @@ def test_two_processes_train_like_one(dataset, tmp_path):
     np.testing.assert_allclose(losses["multi"], losses["single"], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                  _params(tmp_path / "multi" / "model"), _params(single.out_dir / "model"))
+
+
+def test_processes_with_unequal_device_counts_are_refused(dataset, tmp_path):
+    """Two processes with 4 and 2 devices (6 in all, global batch 12): both failed in the
+    state's replication with "cannot reshape array of size 6 into shape (2,4)"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "pfamalign.cli", "train", "--data", str(dataset), "--config", "align_ce", "--quiet",
+         "--out", str(tmp_path / "run"), "--batch-size", "12", "--steps", "1", "--distributed", "--coordinator",
+         f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
+        env=dict(os.environ, CI="1", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i, devices in enumerate((4, 2))]
+    outs = [p.communicate(timeout=600)[0].decode() for p in procs]
+    for p, out, mine in zip(procs, outs, (4, 2)):
+        assert p.returncode == 1 and "Traceback" not in out, out
+        assert f"the 2 processes have 6 devices in all, but this one has {mine}" in out, out
 
 
 def test_the_decoder_line_says_when_tuning_kept_the_shipped_decoder():

@@ -233,7 +233,11 @@ def train(ctx, data_dir, config_name, out_dir, steps, batch_size, lr, eval_every
         raise click.ClickException(str(err)) from None
     if result.interrupted:
         ctx.exit(128 + int(result.signal or 15))
-    if compile_ and result.model_dir is not None:  # the model's writer compiles it
+    import jax
+
+    # process 0 wrote and finished the model: it alone compiles it (another process would
+    # copy a model still being finished, and swap OUT/compiled with process 0's copy)
+    if compile_ and result.model_dir is not None and jax.process_index() == 0:
         from pfamalign.commands.compile import compile_into
 
         try:

@@ -68,6 +68,12 @@ def batch_sharding(mesh) -> NamedSharding:
 
 
 def check_batch(batch_size: int, mesh) -> None:
+    """Refuses a global batch the mesh cannot split evenly, and processes with unequal device
+    counts (each loads ``batch / processes`` rows, which its devices must split evenly)."""
+    if jax.device_count() != jax.local_device_count() * jax.process_count():
+        raise TrainingError(f"the {jax.process_count()} processes have {jax.device_count()} devices in all, "
+                            f"but this one has {jax.local_device_count()}: every process needs the same "
+                            "number of devices (XLA_FLAGS, CUDA_VISIBLE_DEVICES, the hosts' accelerators)")
     n = mesh.devices.size
     if batch_size % n:
         raise TrainingError(f"global batch {batch_size} is not divisible by the {n} devices; "
