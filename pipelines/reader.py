@@ -491,6 +491,10 @@ def batch_dataset(path: str | os.PathLike, split: str, *, batch_size: int, seed:
     """
     import grain
 
+    if not (isinstance(process_count, int) and process_count >= 1 and isinstance(process_index, int)
+            and 0 <= process_index < process_count):  # else batches of padding rows alone, or 1/0
+        raise ValueError(f"process_index {process_index!r} must be from 0 to process_count - 1, and "
+                         f"process_count {process_count!r} at least 1")
     if batch_size % process_count:
         raise ValueError(f"batch_size {batch_size} is not divisible by the {process_count} "
                          "processes")

@@ -125,6 +125,14 @@ def test_batch_dataset_finite_epoch_covers_every_pair(dataset):
     assert sorted(seen) == sorted(ids)
 
 
+@pytest.mark.parametrize("index, count", [(2, 2), (-1, 2), (0, 0), (0, -2)])
+def test_a_process_outside_the_process_count_is_refused(dataset, index, count):
+    """process_index 2 (or -1) of 2 loaded batches of padding rows alone; process_count 0 was a
+    ZeroDivisionError, -2 a message about a batch of -4."""
+    with pytest.raises(ValueError, match="must be from 0 to process_count - 1"):
+        reader.batch_dataset(dataset, "train", batch_size=8, process_index=index, process_count=count)
+
+
 def test_unfinished_dataset_is_explained(tmp_path):
     (tmp_path / "work").mkdir()
     with pytest.raises(FileNotFoundError, match="an unfinished dataset: `pfamalign prepare` was stopped.*re-run the same command"):

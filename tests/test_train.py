@@ -446,6 +446,19 @@ def test_examples_seen_counts_each_steps_batch_across_a_resume_with_another_batc
     assert seen[STEPS] == STEPS * 8 and seen[STEPS + 2] == STEPS * 8 + 2 * 16, seen
 
 
+def test_a_resume_on_other_devices_says_so(reference, dataset, tmp_path):
+    """A run resumed on 4 of its 8 devices resumed silently, and its config.json then said 4."""
+    run = tmp_path / "run"
+    shutil.copytree(reference.out_dir, run)
+    shutil.rmtree(run / "checkpoints" / str(STEPS))  # as killed before its last checkpoint
+    shutil.rmtree(run / "model")
+    train.run(dataset, run, _cfg(dataset), quiet=True, tune_pairs=None, mesh=train_step.make_mesh(jax.devices()[:4]))
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    changed = [r["resume/changed"] for r in lines if "resume/changed" in r]
+    assert changed == ["devices: 8 -> 4; (the same batches; parameters equal the uninterrupted run's to "
+                       "rounding, not bit for bit)"], changed
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------

@@ -163,6 +163,12 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
                                 f"nothing (give --steps above {resume_step} to continue it)")
         if resume_step >= cfg.train.steps:  # nothing to train: the recorded settings stand
             return resume_step, []
+        moved = [f"{key}: {saved[key]} -> {now}" for key, now in (("devices", mesh.devices.size),
+                                                                  ("processes", jax.process_count()))
+                 if saved.get(key) not in (None, now)]
+        if moved:  # allowed: each step's global batch is the same, summed in another order
+            changed = changed + moved + ["(the same batches; parameters equal the uninterrupted run's to "
+                                         "rounding, not bit for bit)"]
     if jax.process_index() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         records.write_json(out_dir / "config.json",

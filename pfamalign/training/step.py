@@ -77,7 +77,7 @@ def check_batch(batch_size: int, mesh) -> None:
     n = mesh.devices.size
     if batch_size % n:
         raise TrainingError(f"global batch {batch_size} is not divisible by the {n} devices; "
-                            f"use a multiple of {n} (--batch-size)")
+                            f"use a multiple of {n} (--batch-size; resuming a run, with --allow-changes)")
     if batch_size % jax.process_count():
         raise TrainingError(f"global batch {batch_size} is not divisible by the "
                             f"{jax.process_count()} processes")
