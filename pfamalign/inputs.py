@@ -27,8 +27,9 @@ import sys
 import zlib
 from typing import IO, Iterable, Iterator
 
+from pfamalign.limits import MAX_LINE
+
 FASTA_SUFFIXES = (".fa", ".fasta", ".faa", ".fas")
-MAX_LINE = 1 << 20  # characters per line: longer is not a sequence file (and must not fill memory)
 MAX_RECORD = 1 << 22  # residues per FASTA record (far above any protein; bounds memory)
 STDIN = "-"
 GZIP_MAGIC = b"\x1f\x8b"

@@ -31,7 +31,7 @@ import pathlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from pfamalign.inputs import MAX_LINE
+from pfamalign.limits import MAX_LINE
 from pfamalign.residues import first_invalid
 
 GAP_CHARS = "-.~"

@@ -50,3 +50,40 @@ def test_the_source_tree_imports_kernels_and_pipelines_without_an_editable_insta
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(ROOT / "kernels" / "__init__.py"),
                                   str(ROOT / "pipelines" / "__init__.py")]
+
+
+# docs/design.md §2: the application modules kernels/ and pipelines/ may import, which import
+# nothing of the project beyond each other
+LEAF_MODULES = {"jsonio", "residues", "outputs", "interrupts", "limits"}
+
+
+def _project_imports(path: pathlib.Path) -> set[str]:
+    """The ``pfamalign.X`` modules ``path`` imports (``X``: the first name below pfamalign)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "pfamalign":
+                names.add(parts[1] if len(parts) > 1 else None)
+                if len(parts) == 1:  # from pfamalign import jsonio
+                    names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[1] for alias in node.names
+                      if alias.name.startswith("pfamalign.")}
+    return names - {None}
+
+
+def test_kernels_and_pipelines_import_only_each_their_own_and_the_leaf_modules():
+    """A dependency against design.md §2 (pipelines/stockholm.py took MAX_LINE from
+    pfamalign.inputs, which imports the pipelines back) fails here, by file."""
+    wrong = []
+    for package in ("kernels", "pipelines"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            extra = _project_imports(path) - LEAF_MODULES - {package}
+            wrong += [f"{path.relative_to(ROOT)} imports pfamalign.{name}" for name in sorted(extra)]
+    for name in sorted(LEAF_MODULES):
+        extra = _project_imports(ROOT / "pfamalign" / f"{name}.py") - LEAF_MODULES
+        wrong += [f"pfamalign/{name}.py (a leaf) imports pfamalign.{m}" for m in sorted(extra)]
+    assert not wrong, wrong
