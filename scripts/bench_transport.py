@@ -25,8 +25,9 @@ and implementation:
     unrolling (``implicit_diff=None``); O = L * plan @ V (ott's marginals are 1/L). Note it
     differentiates all T+R iterations (no stopped base) and updates columns first.
 Every configuration runs in a fresh subprocess: ``peak_rss_MiB`` is that child's own peak
-(``VmHWM``: interpreter + JAX runtime + compile + runs; since 2026-11-30: before, its
-``ru_maxrss``, which also held this driver's ~180 MiB); the time is the min over ``--repeats`` calls
+(``VmHWM``: interpreter + JAX runtime + compile + runs; ``ru_maxrss`` where it reports none,
+which is the larger of that and the peak it inherited from this driver at the fork, ~180 MiB:
+the same figure for any child above that); the time is the min over ``--repeats`` calls
 after the compiling call. ``temp_MiB`` is XLA's compiled temporary memory. A dense baseline
 is skipped (with the reason recorded) when its compiled memory exceeds ``--mem-budget-gib``.
 Ratios are against ``reference`` at the same L in the same run: ``speedup_vs_ref`` =
@@ -229,7 +230,7 @@ def _run_all(args, impls, rep, results, saved, scratch):
                 if res.get("status") == "ok" and os.path.exists(cfg["save"]):
                     saved[length, impl] = cfg["save"]
                     res["grad_err"], res["grad_err_vs"] = _grad_err(saved, length, impl)
-            # the child's own peak where it reported one (ru_maxrss holds this driver's too)
+            # the child's own peak where it reported one (ru_maxrss is at least this driver's at the fork)
             res["peak_rss_MiB"] = res.pop("peak_rss_bytes", run["peak_rss_bytes"]) / _common.MIB
             results[(length, impl)] = res
             ref = results.get((length, "reference"), {})
