@@ -29,7 +29,7 @@ from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
 from pfamalign.alignment.pairs import PairAlignment
 from pfamalign.decoding import DecoderSettings
 from pfamalign.plans import PairPlan, unpad, unpad_symmetric
-from pfamalign.resources import check_align_memory, check_budget_usable, padded_length
+from pfamalign.resources import check_align_memory, check_budget_usable, padded_length, pairs_at_once
 
 DEFAULT_MODEL = "default_model"
 # a batch is padded up to the next of these: few shapes. Larger batches brought no more
@@ -37,16 +37,16 @@ DEFAULT_MODEL = "default_model"
 BATCH_SIZES = (1, 2, 4, 8)
 
 
-def bucketed_batches(lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+def bucketed_batches(lengths: Sequence[int], limit=None) -> list[tuple[int, list[int]]]:
     """``(padded length, indices)`` batches of the pairs whose longer sequences have these
     ``lengths``: grouped by bucket (``padded_length``, in order of first appearance), at most
-    ``BATCH_SIZES[-1]`` pairs each."""
+    ``BATCH_SIZES[-1]`` pairs each, or ``limit(padded length)`` (a memory budget's)."""
     buckets: dict[int, list[int]] = {}
     for n, length in enumerate(lengths):
         buckets.setdefault(padded_length(length), []).append(n)
-    size = BATCH_SIZES[-1]
-    return [(pad, members[start: start + size]) for pad, members in buckets.items()
-            for start in range(0, len(members), size)]
+    sizes = {pad: BATCH_SIZES[-1] if limit is None else limit(pad) for pad in buckets}
+    return [(pad, members[start: start + sizes[pad]]) for pad, members in buckets.items()
+            for start in range(0, len(members), sizes[pad])]
 
 
 def padded_batch(size: int) -> int:
@@ -404,6 +404,12 @@ class Predictor:
                     "split it into domains or raise --max-length (max_length= in Python)")
         return None
 
+    def _batches(self, lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """``bucketed_batches`` of pairs with these longer lengths, as many at once as fit in
+        ``max_memory`` (each pair was checked alone: ``pair_problem``)."""
+        return bucketed_batches(lengths, lambda pad: pairs_at_once(pad, self.max_memory, self.plan_models,
+                                                                   BATCH_SIZES))
+
     def pair_problem(self, seq_a: str, seq_b: str) -> str | None:
         """Why this model cannot align these sequences (None: it can): an empty one, one
         longer than ``max_length``, or more memory than ``max_memory``."""
@@ -437,7 +443,7 @@ class Predictor:
             from pfamalign.alignment.pairhmm_batched import batched_match_posteriors
 
             out = [None] * len(seq_pairs)
-            for pad, chunk in bucketed_batches([max(len(a), len(b)) for a, b in seq_pairs]):
+            for pad, chunk in self._batches([max(len(a), len(b)) for a, b in seq_pairs]):
                 padded = chunk + chunk[:1] * (padded_batch(len(chunk)) - len(chunk))  # one shape per size
                 tables = None if log_emissions is None else [log_emissions[n] for n in padded]
                 posts = batched_match_posteriors(self.pairhmm, [seq_pairs[n] for n in padded], pad, pad,
@@ -461,7 +467,7 @@ class Predictor:
 
     def _align_window(self, pairs: list[dict], decoding: DecoderSettings):
         done: dict[int, tuple[AlignmentRecord, PairPlan]] = {}
-        batches = bucketed_batches([max(len(pair["q_seq"]), len(pair["k_seq"])) for pair in pairs])
+        batches = self._batches([max(len(pair["q_seq"]), len(pair["k_seq"])) for pair in pairs])
         sequences = [[(pairs[n]["q_seq"], pairs[n]["k_seq"]) for n in chunk] for _, chunk in batches]
         # The sequence pair-HMM needs no plan: a batch's posteriors are computed on worker
         # threads while another computes the plans and this thread decodes (jax and numba

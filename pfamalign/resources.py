@@ -9,7 +9,8 @@ peak resident memory, random sequences; 2026-11-24): 0.54-0.67 / 0.86 / 2.20-2.2
 plus 104 bytes per cell; the shipped two-member ensemble 1.25 / 3.11-3.16 GB at 2048 / 4096
 (175 per cell). ``estimate_align_bytes`` charges ``FIXED_BYTES`` plus ``BYTES_PER_CELL`` per
 cell and plan model, 20-55 % above those peaks (a 20000 x 20000 pair: 53 GB);
-``check_align_memory`` refuses a pair over the budget with the option that lifts it.
+``check_align_memory`` refuses a pair over the budget with the option that lifts it, and
+``pairs_at_once`` plans only as many pairs together as the budget holds.
 """
 
 from __future__ import annotations
@@ -103,6 +104,29 @@ def check_align_memory(len_a: int, len_b: int, budget: int | None, models: int =
     would need more than ``budget`` bytes (None or 0: no limit)."""
     check_memory(estimate_align_bytes(len_a, len_b, models), budget, f"aligning {len_a} x {len_b} residues",
                  fixed=FIXED_BYTES)
+
+
+# A batch's pairs are charged this many times the cells of one pair alone: a window plans one
+# batch while the pair-HMM of the next runs (2026-11-30, `align --pairs` of pairs of 2,000
+# residues, padded to 2,048, where one pair alone charges 0.5 GiB of cells: peaks of 1.88 GiB
+# for batches of 2, 3.08 for 4, 3.9-4.5 for 8, 0.65 for one pair alone).
+BATCH_CELL_MARGIN = 1.5
+
+
+def pairs_at_once(pad: int, budget: int | None, models: int, sizes) -> int:
+    """The largest of the batch ``sizes`` (ascending) whose pairs at padded length ``pad`` fit
+    together in ``budget`` (``estimate_align_bytes``'s fixed part once, the cells of each pair
+    times ``BATCH_CELL_MARGIN``) and in the address space a ``ulimit -v`` leaves
+    (``check_memory``'s rule); the smallest when none does (each pair was checked alone). A
+    batch checked pair by pair ran 8 pairs of 3,000 residues at 10 GB under a 2 GB budget."""
+    per_pair = int(BATCH_CELL_MARGIN * BYTES_PER_CELL * pad * pad * models)
+    left = address_space_left()
+
+    def fits(n: int) -> bool:
+        mapping = int(ADDRESS_SPACE_PER_BYTE * n * per_pair) + ADDRESS_SPACE_SLACK
+        return (not budget or FIXED_BYTES + n * per_pair <= budget) and (left is None or mapping <= left)
+
+    return max((n for n in sizes if fits(n)), default=sizes[0])
 
 
 def check_budget_usable(budget: int | None, models: int = 1) -> None:

@@ -1291,6 +1291,31 @@ def test_memory_estimate_and_sizes():
         "512 B", "1 KiB", "640 MiB", "1.5 GiB"]
 
 
+def test_a_batch_of_pairs_fits_the_memory_budget_together(tmp_path, monkeypatch):
+    """The budget (and a ulimit -v) was checked pair by pair while up to 8 pairs of a length
+    were planned at once: 8 pairs of 3,000 residues peaked at 10 GB under --max-memory 2G."""
+    from pfamalign import resources
+    from pfamalign.inference import BATCH_SIZES
+
+    per_pair = resources.BATCH_CELL_MARGIN * resources.BYTES_PER_CELL * 2048 ** 2  # 0.75 GiB
+    for budget, want in ((0, 8), (None, 8), (6 << 30, 4), (3 << 30, 2), (2 << 30, 1), (1, 1)):
+        got = resources.pairs_at_once(2048, budget, 1, BATCH_SIZES)
+        assert got == want, (budget, got)
+        assert got == 1 or not budget or resources.FIXED_BYTES + got * per_pair <= budget
+    assert resources.pairs_at_once(2048, 6 << 30, 2, BATCH_SIZES) == 2  # an ensemble's two plan models
+    monkeypatch.setattr(resources, "address_space_left", lambda: 1 << 30)  # a ulimit -v leaving 1 GiB
+    assert resources.pairs_at_once(2048, 0, 1, BATCH_SIZES) == 1
+    monkeypatch.undo()
+    rng = np.random.default_rng(0)
+    seq = lambda: "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), 300))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"a{n}\t{seq()}\tb{n}\t{seq()}\n" for n in range(8)))
+    for budget, batches in (("0", "8x320"), ("700M", "2x320")):  # 640 MiB + 2 x 19 MiB: 2 at once
+        result = run(["align", "--pairs", pairs, "-f", "cigar", "-v", "--max-memory", budget])
+        assert result.exit_code == 0, result.output
+        assert f"plan batches (pairs x padded length): {batches};" in result.output, result.output
+
+
 def test_a_containers_memory_limit_caps_the_default_budget(tmp_path, monkeypatch):
     from pfamalign import resources
 
