@@ -337,8 +337,9 @@ def scored_per_query(n_database: int, max_candidates: int | None) -> int:
 def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRecord], settings, errors, *,
            all_vs_all: bool = False, decoys: int = DEFAULT_DECOYS, max_hits: int | None = None,
            evalue: float | None = None, max_candidates: int | None = None, seed: int = 0,
-           correct_composition: bool = True,
-           advance: Callable[[int], None] = lambda n=1: None) -> Iterator[QueryResult | BadRecord]:
+           correct_composition: bool = True, advance: Callable[[int], None] = lambda n=1: None,
+           advance_shuffles: Callable[[int], None] = lambda n=1: None,
+           advance_hits: Callable[[int], None] = lambda n=1: None) -> Iterator[QueryResult | BadRecord]:
     """Streams one QueryResult per query (in order; see the module docstring for the score and
     the statistics) and the BadRecord of each hit that could not be aligned (also given to
     ``errors``, a ``batch.BatchErrors``). ``all_vs_all``: ``queries`` is ``database`` and a
@@ -347,7 +348,10 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
     (None: all). ``correct_composition``: charge each subject that may be reported its
     composition shift (``composition_shift``, from ``SUBJECT_SHUFFLES`` shuffles of it; the
     module docstring). ``advance(n)``: n more pairs scored (decoys and database,
-    ``decoys + scored_per_query(N, max_candidates)`` per query)."""
+    ``decoys + scored_per_query(N, max_candidates)`` per query); ``advance_shuffles(n)``: n
+    more composition shuffles scored (``SUBJECT_SHUFFLES`` per decoy and per subject charged);
+    ``advance_hits(n)``: n more hits aligned (their number is known only once a query's
+    E-values are)."""
     _check_options(decoys=decoys, max_hits=max_hits, evalue=evalue, max_candidates=max_candidates, seed=seed)
     max_candidates = max_candidates or None  # 0: every subject, as on the command line
     if not database:
@@ -362,22 +366,21 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
 
         index = prefilter.Database.of([s.seq for s in database])
 
-    def scores(query: FastaRecord, subjects: Sequence[str], *, counted: bool = True) -> np.ndarray:
+    def scores(query: FastaRecord, subjects: Sequence[str], *, count: Callable[[int], None] = advance) -> np.ndarray:
         from pfamalign.alignment.pairhmm_numba import log_likelihood_ratios
 
         out = []
         for at in range(0, len(subjects), SCORE_CHUNK):
             chunk = subjects[at:at + SCORE_CHUNK]
             out.append(log_likelihood_ratios(predictor.pairhmm, [(query.seq, s) for s in chunk], local=local))
-            if counted:
-                advance(len(chunk))
+            count(len(chunk))
         return np.concatenate(out) if out else np.zeros(0)
 
     def shifts(query: FastaRecord, null: Gumbel, subjects: Sequence[str]) -> np.ndarray:
         """Each subject's composition shift, from its own shuffles (seeded by the pair)."""
         rngs = [np.random.default_rng([seed, _sequence_key(query.seq), _sequence_key(s)]) for s in subjects]
         shuffles = [shuffled(s, rng) for s, rng in zip(subjects, rngs) for _ in range(SUBJECT_SHUFFLES)]
-        per_subject = scores(query, shuffles, counted=False).reshape(len(subjects), SUBJECT_SHUFFLES)
+        per_subject = scores(query, shuffles, count=advance_shuffles).reshape(len(subjects), SUBJECT_SHUFFLES)
         return np.array([composition_shift(null, x, len(s)) for x, s in zip(per_subject, subjects)])
 
     # decoys are drawn from the database's sequences in sorted order, not as the file lists
@@ -434,6 +437,7 @@ def search(predictor, queries: Sequence[FastaRecord], database: Sequence[FastaRe
         hits, unaligned = [], 0
         for item in aligned(predictor, (_pair(query, subjects[i], i) for i in ranked),
                             settings, errors):
+            advance_hits(1)
             if isinstance(item, BadRecord):
                 yield item
                 continue

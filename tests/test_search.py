@@ -390,6 +390,25 @@ def test_search_writes_the_blast_hit_table(fastas):
         assert mine[0][1] == qid and float(mine[0][2]) == 100.0
 
 
+def test_search_progress_counts_its_shuffles_and_hits_too(fastas, monkeypatch):
+    """Off a terminal, progress lines for each stage (every LINE_SECONDS: 0 here): a long
+    search printed nothing while it shuffled the subjects it charged and aligned its hits
+    (about 100 s at 3,000 sequences), its bar at 100 %."""
+    from pfamalign.pipelines import progress
+
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0)
+    tmp, _, _ = fastas
+    args = ["search", str(tmp / "q.fasta"), str(tmp / "db.fasta"), "--decoys", "10", "--max-hits", "2"]
+    stages = lambda res: {line.split(":")[0] for line in res.stderr.splitlines() if ":" in line}
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert {"scoring pairs", "composition shuffles", "aligning hits"} <= stages(res), res.stderr
+    last_hits = [line for line in res.stderr.splitlines() if line.startswith("aligning hits")][-1]
+    assert last_hits.startswith("aligning hits: 4,")  # 2 queries x --max-hits 2
+    res = CliRunner().invoke(main, [*args, "--no-composition-shift"])
+    assert res.exit_code == 0 and "composition shuffles" not in stages(res), res.stderr
+
+
 def test_no_composition_shift_is_the_uncorrected_search(fastas):
     """--no-composition-shift reports the same pairs with the uncorrected E-values (as
     ``search(correct_composition=False)``); by default some hit is charged a shift."""
@@ -509,12 +528,17 @@ def test_search_aligns_only_the_hits_it_reports(fastas):
         return real((aligned_pairs.append(p) or p for p in pairs), *args, **kwargs)
 
     predictor.align_records = counting
-    scored = []
+    scored, shuffled, hits = [], [], []
     results = list(lib.search(predictor, [FastaRecord(*q, "q") for q in queries], [FastaRecord(*d, "d") for d in db],
                               predictor.decoding, BatchErrors(), decoys=12, max_hits=3, evalue=None,
-                              advance=scored.append))
+                              advance=scored.append, advance_shuffles=shuffled.append, advance_hits=hits.append))
     assert [len(r.hits) for r in results] == [3, 3] and len(aligned_pairs) == 6
     assert sum(scored) == len(queries) * (12 + len(db))  # every decoy and subject scored
+    # the stages after the scores are counted too (a long search's progress sat still there):
+    # each decoy's shuffles and those of each subject charged (at least the 3 reported)
+    charged = sum(shuffled) // lib.SUBJECT_SHUFFLES - len(queries) * 12
+    assert sum(shuffled) % lib.SUBJECT_SHUFFLES == 0 and len(queries) * 3 <= charged <= len(queries) * len(db)
+    assert sum(hits) == 6
     for r in results:  # the three best of all subjects, by E-value
         evalues = [h.columns["evalue"] for h in r.hits]
         assert evalues == sorted(evalues) and r.hits[0].columns["sseqid"] == r.query.id

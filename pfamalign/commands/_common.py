@@ -272,24 +272,26 @@ def batch_options(f):
 
 
 @contextlib.contextmanager
-def batch_progress(description: str, total: int | None, quiet: bool, *, lines: bool = False):
+def batch_progress(description: str, total: int | None, quiet: bool, *, lines: bool = False, more=()):
     """An ``advance()`` callable driving a progress bar on standard error (none when ``quiet``
     or when standard error is not a terminal). ``lines``: where there is no bar and not
     ``quiet`` (a log, a pipe, CI), a plain progress line every few seconds instead
     (``pipelines.progress.LINE_SECONDS``). Each step first raises an interrupt that arrived
     where Python dropped it (``interrupts.check``): the job stops at its next step, not at
-    its end."""
+    its end. ``more``: ``(description, total)`` of further stages, each a bar of its own
+    (total None: a count); the callables then come as a tuple, this one first."""
     from pfamalign import interrupts
     from pfamalign.pipelines.progress import Bars, progress_enabled
 
     with Bars(progress_enabled(quiet), lines=lines and not quiet) as bars:
-        task = bars.task(description, total)
+        def advancing(task):
+            def advance(n: float = 1) -> None:
+                interrupts.check()
+                task(n)
+            return advance
 
-        def advance(n: float = 1) -> None:
-            interrupts.check()
-            task(n)
-
-        yield advance
+        stages = [advancing(bars.task(d, t)) for d, t in ((description, total), *more)]
+        yield tuple(stages) if more else stages[0]
 
 
 def error_line(error, as_json: bool) -> str:

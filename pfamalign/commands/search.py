@@ -153,8 +153,10 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
         # readers, or be taken for -outfmt 7's own); standard error has them anyway
         errors_in_output = fmt in ("tsv", "json")
         searched = database if not all_vs_all else query
+        stages = (("composition shuffles", None),) if composition_shift else ()
         with open_output(out, inputs=(query, database)) as sink, \
-                batch_progress("scoring pairs", len(queries) * per_query, quiet, lines=True) as advance:
+                batch_progress("scoring pairs", len(queries) * per_query, quiet, lines=True,
+                               more=stages + (("aligning hits", None),)) as (advance, *later):
             if fmt == "tsv":
                 sink.write(lib.tsv_header(provenance))
             elif fmt == "blast7":
@@ -165,7 +167,9 @@ def search(query, database, all_vs_all, max_hits, evalue, decoys, max_candidates
             for result in lib.search(predictor, queries, db, settings, errors, all_vs_all=all_vs_all,
                                      decoys=decoys, max_hits=max_hits, evalue=evalue,
                                      max_candidates=max_candidates, seed=seed,
-                                     correct_composition=composition_shift, advance=advance):
+                                     correct_composition=composition_shift, advance=advance,
+                                     advance_shuffles=later[0] if composition_shift else (lambda n=1: None),
+                                     advance_hits=later[-1]):
                 if isinstance(result, inputs.BadRecord):
                     if errors_in_output:
                         sink.write(error_line(result, fmt == "json"))
