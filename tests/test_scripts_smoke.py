@@ -600,7 +600,8 @@ def test_gpu_session_script_parses_and_names_its_steps():
                                                       re.M)]
     assert len(limits("issue11")) == 5 and sum(limits("issue11")) + 10 * 5 + 30 <= 600
     assert len(limits("spokes")) == 3 and sum(limits("spokes")) + 10 * 3 + 30 <= 600
-    assert len(limits("rest")) == 3 and sum(limits("rest")) + 10 * 3 + 30 <= 600
+    # rest: "under 7 minutes", as its comment and the README say (it said 6 with parts of 390 s)
+    assert len(limits("rest")) == 3 and sum(limits("rest")) + 10 * 3 + 30 <= 7 * 60
 
 
 def test_gpu_session_keeps_the_prepared_files_when_a_fetch_fails(tmp_path):
