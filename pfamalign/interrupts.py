@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import sys
 from typing import Iterator
 
@@ -71,9 +72,13 @@ def handled() -> Iterator[None]:
     global _received, _active
     _received, _active = None, True
     previous = {}
+    # only the main thread may set handlers (a command run in-process from a worker thread,
+    # CliRunner in a thread pool, failed with "signal only works in main thread"): signals
+    # are delivered there anyway, so another thread's command runs without its own
+    in_main = threading.current_thread() is threading.main_thread()
     for signum, default in ((signal.SIGINT, signal.default_int_handler),
                             *((s, signal.SIG_DFL) for s in UNWINDING_SIGNALS)):
-        if signal.getsignal(signum) is default:
+        if in_main and signal.getsignal(signum) is default:
             previous[signum] = signal.signal(signum, _handle)
     hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
     try:

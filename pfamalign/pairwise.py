@@ -23,9 +23,9 @@ printed score's last digit (README, the rounding note under Quick start).
 from __future__ import annotations
 
 import collections.abc
-import functools
 import io
 import os
+import threading
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pfamalign import search as search_lib
@@ -235,9 +235,17 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> None:
             f"{name} must be an integer {bound}, got {value!r}")
 
 
-@functools.lru_cache(maxsize=1)
+_DEFAULT: list[PairAligner] = []  # the default model's aligner, made once per process
+_DEFAULT_LOCK = threading.Lock()
+
+
 def _default_aligner() -> PairAligner:
-    return PairAligner()
+    """The default model's aligner, made by the first call (a lock: threads calling ``align``
+    at once each loaded the model, where an lru_cache let them all miss)."""
+    with _DEFAULT_LOCK:
+        if not _DEFAULT:
+            _DEFAULT.append(PairAligner())
+        return _DEFAULT[0]
 
 
 def align(seq_a: Sequence, seq_b: Sequence, **settings) -> AlignmentRecord:

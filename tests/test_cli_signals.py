@@ -192,3 +192,22 @@ def test_an_interrupt_after_the_command_is_quiet_and_keeps_its_output(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "KeyboardInterrupt" not in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert "version" in out.stdout
+
+
+def test_a_command_run_in_process_from_a_worker_thread_runs():
+    """CliRunner in a thread pool: the command failed with "signal only works in main thread"
+    (its interrupt handlers); now it runs without them there, as from the main thread."""
+    import concurrent.futures
+    import signal as signals
+
+    from click.testing import CliRunner
+
+    from pfamalign.cli import main
+
+    args = ["align", "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE", "-f", "cigar"]
+    before = signals.getsignal(signals.SIGINT)
+    here = CliRunner().invoke(main, args)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        there = pool.submit(CliRunner().invoke, main, args).result()
+    assert here.exit_code == 0 and there.exit_code == 0, there.exception
+    assert there.output == here.output and signals.getsignal(signals.SIGINT) is before

@@ -113,13 +113,32 @@ def test_another_decoder_keeps_the_models_mode_and_objective():
     assert pfamalign.PairAligner(decoder="mea").decoding.objective == shipped.decoding.objective
 
 
-def test_the_module_level_align_keeps_one_default_aligner():
-    first = pfamalign.align(PDZ_A, PDZ_B)
-    again = pfamalign.align(PDZ_A, PDZ_B)
-    np.testing.assert_array_equal(first.pairs, again.pairs)
+def test_the_module_level_align_keeps_one_default_aligner(monkeypatch):
+    """One default aligner per process, also when threads make the first calls at once (each
+    loaded the model under an lru_cache)."""
+    import concurrent.futures
+    import threading
+
     from pfamalign import pairwise
 
-    assert pairwise._default_aligner.cache_info().currsize == 1
+    made, real = [], pairwise.PairAligner.__init__
+    gate = threading.Barrier(4)
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    def first_call(_):
+        gate.wait()  # the four calls start together
+        return pfamalign.align(PDZ_A, PDZ_B)
+
+    monkeypatch.setattr(pairwise, "_DEFAULT", [])
+    monkeypatch.setattr(pairwise.PairAligner, "__init__", counted)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(first_call, range(4)))
+    assert len(made) == 1
+    for again in results[1:]:
+        np.testing.assert_array_equal(results[0].pairs, again.pairs)
     assert pfamalign.align(PDZ_A, PDZ_B, mode="local").format("text").count("seq_a") >= 1
 
 
