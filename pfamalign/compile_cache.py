@@ -308,3 +308,19 @@ def _jax_version() -> str:
     from importlib.metadata import version
 
     return version("jax")
+
+
+def standard_rules(fn):
+    """``fn`` run under jax's standard numpy promotion rules, whatever the process set: a
+    caller's ``jax_numpy_dtype_promotion="strict"`` or ``jax_numpy_rank_promotion="raise"``
+    failed the model's and the pair-HMM's programs as they were traced (and only when not
+    cached: an exported program ran). The rules are per thread, so each function a worker
+    thread runs carries them too."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import jax
+
+        with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+            return fn(*args, **kwargs)
+
+    return run

@@ -27,6 +27,7 @@ from pfamalign.alignment import numba_jit, pairhmm
 from pfamalign.alignment.formats import AlignmentRecord
 from pfamalign.alignment.pairhmm import AnyPairHMM, model_pairhmm, plan_log_odds
 from pfamalign.alignment.pairs import PairAlignment
+from pfamalign.compile_cache import standard_rules
 from pfamalign.decoding import DecoderSettings
 from pfamalign.plans import PairPlan, unpad, unpad_symmetric
 from pfamalign.resources import check_align_memory, check_budget_usable, padded_length, pairs_at_once
@@ -264,6 +265,7 @@ class Predictor:
         if batch:
             yield from self._plan_batch(batch, symmetric=symmetric)
 
+    @standard_rules
     def _plan_batch(self, batch, *, pad: int | None = None, symmetric: bool = False) -> list[PairPlan]:
         """The plans of ``batch`` (feature pairs) in one jitted call at padded length ``pad``
         (default: the bucket of the longest sequence) and a ``padded_batch`` size;
@@ -355,6 +357,7 @@ class Predictor:
         return decoding.decode_many(plans, seq_pairs, hmm_posteriors=posts, hmm=self.pairhmm,
                                     plan_posteriors=plan_posts)
 
+    @standard_rules
     def align(self, seq_a: str, seq_b: str, decoding: DecoderSettings | None = None, *,
               symmetric: bool = True) -> tuple[PairAlignment, PairPlan]:
         """One pair, the simple way (the reference the batched ``align_records`` is tested
@@ -422,6 +425,7 @@ class Predictor:
             return str(err)
         return None
 
+    @standard_rules
     def hmm_posteriors(self, seq_pairs: Sequence[tuple[str, str]], *, mode: str = "global",
                        log_emissions: Sequence[np.ndarray] | None = None,
                        bulk: bool | None = None) -> list[np.ndarray]:

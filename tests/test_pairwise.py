@@ -337,3 +337,33 @@ def test_a_records_arrays_are_read_only(aligner):
         record.pairs[0] = [5, 5]
     with pytest.raises(ValueError, match="read-only"):
         record.confidence[0] = 0.0
+
+
+_STRICT = f"""
+import jax, os
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+import pfamalign
+a, b = {PDZ_A!r}, {PDZ_B!r}
+single = pfamalign.align(a, b)
+aligner = pfamalign.PairAligner()
+many = list(aligner.align_many([(a, b), (b, a), (a[5:], b)]))
+hits = list(aligner.search([("q", a)], [("d%d" % i, b[i:]) for i in range(6)], decoys=10))
+print(repr(single.score), [repr(r.score) for r in many], len(hits[0].hits))
+"""
+
+
+def test_a_process_with_strict_jax_promotion_rules_aligns_as_any_other(tmp_path):
+    """A caller's jax_numpy_dtype_promotion="strict" / jax_numpy_rank_promotion="raise" failed
+    the model's and the pair-HMM's programs as they were traced (a cold cache: a warm one ran the
+    exported program); now they are traced under the standard rules, on every thread."""
+    import os
+
+    outs = []
+    for strict in (True, False):
+        code = _STRICT if strict else _STRICT.replace("jax.config.update", "(lambda *_: None)")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PFAMALIGN_CACHE_DIR": ""})  # nothing cached: every program traced
+        assert run.returncode == 0, run.stderr[-2000:]
+        outs.append(run.stdout)
+    assert outs[0] == outs[1]

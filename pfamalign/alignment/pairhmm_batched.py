@@ -33,6 +33,7 @@ import functools
 import numpy as np
 
 from pfamalign import resources
+from pfamalign.compile_cache import standard_rules
 from pfamalign.alignment.pairhmm import (AnyPairHMM, check_many,
                                          checked_emissions, residue_indices)
 
@@ -259,6 +260,7 @@ def batched_match_posteriors(hmm: AnyPairHMM, pairs: list[tuple[str, str]], pad_
             given[: lq[n], n, : lk[n]] = np.exp(checked_emissions(table, lq[n], lk[n]))
     components = hmm.components
 
+    @standard_rules  # on the pool's threads too
     def solve(component):
         with jax.enable_x64(X64):  # thread-local: the caller's threads stay float32
             params = {k: np.asarray(v, np.float64) for k, v in component.linear_transitions().items()}
