@@ -42,21 +42,20 @@ def _interrupted(ctx, signum: int, notes=()) -> None:
 
 
 def _unstartable_backend() -> str | None:
-    """What to tell a user whose ``XLA_FLAGS`` asks for no simulated CPU devices (0 or a
-    negative count: jax's traceback ends in "Could not determine process_index" or
-    "vector::reserve", with advice to set ``JAX_PLATFORMS=cpu``, which does not help) or whose
-    ``JAX_PLATFORMS`` names a backend jax cannot start here (jax raised a traceback naming
-    another, "rocm" for "gpu", or a bare assertion for "cuda"), or None when jax's backend is
-    fine."""
+    """What to tell a user whose jax cannot start its backend, or None when it can (the error
+    was another): ``JAX_PLATFORMS`` naming a backend this machine lacks (jax raised a
+    traceback naming another, "rocm" for "gpu", or a bare assertion for "cuda"), or
+    ``XLA_FLAGS`` asking for no simulated CPU devices (0 or fewer: jax's traceback ends in
+    "Could not determine process_index" or "vector::reserve", with advice to set
+    ``JAX_PLATFORMS=cpu``, which does not help)."""
     import os
     import re
 
-    count = re.search(r"--xla_force_host_platform_device_count=(\S*)", os.environ.get("XLA_FLAGS", ""))
-    if count and not (count.group(1).isdigit() and int(count.group(1)) >= 1):
-        return (f"XLA_FLAGS sets --xla_force_host_platform_device_count={count.group(1)}, but the number of "
-                "simulated CPU devices must be a whole number of at least 1: fix it, or take it out of XLA_FLAGS")
     platforms = os.environ.get("JAX_PLATFORMS")
-    if not platforms:
+    counts = re.findall(r"--xla_force_host_platform_device_count=(\S*)", os.environ.get("XLA_FLAGS", ""))
+    count = counts[-1].strip("'\"").removeprefix("+") if counts else None  # XLA reads the last, "8" or +8 too
+    no_devices = count is not None and not (count.isascii() and count.isdigit() and int(count) >= 1)
+    if not platforms and not no_devices:
         return None
     import jax
 
@@ -64,6 +63,10 @@ def _unstartable_backend() -> str | None:
         jax.devices()
     except (RuntimeError, AssertionError) as err:
         detail = str(err).splitlines()[0] if str(err) else "no backend"
+        if no_devices:
+            return (f"XLA_FLAGS sets --xla_force_host_platform_device_count={counts[-1]} and jax cannot start "
+                    f"({detail}): the number of simulated CPU devices must be a whole number of at least 1; "
+                    "fix it, or take it out of XLA_FLAGS")
         return (f"JAX_PLATFORMS={platforms} names a backend jax cannot start on this machine ({detail}): "
                 "unset JAX_PLATFORMS, or set it to one this machine has (cpu)")
     return None
@@ -95,13 +98,17 @@ def _too_deep(err: BaseException) -> str | None:
 def _ended_early(err: EOFError) -> str:
     """What to tell a user whose command met a file that ended early (click prints a bare
     "Aborted!" for an EOFError): the inputs say so themselves, so most likely a truncated
-    compiled module of the installation (``marshal data too short``)."""
+    compiled module (``marshal data too short``), pfamalign's or a library's: named by the
+    import that read it (its ``bytecode_path``), else pfamalign's folder."""
     import os
 
-    package = os.path.dirname(os.path.abspath(__file__))
+    tb, pyc = err.__traceback__, None
+    while tb is not None:
+        pyc = tb.tb_frame.f_locals.get("bytecode_path", pyc)
+        tb = tb.tb_next
+    where = pyc if isinstance(pyc, str) else f"a __pycache__/*.pyc under {os.path.dirname(os.path.abspath(__file__))}"
     return (f"a file ended before its end ({err or 'EOFError'}): most likely a truncated compiled module "
-            f"of this installation (a __pycache__/*.pyc under {package}); delete those __pycache__ folders "
-            "or reinstall pfamalign")
+            f"({where}); delete it (or its __pycache__ folder), or reinstall the package it belongs to")
 
 
 class _LazyGroup(click.Group):

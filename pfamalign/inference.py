@@ -194,8 +194,8 @@ class Predictor:
     def _set_featurizer(self, name: str, embedder, *, max_length: int, max_memory: int | None,
                         plan_models: int = 1, shapes: set[tuple[int, int]] | None = None) -> None:
         """The model's name, its featurizer and the limits of a pair: ``max_length`` capped at
-        what the embedder accepts, ``max_memory`` (bytes per pair, ``resources``; None: no
-        limit) for ``plan_models`` models' plans (an ensemble: its members); ``shapes`` (the
+        what the embedder accepts, ``max_memory`` (bytes: the budget each pair is checked
+        against and its batches fit, ``resources``; None: no limit) for ``plan_models`` models' plans (an ensemble: its members); ``shapes`` (the
         (batch, padded length) of the plan calls) a new set unless shared."""
         self.name = name
         self.embedder = embedder
@@ -254,14 +254,20 @@ class Predictor:
     # ---- plans --------------------------------------------------------------------------
     def plans(self, feature_pairs: Iterable[tuple[np.ndarray, np.ndarray]], *,
               batch_size: int = 8, symmetric: bool = False) -> Iterator[PairPlan]:
-        """Dense plans, in input order, computed in batches of equal padded length.
-        ``symmetric``: each plan is ``symmetrize``d (what the aligner decodes)."""
+        """Dense plans, in input order, computed in batches of up to ``batch_size`` pairs,
+        as many at once as fit in ``max_memory`` at the batch's padded length (its longest
+        pair's). ``symmetric``: each plan is ``symmetrize``d (what the aligner decodes)."""
         batch: list[tuple[np.ndarray, np.ndarray]] = []
+        # the sizes a batch is computed at (``padded_batch``): a cap among them holds its padding too
+        sizes, longest = tuple(sorted({padded_batch(n) for n in range(1, batch_size + 1)} | set(BATCH_SIZES))), 0
         for pair in feature_pairs:
-            batch.append(pair)
-            if len(batch) == batch_size:
+            length = max(len(x) for x in pair)
+            at_once = min(batch_size, self._pairs_at_once(padded_length(max(longest, length)), sizes))
+            if batch and len(batch) >= at_once:
                 yield from self._plan_batch(batch, symmetric=symmetric)
-                batch = []
+                batch, longest = [], 0
+            batch.append(pair)
+            longest = max(longest, length)
         if batch:
             yield from self._plan_batch(batch, symmetric=symmetric)
 
@@ -407,11 +413,14 @@ class Predictor:
                     "split it into domains or raise --max-length (max_length= in Python)")
         return None
 
-    def _batches(self, lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
-        """``bucketed_batches`` of pairs with these longer lengths, as many at once as fit in
+    def _pairs_at_once(self, pad: int, sizes=BATCH_SIZES) -> int:
+        """The most pairs (one of ``sizes``) planned together at padded length ``pad`` within
         ``max_memory`` (each pair was checked alone: ``pair_problem``)."""
-        return bucketed_batches(lengths, lambda pad: pairs_at_once(pad, self.max_memory, self.plan_models,
-                                                                   BATCH_SIZES))
+        return pairs_at_once(pad, self.max_memory, self.plan_models, sizes)
+
+    def _batches(self, lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """``bucketed_batches`` of pairs with these longer lengths, as many at once as fit."""
+        return bucketed_batches(lengths, self._pairs_at_once)
 
     def pair_problem(self, seq_a: str, seq_b: str) -> str | None:
         """Why this model cannot align these sequences (None: it can): an empty one, one

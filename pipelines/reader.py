@@ -83,6 +83,8 @@ def manifest_problems(manifest: dict) -> list[str]:
         read += list(manifest.get("embeddings", {}).get("shards", []))
         named = dataset_files(manifest) + [row["path"] for row in manifest.get("tables", [])]
         numbers = _numbers(manifest)
+        if manifest["embeddings"]["count"] and not manifest["embeddings"]["shards"]:
+            raise KeyError("embeddings.shards")  # embeddings counted, none to read them from
     except (AttributeError, TypeError, KeyError) as err:  # "splits": "x", a shard row without a path
         return [f"manifest.json is not shaped as a dataset manifest ({type(err).__name__}: {err})"]
     problems = [f"manifest.json names {name!r}, not a file inside the dataset" for name in named + read

@@ -27,8 +27,8 @@ PDZ_A = "PEVRLVELERGPKGLGFNIVGGKDGGEEGGGIFVSRVVEGGPADKAGLRTGDEILSVNGVSLEGL"
 PDZ_B = "PRLVTLQRRPGEGLGFSIVGGEDGQGHGIFVSRIVPGGAAEKDGRLRVGDRILAVNGVDVRGA"
 
 
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], env={"CI": "1", "COLUMNS": "200"}, **kw)
+def run(args, env=None, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], env={"CI": "1", "COLUMNS": "200", **(env or {})}, **kw)
 
 
 def assert_clear_error(result, *fragments):
@@ -1167,11 +1167,14 @@ def test_a_manifest_naming_files_outside_its_dataset_is_refused_and_verify_says_
             PairDataset(ds)
         result = run(["verify", ds])
         assert result.exit_code == 1 and why in result.output, result.output
-    (ds / "manifest.json").write_text(json.dumps({**manifest, "splits": "x"}))
-    with pytest.raises(ValueError, match="not shaped as a dataset manifest"):
-        PairDataset(ds)
-    result = run(["verify", ds])  # was an AttributeError traceback
-    assert result.exit_code == 1 and "not shaped as a dataset manifest" in result.output, result.output
+    embeddings = {k: v for k, v in manifest["embeddings"].items() if k != "shards"}
+    for bad in ({**manifest, "splits": "x"}, {**manifest, "embeddings": embeddings},
+                {**manifest, "embeddings": {**embeddings, "shards": []}}):
+        (ds / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="not shaped as a dataset manifest"):
+            PairDataset(ds)
+        result = run(["verify", ds])  # "x" was an AttributeError traceback; no shards a KeyError or grain's words
+        assert result.exit_code == 1 and "not shaped as a dataset manifest" in result.output, result.output
     victim = tmp_path / "victim" / "empty_sub"
     victim.mkdir(parents=True)
     _remove_owned(ds, {**manifest, "families_table": "../victim/empty_sub/x"})
@@ -1218,6 +1221,11 @@ def test_crafted_json_in_a_model_is_one_error_line(tmp_path):
     (model / "training.json").write_text(json.dumps(record))
     (model / "pairhmm.json").write_text(deep)  # read where no reader catches it
     assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B]), "Error: a file was nested too deeply to read")
+    # a device count XLA reads (quoted; the last of two) is not blamed for another error
+    for flags in ('--xla_force_host_platform_device_count="8"', "--xla_force_host_platform_device_count=0 "
+                  "--xla_force_host_platform_device_count=8"):
+        assert_clear_error(run(["align", "--checkpoint", model, PDZ_A, PDZ_B], env={"XLA_FLAGS": flags}),
+                           "Error: a file was nested too deeply to read")
 
 
 # ---- 12: memory ------------------------------------------------------------------------------
@@ -1314,6 +1322,11 @@ def test_a_batch_of_pairs_fits_the_memory_budget_together(tmp_path, monkeypatch)
         result = run(["align", "--pairs", pairs, "-f", "cigar", "-v", "--max-memory", budget])
         assert result.exit_code == 0, result.output
         assert f"plan batches (pairs x padded length): {batches};" in result.output, result.output
+    from pfamalign.inference import Predictor  # its plans in input order too (eval, tuning, ensemble)
+
+    predictor = Predictor(max_memory=700 << 20)
+    features = [tuple(predictor.featurize([seq(), seq()])) for _ in range(8)]
+    assert len(list(predictor.plans(features, symmetric=True))) == 8 and predictor.shapes == {(2, 320)}
 
 
 def test_a_containers_memory_limit_caps_the_default_budget(tmp_path, monkeypatch):
@@ -2009,6 +2022,25 @@ def test_a_truncated_compiled_module_is_one_error_line_not_aborted(monkeypatch):
     result = run(["verify", "."])
     assert_clear_error(result, "marshal data too short")
     assert "Aborted" not in result.output and "__pycache__" in result.output
+
+
+def test_a_truncated_compiled_module_is_named_when_the_import_says_which(tmp_path, monkeypatch):
+    """A library's truncated .pyc: the message named pfamalign's folder, where deleting helps nothing."""
+    import importlib
+    import py_compile
+
+    from pfamalign import cli
+
+    source = tmp_path / "truncated_module.py"
+    source.write_text("X = 1\n")
+    pyc = pathlib.Path(importlib.util.cache_from_source(str(source)))
+    py_compile.compile(str(source), cfile=str(pyc))
+    pyc.write_bytes(pyc.read_bytes()[:20])  # the header alone
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    with pytest.raises(EOFError) as caught:
+        importlib.import_module("truncated_module")
+    assert f"({pyc})" in cli._ended_early(caught.value)
 
 
 def test_a_closed_pipe_ends_a_command_quietly(tmp_path):

@@ -258,7 +258,8 @@ def max_memory_option(note: str = ""):
     """``--max-memory``; ``note``: what the command's estimate is, for its help."""
     return click.option(
         "--max-memory", default=None, metavar="SIZE",
-        help=f"Refuse a pair whose estimated memory exceeds SIZE (e.g. 8G; 0: no limit{note}). "
+        help=f"Memory budget: refuse a pair whose estimated memory exceeds SIZE, and plan no more pairs "
+             f"at once than fit in it (e.g. 8G; 0: no limit{note}). "
              "Default: 80% of this machine's memory (or of its container's limit).")
 
 strict_option = click.option("--strict", is_flag=True,
