@@ -195,8 +195,9 @@ class Predictor:
                         plan_models: int = 1, shapes: set[tuple[int, int]] | None = None) -> None:
         """The model's name, its featurizer and the limits of a pair: ``max_length`` capped at
         what the embedder accepts, ``max_memory`` (bytes: the budget each pair is checked
-        against and its batches fit, ``resources``; None: no limit) for ``plan_models`` models' plans (an ensemble: its members); ``shapes`` (the
-        (batch, padded length) of the plan calls) a new set unless shared."""
+        against and its batches fit, ``resources``; None: no limit) for ``plan_models``
+        models' plans (an ensemble: its members); ``shapes`` (the (batch, padded length) of
+        the plan calls) a new set unless shared."""
         self.name = name
         self.embedder = embedder
         limit = embedder.max_residues
@@ -259,7 +260,8 @@ class Predictor:
         pair's). ``symmetric``: each plan is ``symmetrize``d (what the aligner decodes)."""
         batch: list[tuple[np.ndarray, np.ndarray]] = []
         # the sizes a batch is computed at (``padded_batch``): a cap among them holds its padding too
-        sizes, longest = tuple(sorted({padded_batch(n) for n in range(1, batch_size + 1)} | set(BATCH_SIZES))), 0
+        sizes = tuple(sorted({padded_batch(n) for n in range(1, batch_size + 1)} | set(BATCH_SIZES)))
+        longest = 0
         for pair in feature_pairs:
             length = max(len(x) for x in pair)
             at_once = min(batch_size, self._pairs_at_once(padded_length(max(longest, length)), sizes))

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 import sys
+import threading
 from typing import Iterator
 
 

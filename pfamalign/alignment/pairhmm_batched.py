@@ -33,9 +33,9 @@ import functools
 import numpy as np
 
 from pfamalign import resources
-from pfamalign.compile_cache import standard_rules
 from pfamalign.alignment.pairhmm import (AnyPairHMM, check_many,
                                          checked_emissions, residue_indices)
+from pfamalign.compile_cache import standard_rules
 
 _UNKNOWN = 20  # residue index of non-standard letters (log-odds 0)
 X64 = True
