@@ -244,7 +244,9 @@ def _schedule(stages) -> tuple[tuple[float, int], ...]:
             raise ValueError(f"every eps of eps_schedule must be a number, got {eps!r}")
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
             raise ValueError(f"every step count of eps_schedule must be an integer, got {steps!r}")
-        if any(isinstance(x, numbers.Integral) and abs(x) > 2 ** 53 for x in (eps, steps)):
+        from pfamalign.jsonio import MAX_INT  # the bound of every JSON settings integer
+
+        if any(isinstance(x, numbers.Integral) and abs(x) > MAX_INT for x in (eps, steps)):
             # 10**400 overflowed float() in a traceback (and its digits cannot even be printed)
             raise ValueError("eps_schedule holds an integer past 2**53 in size")
         out.append((float(eps), int(steps)))

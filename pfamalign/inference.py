@@ -261,11 +261,14 @@ class Predictor:
         batch: list[tuple[np.ndarray, np.ndarray]] = []
         # the sizes a batch is computed at (``padded_batch``): a cap among them holds its padding too
         sizes = tuple(sorted({padded_batch(n) for n in range(1, batch_size + 1)} | set(BATCH_SIZES)))
+        caps: dict[int, int] = {}  # per padded length, worked out once (it reads the address space left)
         longest = 0
         for pair in feature_pairs:
             length = max(len(x) for x in pair)
-            at_once = min(batch_size, self._pairs_at_once(padded_length(max(longest, length)), sizes))
-            if batch and len(batch) >= at_once:
+            pad = padded_length(max(longest, length))
+            if pad not in caps:
+                caps[pad] = min(batch_size, self._pairs_at_once(pad, sizes))
+            if batch and len(batch) >= caps[pad]:
                 yield from self._plan_batch(batch, symmetric=symmetric)
                 batch, longest = [], 0
             batch.append(pair)
