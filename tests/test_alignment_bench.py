@@ -41,3 +41,26 @@ def test_bench_align_targets_print_every_target_with_its_goal(capsys, monkeypatc
     assert records["throughput_300"]["cpu_ms_per_pair"] > 0 and records["throughput_300_one_query"]["pairs_per_s"] > 0
     assert records["latency_500"]["goal_ms"] == 50.0 and records["latency_500"]["ratio_to_nw"] > 0
     assert records["warm_align_300"]["goal_s"] == 1.0 and records["help"]["goal_s"] == 0.3
+
+
+def test_bench_commits_times_each_commit_from_its_own_worktree():
+    """scripts/bench_commits.py: a line per commit and round, each measured on the commit's own
+    package (the child refuses any other), and no worktree left behind."""
+    import subprocess
+
+    script = SCRIPT.parent / "bench_commits.py"
+    repo = SCRIPT.parents[1]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    before = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    run = subprocess.run([sys.executable, str(script), "HEAD", head.stdout.strip(), "--rounds", "1", "--pairs", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(r["commit"], r["round"]) for r in lines] == [("HEAD", 0), (head.stdout.strip(), 0)]
+    for r in lines:
+        assert r["sha"] == head.stdout.strip()[:12] and r["n_pairs"] == 2
+        assert r["pairs_per_s"] > 0 and r["ms_300"] > 0 and r["ms_300_ratio_to_nw"] > 0
+    after = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert after == before
