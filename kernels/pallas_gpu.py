@@ -113,15 +113,15 @@ def _dot_mode(dots: str, interpret) -> str:
 def _rows(b: int, f: int | None = None):
     """Spec of this program's row block of a ``[N, Lp(, f)]`` operand."""
     if f is None:
-        return pl.BlockSpec((None, b), lambda n, i: (n, i))
-    return pl.BlockSpec((None, b, f), lambda n, i: (n, i, 0))
+        return pl.BlockSpec((None, b), lambda n, i, *_: (n, i))
+    return pl.BlockSpec((None, b, f), lambda n, i, *_: (n, i, 0))
 
 
 def _whole(lp: int, f: int | None = None):
     """Spec of a problem's whole ``[N, Lp(, f)]`` operand: the kernel slices its key tiles."""
     if f is None:
-        return pl.BlockSpec((None, lp), lambda n, i: (n, 0))
-    return pl.BlockSpec((None, lp, f), lambda n, i: (n, 0, 0))
+        return pl.BlockSpec((None, lp), lambda n, i, *_: (n, 0))
+    return pl.BlockSpec((None, lp, f), lambda n, i, *_: (n, 0, 0))
 
 
 def _key_range(i_blk, geom: BandGeometry):
@@ -319,12 +319,26 @@ def stored_band_fits(geom: BandGeometry, d: int, dv: int, tail_steps: int) -> bo
 # ---- the stored band ---------------------------------------------------------------------------
 
 
-def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, dots: str):
+# Programs a row block of ``band_scores``: grid (N, nI, SCORE_GROUPS), each program writing
+# ceil(n_diag / groups) of its row block's tiles, which are independent (no reduction): more
+# programs in flight than the nI row blocks (512 at L 16384, W 1024 on 32-wide tiles, 4 warps
+# each, for an H200's 132 SMs), where the kernel ran at 3.2x its static bound (2026-11-30,
+# ``triton_static_cost.py``). 1, the measured kernel, until a GPU has timed others
+# (``profile_transport.py --score-groups``). Read at trace time.
+SCORE_GROUPS = 1
+
+
+def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, dots: str, groups: int):
     i_blk = pl.program_id(1)
     b = geom.block
+    per = -(-geom.n_diag // groups)
+    first = pl.program_id(2) * per if groups > 1 else 0
     q, a = q_ref[...], a_ref[...][:, None]  # this row block's, loaded once
 
-    def tile(kb, carry):  # band tile kb of the row: key block j_blk
+    def tile(t, carry):  # band tile kb of the row: key block j_blk
+        # The last group's trip count is the others': past the band's last tile it writes that
+        # tile again, the same bits (a static trip count, and no store off the band row).
+        kb = jnp.minimum(first + t, geom.n_diag - 1)
         j_blk = i_blk + kb - geom.wb
         keys = pl.ds(jnp.clip(j_blk, 0, geom.n_blocks - 1) * b, b)
         x = tile_math.band_logits(q, k_ref[keys, :], a, c_ref[keys][None, :], row0=i_blk * b, col0=j_blk * b,
@@ -333,28 +347,34 @@ def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, d
         out_ref[:, pl.ds(kb * b, b)] = jnp.where((j_blk >= 0) & (j_blk < geom.n_blocks), x, -jnp.inf)
         return carry
 
-    jax.lax.fori_loop(0, geom.n_diag, tile, 0)
+    jax.lax.fori_loop(0, per, tile, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots"))
-def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, dots="ieee"):
+@functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots", "groups"))
+def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, dots="ieee", groups=None):
     """The stored band ``[N, Lp, n_diag b]`` of the "rows" / "cols" sources: entry
     ``(i, kb b + c)`` is ``<q_i, k_j> + a_i + c_j`` for key ``j = (I + kb - wb) b + c`` (I the
     row block of i) on the band, ``-inf`` elsewhere. q, k ``[N, Lp, d]``; row_off, col_off
-    ``[N, Lp]`` (0 active, -inf inactive). One program per row block, walking its n_diag
-    tiles (q loaded once): grid (N, nI). ``geom`` is the stored tiling (``stored_geometry``)."""
+    ``[N, Lp]`` (0 active, -inf inactive). ``groups`` (default ``SCORE_GROUPS``) programs a row
+    block, each walking its share of the row block's n_diag tiles (q loaded once): grid
+    (N, nI) for one, (N, nI, groups) for more. ``geom`` is the stored tiling
+    (``stored_geometry``)."""
     n, lp, d = q.shape
+    groups = SCORE_GROUPS if groups is None else groups
+    if not 1 <= groups <= geom.n_diag:
+        raise ValueError(f"groups must be 1 .. n_diag = {geom.n_diag}, got {groups}")
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, KernelShape(d, stored=True))
     q, k = _pad_features(q), _pad_features(k)
     dp, b = q.shape[-1], geom.block
     return _call(
-        functools.partial(_scores_kernel, geom=geom, dots=_dot_mode(dots, interpret)), geom, launch,
+        functools.partial(_scores_kernel, geom=geom, dots=_dot_mode(dots, interpret), groups=groups), geom, launch,
         in_specs=[_rows(b, dp), _whole(lp, dp), _rows(b), _whole(lp)],  # q [b, d'], k [Lp, d'], a [b], c [Lp]
-        out_spec=pl.BlockSpec((None, b, geom.n_diag * b), lambda n, i: (n, i, 0)),  # the band row [b, n_diag b]
+        # the band row [b, n_diag b]: a group's programs share it, each storing its own tiles
+        out_spec=pl.BlockSpec((None, b, geom.n_diag * b), lambda n, i, *_: (n, i, 0)),
         out_shape=jax.ShapeDtypeStruct((n, lp, geom.n_diag * b), jnp.float32),
-        interpret=interpret, name="band_scores",
+        interpret=interpret, name="band_scores", grid=(n, geom.n_blocks, groups) if groups > 1 else None,
     )(q, k, row_off.astype(jnp.float32), col_off.astype(jnp.float32))
 
 

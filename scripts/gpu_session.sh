@@ -114,7 +114,7 @@ bad = [r["impl"] for r in rows if r.get("status") != "ok"]
 sys.exit(f"not ok: {bad}" if bad or not rows else None)' "$out/bench_small.jsonl" || {
         tail -5 "$out/bench_small.log" >&2; exit 1; }
     $cpu scripts/profile_transport.py --impls pallas-fused-tf32x3 --lengths 256 --half-band 32 --top 3 \
-        --streaming-tiles 1 --out "$out/profile_small" > "$out/profile_small.jsonl" 2>&1 || {
+        --streaming-tiles 1 --score-groups 1,3 --out "$out/profile_small" > "$out/profile_small.jsonl" 2>&1 || {
         tail -5 "$out/profile_small.jsonl" >&2; exit 1; }
     $cpu scripts/bench_train.py --configs k2_eps1 --batch 2 --reps 1 --no-pad1024 --pairs-per-family 1 \
         --pfam "$out/no-pfam" > "$out/bench_train_small.jsonl" 2>&1 || { tail -5 "$out/bench_train_small.jsonl" >&2; exit 1; }
@@ -161,8 +161,10 @@ issue11() {
     # 16 cores, sharing the GPU
     part 220 pytest_gpu.txt env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -n 8 \
         -p no:cacheprovider --tb=short -rfE
-    part 40 profile_fused.jsonl python3 scripts/profile_transport.py --impls pallas-fused \
-        --lengths 16384 --half-band 1024 --top 30 --out "$OUT_DIR"
+    # the scores kernel as measured, then split over 5 diagonal groups (pallas_gpu.SCORE_GROUPS:
+    # 2,560 programs for 512; not yet run on hardware): its "band_scores" lines side by side
+    part 60 profile_fused.jsonl python3 scripts/profile_transport.py --impls pallas-fused \
+        --lengths 16384 --half-band 1024 --top 30 --score-groups 1,5 --out "$OUT_DIR"
     # the shipped models' spoke dustbin at the largest size (the full set: `spokes`)
     part 60 bench_spoke_16384.txt python3 scripts/bench_transport.py --dustbin spoke \
         --impls reference,xla,pallas-fused --lengths 16384 --repeats 5 --json --mem-budget-gib 60 --timeout 60
@@ -181,7 +183,7 @@ for r in rows:
 for r in lines(sys.argv[3]):
     if "op" in r:
         print(f"  {r.get('ms', r.get('ms_per_call', 0)):8.3f} ms  {r['calls']:>4}x  tiles {r.get('streaming_tiles')}  "
-              f"{r['op'][:80]}")
+              f"groups {r.get('score_groups')}  {r['op'][:80]}")
 PY
         tail -1 "$OUT_DIR/pytest_gpu.txt" || true; } 2>&1 | tee -a "$log"
 }

@@ -108,7 +108,10 @@ def profile(length: int, half_band: int, impl: str, repeats: int, out: pathlib.P
         *(jax.random.normal(jax.random.PRNGKey(i), (1, 64)) / 2 for i in range(3)))
     fb = jax.jit(_common.fwd_bwd(lambda q, k, v: transport(q, k, v, lens, lens, tokens, config=tc)))
     compiled = fb.lower(q, k, v, w).compile()
-    name = f"L{length}_W{half_band}_{impl}" + ("" if dustbin == "none" else f"_{dustbin}")
+    from pfamalign.kernels.pallas_gpu import SCORE_GROUPS
+
+    name = (f"L{length}_W{half_band}_{impl}" + ("" if dustbin == "none" else f"_{dustbin}")
+            + ("" if SCORE_GROUPS == 1 else f"_groups{SCORE_GROUPS}"))
     hlo = out / "hlo" / f"{name}.txt"
     hlo.parent.mkdir(parents=True, exist_ok=True)
     hlo.write_text(compiled.as_text())
@@ -150,6 +153,9 @@ def main(argv=None) -> None:
                         help="band tiles a trip of the Triton kernels' streaming walks (default: "
                              "kernels.pallas_gpu.STREAMING_TILES_A_TRIP); 1 measures the walks as they were before "
                              "2026-11-29")
+    parser.add_argument("--score-groups", type=_common.positive_int_list, default=None,
+                        help="comma-separated programs a row block of the band's scores kernel, each profiled "
+                             "(kernels.pallas_gpu.SCORE_GROUPS; default: its value)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT") or "/tmp/profile_transport"),
                         help="where the HLO text and the trace (xplane.pb) go (default: $OUT, else "
                              "/tmp/profile_transport)")
@@ -165,17 +171,22 @@ def main(argv=None) -> None:
         parser.error(f"--impls must name some of {', '.join(IMPL_VARIANTS)}; got {args.impls!r}")
     if not args.command_buffers:  # read when the backend starts, below
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_command_buffer=".strip()
+    import jax
+
     from pfamalign.kernels import pallas_gpu
 
     if args.streaming_tiles is not None:  # read when the kernels are traced
         pallas_gpu.STREAMING_TILES_A_TRIP = args.streaming_tiles
     print(f"device: {_common.device_name()}", file=sys.stderr)
-    for length in args.lengths:
-        for impl in impls:
-            for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top, args.dustbin):
-                print(json.dumps({**row, "streaming_tiles": pallas_gpu.STREAMING_TILES_A_TRIP,
-                                  "command_buffers": args.command_buffers,
-                                  "script": "profile_transport", "env": _common.environment()}), flush=True)
+    for groups in args.score_groups or [pallas_gpu.SCORE_GROUPS]:
+        pallas_gpu.SCORE_GROUPS = groups
+        jax.clear_caches()  # the kernels read it when traced: no trace of another value is reused
+        for length in args.lengths:
+            for impl in impls:
+                for row in profile(length, args.half_band, impl, args.repeats, args.out, args.top, args.dustbin):
+                    print(json.dumps({**row, "streaming_tiles": pallas_gpu.STREAMING_TILES_A_TRIP,
+                                      "score_groups": groups, "command_buffers": args.command_buffers,
+                                      "script": "profile_transport", "env": _common.environment()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -138,8 +138,8 @@ def _trips(name: str, group: int, launch_geom, programs: int, tiles: int = 1) ->
 
     g = launch_geom
     blocks = sum(int(hi - lo) // tiles for lo, hi in (_key_range(i, g) for i in range(g.n_blocks)))
-    if name == "band_scores":
-        return g.n_diag * programs
+    if name == "band_scores":  # a row block's programs (one pair: its diagonal groups) share its tiles
+        return -(-g.n_diag // (programs // g.n_blocks)) * programs
     if name == "stored_one_pass_rows":
         return 0.0
     if name == "stored_one_pass_combine":

@@ -321,6 +321,27 @@ def test_cold_score_gradients_stay_exact_on_gpu(impl):
         assert err <= 8 * floor, (name, err, floor)
 
 
+@pytest.mark.gpu
+def test_compiled_band_scores_split_over_diagonal_groups_store_the_same_band():
+    """The scores kernel split over diagonal groups (``pallas_gpu.SCORE_GROUPS``, which
+    ``gpu_session.sh issue11`` profiles) stores, as Triton compiles it, the band of one program
+    a row block bit for bit: the groups' programs write their own tiles of a shared band row,
+    and the last group's surplus trips rewrite the last tile with the same bits."""
+    _skip_without_gpu()
+    geom = pallas_gpu.stored_geometry(make_geometry(512, 128, pallas=True))  # 32-wide tiles, n_diag 9
+    keys = jax.random.split(jax.random.PRNGKey(5), 4)
+    q, k = (jax.random.normal(key, (2, geom.length, 64)) for key in keys[:2])
+    active = jnp.arange(geom.length) < 500
+    a, c = (jnp.where(active, jax.random.normal(key, (2, geom.length)), -jnp.inf) for key in keys[2:])
+    scores = lambda groups: np.asarray(pallas_gpu.band_scores(q, k, a, c, geom=geom, groups=groups,
+                                                              interpret=jax.default_backend() != "gpu"))
+    one = scores(1)
+    assert np.isfinite(one).any() and np.isneginf(one).any()
+    assert geom.n_diag == 9
+    for groups in (2, 4, geom.n_diag):
+        np.testing.assert_array_equal(scores(groups), one)
+
+
 def test_the_gpu_tests_own_code_runs_here(monkeypatch):
     """The compiled-kernel tests' harness (inputs, the float64 reference, the comparison) run on
     this CPU, the kernels in interpret mode: a GPU lease is not spent finding a harness bug (18
@@ -329,6 +350,7 @@ def test_the_gpu_tests_own_code_runs_here(monkeypatch):
     test_compiled_op_matches_float64_on_gpu("none", "pallas-fused")
     test_auto_banded_impl_runs_every_marginal_on_gpu("cols", None, "spoke")
     test_cold_score_gradients_stay_exact_on_gpu("pallas-fused")
+    test_compiled_band_scores_split_over_diagonal_groups_store_the_same_band()
 
 
 @pytest.mark.gpu

@@ -892,3 +892,40 @@ def test_tpu_interpreter_with_nan_scratch_and_bounds_checks():
         pltpu.reset_tpu_interpret_mode_state()
     for name, g, w in zip(("row_lse", "plan_cols_modulated"), got, want):
         np.testing.assert_allclose(g, w, err_msg=name, **PRIM_TOL)
+
+
+@pytest.mark.parametrize("groups", [2, 3, 7])
+def test_band_scores_split_over_diagonal_groups_store_the_same_band(groups):
+    """``band_scores`` with a row block's tiles split over ``groups`` programs (a third grid
+    axis; the last group's surplus trips rewrite the band's last tile) stores the band bit for
+    bit as one program a row block does, and that band is the dense masked scores
+    ``<q_i, k_j> + a_i + c_j`` on ``|i - j| <= W`` (``-inf`` off the band, off the problem and on
+    inactive lines). Lowered for cuda, the grid holds the groups."""
+    geom = make_geometry(160, 40, 16, pallas=True)  # 10 row blocks, n_diag 7
+    assert geom.n_diag == 7
+    n, d, lq = 2, 8, 150
+    kq, kk, ka, kc = jax.random.split(jax.random.PRNGKey(3), 4)
+    q = jax.random.normal(kq, (n, geom.length, d))
+    k = jax.random.normal(kk, (n, geom.length, d))
+    active = jnp.arange(geom.length) < lq
+    a = jnp.where(active, jax.random.normal(ka, (n, geom.length)), -jnp.inf)
+    c = jnp.where(active, jax.random.normal(kc, (n, geom.length)), -jnp.inf)
+    one = pallas_gpu.band_scores(q, k, a, c, geom=geom, interpret=True, groups=1)
+    split = pallas_gpu.band_scores(q, k, a, c, geom=geom, interpret=True, groups=groups)
+    np.testing.assert_array_equal(np.asarray(split), np.asarray(one))
+    # the dense reference, in float64
+    q64, k64, a64, c64 = (np.asarray(x, np.float64) for x in (q, k, a, c))
+    b, wb = geom.block, geom.wb
+    rows = np.arange(geom.length)[:, None]
+    cols = ((rows // b + np.arange(geom.n_diag * b)[None, :] // b - wb) * b + np.arange(geom.n_diag * b)[None, :] % b)
+    on = (np.abs(rows - cols) <= geom.half_band) & (cols >= 0) & (cols < geom.length)
+    safe = np.clip(cols, 0, geom.length - 1)
+    for m in range(n):
+        dense = q64[m] @ k64[m].T + a64[m][:, None] + c64[m][None, :]
+        want = np.where(on, np.take_along_axis(dense, safe, axis=1), -np.inf)
+        np.testing.assert_allclose(np.asarray(one[m], np.float64), want, rtol=1e-5, atol=1e-5)
+    fn = functools.partial(pallas_gpu.band_scores, geom=geom, interpret=False, groups=groups)
+    text = pallas_ops.lower(jax.jit(fn), "cuda", q, k, a, c).as_text()
+    assert text.count(_CUSTOM_CALL["gpu"]) == 1 and f"grid_z = {groups}" in text.replace('"', "")
+    with pytest.raises(ValueError, match="groups must be"):
+        pallas_gpu.band_scores(q, k, a, c, geom=geom, interpret=True, groups=geom.n_diag + 1)
