@@ -32,7 +32,7 @@ LINKED = ("kernels", "pipelines")  # pyproject's package-dir: pfamalign.<name> l
 def _child(worktree: str, inputs: str) -> None:
     """One commit's measurement (its package first on sys.path), printed as one JSON line."""
     import statistics
-    import time
+    import timeit
 
     import pfamalign
     from pfamalign.alignment.baselines import needleman_wunsch
@@ -44,13 +44,7 @@ def _child(worktree: str, inputs: str) -> None:
     records = [{"q_id": f"a{n}", "k_id": f"b{n}", "q_seq": a, "k_seq": b} for n, (a, b) in enumerate(pairs)]
     predictor = Predictor(None)
 
-    def median_s(run, repeats):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+    median_s = lambda run, repeats: statistics.median(timeit.repeat(run, number=1, repeat=repeats))  # noqa: E731
 
     def align_all(recs):
         predictor.encodings = EncodingCache()
