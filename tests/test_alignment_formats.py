@@ -190,6 +190,25 @@ def test_pair_text_match_line_by_hand():
     assert to_cigar(rec, extended=True) == "2=2X1D1I"
 
 
+def test_pair_text_numbers_an_all_gap_block_as_emboss_does():
+    """A block where a sequence has no residue gives that sequence's line ``n ---- n`` (n its
+    residues before the block; EMBOSS's srspair), not a start past its end; a later block
+    starts at n + 1."""
+    rec = AlignmentRecord("MKV", "WWWWWWMKV", [[0, 6], [1, 7], [2, 8]], id_a="a", id_b="b")
+    blocks = [line for line in to_pair_text(rec, width=5, plain=True).splitlines() if line[:2] in ("a ", "b ")]
+    assert blocks == ["a                  0 -----      0", "b                  1 WWWWW      5",
+                      "a                  1 -MKV      3", "b                  6 WMKV      9"]
+
+
+def test_aligned_region_is_one_based_and_inclusive():
+    """The first and last aligned pairs' residues, counted from 1, both ends included."""
+    from pfamalign.alignment.formats import aligned_region
+
+    rec = AlignmentRecord("MKVLA", "WWMKVL", [[1, 3], [2, 4], [3, 5]], id_a="a", id_b="b")
+    assert aligned_region(rec) == "a 2-4, b 4-6 (1-based inclusive)"
+    assert aligned_region(AlignmentRecord("MK", "MK", np.zeros((0, 2), int), id_a="a", id_b="b")) == "none"
+
+
 def test_unknown_residues_are_never_identical():
     """X against X is no identity (BLOSUM62 scores it -1): match line, identity, hit table."""
     from pfamalign.search import hit_columns

@@ -455,6 +455,24 @@ def test_search_all_vs_all_skips_self_and_reads_stdin(fastas):
     assert len(rows) == 3 * 2 and all(r[0] != r[1] for r in rows)
 
 
+def test_all_vs_all_evalues_count_the_other_sequences(fastas):
+    """All against all, a query's database is the N - 1 other sequences (docs/design.md): its
+    ``n_database``, and every hit's E-value N - 1 times the null's tail at the hit's shifted
+    score (a database of N would make each 4/3 times larger here); against a database of N, N
+    times."""
+    _, queries, db = fastas
+    seqs = [s for _, s in queries + db[:2]]  # four distinct sequences
+    aligner = pfamalign.PairAligner()
+    results = list(aligner.search(seqs, evalue=1000, decoys=10, max_candidates=None))
+    against_all = list(aligner.search(seqs[:1], seqs, evalue=1000, decoys=10, max_candidates=None))
+    assert len(results) == len(seqs) and sum(len(r.hits) for r in results) >= len(seqs)
+    for r, n in [(r, len(seqs) - 1) for r in results] + [(against_all[0], len(seqs))]:
+        assert r.n_database == n and r.hits
+        for hit in r.hits:
+            want = n * r.null.sf(hit.score - hit.shift, len(hit.record.seq_b))
+            assert hit.columns["evalue"] == pytest.approx(float(want), rel=1e-12)
+
+
 def test_search_reports_bad_records_and_goes_on_unless_strict(fastas):
     tmp, queries, db = fastas
     bad_db = tmp / "bad_db.fasta"
