@@ -149,6 +149,17 @@ def enable() -> pathlib.Path | None:
     return pathlib.Path(settings["jax_compilation_cache_dir"])
 
 
+def enable_unless_configured() -> pathlib.Path | None:
+    """``enable`` for the Python API, unless this process gave jax a compilation cache of its
+    own (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), which it keeps. It takes effect
+    only before the process's first jax compilation, when jax decides whether it has a cache.
+    Returns the directory turned on, or None."""
+    configured = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if "jax" in sys.modules:
+        configured = configured or sys.modules["jax"].config.jax_compilation_cache_dir
+    return None if configured else enable()
+
+
 class CompileCounter:
     """Counts the executables jax builds (``compiled``) or loads from the persistent cache
     (``cached``) while it is registered; ``pfamalign align --verbose`` prints it."""

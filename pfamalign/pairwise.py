@@ -60,7 +60,7 @@ class PairAligner:
     def __init__(self, model: str | os.PathLike | None = None, *, weights=None,
                  engine: str = "sinkhorn", steps: int | None = None, max_length: int = 4096,
                  max_memory: int | str | None = None, **decoder):
-        from pfamalign import resources
+        from pfamalign import compile_cache, resources
         from pfamalign.decoding import DecoderSettings
         from pfamalign.inference import Predictor
         from pfamalign.asap import MAX_ENGINE_STEPS
@@ -78,6 +78,9 @@ class PairAligner:
                     raise ValueError(f"max_memory: {err}") from None
             else:
                 _check_int("max_memory", max_memory, 0)
+        # the command line's persistent cache: a process's first aligner compiles ~10 programs
+        # (12 s on 2 cores) that a later process then loads
+        compile_cache.enable_unless_configured()
         self.predictor = Predictor(model, weights=weights, max_length=max_length,
                                    max_memory=resources.budget(max_memory),
                                    engine=engine, steps=steps)

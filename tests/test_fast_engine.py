@@ -722,6 +722,32 @@ def test_a_second_process_compiles_nothing(tmp_path):
     assert len(entries) == c1 and list((tmp_path / "cache").rglob(".lockfile"))  # jax's file lock is on
 
 
+_API_ALIGN = """
+import os
+import jax, pfamalign
+from pfamalign import compile_cache
+if os.environ.get("OWN_CACHE"):  # the user's own jax cache, set before the aligner
+    jax.config.update("jax_compilation_cache_dir", os.environ["OWN_CACHE"])
+counter = compile_cache.CompileCounter()
+pfamalign.PairAligner().align("MKVLAAGIVGLLLA", "MKVLSAGIVGLA")
+print(counter.compiled, counter.cached)
+"""
+
+
+def test_a_second_python_api_process_compiles_nothing(tmp_path):
+    """A ``PairAligner`` turns on the command line's compile cache (a second process loads what
+    the first compiled), but keeps a jax cache the process set itself."""
+    runs = [subprocess.run([sys.executable, "-c", _API_ALIGN], env=_env(tmp_path / "cache"),
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    (c1, h1), (c2, h2) = [tuple(map(int, r.stdout.split())) for r in runs]
+    assert c1 >= 1 and c2 == 0 and h2 >= 1
+    own = subprocess.run([sys.executable, "-c", _API_ALIGN], capture_output=True, text=True, timeout=300,
+                         env={**_env(tmp_path / "other"), "OWN_CACHE": str(tmp_path / "own")})
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert list((tmp_path / "own").rglob("*-cache")) and not list((tmp_path / "other").rglob("*-cache"))
+
+
 @pytest.mark.slow
 def test_processes_sharing_the_cache_at_once_leave_it_whole(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_ONCE], env=_env(tmp_path / "cache"),
