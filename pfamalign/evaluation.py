@@ -91,6 +91,10 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
     values (``diag/<metric>``); {} without pairs."""
     dustbin = model.cfg.dustbin
     device = jax.local_devices()[0]
+    # parameters on the device before the first batch: host arrays (the training loop's copy)
+    # would come back from eval_batch as device arrays, and the second batch recompile for them
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, jax.device_put(state, device))
     # each term pooled over its own count (a mean of batch means would move with the batch size)
     counts = {"recon": "n_annotated", "ce": "n_ce", "mono": "n_mono", "encoder_aux": "n_pairs"}
     ours, diag, sums, weight = [], [], {k: 0.0 for k in counts}, {k: 0.0 for k in counts}

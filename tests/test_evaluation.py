@@ -345,3 +345,31 @@ def test_the_f1_table_names_the_substitution_settings_only_beside_their_rows():
         evaluation.render(evaluation.evaluate(pair, baselines=baselines).summary(n_boot=0),
                           console=Console(file=out, width=300))
         assert ("NW/SW: BLOSUM62" in out.getvalue()) == named, (baselines, out.getvalue())  # (the title wraps)
+
+
+def test_validation_compiles_its_batch_program_once(dataset, monkeypatch):
+    """A model whose parameters are host arrays (as the training loop hands it over,
+    ``local_params``) compiles ``eval_batch`` once for batches of one shape: the first call
+    must not leave device arrays behind that make the second miss jit's cache (2.5 s a
+    validation on 2 cores)."""
+    import jax
+    from flax import nnx
+
+    from pfamalign import compile_cache
+
+    cfg = rundir.resolve_config(dataset, "k2_eps1", overrides={**TINY, "encoder_width": 24})  # shapes of its own
+    graphdef, state = nnx.split(build_model(cfg.model, seed=3))
+    host = nnx.merge(graphdef, jax.tree.map(np.asarray, state))
+    counter, real, after = compile_cache.CompileCounter(), evaluation.eval_batch, []
+
+    def counted(*args):
+        out = real(*args)
+        after.append(counter.executables)
+        return out
+
+    monkeypatch.setattr(evaluation, "eval_batch", counted)
+    try:
+        evaluation.validate(host, loop.val_batches(dataset, cfg.train))
+    finally:
+        counter.close()
+    assert len(after) == 2 and after[0] >= 1 and after[1] == after[0]
