@@ -95,7 +95,7 @@ def finished_run_model(path: pathlib.Path) -> pathlib.Path | None:
     train`` wrote its model directory: parameters, pair-HMM, tuned decoder and, last,
     ``training.json``); else None (a run killed while finishing is read from its last
     checkpoint, as an unfinished run is)."""
-    from pfamalign.checkpoint import TRAINING_RECORD
+    from pfamalign.runs import TRAINING_RECORD
 
     model = path / "model"
     finished = all((model / name).exists() for name in ("config.json", "params", TRAINING_RECORD))
@@ -654,7 +654,7 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
     if (path / "checkpoints").is_dir() and finished_run_model(path) is None:
         import sys
 
-        from pfamalign.checkpoint import finished_steps
+        from pfamalign.runs import finished_steps
 
         steps = finished_steps(path / "checkpoints")
         if steps:  # a run stopped before its model: its newest checkpoint loads
@@ -664,7 +664,7 @@ def _warn_if_unfinished(path: pathlib.Path) -> None:
         return
     if path.name != "model" or not (path.parent / "checkpoints").is_dir():
         return  # not a run's model (checked first: a warm align imports no checkpoint code)
-    from pfamalign.checkpoint import TRAINING_RECORD, finished_steps, read_training_record
+    from pfamalign.runs import TRAINING_RECORD, finished_steps, read_training_record
     from pfamalign.pipelines.locks import holder, names_this_process
 
     try:

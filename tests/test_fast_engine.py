@@ -775,14 +775,18 @@ def test_a_second_align_command_compiles_nothing(tmp_path):
 _WARM_ALIGN = """
 import sys
 from pfamalign.cli import main
-main(["align", "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"], standalone_mode=False)
+main(["align", *sys.argv[1:], "MKVLAAGIVGLLLAQSPEDRWKNLTTGYFHAE", "MKVLSAGIVGLAQSPDRWKNLSTGYFAE"],
+     standalone_mode=False)
 print("imported:", " ".join(m for m in ("flax", "orbax.checkpoint", "numba") if m in sys.modules))
 """
 
 
-def test_a_warm_align_needs_neither_flax_nor_the_checkpoint(tmp_path):
-    """Nor numba, whose start-up (0.4 s) is for jobs of many pairs (``numba_jit``)."""
-    runs = [subprocess.run([sys.executable, "-c", _WARM_ALIGN], env=_env(tmp_path / "cache"),
+@pytest.mark.parametrize("options", [[], ["--checkpoint", "default"]], ids=["default", "named"])
+def test_a_warm_align_needs_neither_flax_nor_the_checkpoint(tmp_path, options):
+    """Nor numba, whose start-up (0.4 s) is for jobs of many pairs (``numba_jit``); nor when
+    the model is named (``--checkpoint``: the training record's name came from the checkpoint
+    module, 0.3 s of imports)."""
+    runs = [subprocess.run([sys.executable, "-c", _WARM_ALIGN, *options], env=_env(tmp_path / "cache"),
                            capture_output=True, text=True, timeout=300) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
     first, second = (r.stdout.rsplit("imported:", 1) for r in runs)
