@@ -906,6 +906,38 @@ def test_the_exported_pair_hmm_program_gives_the_reference_posteriors(tmp_path, 
     pairhmm_batched._exported.cache_clear()
 
 
+def test_threads_asking_for_one_pair_hmm_program_together_export_it_once(tmp_path, monkeypatch):
+    """A mixture's components ask for their posteriors program on threads of their own: the
+    same program is exported once, not once a thread."""
+    import threading
+    import time
+
+    from pfamalign.alignment import pairhmm_batched
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    pairhmm_batched._exported.cache_clear()
+    real, exports = compile_cache.exported_program, []
+
+    def slow_export(path, export):
+        exports.append(path)
+        time.sleep(0.3)  # both threads arrive while the first exports
+        return real(path, export)
+
+    monkeypatch.setattr(compile_cache, "exported_program", slow_export)
+    params = {k: np.asarray(v, np.float64) for k, v in _single_hmm().linear_transitions().items()}
+    emit = np.ones((1, 64, 64))
+    threads = [threading.Thread(target=pairhmm_batched._posteriors_program, args=(params, emit, False))
+               for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        pairhmm_batched._exported.cache_clear()
+    assert len(exports) == 1
+
+
 def test_the_source_digest_follows_every_module(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
     (tmp_path / "pkg" / "a.py").write_text("x = 1\n")

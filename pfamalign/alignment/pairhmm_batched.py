@@ -29,6 +29,7 @@ Runs in float64 (``jax.enable_x64`` around the call: the rest of the package sta
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -215,8 +216,21 @@ def _posteriors_program(params: dict, emit: np.ndarray, local: bool):
     path = program_path("pairhmm", f"posteriors-{'local' if local else 'global'}-g{gaps}-"
                                    + "x".join(map(str, emit.shape)))
     shapes = tuple((name, np.shape(value)) for name, value in params.items())
-    program = _exported(path, shapes, emit.shape, local) if path is not None else None
+    program = _exported_once(path, shapes, emit.shape, local) if path is not None else None
     return program.call if program is not None else functools.partial(_compiled(), local=local)
+
+
+_EXPORT_LOCKS: dict = {}
+_EXPORT_LOCKS_LOCK = threading.Lock()
+
+
+def _exported_once(*key):
+    """``_exported``, exported once when threads ask for the same program together (a
+    mixture's components each ask on a thread of their own: every cold run exported it twice)."""
+    with _EXPORT_LOCKS_LOCK:
+        lock = _EXPORT_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        return _exported(*key)
 
 
 @functools.lru_cache(maxsize=None)
