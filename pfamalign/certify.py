@@ -28,8 +28,11 @@ from pfamalign.alignment import certificates as cert
 def _scores(model, q_feat, k_feat, q_len, k_len):
     """Per-head scores ``[H, Lq, Lk]``, their support, and the op inputs of the pair."""
     import jax.numpy as jnp
+    from flax import nnx
 
-    q, k, v, tokens = model.project(q_feat[None], k_feat[None], jnp.array([q_len]), jnp.array([k_len]))
+    # compiled as one program: eagerly, each of its operations is a program of its own
+    project = nnx.jit(lambda model, *inputs: model.project(*inputs))
+    q, k, v, tokens = project(model, q_feat[None], k_feat[None], jnp.array([q_len]), jnp.array([k_len]))
     tcfg = model.cfg.transport
     d = q.shape[-1]
     s = np.asarray(jnp.einsum("hid,hjd->hij", q[0], k[0])) / (np.sqrt(d) * tcfg.eps)
@@ -81,7 +84,7 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
 
     # bias certificate, for the reconstruction cotangent (or a fixed random one without target)
     progress(f"tail bias at depths {', '.join(map(str, tail_depths))}")
-    base = transport_plan(q, k, ql, kl, tokens, config=tcfg)  # [1, H, Lq + 1, Lk + 1]
+    base = jax.jit(transport_plan, static_argnames="config")(q, k, ql, kl, tokens, config=tcfg)  # [1, H, Lq + 1, Lk + 1]
     v_ext = jnp.concatenate([v, jnp.broadcast_to(tokens.v[None, :, None], v[:, :, :1].shape)], 2) \
         if tokens is not None else jnp.concatenate([v, jnp.zeros_like(v[:, :, :1])], 2)
     o = jnp.einsum("bhij,bhjv->bhiv", base[:, :, :-1], v_ext)
