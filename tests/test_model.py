@@ -157,8 +157,9 @@ def test_reconstruction_cannot_be_lowered_by_shrinking_values(name):
 
 @pytest.mark.parametrize("name", ["k2_eps1", "align_ce"])
 def test_losses_match_the_dense_plan(name):
-    """recon, CE and barycenters computed through the banded op (value columns [j, 1],
-    target_logp) equal the docs/design.md §5 definitions on the dense reference plan."""
+    """recon, CE, barycenters and the monotonicity term (over consecutive annotated rows)
+    computed through the banded op (value columns [j, 1], target_logp) equal the
+    docs/design.md §5 definitions on the dense reference plan."""
     cfg = _cfg(name, encoder_layers=1).model
     model = build_model(cfg, seed=3)
     batch = _batch(2)
@@ -168,7 +169,7 @@ def test_losses_match_the_dense_plan(name):
     lk = batch["k_feat"].shape[1]
     t = np.asarray(loss_targets(batch["target"], batch["q_len"], dustbin=cfg.dustbin,
                                 key_length=lk))
-    errs, logps, bary_err = [], [], []
+    errs, logps, bary_err, steps = [], [], [], []
     for b in range(2):
         ql, kl = batch["q_len"][b], batch["k_len"][b]
         p = plan[b, :, :ql, :kl]  # [H, ql, kl]
@@ -182,9 +183,27 @@ def test_losses_match_the_dense_plan(name):
         rows = np.flatnonzero(t[b, :ql] >= 0)
         logps.append(np.log(full[:, rows, cols[rows]]).ravel())
         bary_err.append(np.abs(barycenters(p)[:, ann] - tgt[ann]).ravel())
+        both = np.flatnonzero((tgt[:-1] >= 0) & (tgt[1:] >= 0))  # consecutive annotated rows only
+        steps.append(np.maximum(barycenters(p)[:, both] - barycenters(p)[:, both + 1], 0).ravel())
     np.testing.assert_allclose(m["recon"], np.concatenate(errs).mean(), rtol=2e-4)
+    steps = np.concatenate(steps)
+    assert m["n_mono"] == steps.size and steps.max() > 0  # some barycenter steps back
+    np.testing.assert_allclose(m["mono"], steps.mean(), rtol=2e-4)
     np.testing.assert_allclose(m["ce"], -np.concatenate(logps).mean(), rtol=2e-4)
     np.testing.assert_allclose(m["bary_mae"], np.concatenate(bary_err).mean(), rtol=2e-4)
+
+
+def test_the_loss_adds_the_encoders_auxiliary_loss():
+    """A gated sparse attention encoder's indexer loss (``encoder_aux``, 0 for the other
+    encoders) is a term of the training loss. (The full-size align_orthgsa step that also
+    checks it is a slow test.)"""
+    small = {"encoder_layers": 1, "encoder_width": 32, "attn_heads": 2, "attn_head_dim": 8, "topk": 8,
+             "topk_min": 4, "topk_local": 2, "indexer_dim": 8, "head_dim": 16, "value_dim": 8}
+    cfg = _cfg("align_orthgsa", **small).model
+    _, m = jax.device_get(nnx.jit(aligner_loss)(build_model(cfg, seed=1), _batch(3)))
+    assert m["encoder_aux"] > 0
+    expect = cfg.recon_weight * m["recon"] + cfg.ce_weight * m["ce"] + cfg.mono_weight * m["mono"] + m["encoder_aux"]
+    np.testing.assert_allclose(m["loss"], expect, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -840,3 +840,38 @@ def test_a_metrics_file_that_links_elsewhere_is_refused_and_odd_lines_are_droppe
     writer.close()
     assert [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] == [
         {"step": 1, "a": 1}, {"step": 3}, {"step": 4, "b": 2.0}]
+
+
+def test_the_optimiser_clips_decays_only_matrices_and_follows_its_schedule():
+    """``make_optimizer`` as ``OptimConfig`` documents it: linear warmup to ``lr``, cosine decay
+    to ``lr * final_lr_ratio`` at ``steps``; weight decay on matrices only; gradients clipped
+    to ``clip_norm`` (global norm) before AdamW."""
+    import jax.numpy as jnp
+    import optax
+
+    from pfamalign.configs import OptimConfig
+
+    cfg = OptimConfig(steps=100, lr=1e-2, warmup_steps=10, final_lr_ratio=0.1, weight_decay=0.5, clip_norm=1.0)
+    tx, schedule = train_step.make_optimizer(cfg)
+    assert float(schedule(0)) == pytest.approx(cfg.lr / 11)
+    assert float(schedule(10)) == pytest.approx(cfg.lr)
+    assert float(schedule(55)) == pytest.approx(cfg.lr * (0.1 + 0.9 * 0.5), rel=1e-5)  # half way down the cosine
+    assert float(schedule(100)) == pytest.approx(cfg.lr * 0.1)
+    params = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
+    # zero gradients: only the decay moves a parameter, and only a matrix
+    upd, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    assert not np.any(np.asarray(upd["b"]))
+    np.testing.assert_allclose(upd["w"], -float(schedule(0)) * cfg.weight_decay * params["w"], rtol=1e-6)
+    # a spike, then an ordinary gradient: as AdamW given the spike scaled down to clip_norm
+    spike, ordinary = {"w": jnp.full((2, 3), 100.0), "b": jnp.full(3, -50.0)}, {"w": jnp.full((2, 3), 0.1),
+                                                                                  "b": jnp.full(3, 0.2)}
+    clipped = jax.tree.map(lambda g: g * cfg.clip_norm / optax.global_norm(spike), spike)
+    adamw = optax.adamw(schedule, weight_decay=cfg.weight_decay, mask={"w": True, "b": False})
+    for opt, grads in ((tx, (spike, ordinary)), (adamw, (clipped, ordinary))):
+        state = opt.init(params)
+        for g in grads:
+            upd, state = opt.update(g, state, params)
+        if opt is tx:
+            got = upd
+    for name in params:
+        np.testing.assert_allclose(got[name], upd[name], rtol=1e-5)
