@@ -19,19 +19,32 @@ Every list section holds one entry per head.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from pfamalign.alignment import certificates as cert
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    """``(project, transport_plan)``: the model's projection and the dense plan, each compiled
+    as one program (run eagerly, each of their operations was a program of its own: about 230
+    a certificate)."""
+    import jax
+    from flax import nnx
+
+    from pfamalign.kernels import transport_plan
+
+    return (nnx.jit(lambda model, *inputs: model.project(*inputs)),
+            jax.jit(transport_plan, static_argnames="config"))
+
+
 def _scores(model, q_feat, k_feat, q_len, k_len):
     """Per-head scores ``[H, Lq, Lk]``, their support, and the op inputs of the pair."""
     import jax.numpy as jnp
-    from flax import nnx
 
-    # compiled as one program: eagerly, each of its operations is a program of its own
-    project = nnx.jit(lambda model, *inputs: model.project(*inputs))
+    project, _ = _compiled()
     q, k, v, tokens = project(model, q_feat[None], k_feat[None], jnp.array([q_len]), jnp.array([k_len]))
     tcfg = model.cfg.transport
     d = q.shape[-1]
@@ -51,7 +64,6 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
     import jax
     import jax.numpy as jnp
 
-    from pfamalign.kernels import transport_plan
     from pfamalign.kernels.bias import tail_bias_certificate
 
     model, target = predictor.model, pair.get("target")
@@ -84,7 +96,7 @@ def certify_pair(predictor, pair: dict, *, tail_depths=(0, 1, 2, 4), tol: float 
 
     # bias certificate, for the reconstruction cotangent (or a fixed random one without target)
     progress(f"tail bias at depths {', '.join(map(str, tail_depths))}")
-    base = jax.jit(transport_plan, static_argnames="config")(q, k, ql, kl, tokens, config=tcfg)  # [1, H, Lq + 1, Lk + 1]
+    base = _compiled()[1](q, k, ql, kl, tokens, config=tcfg)  # [1, H, Lq + 1, Lk + 1]
     v_ext = jnp.concatenate([v, jnp.broadcast_to(tokens.v[None, :, None], v[:, :, :1].shape)], 2) \
         if tokens is not None else jnp.concatenate([v, jnp.zeros_like(v[:, :, :1])], 2)
     o = jnp.einsum("bhij,bhjv->bhiv", base[:, :, :-1], v_ext)
