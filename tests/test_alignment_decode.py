@@ -127,6 +127,32 @@ def test_the_numba_dp_finds_the_numpy_dps_pairs_ties_included(monkeypatch):
         assert sum(len(r) for r in ref) > 50  # not all empty
 
 
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+def test_the_numba_gotoh_dp_finds_the_numpy_dps_pairs_and_value(monkeypatch, local):
+    """Once a process uses numba, the affine (Gotoh) DP runs compiled (``_compiled_gotoh``):
+    the same pairs and the same value to the bit, on real-valued scores, integer scores
+    (ties everywhere), scores on a grid of quarters and barred (-inf) cells, with and without
+    gap costs."""
+    from pfamalign.alignment import decode, numba_jit
+
+    rng = np.random.default_rng(13)
+    aligned = 0
+    for trial in range(120):
+        lq, lk = (int(x) for x in rng.integers(1, 40, size=2))
+        score = [rng.normal(size=(lq, lk)), rng.integers(-3, 4, size=(lq, lk)).astype(float),
+                 np.round(rng.normal(size=(lq, lk)) * 4) / 4,
+                 np.where(rng.random((lq, lk)) < 0.3, -np.inf, rng.normal(size=(lq, lk)))][trial % 4]
+        gap_open, gap_extend = [(0.0, 0.0), (1.0, 0.25), (3.0, 0.5), (0.5, 0.5)][trial // 4 % 4]
+        monkeypatch.setattr(numba_jit, "_started", False)
+        ref_pairs, ref_value = decode._gotoh_pairs(score, gap_open, gap_extend, local)
+        monkeypatch.setattr(numba_jit, "_started", True)
+        pairs, value = decode._gotoh_pairs(score, gap_open, gap_extend, local)
+        assert pairs.dtype == ref_pairs.dtype and repr(value) == repr(ref_value)
+        np.testing.assert_array_equal(pairs, ref_pairs)
+        aligned += len(pairs)
+    assert aligned > 500  # not all empty
+
+
 @pytest.mark.parametrize("objective", ["accuracy", "f1"])
 @pytest.mark.parametrize("mode", ["global", "local"])
 def test_many_plans_at_once_are_each_plan_alone(objective, mode):
