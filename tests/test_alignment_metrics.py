@@ -114,6 +114,19 @@ def test_paired_difference_resamples_both_methods_together():
         paired_f1_difference(a, b[:-1], pid)
 
 
+def test_paired_bootstrap_in_chunks_is_the_bootstrap_at_once(monkeypatch):
+    """The paired bootstrap counts its draws a bounded block of resamples at a time
+    (``_BOOT_CELLS``): blocks that split the resamples unevenly give the same intervals."""
+    from pfamalign.alignment import metrics
+
+    rng = np.random.default_rng(8)
+    a, b = _random_counts(rng, 40), _random_counts(rng, 40)
+    pid, families = rng.uniform(0, 100, 40), rng.integers(0, 7, 40)
+    whole = [paired_f1_difference(a, b, pid, groups=g, n_boot=101, seed=1) for g in (None, families)]
+    monkeypatch.setattr(metrics, "_BOOT_CELLS", 45)  # one resample of 40 pairs a block, or six of 7 families
+    assert [paired_f1_difference(a, b, pid, groups=g, n_boot=101, seed=1) for g in (None, families)] == whole
+
+
 def test_family_bootstrap_resamples_whole_families():
     rng = np.random.default_rng(6)
     n = 30

@@ -212,24 +212,35 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
         raise ValueError(f"groups must have one label per pair ({len(a)}), got shape {group_ids.shape}")
     rng = np.random.default_rng(seed)
     alpha = 100 * (1 - level) / 2
-    f1 = lambda c: _micro(c.sum(0))[2]
+    f1 = lambda sums: _micro(sums)[..., 2]  # noqa: E731
     out = {}
     for name, mask in [("all", np.ones(len(a), bool))] + [(n, labels == n) for n, _, _ in IDENTITY_BINS]:
-        members = [np.flatnonzero(mask & (group_ids == g)) for g in np.unique(group_ids[mask])]
+        in_cell = np.unique(group_ids[mask], return_inverse=True)[1]  # each pair's group, 0 .. G-1
+        n_groups = int(in_cell.max()) + 1 if mask.any() else 0
         cell = {"value": float("nan"), "low": float("nan"), "high": float("nan"),
-                "n_pairs": int(mask.sum()), "n_groups": len(members)}
-        if members:
-            cell["value"] = float(f1(a[mask]) - f1(b[mask]))
-        if len(members) >= 2 and n_boot:  # one group (one family) has no spread to resample: no CI
-            diff = []
-            singletons = all(len(m) == 1 for m in members)
-            flat = np.concatenate(members)
-            for draw in rng.integers(0, len(members), size=(n_boot, len(members))):
-                idx = flat[draw] if singletons else np.concatenate([members[g] for g in draw])
-                diff.append(f1(a[idx]) - f1(b[idx]))
+                "n_pairs": int(mask.sum()), "n_groups": n_groups}
+        if n_groups:
+            cell["value"] = float(f1(a[mask].sum(0)) - f1(b[mask].sum(0)))
+        if n_groups >= 2 and n_boot:  # one group (one family) has no spread to resample: no CI
+            # a resample's pooled counts: how often it drew each group times the group's counts
+            # (integer sums, so exactly the sums of the resampled pairs' counts)
+            per_group = [np.zeros((n_groups, 3), np.int64) for _ in (a, b)]
+            for sums, counts in zip(per_group, (a[mask], b[mask])):
+                np.add.at(sums, in_cell, counts)
+            draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
+            diff = np.empty(n_boot)
+            step = max(1, _BOOT_CELLS // n_groups)  # resamples at a time: a bounded [step, G] table
+            for at in range(0, n_boot, step):
+                part = draws[at:at + step]
+                drawn = np.bincount((part + n_groups * np.arange(len(part))[:, None]).ravel(),
+                                    minlength=len(part) * n_groups).reshape(len(part), n_groups)
+                diff[at:at + step] = f1(drawn @ per_group[0]) - f1(drawn @ per_group[1])
             cell["low"], cell["high"] = (float(x) for x in np.nanpercentile(diff, [alpha, 100 - alpha]))
         out[name] = cell
     return out
+
+
+_BOOT_CELLS = 1 << 22  # (resample, group) draw counts a paired bootstrap holds at once
 
 
 # ---------------------------------------------------------------------------------------------
