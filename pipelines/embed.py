@@ -331,6 +331,7 @@ class EsmEmbedder(Embedder):
             torch.set_num_threads(int(threads))
         self.name = name
         self.weights = weights
+        self._fingerprint = None
         self.model, self.alphabet = load_esm(weights)
         try:
             self.model.eval().to(torch_device)
@@ -372,7 +373,11 @@ class EsmEmbedder(Embedder):
         return torch.from_numpy(toks)
 
     def fingerprint(self) -> str:
-        return f"{self.embedder_id}@{_fingerprint_file(self.weights)}"
+        """The embedder id and its weights file's fingerprint, the file read once an embedder
+        (prepare asks up to three times; a pass over the 3B model's weights takes ~9 s)."""
+        if self._fingerprint is None:
+            self._fingerprint = f"{self.embedder_id}@{_fingerprint_file(self.weights)}"
+        return self._fingerprint
 
     def embed(self, sequences: Sequence[str]) -> list[np.ndarray]:
         import esm

@@ -320,13 +320,17 @@ def test_external_kill_during_esm_embedding_resumes_identically(tmp_path):
 # ESM-2 (tiny, real checkpoint format)
 # ------------------------------------------------------------------------------------------
 
-def test_esm_dataset_embeds_each_unique_sequence_once(tmp_path):
+def test_esm_dataset_embeds_each_unique_sequence_once(tmp_path, monkeypatch):
+    """Every unique sequence is embedded once, and the weights file hashed once (prepare asks
+    for the embedder's fingerprint up to three times)."""
     pytest.importorskip("esm")
+    from pfamalign.pipelines import embed
     from pfamalign.pipelines.embed import get_embedder
 
     weights = _tiny_esm(tmp_path / "w")
     inner = get_embedder(weights.stem, weights, threads=1)
-    seen = []
+    seen, hashed, fingerprint_file = [], [], embed._fingerprint_file
+    monkeypatch.setattr(embed, "_fingerprint_file", lambda path: hashed.append(path) or fingerprint_file(path))
 
     class Counting:
         embedder_id, dim, max_residues = inner.embedder_id, inner.dim, inner.max_residues
@@ -345,6 +349,7 @@ def test_esm_dataset_embeds_each_unique_sequence_once(tmp_path):
     m = result.manifest
     assert m["embedder"]["id"] == f"{weights.stem}/layer2" and m["embedder"]["dim"] == 32
     assert len(seen) == len(set(seen)) == m["embeddings"]["count"]
+    assert hashed == [weights]
     n_pair_seqs = sum(2 * m["splits"][s]["pairs"] for s in ("train", "val", "test"))
     assert n_pair_seqs > len(seen)  # sequences are shared by several pairs
     pair = next(p for s in ("train", "val", "test") for p in
