@@ -1,7 +1,7 @@
 """numba, for the engines of many pairs: when a process uses it, and how kernels are compiled.
 
 numba's compiled loops take a third of the CPU of the XLA and numpy paths per pair
-(``pairhmm_numba``, ``decode``'s MEA DP), but starting numba costs a process about 0.4 s
+(``pairhmm_numba``, ``decode``'s MEA and affine DPs), but starting numba costs a process about 0.4 s
 (importing it, and its compiler's first use even when the kernels come from its disk cache).
 So a process starts using numba when it meets a job of ``BULK_PAIRS`` or more pairs
 (``for_job``), and from then on uses it for every job; one or a few pairs (``pfamalign align A
