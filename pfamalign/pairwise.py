@@ -79,7 +79,7 @@ class PairAligner:
             else:
                 _check_int("max_memory", max_memory, 0)
         # the command line's persistent cache: a process's first aligner compiles ~10 programs
-        # (12 s on 2 cores) that a later process then loads
+        # (8-10 s of a 10-pair job on 2 cores) that a later process then loads
         compile_cache.enable_unless_configured()
         self.predictor = Predictor(model, weights=weights, max_length=max_length,
                                    max_memory=resources.budget(max_memory),
