@@ -331,14 +331,14 @@ SCORE_GROUPS = 1
 def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, dots: str, groups: int):
     i_blk = pl.program_id(1)
     b = geom.block
-    per = -(-geom.n_diag // groups)
+    per = _tiles_a_group(geom, groups)
     first = pl.program_id(2) * per if groups > 1 else 0
     q, a = q_ref[...], a_ref[...][:, None]  # this row block's, loaded once
 
     def tile(t, carry):  # band tile kb of the row: key block j_blk
         # The last group's trip count is the others': past the band's last tile it writes that
         # tile again, the same bits (a static trip count, and no store off the band row).
-        kb = jnp.minimum(first + t, geom.n_diag - 1)
+        kb = t if groups == 1 else jnp.minimum(first + t, geom.n_diag - 1)
         j_blk = i_blk + kb - geom.wb
         keys = pl.ds(jnp.clip(j_blk, 0, geom.n_blocks - 1) * b, b)
         x = tile_math.band_logits(q, k_ref[keys, :], a, c_ref[keys][None, :], row0=i_blk * b, col0=j_blk * b,
@@ -350,19 +350,26 @@ def _scores_kernel(q_ref, k_ref, a_ref, c_ref, out_ref, *, geom: BandGeometry, d
     jax.lax.fori_loop(0, per, tile, 0)
 
 
+def _tiles_a_group(geom: BandGeometry, groups: int) -> int:
+    return -(-geom.n_diag // groups)
+
+
 @functools.partial(jax.jit, static_argnames=("geom", "interpret", "dots", "groups"))
 def band_scores(q, k, row_off, col_off, *, geom: BandGeometry, interpret=False, dots="ieee", groups=None):
     """The stored band ``[N, Lp, n_diag b]`` of the "rows" / "cols" sources: entry
     ``(i, kb b + c)`` is ``<q_i, k_j> + a_i + c_j`` for key ``j = (I + kb - wb) b + c`` (I the
     row block of i) on the band, ``-inf`` elsewhere. q, k ``[N, Lp, d]``; row_off, col_off
-    ``[N, Lp]`` (0 active, -inf inactive). ``groups`` (default ``SCORE_GROUPS``) programs a row
-    block, each walking its share of the row block's n_diag tiles (q loaded once): grid
-    (N, nI) for one, (N, nI, groups) for more. ``geom`` is the stored tiling
+    ``[N, Lp]`` (0 active, -inf inactive). ``groups`` (default ``SCORE_GROUPS``, at most
+    n_diag) programs a row block, each walking ceil(n_diag / groups) of the row block's tiles
+    (q loaded once), as few programs as that takes (9 tiles in 4 groups: 3 programs of 3):
+    grid (N, nI) for one, (N, nI, groups) for more. ``geom`` is the stored tiling
     (``stored_geometry``)."""
     n, lp, d = q.shape
-    groups = SCORE_GROUPS if groups is None else groups
+    if groups is None:  # the default: at most a tile a program on a narrow band
+        groups = min(SCORE_GROUPS, geom.n_diag)
     if not 1 <= groups <= geom.n_diag:
         raise ValueError(f"groups must be 1 .. n_diag = {geom.n_diag}, got {groups}")
+    groups = -(-geom.n_diag // _tiles_a_group(geom, groups))  # no group left without a tile of its own
     if not interpret:
         check_geometry(geom)
     geom, launch = tiling(geom, KernelShape(d, stored=True))

@@ -65,8 +65,11 @@ def _child(worktree: str, inputs: str) -> None:
 
 def _worktree(commit: str, folder: pathlib.Path) -> tuple[str, pathlib.Path]:
     """(full hash, worktree path) of ``commit``, its package made importable by path."""
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"error: {commit!r} names no commit of {REPO}")
+    sha = found.stdout.strip()
     path = folder / sha[:12]
     if not path.exists():
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(path), sha], check=True)
@@ -96,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         inputs = folder / "pairs.json"
         made = [make_inputs(300, seed=n) for n in range(args.pairs)]
         inputs.write_text(json.dumps([(x.seq_a, x.seq_b) for x in made]))
-        trees = [(commit, *_worktree(commit, folder)) for commit in args.commits]
+        trees = []
         try:
+            for commit in args.commits:  # inside the try: a bad commit leaves no worktree behind
+                trees.append((commit, *_worktree(commit, folder)))
             for round_ in range(args.rounds):
                 for commit, sha, path in trees:
                     env = {**os.environ, "PYTHONPATH": str(path), "PFAMALIGN_CACHE_DIR": str(folder / f"cache-{sha[:12]}")}
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     line = json.loads(run.stdout.strip().splitlines()[-1])
                     print(json.dumps({**line, "commit": commit, "sha": sha[:12], "round": round_}), flush=True)
         finally:
-            for _, _, path in trees:
+            for path in {path for _, _, path in trees}:  # a commit named twice has one worktree
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
     return 0
 

@@ -64,3 +64,8 @@ def test_bench_commits_times_each_commit_from_its_own_worktree():
         assert r["pairs_per_s"] > 0 and r["ms_300"] > 0 and r["ms_300_ratio_to_nw"] > 0
     after = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
     assert after == before
+    bad = subprocess.run([sys.executable, str(script), "HEAD", "no-such-commit"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and "'no-such-commit' names no commit" in bad.stderr
+    after = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert after == before  # HEAD's worktree, made before the bad name was met, is removed too

@@ -894,13 +894,15 @@ def test_tpu_interpreter_with_nan_scratch_and_bounds_checks():
         np.testing.assert_allclose(g, w, err_msg=name, **PRIM_TOL)
 
 
-@pytest.mark.parametrize("groups", [2, 3, 7])
-def test_band_scores_split_over_diagonal_groups_store_the_same_band(groups):
+@pytest.mark.parametrize("groups, programs", [(2, 2), (3, 3), (5, 4), (7, 7)])
+def test_band_scores_split_over_diagonal_groups_store_the_same_band(groups, programs, monkeypatch):
     """``band_scores`` with a row block's tiles split over ``groups`` programs (a third grid
     axis; the last group's surplus trips rewrite the band's last tile) stores the band bit for
     bit as one program a row block does, and that band is the dense masked scores
     ``<q_i, k_j> + a_i + c_j`` on ``|i - j| <= W`` (``-inf`` off the band, off the problem and on
-    inactive lines). Lowered for cuda, the grid holds the groups."""
+    inactive lines). Lowered for cuda, the grid holds as many programs as the tiles need (7
+    tiles in 5 groups: 4 programs of 2); a default ``SCORE_GROUPS`` above a narrow band's tiles
+    gives a tile a program."""
     geom = make_geometry(160, 40, 16, pallas=True)  # 10 row blocks, n_diag 7
     assert geom.n_diag == 7
     n, d, lq = 2, 8, 150
@@ -926,6 +928,10 @@ def test_band_scores_split_over_diagonal_groups_store_the_same_band(groups):
         np.testing.assert_allclose(np.asarray(one[m], np.float64), want, rtol=1e-5, atol=1e-5)
     fn = functools.partial(pallas_gpu.band_scores, geom=geom, interpret=False, groups=groups)
     text = pallas_ops.lower(jax.jit(fn), "cuda", q, k, a, c).as_text()
-    assert text.count(_CUSTOM_CALL["gpu"]) == 1 and f"grid_z = {groups}" in text.replace('"', "")
+    assert text.count(_CUSTOM_CALL["gpu"]) == 1 and f"grid_z = {programs}" in text.replace('"', "")
     with pytest.raises(ValueError, match="groups must be"):
         pallas_gpu.band_scores(q, k, a, c, geom=geom, interpret=True, groups=geom.n_diag + 1)
+    monkeypatch.setattr(pallas_gpu, "SCORE_GROUPS", 50)
+    text = pallas_ops.lower(jax.jit(functools.partial(pallas_gpu.band_scores.__wrapped__, geom=geom)),
+                            "cuda", q, k, a, c).as_text()
+    assert "grid_z = 7" in text.replace('"', "")

@@ -619,7 +619,7 @@ def test_a_damaged_checkpoint_without_checksums_fails_its_resume_in_one_line(ref
                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"pfamalign.checkpoint.CheckpointError: cannot restore checkpoint {newest}: ") \
+    assert last.startswith(f"pfamalign.runs.CheckpointError: cannot restore checkpoint {newest}: ") \
         and "remove that step directory" in last, res.stderr[-3000:]
     assert "Encountered error while reading array" not in res.stderr and "Event loop is closed" not in res.stderr
 

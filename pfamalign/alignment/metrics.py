@@ -240,7 +240,8 @@ def paired_f1_difference(counts_a, counts_b, percent_identity, *, groups=None, n
     return out
 
 
-_BOOT_CELLS = 1 << 22  # (resample, group) draw counts a paired bootstrap holds at once
+_BOOT_CELLS = 1 << 22  # (resample, group) draw counts a paired bootstrap tallies at once (its
+# draws themselves are made whole, [n_boot, groups], as the generator has always made them)
 
 
 # ---------------------------------------------------------------------------------------------
