@@ -266,3 +266,20 @@ def test_split_fraction_validation():
     with pytest.raises(ValueError, match="summing to 1"):
         splits.assign_split("PF00001", fractions=(0.5, 0.1, 0.1))
     assert splits.assign_split("PF00001", fractions=(0.0, 0.0, 1.0)) == "test"
+
+
+def test_sampling_limits_are_inclusive_and_tilde_is_a_gap():
+    """A sequence exactly ``max_len`` (or ``min_len``) long is used and one residue more (or
+    fewer) is not; a pair with exactly ``min_aligned`` aligned residues is kept; ``~`` is a gap
+    (the Stockholm reader takes it as one), never a residue."""
+    ten = _family(["ACDEFGHIKL", "ACDEFGHIKM", "ACDEFGHIKN"])
+    out = pp.sample_family(ten, pp.SamplingConfig(pairs_per_family=5, min_len=10, max_len=10), seed=0, split="x")
+    assert out.skip is None and len(out.pairs) == 3
+    for cfg in (pp.SamplingConfig(min_len=1, max_len=9), pp.SamplingConfig(min_len=11, max_len=20)):
+        assert pp.sample_family(ten, cfg, seed=0, split="x").skip is not None
+    one_column = _family(["ACDEFGHIKL---------", "---------LMNPQRSTVW"])  # the L column only
+    for min_aligned, pairs in ((1, 1), (2, 0)):
+        cfg = pp.SamplingConfig(min_len=1, min_aligned=min_aligned)
+        assert len(pp.sample_family(one_column, cfg, seed=0, split="x").pairs) == pairs
+    tilde = pp.family_arrays(_family(["ACD~~EFGHIK", "ACDLLEFGHIK"]))
+    assert tilde.residues[0] == "ACDEFGHIK" and not tilde.is_res[0, 3:5].any()

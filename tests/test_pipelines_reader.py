@@ -192,3 +192,11 @@ def test_array_record_errors_that_are_not_about_writing_pass_unchanged():
 
     other = RuntimeError("Invalid argument: bad options")
     assert records._system_error(other, pathlib.Path("x")) is other
+
+
+def test_select_pairs_keeps_max_len_and_spreads_its_picks():
+    """``max_len`` keeps a pair whose longer sequence is exactly that long; ``max_pairs`` picks
+    evenly spaced records across the stored order (families are stored one after another), not
+    the first ones."""
+    assert reader.select_pairs([[160, 1], [161, 2], [100, 160]], max_len=160).tolist() == [0, 2]
+    assert reader.select_pairs(np.full((100, 2), 50), max_pairs=5).tolist() == [0, 25, 50, 74, 99]
