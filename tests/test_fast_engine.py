@@ -906,6 +906,26 @@ def test_the_exported_pair_hmm_program_gives_the_reference_posteriors(tmp_path, 
     pairhmm_batched._exported.cache_clear()
 
 
+def test_global_and_local_pair_hmm_programs_never_share_a_cache_entry(tmp_path, monkeypatch):
+    """One cache directory, a global then a local pair-HMM of the same shape, each read back as
+    a new process would: two exported programs, each mode's posteriors its own reference's
+    (a key without the mode gave the local ones the global posteriors, 0.085 off)."""
+    from pfamalign.alignment import pairhmm_batched
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cache"))
+    rng = np.random.default_rng(7)
+    pairs = [(_random_seq(rng, 40), _random_seq(rng, 33))]
+    hmm = default_pairhmm()
+    try:
+        for local in (False, True, False):
+            pairhmm_batched._exported.cache_clear()
+            (post,) = batched_match_posteriors(hmm, pairs, 64, 64, local=local)
+            np.testing.assert_allclose(post, match_posteriors(hmm, *pairs[0], local=local), rtol=1e-9, atol=1e-12)
+    finally:
+        pairhmm_batched._exported.cache_clear()
+    assert len(list((tmp_path / "cache" / "programs" / "pairhmm").glob("*.jaxexport"))) == 2
+
+
 def test_threads_asking_for_one_pair_hmm_program_together_export_it_once(tmp_path, monkeypatch):
     """A mixture's components ask for their posteriors program on threads of their own: the
     same program is exported once, not once a thread."""

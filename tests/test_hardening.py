@@ -825,6 +825,18 @@ def test_verify_calls_a_runs_model_unfinished_without_its_training_record(saved_
     assert not [p for p in verify_directory(run_dir)[1] if "unfinished" in p]
 
 
+def test_verify_names_a_parameter_file_its_checksums_never_recorded(saved_model, tmp_path):
+    """A file added under a model's ``params/`` is named ("not in checksums.json"): what loads
+    as the model holds bytes nobody vouched for."""
+    from pfamalign.commands.verify import verify_directory
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    assert verify_directory(model)[1] == []
+    (model / "params" / "extra_array").write_bytes(b"\0" * 16)
+    assert [p for p in verify_directory(model)[1] if "extra_array: not in checksums.json" in p]
+
+
 def test_verify_leaves_a_directory_that_is_not_ours_alone(tmp_path):
     other = tmp_path / "notes" / "deep"
     other.mkdir(parents=True)
@@ -938,6 +950,33 @@ def test_a_full_disk_under_an_orbax_save_is_one_error_and_leaves_no_temporary(sm
     assert not [p for p in small_disk.rglob("*") if "orbax-checkpoint-tmp" in p.name]
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ERROR:absl" not in err and "never retrieved" not in err, err[:2000]
+
+
+def test_the_certify_estimate_grows_with_the_plans_cells():
+    """``certify`` holds dense plans: past its fixed part, its estimate grows as the padded
+    length squared (an estimate linear in the length let an 8000 x 8000 pair past a 4G budget)."""
+    from pfamalign import resources
+
+    cells = lambda n: resources.estimate_certify_bytes(n, n) - resources.CERTIFY_FIXED_BYTES  # noqa: E731
+    for short, long_ in ((1000, 2000), (2000, 8000)):
+        ratio = (resources.padded_length(long_) / resources.padded_length(short)) ** 2
+        assert cells(long_) == pytest.approx(ratio * cells(short))
+    assert resources.estimate_certify_bytes(8000, 8000) > 4 << 30
+
+
+def test_training_checkpoints_keep_the_newest_as_many_as_asked(tmp_path):
+    """``train.keep_checkpoints``: after six saves with keep 3, the three newest steps are on
+    disk, and no other."""
+    import jax.numpy as jnp
+
+    from pfamalign import checkpoint
+
+    ckpts = checkpoint.TrainCheckpoints(tmp_path / "checkpoints", keep=3)
+    for step in range(1, 7):
+        ckpts.save(step, params={"w": jnp.full((2, 2), float(step))}, opt_state={"m": jnp.ones(2)},
+                   data_state={"next_index": step}, meta={"step": step})
+    assert ckpts.all_steps() == [4, 5, 6]
+    assert sorted(int(d.name) for d in (tmp_path / "checkpoints").iterdir() if d.name.isdigit()) == [4, 5, 6]
 
 
 def test_a_corrupt_training_checkpoint_is_refused_on_restore(tmp_path):

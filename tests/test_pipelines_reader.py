@@ -125,6 +125,22 @@ def test_batch_dataset_finite_epoch_covers_every_pair(dataset):
     assert sorted(seen) == sorted(ids)
 
 
+def test_every_process_pads_its_rows_like_the_whole_global_batch(dataset):
+    """Two processes load their halves of each global batch padded to the same length, the
+    length the whole batch needs (rows of different lengths: a half padded to its own longest
+    row would give the processes' shards different shapes)."""
+    kw = dict(batch_size=8, num_epochs=1, shuffle=False, bucket_window=None, with_strings=False, pad_multiple=16)
+    whole = reader.batch_dataset(dataset, "train", **kw)
+    halves = [reader.batch_dataset(dataset, "train", process_index=i, process_count=2, **kw) for i in range(2)]
+    differ = 0
+    for n in range(len(whole)):
+        shapes = {h[n]["q_feat"].shape[1:] for h in halves} | {whole[n]["q_feat"].shape[1:]}
+        assert len(shapes) == 1, (n, shapes)
+        longest = np.maximum(whole[n]["q_len"], whole[n]["k_len"])
+        differ += -(-longest[:4].max() // 16) != -(-longest[4:].max() // 16)
+    assert differ  # some batch whose halves alone would pad differently
+
+
 @pytest.mark.parametrize("index, count", [(2, 2), (-1, 2), (0, 0), (0, -2)])
 def test_a_process_outside_the_process_count_is_refused(dataset, index, count):
     """process_index 2 (or -1) of 2 loaded batches of padding rows alone; process_count 0 was a
