@@ -221,6 +221,15 @@ def test_softmax_half_oscillation_bound(seed):
     np.testing.assert_allclose(masked_softmax(z, mask), ref / ref.sum(1, keepdims=True), atol=1e-12)
 
 
+def test_softmax_margin_is_the_top_two_gap_and_leaves_out_a_row_of_one_entry():
+    """The argmax margin of a row is its top-two logit gap; a row of one support entry has no
+    rival (an infinite margin, left out of the summary), not a margin of 0."""
+    z = np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 0.0]])
+    mask = np.array([[True, True, True], [True, False, False]])
+    margin = softmax_rows(z, z, mask)["margin"]
+    assert margin["count"] == 1 and margin["min"] == margin["max"] == 4.0
+
+
 def test_softmax_rows_of_logits_minus_infinity_off_the_support_warn_of_nothing():
     """The op's logits are -inf off the band: z' - z was -inf - -inf there, numpy's "invalid
     value" warning on every certify of a pair longer than its band (1 x 1,500)."""

@@ -535,7 +535,7 @@ def test_provenance_is_written_by_every_format_that_has_room(predictor):
     assert doc["provenance"] == json.loads(json.dumps(prov)) and "0-based" in doc["coordinates"]
 
 
-def test_model_hash_follows_the_parameter_bytes(tmp_path):
+def test_model_hash_follows_the_parameter_bytes_and_the_config(tmp_path):
     from pfamalign.inference import default_model_dir, model_content_hash
 
     copy = tmp_path / "model"
@@ -548,6 +548,13 @@ def test_model_hash_follows_the_parameter_bytes(tmp_path):
     victim.write_bytes(bytes(data))
     assert model_content_hash(copy, hmm) != model_content_hash(default_model_dir(), hmm)
     assert model_content_hash(default_model_dir(), _one_gap_type_hmm()) != model_content_hash(default_model_dir(), hmm)
+    # the config too: another eps is another plan, so other exported programs
+    shutil.rmtree(copy)
+    shutil.copytree(default_model_dir(), copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["model"]["transport"]["eps"] *= 2
+    (copy / "config.json").write_text(json.dumps(config))
+    assert model_content_hash(copy, hmm) != model_content_hash(default_model_dir(), hmm)
 
 
 def test_model_hash_reads_its_files_in_chunks(tmp_path):
