@@ -299,8 +299,9 @@ def test_a_contraction_rate_just_below_one_is_not_printed_as_one():
 def test_rows_without_support_get_a_null_per_row_entry_and_the_figure_draws(tmp_path):
     """No dustbin, a query longer than the key by more than the band: real rows beyond the band
     have no support. Every per-row list has one entry per real row (null there), the sender
-    error is taken over the rows that can carry mass, and the figure draws (its row panels
-    need lists of one length)."""
+    error is taken over the rows that can carry mass, the row softmax's receiver imbalance is
+    taken against the balanced target Lq / Lk a key, and the figure draws (its row panels need
+    lists of one length)."""
     import types
 
     import jax.numpy as jnp
@@ -322,6 +323,15 @@ def test_rows_without_support_get_a_null_per_row_entry_and_the_figure_draws(tmp_
     assert empty[7:].all() and not empty[:7].any()  # rows 8-12 lie beyond the band of a 5-residue key
     assert np.array_equal(np.isnan(per_row["tail_mass"]), empty)
     assert secs["marginals"][0]["sender_error"] == pytest.approx(np.nanmax(per_row["sender_error"]))
+    # the row softmax's receiver imbalance, against the balanced target of Lq / Lk = 12 / 5 a key
+    # (against 1 a key it reads 2.4x larger here)
+    from pfamalign.certify import _extended_scores
+
+    scores, mask, _, _ = _extended_scores(q, k, None, 12, 5, cfg)
+    z = np.where(mask, scores[0] / cfg.eps, -np.inf)[:7]  # the rows with support (the 7 in reach)
+    softmax = np.exp(z - z.max(1, keepdims=True))
+    received = (softmax / softmax.sum(1, keepdims=True))[:, :5].sum(0)
+    assert secs["ceta"][0]["softmax_receiver_imbalance"] == pytest.approx(np.abs(received / (12 / 5) - 1).max())
     result = {"lengths": [12, 5], "heads": 1, "contraction": {"blocks": []},
               "bias": {"rows": [{"tail_steps": 0, "bias_norm": 1.0, "eta_norm": 1.0}], "tol": 1e-5,
                        "certified_tail_depth": None}, **secs}
