@@ -217,10 +217,10 @@ class _ArrayRecordFiles:
         return self._len
 
     def _src(self):
-        if self._source is None:
-            import grain
+        if self._source is None:  # array_record's own reader: grain's subclass imports jax
+            from array_record.python.array_record_data_source import ArrayRecordDataSource
 
-            self._source = grain.sources.ArrayRecordDataSource(self._files)
+            self._source = ArrayRecordDataSource(self._files)
         return self._source
 
     def _read(self, index: int) -> dict:

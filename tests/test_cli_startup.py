@@ -37,6 +37,15 @@ def test_help_and_usage_errors_import_no_jax(argv):
     assert proc.stderr.strip().splitlines()[-1] == "JAX_FREE", proc.stderr
 
 
+def test_verifying_a_dataset_imports_no_jax(seed_dataset):
+    """A dataset's checksums are files and digests: ``verify`` imported jax and flax for them
+    (through the model checkpoints' module), about a third of its time."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, "verify", str(seed_dataset)], capture_output=True,
+                          text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert "problem" not in proc.stderr and lines[-1] == "JAX_FREE", proc.stderr
+
+
 def test_the_command_list_gives_each_command_a_whole_summary():
     """``pfamalign --help`` cut each command's first docstring sentence at 45 characters
     ("Align SEQ_A with SEQ_B (residue strings or FASTA files; -..."): each has its own."""

@@ -16,7 +16,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     manifest), a model directory, an ensemble (each member model), or a run directory (its
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
-    from pfamalign.checkpoint import CHECKSUMS, MODEL_RECORDS, read_checksums, verify_checksums
+    from pfamalign.runs import CHECKSUMS, MODEL_RECORDS, read_checksums, verify_checksums
     from pfamalign.inference import ENSEMBLE_FILE
     from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import EmbeddingSource, dataset_files, dataset_problems, manifest_problems
