@@ -194,3 +194,38 @@ def test_the_band_figure_numbers_residues_with_whole_numbers():
     fig.canvas.draw()
     ticks = [t for t in fig.axes[0].get_yticks() if 0.5 <= t <= 1.5]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+@pytest.mark.parametrize("lk", [55, 600])  # the full matrix, and the band view
+def test_the_marginals_show_each_residues_mass_with_its_dustbin_stacked_on_it(lk):
+    """Each residue's bar is its line's plan mass at its 1-based number, the dustbin's bar
+    stands on it, and the band view's inner bar is the mass inside the band."""
+    from matplotlib.patches import StepPatch
+
+    from pfamalign.alignment.plots import BAND_HALF_WIDTH, _band, plan_figure
+
+    plan, _ = _plan_and_target(lq=40, lk=lk)
+    pairs = mea_decode(plan).pairs
+    row_dustbin, col_dustbin = np.linspace(0.01, 0.2, 40), np.linspace(0.02, 0.1, lk)
+    fig = plan_figure(plan, pairs=pairs, row_dustbin=row_dustbin, col_dustbin=col_dustbin)
+    bars = lambda label: [p.get_data() for ax in fig.axes if label(ax) for p in ax.patches
+                          if isinstance(p, StepPatch)]
+    rows = bars(lambda ax: ax.get_xlabel() == "row mass")
+    expected = [(plan.sum(1), 0.0)] + ([] if lk == 55 else [(None, 0.0)]) + [(plan.sum(1) + row_dustbin, plan.sum(1))]
+    assert len(rows) == len(expected)
+    for data, (top, base) in zip(rows, expected):
+        np.testing.assert_array_equal(data.edges, np.arange(41) + 0.5)
+        if top is not None:
+            np.testing.assert_allclose(data.values, top, rtol=1e-12)
+            np.testing.assert_allclose(data.baseline, base, rtol=1e-12)
+    if lk == 600:  # inside the band: what the heatmap shows of each row, less than the row here
+        band, _ = _band(plan, pairs, BAND_HALF_WIDTH)
+        np.testing.assert_allclose(rows[1].values, band.sum(1), rtol=1e-12)
+        assert np.all(band.sum(1) < plan.sum(1) - 1e-3)
+        return
+    cols = bars(lambda ax: ax.get_ylabel() == "column\nmass")
+    assert len(cols) == 2
+    np.testing.assert_allclose(cols[0].values, plan.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(cols[1].values, plan.sum(0) + col_dustbin, rtol=1e-12)
+    np.testing.assert_allclose(cols[1].baseline, plan.sum(0), rtol=1e-12)
+    np.testing.assert_array_equal(cols[0].edges, np.arange(lk + 1) + 0.5)

@@ -215,10 +215,10 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
     integer_ticks(ax.yaxis)
 
     col_mass = plan.sum(axis=0)  # [Lk]
-    ax_top.bar(np.arange(1, lk + 1), col_mass, width=1.0, color="tab:blue", label="plan mass")
+    _bars(ax_top, col_mass, color="tab:blue", label="plan mass")
     if col_dustbin is not None:
-        ax_top.bar(np.arange(1, lk + 1), np.asarray(col_dustbin, dtype=np.float64).reshape(lk),
-                   width=1.0, bottom=col_mass, color="tab:gray", label="dustbin mass")
+        _bars(ax_top, np.asarray(col_dustbin, dtype=np.float64).reshape(lk), under=col_mass,
+              color="tab:gray", label="dustbin mass")
     ax_top.set_ylabel("column\nmass", fontsize=8)
     ax_top.tick_params(labelbottom=False, labelsize=7)
 
@@ -232,19 +232,27 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
     return fig
 
 
+def _bars(ax, values: np.ndarray, *, under=None, horizontal: bool = False, **style) -> None:
+    """One bar a residue (numbered from 1), stacked on ``under``: one filled step patch, where
+    ``bar`` drew a rectangle each (0.7 of a second's drawing at L 900)."""
+    edges = np.arange(len(values) + 1) + 0.5
+    base = 0.0 if under is None else np.asarray(under, dtype=np.float64)
+    ax.stairs(base + values, edges, baseline=base, fill=True, linewidth=0,
+              orientation="horizontal" if horizontal else "vertical", **style)
+
+
 def _row_marginal(ax, plan: np.ndarray, row_dustbin, inside=None) -> None:
     """Row mass (and the dustbin stacked on it) as horizontal bars beside the heatmap;
     ``inside`` [Lq]: the part of each row's mass that the heatmap shows (the band view)."""
     lq = plan.shape[0]
-    rows = np.arange(1, lq + 1)
     row_mass = plan.sum(axis=1)  # [Lq]
     total = row_mass.copy()
-    ax.barh(rows, row_mass, height=1.0, color="tab:blue" if inside is None else "lightsteelblue")
+    _bars(ax, row_mass, color="tab:blue" if inside is None else "lightsteelblue", horizontal=True)
     if inside is not None:
-        ax.barh(rows, inside, height=1.0, color="tab:blue")
+        _bars(ax, inside, color="tab:blue", horizontal=True)
     if row_dustbin is not None:
         dustbin = np.asarray(row_dustbin, dtype=np.float64).reshape(lq)
-        ax.barh(rows, dustbin, height=1.0, left=row_mass, color="tab:gray")
+        _bars(ax, dustbin, under=row_mass, color="tab:gray", horizontal=True)
         total = total + dustbin
     ax.set_xlim(0, 1.1 * _finite_max(total))
     ax.set_xlabel("row mass", fontsize=8)
