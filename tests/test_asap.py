@@ -290,6 +290,26 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.write_compiled(src, out, op)
 
 
+def test_verify_names_an_operator_fitted_to_another_model(tmp_path):
+    """Checksums vouch for bytes, not for what the operator was fitted to: a compiled model
+    holding another model's operator (no checksums to fail: an older directory) or one from
+    an older pfamalign passed `verify` and failed in `align --engine asap`."""
+    model = _model(seed=0)
+    src = checkpoint.save_model(tmp_path / "model", model)
+    op = asap.fit(model, _pairs(0, 4), asap.AsapSettings(slices=2))
+    out = asap.write_compiled(src, tmp_path / "compiled", op)
+    assert _run(["verify", out]).exit_code == 0
+    (out / checkpoint.CHECKSUMS).unlink()
+    res = _run(["verify", out])  # a problem (nothing to verify against), but the operator is this model's
+    assert f"no {checkpoint.CHECKSUMS}" in res.output and "fitted to the model" not in res.output, res.output
+    foreign = asap.fit(_model(seed=1), _pairs(0, 4), asap.AsapSettings(slices=2))
+    (out / asap.OPERATOR_FILE).write_text(json.dumps(foreign.to_dict()))
+    res = _run(["verify", out])
+    assert res.exit_code == 1, res.output
+    assert f"{out / asap.OPERATOR_FILE}: the compiled operator was fitted to the model" in res.output
+    assert "recompile with `pfamalign compile`" in res.output
+
+
 def test_the_fingerprint_ignores_how_the_plan_runs_and_names_an_older_pfamaligns_operator():
     """A compiled operator serves the model whatever its runtime settings (impl, kernels,
     dots...), which a new such setting in the configuration would otherwise have made "another

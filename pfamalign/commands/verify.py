@@ -203,13 +203,30 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
             problems.append(str(err))
     if (model / OPERATOR_FILE).is_file() and intact(OPERATOR_FILE):
         try:
-            load_operator(model)
+            operator = load_operator(model)
         except CompileError as err:  # it names the file
             problems.append(str(err))
+        else:
+            if not problems and intact("params") and (model / "params").is_dir():
+                problems += _operator_fit_problems(model, operator)
     if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
         problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
                         "finished the model); re-run the same `pfamalign train` command to finish it")
     return problems
+
+
+def _operator_fit_problems(model: pathlib.Path, operator) -> list[str]:
+    """Whether a compiled operator was fitted to the parameters and configuration beside it,
+    as ``align --engine asap`` checks on load (checksums alone pass one compiled by an older
+    pfamalign, or a directory without checksums holding another model's operator)."""
+    from pfamalign.asap import OPERATOR_FILE, CompileError
+    from pfamalign.checkpoint import CheckpointError, load_model
+
+    try:
+        operator.check(load_model(model, impl=None)[0])
+    except (CheckpointError, CompileError) as err:
+        return [f"{model / OPERATOR_FILE}: {err}"]
+    return []
 
 
 @click.command(short_help="Check a dataset, model or run against its checksums.")
