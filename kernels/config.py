@@ -314,13 +314,13 @@ class TransportConfig:
         are loops. True: straight-line steps. On a GPU every loop trip costs a counter
         kernel, a loop that stacks its steps' outputs a write kernel per output and trip, and
         the loop carries copies (``scripts/count_gpu_launches.py`` for an H100 at L 4096:
-        156 -> 108 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
+        156 -> 109 launches with resident scores). Compile time grows with T + R (about 1.5x at T 15, R 2 on CPU), and
         a CPU gains nothing consistent (two runs at L 1024 and 4096 differed in sign). The
         same plans; ``tol``'s data-dependent loop stays a loop.
       fused_steps: False (the default). True (with ``resident_scores``): at one eps (no
         ``eps_schedule``, no ``tol``), each Sinkhorn step is two kernels that compute the
         potentials and the centering themselves, instead of two LSE kernels and two XLA kernels
-        between them (``scripts/count_gpu_launches.py``, H100, L 4096: 108 -> 73 launches with
+        between them (``scripts/count_gpu_launches.py``, H100, L 4096: 109 -> 74 launches with
         ``unroll``); with dustbin spokes the kernels also fold each line's dustbin entry into
         its LSE and solve the dustbin lines (from per-block partial LSEs of the other side's),
         so a step stays two kernels (238 -> 92 launches at L 4096). The same plans up to
