@@ -417,6 +417,10 @@ def test_barycenter_table_matches_the_plan(model_dir, tmp_path):
     np.testing.assert_allclose(table["barycenter"], barycenters(pp.real), rtol=1e-9)
     np.testing.assert_array_equal(table["target"], rec["target"])
     assert "barycenter MAE" in res.output and png.stat().st_size > 5000
+    # the printed table: each row's target as the TSV has it ("—" for -1 alone; key 0 is a key)
+    shown = [line.split("│")[3].strip() for line in res.output.splitlines() if line.count("│") == 8]
+    assert 0 in rec["target"] and -1 in rec["target"]
+    assert shown == ["—" if t < 0 else str(t) for t in rec["target"]]
 
 
 def test_barycenter_without_a_reference_shows_no_target(model_dir, tmp_path):
@@ -430,6 +434,42 @@ def test_barycenter_without_a_reference_shows_no_target(model_dir, tmp_path):
     rows = [line.split("│")[1:-1] for line in res.output.splitlines() if line.count("│") == 8]
     assert len(rows) == 10 and all(r[2].strip() == "—" and r[4].strip() == "—" for r in rows)
     assert (pd.read_csv(tsv, sep="\t")["target"] == -1).all() and "barycenter MAE" not in res.output
+
+
+def test_barycenter_table_columns_and_metrics_follow_the_plan(model_dir):
+    """Every column of the table, not only the barycenters: the error of a row aligned to key 0
+    (a NaN where only -1 means "no reference"), the rows' real and dustbin mass, and the
+    metrics under the model's own dustbin."""
+    from pfamalign.barycenter import pair_barycenters
+    from pfamalign.evaluation import model_plan_metrics
+    from pfamalign.inference import Predictor
+    from pfamalign.inputs import bare_pair
+
+    target = np.array([0, 1, 2, -1, 4, 5, 6])
+    predictor = Predictor(model_dir)
+    res = pair_barycenters(predictor, {**bare_pair("a", "MKVLAAG", "b", "MKVLSAG"), "target": target})
+    t, real = res.table, res.plan.real
+    np.testing.assert_allclose(t["real_mass"], real.sum(1), rtol=1e-6)
+    np.testing.assert_allclose(t["dustbin_mass"], res.plan.row_dustbin, rtol=1e-6)
+    want = np.where(target >= 0, np.abs(t["barycenter"] - target), np.nan)
+    np.testing.assert_allclose(t["abs_error"], want, rtol=1e-9)
+    assert not np.isnan(t["abs_error"][0]) and np.isnan(t["abs_error"][3])
+    assert predictor.config.dustbin  # so that a metric computed without it would differ
+    expected = model_plan_metrics(real, res.plan.row_dustbin, target, dustbin=predictor.config.dustbin)
+    np.testing.assert_equal(dataclasses.asdict(res.metrics), dataclasses.asdict(expected))
+
+
+def test_barycenter_refuses_an_output_onto_its_stockholm_or_two_outputs_on_one_file(tmp_path):
+    sto = tmp_path / "f.sto"
+    shutil.copy(SEED / "PF00041.sto", sto)
+    names = [line.split()[0] for line in sto.read_text().splitlines() if line.strip() and not line.startswith(("#", "/"))]
+    before = sto.read_bytes()
+    res = run(["barycenter", "--stockholm", sto, "--ids", names[0], names[1], "--tsv", sto])
+    assert res.exit_code == 2 and "is also an input" in res.output, res.output
+    assert sto.read_bytes() == before
+    both = tmp_path / "b.png"
+    res = run(["barycenter", "MKVLAAG", "MKVLSAG", "--tsv", both, "--plot", both])
+    assert res.exit_code == 2 and "two outputs name one file" in res.output, res.output
 
 
 # ---- certify -------------------------------------------------------------------------------

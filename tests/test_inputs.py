@@ -311,3 +311,104 @@ def test_a_multi_fasta_held_whole_is_bounded_in_residues(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["search", str(path), str(path)])
     assert res.exit_code != 0 and "more than 100 residues in all" in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # no traceback
+
+
+# ---- found missing by a mutation sweep: limits taken at their value, messages ---------------------
+
+def _settings():
+    """A settings dataclass with a plain and an optional int field."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class S:
+        n: int = 0
+        m: int | None = None
+
+    return S
+
+
+def test_a_settings_integer_of_exactly_2_53_is_taken_one_past_it_refused():
+    S = _settings()
+    assert jsonio.check_fields(S, {"n": 2 ** 53}, "s") == {"n": 2 ** 53}
+    assert jsonio.check_fields(S, {"n": -2 ** 53}, "s") == {"n": -2 ** 53}
+    with pytest.raises(ValueError, match="at most 2\\*\\*53"):
+        jsonio.check_fields(S, {"n": 2 ** 53 + 1}, "s")
+
+
+def test_many_duplicate_ids_are_named_ten_then_counted(tmp_path, capsys):
+    path = tmp_path / "dup.fa"
+    path.write_text("".join(f">d{i:02d}\nMKV\n>d{i:02d}\nMKL\n" for i in range(12)))
+    list(inputs.read_fasta(path))
+    err = capsys.readouterr().err
+    assert "'d09' and 2 more;" in err and "'d10'" not in err, err
+
+
+def test_residues_in_memory_up_to_the_limit_are_taken(tmp_path, monkeypatch):
+    path = tmp_path / "many.fa"
+    path.write_text("".join(f">s{i}\n{'ACDEFGHIKL' * 4}\n" for i in range(3)))  # 120 residues
+    monkeypatch.setattr(inputs, "MAX_IN_MEMORY", 120)
+    assert len(inputs.fasta_pairs(path)) == 2
+    monkeypatch.setattr(inputs, "MAX_IN_MEMORY", 119)
+    with pytest.raises(ValueError, match="more than 119 residues"):
+        inputs.fasta_pairs(path)
+
+
+def test_a_null_or_a_bool_for_a_plain_int_field_is_refused():
+    S = _settings()
+    assert jsonio.check_fields(S, {"m": None}, "s") == {"m": None}
+    for bad in (None, True):
+        with pytest.raises(ValueError, match="n must be a finite int"):
+            jsonio.check_fields(S, {"n": bad}, "s")
+
+
+def test_changes_name_nested_fields_by_their_whole_path():
+    assert jsonio.changes({"a": {"b": {"c": 1}}, "d": 1}, {"a": {"b": {"c": 2}}, "d": 1}) == [("a.b.c", 1, 2)]
+
+
+def test_a_line_of_exactly_max_line_characters_is_taken(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_LINE", 10)
+    path = tmp_path / "a.fa"
+    path.write_text(">a\n" + "A" * 10 + "\n")
+    assert [r.seq for r in inputs.read_fasta(path)] == ["A" * 10]
+    path.write_text(">a\n" + "A" * 11 + "\n")
+    with pytest.raises(ValueError, match=":2: line longer than 10"):
+        list(inputs.read_fasta(path))
+
+
+def test_a_bad_character_opening_a_line_is_named_on_that_line(tmp_path):
+    path = tmp_path / "a.fa"
+    path.write_text(">a\nMKV\n1KV\n")
+    (bad,) = inputs.read_fasta(path)
+    assert isinstance(bad, inputs.BadRecord) and "position 4 (1-based), on line 3;" in str(bad), bad
+
+
+def test_a_record_of_exactly_max_record_residues_is_taken(tmp_path, monkeypatch):
+    monkeypatch.setattr(inputs, "MAX_RECORD", 10)
+    path = tmp_path / "a.fa"
+    path.write_text(">a\nMKVLA\nMKVLA\n")
+    assert [r.seq for r in inputs.read_fasta(path)] == ["MKVLAMKVLA"]
+    path.write_text(">a\nMKVLA\nMKVLAG\n")
+    with pytest.raises(ValueError, match="record longer than 10 residues"):
+        list(inputs.read_fasta(path))
+
+
+def test_too_few_usable_records_name_three_skipped_and_count_the_rest(tmp_path):
+    path = tmp_path / "a.fa"
+    path.write_text(">ok\nMKV\n" + "".join(f">b{i}\nMK1\n" for i in range(5)))
+    with pytest.raises(ValueError, match=r"found 1; skipped .*; and 2 more$"):
+        inputs.fasta_pairs(path)
+
+
+def test_column_names_of_32_characters_are_warned_about(tmp_path, capsys):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(f"{'a' * 32}\t{'b' * 32}\nMKV\tMKL\n")
+    list(inputs.read_pairs_tsv(path))
+    assert "looks like column names" in capsys.readouterr().err
+
+
+def test_a_missing_row_is_named_with_the_files_first_row_as_example():
+    sto = SEED / "PF00041.sto"
+    names = sorted(line.split()[0] for line in sto.read_text().splitlines()
+                   if line.strip() and not line.startswith(("#", "/")))
+    with pytest.raises(ValueError, match=f"e.g. '{names[0]}'"):
+        inputs.pair_from_stockholm(sto, names[0], "nothere")

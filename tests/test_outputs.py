@@ -302,3 +302,37 @@ def test_tables_into_a_file_or_a_pipe_keep_their_width(monkeypatch):
     with console.capture() as captured:
         console.print(table)
     assert "1.234567e-05" in captured.get() and "…" not in captured.get()
+
+
+# ---- found missing by a mutation sweep ----------------------------------------------------------
+
+def test_a_gz_output_carries_no_timestamp(tmp_path, monkeypatch):
+    import time
+
+    from pfamalign.outputs import open_output
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)
+    with open_output(tmp_path / "a.txt.gz") as sink:
+        sink.write("x\n")
+    assert (tmp_path / "a.txt.gz").read_bytes()[4:8] == b"\0\0\0\0"  # MTIME: 0
+
+
+def test_a_new_file_inside_an_input_directory_is_fine(tmp_path):
+    from pfamalign.outputs import check_output_path
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    assert check_output_path(data / "new.json", inputs=[data]) == data / "new.json"
+
+
+def test_a_hard_link_to_an_input_is_refused_as_the_input(tmp_path):
+    import os
+
+    from pfamalign.outputs import OutputError, check_output_path
+
+    src = tmp_path / "pairs.tsv"
+    src.write_text("MKV\tMKL\n")
+    os.link(src, tmp_path / "h.tsv")
+    with pytest.raises(OutputError, match="is also an input"):
+        check_output_path(tmp_path / "h.tsv", inputs=[src])
