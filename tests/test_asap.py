@@ -580,3 +580,116 @@ def test_rows_without_support_keep_the_features_finite_and_on_their_scale():
     supported = np.asarray(mask[0, 0, :16].any(-1))
     assert not supported.all() and supported.any()  # the case in question
     assert np.all(np.isfinite(np.asarray(x))) and float(jnp.max(jnp.abs(x))) < 1e3
+
+
+# ---- found missing by a mutation sweep: the features, the engine, the fit's statistics ------------
+
+def test_features_and_targets_are_what_the_docstrings_say():
+    """Each feature (centred over the row's real keys; zero on padding rows), the dustbin's
+    regressors z and the centred targets, against numpy from the problem's scores."""
+    model = _model()
+    qf, kf, ql, kl = _inputs(7, length=16, q_len=(16, 11), k_len=(12, 16))
+    s, mask, _, _, q, k = asap.problem(model, qf, kf, ql, kl)
+    settings = asap.AsapSettings(features=("rowlse", "norm", "spoke", "max"))
+    x, z, rows = asap.features(s, mask, q, k, ql, kl, None, settings, model.cfg.transport.eps)
+    s, mask, x, z = (np.asarray(a, np.float64) for a in (s, mask, x, z))
+    mask, lq = mask.astype(bool), 16
+    centre = lambda c: c - c.mean(-1, keepdims=True)  # noqa: E731
+    for b, n in enumerate(np.asarray(ql)):
+        real, m = s[b, :, :n, :], mask[b, :, :n, :]
+        rowlse = -np.log(np.where(m, np.exp(real), 0).sum(-1))
+        want = {"rowlse": rowlse,
+                "norm": (np.asarray(q, np.float64)[b, :, :n] ** 2).sum(-1) / (np.sqrt(q.shape[-1])
+                                                                             * model.cfg.transport.eps),
+                "spoke": np.where(m[..., -1], real[..., -1], 0.0),
+                "max": np.where(m, real, -np.inf).max(-1)}
+        for f, name in enumerate(settings.features):
+            np.testing.assert_allclose(x[b, :, :n, f], centre(want[name]), atol=2e-4, err_msg=name)
+        assert np.all(x[b, :, n:] == 0)
+        db = -np.log(np.where(mask[b, :, lq], np.exp(s[b, :, lq]), 0).sum(-1))
+        np.testing.assert_allclose(z[b], np.stack([np.ones(2), db - rowlse.mean(-1), np.full(2, np.log(n)),
+                                                   np.full(2, np.log(int(kl[b])))], -1), atol=2e-4)
+    u = jnp.asarray(np.random.default_rng(0).normal(size=(2, 2, lq + 1)), jnp.float32)
+    y, y_db = (np.asarray(a, np.float64) for a in asap.centred_target(u, rows))
+    u = np.asarray(u, np.float64)
+    for b, n in enumerate(np.asarray(ql)):
+        np.testing.assert_allclose(y[b, :, :n], centre(u[b, :, :n]), atol=1e-6)
+        np.testing.assert_allclose(y_db[b], u[b, :, lq] - u[b, :, :n].mean(-1), atol=1e-6)
+
+
+def test_slice_features_are_the_scaled_centred_1d_potentials():
+    model = _model()
+    qf, kf, ql, kl = _inputs(8, length=16, q_len=(16, 11), k_len=(12, 16))
+    s, mask, _, _, q, k = asap.problem(model, qf, kf, ql, kl)
+    settings = asap.AsapSettings(slices=2, features=("norm",))
+    slices = asap.make_slices(settings, 2, q.shape[-1])
+    np.testing.assert_allclose(np.linalg.norm(slices, axis=1), 1.0, rtol=1e-6)  # unit directions
+    eps = model.cfg.transport.eps
+    x, _, _ = asap.features(s, mask, q, k, ql, kl, jnp.asarray(slices), settings, eps)
+    scale = 1.0 / (np.sqrt(q.shape[-1]) * eps)
+    for b, (n, m) in enumerate(zip(np.asarray(ql), np.asarray(kl))):
+        for h in range(2):
+            for sl in range(2):
+                f, _ = asap.kantorovich_1d(q[b, h] @ slices[h, :, sl], k[b, h] @ slices[h, :, sl], int(n), int(m))
+                f = np.asarray(f, np.float64)[:n] * scale
+                np.testing.assert_allclose(np.asarray(x)[b, h, :n, 1 + sl], f - f.mean(), atol=2e-4)
+
+
+def test_engine_steps_must_be_positive():
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        asap.Engine("steps", 0)
+
+
+def test_ceta_solvers_run_each_layers_own_operator_as_p_v():
+    model = _ceta_model()
+    cfg = model.cfg
+    ops = [_shaped_operator(model, cfg.attn_heads, cfg.attn_head_dim, asap.CETA_SETTINGS) for _ in range(2)]
+    ops[1].omega = ops[1].omega * -2  # two layers, two operators: each must run its own
+    arrays, settings = tuple(o.arrays() for o in ops), tuple(o.settings for o in ops)
+    solvers = asap.ceta_solvers(arrays, settings)
+    xq, _, lq, _ = asap.pad_batch(_pairs(6, 2))
+    (tcfg, q, k, _, lens, _), v = asap.ceta_inputs(model, xq, lq)[0]
+    for i in range(2):
+        plan, _ = asap.asap_of(tcfg, arrays[i], settings[i], q, k, None, lens, lens)
+        want = np.einsum("bhij,bhjv->bhiv", np.asarray(plan)[..., :-1, :-1], np.asarray(v))
+        np.testing.assert_allclose(np.asarray(solvers[i](q, k, v, lens, tcfg)), want, atol=1e-5)
+
+
+def test_engine_load_overrides_passes_describes_and_refuses_a_tampered_operator(tmp_path):
+    model = _model()
+    op = _shaped_operator(model, model.cfg.heads, model.cfg.head_dim + model.substitution_dim, asap.AsapSettings())
+    out = asap.write_compiled(checkpoint.save_model(tmp_path / "model", model), tmp_path / "compiled", op)
+    engine = asap.Engine.load("asap", out, model, passes=1)
+    assert engine.operator.settings.passes == 1 and op.settings.passes == 3
+    assert engine.describe() == {"name": "asap", "passes": 1, "slices": 0, "params_hash": op.params_hash[:16]}
+    path = out / asap.OPERATOR_FILE
+    data = json.loads(path.read_text())
+    data["omega"] = (np.asarray(data["omega"]) * 2).tolist()
+    path.write_text(json.dumps(data))
+    with pytest.raises(asap.CompileError, match="checksum mismatch"):
+        asap.Engine.load("asap", out, model)
+
+
+def test_an_operator_with_more_layer_operators_than_ceta_layers_is_refused():
+    model = _model()
+    layer = _shaped_operator(model, 2, 8, asap.CETA_SETTINGS)
+    op = _shaped_operator(model, model.cfg.heads, model.cfg.head_dim + model.substitution_dim, asap.AsapSettings(),
+                          layers=(layer,))
+    with pytest.raises(asap.CompileError, match="0 CETA layers"):
+        op.check(model)
+
+
+def test_fit_statistics_count_every_pair_and_name_the_dustbin():
+    pairs, held = _pairs(0, 3), _pairs(1, 2)
+    for dustbin in ("spoke", "none"):
+        op = asap.fit(_model(dustbin=dustbin), pairs, asap.AsapSettings(), held_out=held, batch_size=2)
+        assert op.stats["calibration_rows"] == sum(len(q) for q, _ in pairs) * 2
+        assert ("r2_dustbin" in op.stats) == (dustbin != "none")
+
+
+def test_each_ceta_layer_is_fitted_on_both_sides_of_every_pair():
+    model = _ceta_model()
+    pairs = _pairs(3, 2)
+    ops = asap.fit_ceta(model, pairs, dataclasses.replace(asap.CETA_SETTINGS, slices=0), params_hash="x")
+    rows = sum(len(q) + len(k) for q, k in pairs) * model.cfg.attn_heads
+    assert [(o.stats["calibration_rows"], o.stats["calibration_sequences"]) for o in ops] == [(rows, 4)] * 2

@@ -466,3 +466,22 @@ def test_named_config_trains_resumes_and_loads(name, tiny_dataset, tmp_path, mon
     feats = pred.featurize(["MKVLAAGIVGLLLA", "MKVLSAGIVGLA"])
     plan = next(pred.plans([(feats[0], feats[1])]))
     assert np.isfinite(plan.real).all() and plan.real.sum() > 0.5
+
+
+def test_rope_scores_depend_on_the_offset_only_and_both_sides_are_rotated():
+    """RoPE: a query-key score is a function of their offset, the rotation keeps norms, and
+    an attention layer rotates its queries and its keys (no test ran with rope on)."""
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.normal(size=(1, 8)), jnp.float32) for _ in range(2))
+    score = lambda i, j: float(jnp.sum(enc.rope(q, jnp.array([i])) * enc.rope(k, jnp.array([j]))))  # noqa: E731
+    for shift in (1, 5, 17):
+        assert abs(score(3 + shift, 1 + shift) - score(3, 1)) < 1e-4
+    np.testing.assert_allclose(np.linalg.norm(enc.rope(q, jnp.array([7]))), np.linalg.norm(q), rtol=1e-6)
+    attn = _perturbed(build_model(_cfg(attention="softmax", residual="plain"))).encoder.blocks[0].attn
+    assert attn.cfg.rope
+    x = _feat(b=1, l=12)[..., :32]
+    got_q, got_k, _ = attn.heads(x)
+    raw_q, raw_k, _ = (attn._split(t, 8) for t in jnp.split(attn.qkv(x), 3, -1))
+    pos = jnp.arange(12)
+    np.testing.assert_allclose(np.asarray(got_q), np.asarray(enc.rope(raw_q, pos)), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got_k), np.asarray(enc.rope(raw_k, pos)), atol=1e-6)
