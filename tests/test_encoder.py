@@ -257,6 +257,35 @@ def test_indexer_kl_is_zero_when_the_indexer_matches_and_positive_otherwise():
     assert float(enc.indexer_kl(p, -s[:, 0], mask, rows)) > 0.1
 
 
+def test_indexer_kl_is_the_mean_over_real_rows_only():
+    rng = np.random.default_rng(4)
+    s = jnp.asarray(rng.normal(size=(1, 1, 6, 6)), jnp.float32)
+    p = jax.nn.softmax(s, -1)
+    scores = jnp.asarray(rng.normal(size=(1, 6, 6)), jnp.float32)
+    mask, rows = jnp.ones((1, 1, 6), bool), jnp.array([[1.0, 1, 1, 1, 0, 0]])
+    target, logq = np.asarray(p[0, 0], np.float64), np.asarray(jax.nn.log_softmax(scores[0]), np.float64)
+    per_row = (target * (np.log(target) - logq)).sum(-1)
+    assert float(enc.indexer_kl(p, scores, mask, rows)) == pytest.approx(per_row[:4].mean(), rel=1e-5)
+
+
+def test_the_lightning_indexer_is_the_head_weighted_relu_score_over_sqrt_dim():
+    attn = _perturbed(build_model(_cfg(attention="gsa", residual="plain")), scale=0.1).encoder.blocks[0].attn
+    cfg, x = attn.cfg, _feat(b=1, l=7, seed=2)[..., :32]
+    qi = np.asarray(attn.index_q(x), np.float64).reshape(1, 7, cfg.attn_heads, cfg.indexer_dim)
+    ki, w = np.asarray(attn.index_k(x), np.float64), np.asarray(attn.index_w(x), np.float64)
+    want = np.einsum("bhij,bih->bij", np.maximum(np.einsum("bihe,bje->bhij", qi, ki), 0), w) / np.sqrt(cfg.indexer_dim)
+    np.testing.assert_allclose(np.asarray(attn.index_scores(x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plain_block_leaves_padding_rows_zero():
+    block = _perturbed(build_model(_cfg(attention="softmax", residual="plain", encoder_layers=1))).encoder.blocks[0]
+    x = _feat(b=1, l=9, seed=6)[..., :32]
+    lens = jnp.array([6])
+    mask = enc.length_mask(9, lens)
+    out, _, _ = block(x * mask, lens, mask)
+    assert np.all(np.asarray(out)[:, 6:] == 0) and np.any(np.asarray(out)[:, :6] != 0)
+
+
 # ---- CETA -----------------------------------------------------------------------------------
 
 def _np_sinkhorn(s, iters=5000):
@@ -285,6 +314,21 @@ def test_ceta_layer_equals_float64_numpy_sinkhorn():
             want = plan @ v[b, h, :n]
             got = np.asarray(o)[b, :n].reshape(n, cfg.attn_heads, -1)[:, h]
             np.testing.assert_allclose(got, want, atol=1e-5)  # the op's promise; 2.8e-7 measured
+
+
+def test_a_ceta_layer_runs_its_base_steps_then_a_two_step_tail():
+    """Unconverged (3 base steps), the layer is numpy's Sinkhorn of 3 + 2 steps exactly: the
+    R = 2 refinement tail, as the transport op's contract has it (4 or 6 steps: 1e-2 off)."""
+    cfg = _cfg(attention="ceta", residual="plain", ceta_steps=3, rope=False)
+    attn = _perturbed(build_model(cfg), scale=0.1).encoder.blocks[0].attn
+    x, lens = _feat(b=2, l=16, seed=10)[..., :32], jnp.array([16, 9])
+    o, _, _ = attn.mix(x, lens)
+    q, k, v = (np.asarray(t, np.float64) for t in attn.heads(x))
+    for b, n in enumerate([16, 9]):
+        for h in range(cfg.attn_heads):
+            s = q[b, h, :n] @ k[b, h, :n].T / np.sqrt(cfg.attn_head_dim)
+            got = np.asarray(o)[b, :n].reshape(n, cfg.attn_heads, -1)[:, h]
+            np.testing.assert_allclose(got, _np_sinkhorn(s, 5) @ v[b, h, :n], atol=1e-5)
 
 
 @pytest.mark.parametrize("band,equivariant", [(0, True), (2, False)])
@@ -328,10 +372,19 @@ def test_layer_report_states_the_layers_certificates(attention, residual):
     for n, f in enumerate(feats):
         x[n, : len(f)] = f
     _, _, infos = model.encoder.streams(jnp.asarray(x), jnp.array([19, 11]), trace=True)
-    for entry, info in zip(layers, infos):  # the row-softmax diagnostics, computed directly
-        if attention == "ceta":
-            continue
+    for entry, info in zip(layers, infos):  # the diagnostics, computed directly
         plans = [np.asarray(info["plan"], np.float64)[n, :, :ln, :ln] for n, ln in enumerate((19, 11))]
+        if attention == "ceta":  # a plan's senders are its rows, its receivers its columns
+            assert entry["sender_error"] == pytest.approx(max(np.abs(p.sum(-1) - 1).max() for p in plans), rel=1e-12)
+            assert entry["receiver_error"] == pytest.approx(max(np.abs(p.sum(-2) - 1).max() for p in plans),
+                                                            rel=1e-12)
+            continue
+        if attention == "gsa":  # selected keys within topk_local of their row, of all selected
+            picked = [np.asarray(info["selected"])[n, :ln, :ln] for n, ln in enumerate((19, 11))]
+            near = [np.abs(np.subtract.outer(np.arange(len(p)), np.arange(len(p)))) <= model.cfg.topk_local
+                    for p in picked]
+            assert entry["local_share"] == sum((p & w).sum() for p, w in zip(picked, near)) / sum(
+                p.sum() for p in picked)
         pmax = np.concatenate([p.max(-1).ravel() for p in plans])
         assert entry["receiver_imbalance"] == pytest.approx(
             max(np.abs(p.sum(-2) - 1).max() for p in plans), rel=1e-12)
