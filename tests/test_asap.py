@@ -68,6 +68,19 @@ def test_kantorovich_1d_is_an_optimal_dual_of_the_lp(n, m, ties):
     np.testing.assert_allclose(f.mean() + g.mean(), value, atol=1e-5)
 
 
+def test_kantorovich_1d_ends_a_row_first_on_ties_as_documented():
+    """n = m: every row event ties with a column event. Both orders give optimal duals, but
+    different potentials (so different features for a fitted operator): the documented rule,
+    the row first, puts the staircase through (i + 1, i), where f + g is the cost."""
+    x, y = np.array([0.3, -1.2, 2.0]), np.array([1.5, -0.4, 0.9])  # sorted: x 1 0 2, y 1 2 0
+    f, g = (np.asarray(a, np.float64) for a in asap.kantorovich_1d(jnp.asarray(x, jnp.float32),
+                                                                   jnp.asarray(y, jnp.float32), 3, 3))
+    xs, ys = np.argsort(x), np.argsort(y)
+    for i, j in ((0, 0), (1, 0), (1, 1), (2, 1), (2, 2)):  # row first: down, then right
+        assert f[xs[i]] + g[ys[j]] == pytest.approx(-x[xs[i]] * y[ys[j]], abs=1e-6)
+    assert f[xs[0]] == 0 and f[xs[0]] + g[ys[1]] != pytest.approx(-x[xs[0]] * y[ys[1]], abs=1e-3)
+
+
 # ---- reconstruction from the teacher's dual ----------------------------------------------------
 
 @pytest.mark.parametrize("dustbin", ["spoke", "capacity", "none"])
