@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import shutil
 import os
 import pathlib
@@ -1158,3 +1159,52 @@ def test_eval_json_is_written_as_every_other_output(dataset, tmp_path):
     assert link.is_symlink() and json.loads(target.read_text())["n_pairs"] == 2
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
     assert not [p.name for p in tmp_path.iterdir() if p.name not in ("real.json", "link.json")]
+
+
+# ---- found missing by a mutation sweep ----------------------------------------------------------
+
+def test_one_sequence_and_a_stockholm_pair_is_the_pair_named_twice(monkeypatch):
+    monkeypatch.setattr("pfamalign.barycenter.pair_barycenters", _fail_if_called)
+    res = run(["barycenter", PDZ_A, "--stockholm", SEED / "PF00041.sto", "--ids", "a", "b"])
+    assert res.exit_code == 2 and "the pair is named twice (SEQ_A SEQ_B and --stockholm)" in res.output, res.output
+
+
+def test_one_sequence_alone_is_a_usage_error():
+    res = run(["certify", PDZ_A])
+    assert res.exit_code == 2 and "give SEQ_A SEQ_B, or --stockholm FILE --ids ID_A ID_B, or --data DIR" \
+        in res.output, res.output
+
+
+def test_the_local_mea_note_is_not_printed_with_a_min_mass():
+    res = run(["align", PDZ_A, PDZ_B, "--decoder", "mea", "--mode", "local", "--objective", "accuracy",
+               "--min-mass", "0.05"])
+    assert res.exit_code == 0, res.output
+    assert "leaves no flank unaligned" not in res.stderr
+
+
+def test_an_infinite_evalue_means_no_limit():
+    from pfamalign.commands._common import Number
+
+    assert Number(min=0, finite=False).convert("inf", None, None) == math.inf
+    with pytest.raises(Exception, match="not a finite number"):
+        Number(min=0).convert("inf", None, None)
+
+
+def test_the_max_length_default_is_4096():
+    import click
+
+    command = main.get_command(click.Context(main), "align")
+    assert next(p for p in command.params if p.name == "max_length").default == 4096
+
+
+def test_an_unread_option_names_the_models_decoder_only_when_it_chose_it():
+    from pfamalign.decoding import DecoderSettings
+    from pfamalign.inference import default_model_dir
+
+    model_decoder = DecoderSettings.load(default_model_dir()).decoder
+    assert model_decoder != "affine"
+    res = run(["align", PDZ_A, PDZ_B, "--threshold", "0.1"])  # the model's decoder does not read it
+    assert res.exit_code == 2 and f"to the {model_decoder} decoder (the model's; choose another with --decoder)" \
+        in res.output, res.output
+    res = run(["align", PDZ_A, PDZ_B, "--decoder", "mea", "--threshold", "0.1"])
+    assert res.exit_code == 2 and "to the mea decoder, which reads" in res.output, res.output

@@ -272,3 +272,84 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
     shutil.rmtree(ens / members[0])
     res = run(["verify", ens])
     assert res.exit_code == 1 and f"{ens / members[0]}: ensemble member missing" in res.stderr
+
+
+# ---- found missing by a mutation sweep ----------------------------------------------------------
+
+@pytest.mark.parametrize("content, message", [
+    ({"members": [{"path": "m0", "plan_power": 0.1}], "weights": [2]}, "expected"),  # an unknown key
+    ({"members": [{"path": "sub/../m0", "plan_power": 0.1}]}, "inside the ensemble directory"),
+])
+def test_ensemble_files_with_unknown_keys_or_dotdot_paths_are_refused(tmp_path, content, message):
+    from pfamalign import ensemble
+
+    (tmp_path / "m0").mkdir()
+    (tmp_path / ensemble.ENSEMBLE_FILE).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=message):
+        ensemble.read_members(tmp_path)
+
+
+def test_posterior_plan_dustbins_are_never_negative():
+    from pfamalign import ensemble
+
+    plan = ensemble.posterior_plan(np.array([[0.7, 0.6], [0.5, 0.0]]))  # a row and a column above one
+    assert plan.row_dustbin.tolist() == [0.0, 0.5] and plan.col_dustbin.tolist() == [0.0, 0.4]
+
+
+def test_the_member_power_is_chosen_by_the_f1_objective():
+    from pfamalign import ensemble
+    from pfamalign.decoding import DecoderSettings
+
+    assert ensemble.plan_only_decoding(0.2) == DecoderSettings(decoder="posterior", alpha=1.0, objective="f1",
+                                                               plan_power=0.2)
+
+
+def test_an_ensemble_of_three_members_is_their_mean(models, tmp_path):
+    from pfamalign.inference import Predictor
+
+    _, one = Predictor(_write(tmp_path / "one", [(models[0], 0.1)])).align(PDZ_A, PDZ_B)
+    _, three = Predictor(_write(tmp_path / "three", [(models[0], 0.1)] * 3)).align(PDZ_A, PDZ_B)
+    np.testing.assert_allclose(three.real, one.real, atol=1e-6)
+
+
+def test_an_ensemble_as_a_member_is_refused(models, tmp_path):
+    from pfamalign import ensemble
+    from pfamalign.inference import Predictor
+
+    inner = _write(tmp_path / "inner", [(models[0], 0.1), (models[1], 0.2)])
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    shutil.copytree(inner, outer / "m0")
+    (outer / ensemble.ENSEMBLE_FILE).write_text(json.dumps({"members": [{"path": "m0", "plan_power": 0.1}]}))
+    with pytest.raises(ValueError, match="an ensemble member must be a single model"):
+        Predictor(outer)
+
+
+def test_the_ensemble_model_hash_follows_its_pairhmm(models, tmp_path):
+    from pfamalign.inference import Predictor
+    from pfamalign.outputs import shipped_assets
+
+    ens = _write(tmp_path / "ens", [(models[0], 0.1), (models[1], 0.2)])
+    hmm = json.loads((shipped_assets() / "pairhmm.json").read_text())
+    (ens / "pairhmm.json").write_text(json.dumps(hmm))
+    before = Predictor(ens).model_hash
+    hmm["prior"][0], hmm["prior"][1] = hmm["prior"][1], hmm["prior"][0]  # another, valid pair-HMM
+    (ens / "pairhmm.json").write_text(json.dumps(hmm))
+    assert Predictor(ens).model_hash != before
+
+
+def test_ensemble_build_records_trained_families_only_when_all_known_and_takes_the_first_pairhmm(
+        models, dataset, tmp_path):
+    from pfamalign.outputs import shipped_assets
+    from pfamalign.training.rundir import split_families
+
+    first = tmp_path / "first"
+    shutil.copytree(models[0], first)
+    shutil.copy(shipped_assets() / "pairhmm.json", first / "pairhmm.json")
+    (first / "training.json").write_text(json.dumps(
+        {"trained_on": {"families": split_families(dataset, "train")}, "decoder": {}}))
+    out = tmp_path / "ens"
+    res = run(["ensemble", first, models[1], "--data", dataset, "--max-pairs", "4", "--no-tune", "-o", out])
+    assert res.exit_code == 0, res.output
+    assert "trained_on" not in json.loads((out / "training.json").read_text())  # the second member's unknown
+    assert (out / "pairhmm.json").read_bytes() == (first / "pairhmm.json").read_bytes()

@@ -1113,3 +1113,33 @@ def test_predictor_hmm_posteriors_equal_the_reference_either_engine(mode):
         for (a, b), post in zip(pairs, got):
             np.testing.assert_allclose(post, match_posteriors(predictor.pairhmm, a, b, local=mode == "local"),
                                        rtol=1e-8, atol=1e-12)
+
+
+# ---- found missing by a mutation sweep ----------------------------------------------------------
+
+def test_the_build_tag_names_the_backend_and_the_jax_version(monkeypatch):
+    import jax
+
+    from pfamalign import compile_cache
+
+    try:
+        compile_cache._build_tag.cache_clear()
+        here = compile_cache._build_tag()
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        compile_cache._build_tag.cache_clear()
+        gpu = compile_cache._build_tag()
+        monkeypatch.setattr(compile_cache, "_jax_version", lambda: "0.0.1")
+        compile_cache._build_tag.cache_clear()
+        old = compile_cache._build_tag()
+    finally:
+        monkeypatch.undo()
+        compile_cache._build_tag.cache_clear()
+    assert gpu.startswith("gpu-") and here.split("-", 1)[1] == gpu.split("-", 1)[1]
+    assert "-jax0.0.1-" in old and len({here, gpu, old}) == 3
+
+
+def test_a_blank_cache_dir_setting_turns_the_cache_off(monkeypatch):
+    from pfamalign import compile_cache
+
+    monkeypatch.setenv(compile_cache.ENV, "  ")
+    assert compile_cache.cache_dir() is None

@@ -2208,3 +2208,37 @@ def test_one_sequence_or_a_pairs_file_where_fasta_is_expected_says_what_to_give(
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(f"{PDZ_A}\t{PDZ_B}\n")
     assert_clear_error(run(["align", pairs]), "not FASTA", "a tab-separated pairs file? give it to --pairs")
+
+
+# ---- found missing by a mutation sweep ----------------------------------------------------------
+
+def test_pairs_at_once_charges_the_address_space_of_every_pair(monkeypatch):
+    from pfamalign import resources
+    from pfamalign.inference import BATCH_SIZES
+
+    # at 2048: 0.75 GiB of cells a pair, mapped x1.1, plus 384 MiB: 2 pairs (2.03 GiB) fit in a
+    # ulimit -v leaving 3 GiB, 4 (3.68 GiB) do not
+    monkeypatch.setattr(resources, "address_space_left", lambda: 3 << 30)
+    assert resources.pairs_at_once(2048, 0, 1, BATCH_SIZES) == 2
+
+
+def test_the_budget_an_error_suggests_holds_the_pair(monkeypatch):
+    from pfamalign import resources
+
+    monkeypatch.setattr(resources, "address_space_left", lambda: None)
+    for length in (700, 3000, 5000):
+        with pytest.raises(ValueError, match="--max-memory") as err:
+            resources.check_align_memory(length, length, 1 << 20)
+        suggested = re.search(r"e\.g\. --max-memory (\S+)\)?;", str(err.value)).group(1)
+        assert resources.parse_size(suggested) >= resources.estimate_align_bytes(length, length), str(err.value)
+
+
+def test_a_cgroup_limit_of_zero_is_no_limit(tmp_path, monkeypatch):
+    from pfamalign import resources
+
+    monkeypatch.setattr(resources, "CGROUP_LIMIT_FILES", ())
+    physical = resources.machine_memory()  # no container limit read
+    v2 = tmp_path / "memory.max"
+    monkeypatch.setattr(resources, "CGROUP_LIMIT_FILES", (str(v2),))
+    v2.write_text("0\n")  # not a limit of zero bytes: no limit
+    assert resources.machine_memory() == physical > 0
