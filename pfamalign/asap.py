@@ -753,7 +753,7 @@ def load_operator(model_dir) -> Operator:
                                f"model is {compiled}: give --checkpoint {compiled}")
         raise CompileError(f"{model_dir} has no compiled operator ({OPERATOR_FILE}); "
                            "make one with `pfamalign compile --checkpoint MODEL -o OUT`")
-    from pfamalign.checkpoint import verify_checksums
+    from pfamalign.runs import verify_checksums
 
     damaged = verify_checksums(model_dir, OPERATOR_FILE)  # none recorded (older compiles): []
     if damaged:
@@ -787,7 +787,8 @@ def write_compiled(source, out, op: Operator, *, replace: bool = False) -> pathl
     settings, training record) plus the operator, built beside OUT and renamed into place
     (never half written). Refuses OUT equal to ``source`` and an existing OUT (``replace``:
     an existing compiled model directory is swapped out, as ``train --compile`` does)."""
-    from pfamalign.checkpoint import MODEL_RECORDS, add_checksums, copy_model, read_checksums, write_checksums
+    from pfamalign.checkpoint import copy_model
+    from pfamalign.runs import MODEL_RECORDS, add_checksums, read_checksums, write_checksums
     from pfamalign.pipelines.records import write_json
 
     source, out = pathlib.Path(source).absolute(), check_output_dir(source, out, replace=replace)

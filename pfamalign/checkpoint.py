@@ -343,20 +343,35 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
     cached = _params_cache_file(params_path)
     params = _read_cached_params(cached, abstract) if cached is not None else None
     if params is None:
-        mismatches = param_mismatches(abstract, params_path)
-        if mismatches:  # checked first: a failed orbax restore also prints tracebacks at exit
-            raise CheckpointError(f"{config_path} does not match the parameters in {params_path} "
-                                  f"({'; '.join(mismatches[:3])}); restore the config.json saved "
-                                  "with these parameters")
-        try:
-            with _quiet_absl():
-                params = _local_checkpointer(_ocp()).restore(params_path, abstract)
-        except Exception as err:  # orbax raises several types on foreign / truncated data
-            raise CheckpointError(f"cannot restore parameters from {params_path}: {_orbax_failure(err)}; "
-                                  f"`pfamalign verify {params_path.parent}` checks its files") from None
+        params = _restore_params(abstract, config_path, params_path,
+                                 then=f"; `pfamalign verify {params_path.parent}` checks its files")
         if cached is not None:
             _write_cached_params(cached, params)
     return nnx.merge(graphdef, params), config
+
+
+def restore_model(config: AlignerConfig, config_path: pathlib.Path, params_path: pathlib.Path) -> Aligner:
+    """``config``'s model with the parameters restored from ``params_path`` itself: no
+    checksum pass and no parameter cache, read or written (``verify``, which checks the files
+    itself and must judge them, not a cached copy of what they once held)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    graphdef, abstract = abstract_params(config, sharding=device)
+    return nnx.merge(graphdef, _restore_params(abstract, config_path, params_path))
+
+
+def _restore_params(abstract: dict, config_path: pathlib.Path, params_path: pathlib.Path, then: str = "") -> dict:
+    """The parameters of ``params_path`` (orbax) in the shapes ``abstract`` gives; a
+    CheckpointError naming the mismatch or the failure (followed by ``then``, what to do)."""
+    mismatches = param_mismatches(abstract, params_path)
+    if mismatches:  # checked first: a failed orbax restore also prints tracebacks at exit
+        raise CheckpointError(f"{config_path} does not match the parameters in {params_path} "
+                              f"({'; '.join(mismatches[:3])}); restore the config.json saved "
+                              "with these parameters")
+    try:
+        with _quiet_absl():
+            return _local_checkpointer(_ocp()).restore(params_path, abstract)
+    except Exception as err:  # orbax raises several types on foreign / truncated data
+        raise CheckpointError(f"cannot restore parameters from {params_path}: {_orbax_failure(err)}{then}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What a run directory and its model directory hold, read without jax or flax (a warm
-``align`` of a trained run and ``verify`` read them): the training record, the finished
-checkpoint steps and the checksums. ``checkpoint`` writes them and re-exports these names."""
+``align`` of a trained run and ``verify`` read them): the training record (``checkpoint``
+writes it), the finished checkpoint steps, and the checksums (written and checked here).
+``checkpoint`` re-exports these names."""
 
 from __future__ import annotations
 

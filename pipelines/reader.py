@@ -217,10 +217,8 @@ class _ArrayRecordFiles:
         return self._len
 
     def _src(self):
-        if self._source is None:  # array_record's own reader: grain's subclass imports jax
-            from array_record.python.array_record_data_source import ArrayRecordDataSource
-
-            self._source = ArrayRecordDataSource(self._files)
+        if self._source is None:
+            self._source = rec.array_records(self._files)
         return self._source
 
     def _read(self, index: int) -> dict:

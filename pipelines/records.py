@@ -156,6 +156,14 @@ def read_array_record(path: os.PathLike) -> Iterator[bytes]:
         reader.close()
 
 
+def array_records(files: list[str]):
+    """Random access to the records of ArrayRecord ``files`` (``source[i]``: bytes; ``len``):
+    array_record's own source, which grain's subclass wraps (and imports jax for)."""
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    return ArrayRecordDataSource(files)
+
+
 def count_array_record(path: os.PathLike) -> int:
     from array_record.python.array_record_module import ArrayRecordReader
 

@@ -330,8 +330,6 @@ class EmbeddingCache:
 
     def _load(self):
         if self._loaded is None:
-            import grain
-
             self._loaded = []
             for d in self.datasets:
                 root = pathlib.Path(d)
@@ -341,7 +339,7 @@ class EmbeddingCache:
                     with open(root / manifest["embeddings"]["index"]) as f:
                         next(f)
                         index = {h: int(i) for h, _, i in (line.split("\t") for line in f)}
-                    source = grain.sources.ArrayRecordDataSource(files) if files else None
+                    source = rec.array_records(files) if files else None
                 except (OSError, UnicodeDecodeError, ValueError, StopIteration,
                         RuntimeError) as err:  # RuntimeError: array_record on a corrupt file
                     raise _damaged(d, err) from None

@@ -303,16 +303,38 @@ def test_a_compiled_directory_refuses_other_parameters(tmp_path):
         asap.write_compiled(src, out, op)
 
 
-def test_verify_names_an_operator_fitted_to_another_model(tmp_path):
-    """Checksums vouch for bytes, not for what the operator was fitted to: a compiled model
-    holding another model's operator (no checksums to fail: an older directory) or one from
-    an older pfamalign passed `verify` and failed in `align --engine asap`."""
+def test_verify_names_an_operator_fitted_to_another_model(tmp_path, monkeypatch):
+    """Checksums vouch for bytes, not for what the operator was fitted to: an operator from an
+    older pfamalign (its checksum recorded) or another model's (in a directory without
+    checksums) passed `verify` and failed in `align --engine asap`. The parameters are read
+    from the directory itself (the parameter cache is neither read nor written), and damage
+    elsewhere is not blamed on the operator."""
+    from pfamalign import runs
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", str(cache))
     model = _model(seed=0)
     src = checkpoint.save_model(tmp_path / "model", model)
     op = asap.fit(model, _pairs(0, 4), asap.AsapSettings(slices=2))
     out = asap.write_compiled(src, tmp_path / "compiled", op)
     assert _run(["verify", out]).exit_code == 0
-    (out / checkpoint.CHECKSUMS).unlink()
+    assert not (cache / "params").exists()  # verify judged the files, and cached nothing
+    legacy = {k: v for k, v in op.to_dict().items() if k != "fingerprint"}
+    (out / asap.OPERATOR_FILE).write_text(json.dumps({**legacy, "params_hash": asap.params_hash(model, 1)}))
+    runs.add_checksums(out, (asap.OPERATOR_FILE,))  # as its own pfamalign recorded it
+    res = _run(["verify", out])
+    assert res.exit_code == 1 and "checksum mismatch" not in res.output, res.output
+    assert f"{out / asap.OPERATOR_FILE}: the compiled operator was made by a pfamalign before 2026-11-29" \
+        in res.output, res.output
+    (out / asap.OPERATOR_FILE).write_text(json.dumps(op.to_dict()))
+    runs.add_checksums(out, (asap.OPERATOR_FILE,))
+    config = json.loads((out / "config.json").read_text())
+    config["model"]["transport"]["eps"] *= 2  # another teacher: damage, reported as such
+    (out / "config.json").write_text(json.dumps(config))
+    res = _run(["verify", out])
+    assert f"{out / 'config.json'}: checksum mismatch" in res.output and "fitted to" not in res.output, res.output
+    (out / checkpoint.CHECKSUMS).unlink()  # nothing vouches for anything now
+    (out / "config.json").write_text((src / "config.json").read_text())
     res = _run(["verify", out])  # a problem (nothing to verify against), but the operator is this model's
     assert f"no {checkpoint.CHECKSUMS}" in res.output and "fitted to the model" not in res.output, res.output
     foreign = asap.fit(_model(seed=1), _pairs(0, 4), asap.AsapSettings(slices=2))
@@ -320,7 +342,7 @@ def test_verify_names_an_operator_fitted_to_another_model(tmp_path):
     res = _run(["verify", out])
     assert res.exit_code == 1, res.output
     assert f"{out / asap.OPERATOR_FILE}: the compiled operator was fitted to the model" in res.output
-    assert "recompile with `pfamalign compile`" in res.output
+    assert "recompile with `pfamalign compile`" in res.output and "restore them instead" in res.output
 
 
 def test_the_fingerprint_ignores_how_the_plan_runs_and_names_an_older_pfamaligns_operator():

@@ -44,6 +44,7 @@ def test_verifying_a_dataset_imports_no_jax(seed_dataset):
                           text=True, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert "problem" not in proc.stderr and lines[-1] == "JAX_FREE", proc.stderr
+    assert f"checked dataset {seed_dataset}" in proc.stdout and "ok: everything with a checksum" in proc.stdout
 
 
 def test_the_command_list_gives_each_command_a_whole_summary():

@@ -1182,11 +1182,15 @@ def test_the_local_mea_note_is_not_printed_with_a_min_mass():
     assert "leaves no flank unaligned" not in res.stderr
 
 
-def test_an_infinite_evalue_means_no_limit():
+def test_an_infinite_evalue_is_taken_as_no_limit():
+    """`search --evalue inf` reports every hit; a number option held finite refuses inf."""
+    import click
+
     from pfamalign.commands._common import Number
 
-    assert Number(min=0, finite=False).convert("inf", None, None) == math.inf
-    with pytest.raises(Exception, match="not a finite number"):
+    search = main.get_command(click.Context(main), "search")
+    assert next(p for p in search.params if p.name == "evalue").type.convert("inf", None, None) == math.inf
+    with pytest.raises(click.BadParameter, match="not a finite number"):
         Number(min=0).convert("inf", None, None)
 
 

@@ -277,7 +277,7 @@ def test_verify_checks_every_member_of_an_ensemble(tmp_path):
 # ---- found missing by a mutation sweep ----------------------------------------------------------
 
 @pytest.mark.parametrize("content, message", [
-    ({"members": [{"path": "m0", "plan_power": 0.1}], "weights": [2]}, "expected"),  # an unknown key
+    ({"members": [{"path": "m0", "plan_power": 0.1}], "weights": [2]}, 'expected {"members"'),  # an unknown key
     ({"members": [{"path": "sub/../m0", "plan_power": 0.1}]}, "inside the ensemble directory"),
 ])
 def test_ensemble_files_with_unknown_keys_or_dotdot_paths_are_refused(tmp_path, content, message):
@@ -343,13 +343,20 @@ def test_ensemble_build_records_trained_families_only_when_all_known_and_takes_t
     from pfamalign.outputs import shipped_assets
     from pfamalign.training.rundir import split_families
 
-    first = tmp_path / "first"
-    shutil.copytree(models[0], first)
+    families = split_families(dataset, "train")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for model, copy, known in ((models[0], first, families[:2]), (models[1], second, families[1:3])):
+        shutil.copytree(model, copy)
+        (copy / "training.json").write_text(json.dumps({"trained_on": {"families": known}, "decoder": {}}))
     shutil.copy(shipped_assets() / "pairhmm.json", first / "pairhmm.json")
-    (first / "training.json").write_text(json.dumps(
-        {"trained_on": {"families": split_families(dataset, "train")}, "decoder": {}}))
-    out = tmp_path / "ens"
-    res = run(["ensemble", first, models[1], "--data", dataset, "--max-pairs", "4", "--no-tune", "-o", out])
+    build = lambda out: run(["ensemble", first, second, "--data", dataset, "--max-pairs", "4", "--no-tune",  # noqa: E731
+                             "-o", out])
+    res = build(tmp_path / "both")
     assert res.exit_code == 0, res.output
-    assert "trained_on" not in json.loads((out / "training.json").read_text())  # the second member's unknown
-    assert (out / "pairhmm.json").read_bytes() == (first / "pairhmm.json").read_bytes()
+    assert json.loads((tmp_path / "both" / "training.json").read_text())["trained_on"] == {
+        "families": sorted(set(families[:3]))}  # the union of what the members learnt from
+    assert (tmp_path / "both" / "pairhmm.json").read_bytes() == (first / "pairhmm.json").read_bytes()
+    (second / "training.json").unlink()  # one member's families unknown: none claimed
+    res = build(tmp_path / "one")
+    assert res.exit_code == 0, res.output
+    assert "trained_on" not in json.loads((tmp_path / "one" / "training.json").read_text())

@@ -406,7 +406,7 @@ def test_column_names_of_32_characters_are_warned_about(tmp_path, capsys):
     assert "looks like column names" in capsys.readouterr().err
 
 
-def test_a_missing_row_is_named_with_the_files_first_row_as_example():
+def test_a_missing_row_is_named_with_an_example_of_the_files_names():
     sto = SEED / "PF00041.sto"
     names = sorted(line.split()[0] for line in sto.read_text().splitlines()
                    if line.strip() and not line.startswith(("#", "/")))

@@ -176,8 +176,9 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
     """A model directory's settings and its parameters' shapes. Its JSON settings files (whose
     checksums a finished model records, ``checkpoint.write_training_record``) must each parse
     and pass the same field checks as on load, and the parameters' names, shapes and dtypes must be those
-    config.json asks for; a compiled operator (asap.json) must load; a training run's
-    ``model/`` must be finished (training.json, written last). Files named in ``damaged``
+    config.json asks for; a compiled operator (asap.json) must load and, when nothing else is
+    wrong, have been fitted to these parameters and this configuration (``_operator_fit_problems``);
+    a training run's ``model/`` must be finished (training.json, written last). Files named in ``damaged``
     (checksum problems) are not read: a corrupt parameter file's metadata fails in orbax's
     threads (tracebacks) and would blame config.json for the damage."""
     intact = lambda part: not any(p.startswith(str(model / part)) for p in damaged)
@@ -186,7 +187,7 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
                                       param_mismatches, read_model_config)
     from pfamalign.decoding import DecoderSettings
 
-    problems = []
+    problems, config = [], None
     if (model / "config.json").is_file():
         try:
             config = read_model_config(model / "config.json")
@@ -207,25 +208,32 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
         except CompileError as err:  # it names the file
             problems.append(str(err))
         else:
-            if not problems and intact("params") and (model / "params").is_dir():
-                problems += _operator_fit_problems(model, operator)
+            if not (problems or damaged) and config is not None and (model / "params").is_dir():
+                problems += _operator_fit_problems(model, config, operator)
     if model.name == "model" and (model.parent / "checkpoints").is_dir() and not (model / TRAINING_RECORD).is_file():
         problems.append(f"{model}: unfinished (no {TRAINING_RECORD}: training stopped before it "
                         "finished the model); re-run the same `pfamalign train` command to finish it")
     return problems
 
 
-def _operator_fit_problems(model: pathlib.Path, operator) -> list[str]:
+def _operator_fit_problems(model: pathlib.Path, config, operator) -> list[str]:
     """Whether a compiled operator was fitted to the parameters and configuration beside it,
     as ``align --engine asap`` checks on load (checksums alone pass one compiled by an older
-    pfamalign, or a directory without checksums holding another model's operator)."""
+    pfamalign, or a directory without checksums holding another model's operator). Called on
+    an undamaged directory only; the parameters are read from it, not from a cached copy."""
     from pfamalign.asap import OPERATOR_FILE, CompileError
-    from pfamalign.checkpoint import CheckpointError, load_model
+    from pfamalign.checkpoint import CheckpointError, restore_model
+    from pfamalign.runs import CHECKSUMS
 
     try:
-        operator.check(load_model(model, impl=None)[0])
-    except (CheckpointError, CompileError) as err:
-        return [f"{model / OPERATOR_FILE}: {err}"]
+        operator.check(restore_model(config, model / "config.json", model / "params"))
+    except CheckpointError as err:  # the parameters themselves: it names them
+        return [str(err)]
+    except CompileError as err:
+        unvouched = "" if (model / CHECKSUMS).is_file() else (
+            f" (no {CHECKSUMS} vouches for the parameters either: if they are not the ones it was "
+            "compiled from, restore them instead)")
+        return [f"{model / OPERATOR_FILE}: {err}{unvouched}"]
     return []
 
 
