@@ -234,7 +234,7 @@ def plan_figure(plan, *, pairs=None, reference_pairs=None, row_dustbin=None, col
 
 def _bars(ax, values: np.ndarray, *, under=None, horizontal: bool = False, **style) -> None:
     """One bar a residue (numbered from 1), stacked on ``under``: one filled step patch, where
-    ``bar`` drew a rectangle each (0.7 of a second's drawing at L 900)."""
+    ``bar`` drew a rectangle each (the band figure at L 900: 1.62 s with them, 0.35 s now)."""
     edges = np.arange(len(values) + 1) + 0.5
     base = 0.0 if under is None else np.asarray(under, dtype=np.float64)
     ax.stairs(base + values, edges, baseline=base, fill=True, linewidth=0,
