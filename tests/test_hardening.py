@@ -952,6 +952,28 @@ def test_a_full_disk_under_an_orbax_save_is_one_error_and_leaves_no_temporary(sm
     assert "Traceback" not in err and "ERROR:absl" not in err and "never retrieved" not in err, err[:2000]
 
 
+def test_a_failed_saves_temporary_is_removed_even_when_late_writes_make_it_again(tmp_path):
+    """A write still queued when a save fails can create the temporary's directories after it
+    was removed: the removal goes on until the temporary stays gone."""
+    import threading
+    import time
+
+    from pfamalign import checkpoint
+
+    tmp = tmp_path / "params.orbax-checkpoint-tmp"
+    tmp.mkdir()
+
+    def late_write():
+        time.sleep(0.05)
+        (tmp / "ocdbt.process_0" / "d").mkdir(parents=True, exist_ok=True)
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    checkpoint._remove_until_gone(lambda: list(tmp_path.glob("params.orbax-checkpoint-tmp*")))
+    writer.join()
+    assert not tmp.exists()
+
+
 def test_the_certify_estimate_grows_with_the_plans_cells():
     """``certify`` holds dense plans: past its fixed part, its estimate grows as the padded
     length squared (an estimate linear in the length let an 8000 x 8000 pair past a 4G budget)."""
