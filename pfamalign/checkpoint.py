@@ -127,8 +127,15 @@ def save_model(directory: str | os.PathLike, model: Aligner, config: AlignerConf
     directory.mkdir(parents=True, exist_ok=True)
     ckptr = ocp.StandardCheckpointer()
     with _orbax_writing(directory / "params"):
-        ckptr.save(directory / "params", params, force=True)
-        ckptr.wait_until_finished()
+        try:
+            ckptr.save(directory / "params", params, force=True)
+            ckptr.wait_until_finished()
+        except Exception:
+            # its background writes (the step metadata's among them: the first wait raised
+            # before reaching them) end before the temporary is removed, not after
+            with contextlib.suppress(Exception):
+                ckptr.close()
+            raise
     if jax.process_index() == 0:
         write_checksums(directory, ("params",))
         records.write_json(directory / "config.json", {"format": MODEL_FORMAT,
