@@ -1,6 +1,7 @@
 """Test-session setup: 8 simulated CPU devices, the --full flag for slow cases, and worker
 processes where pytest-xdist is installed."""
 
+import gc
 import os
 import pathlib
 import signal
@@ -74,6 +75,32 @@ MAX_WORKERS = 4  # each worker holds its own 8 CPU devices and compiled programs
 def pytest_xdist_auto_num_workers(config):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(MAX_WORKERS, cores)
+
+
+# XLA's CPU backend maps each compiled executable's code and data as a few memory mappings of
+# its own, held while jax's caches hold the executable. Linux refuses a process more than
+# vm.max_map_count (65,530 by default) mappings, and a compile that then cannot map its code
+# segfaults or aborts the worker: it did so at 99 % of two CI runs (a worker peaked at 31,000
+# mappings in 10 minutes). Between modules, a worker past this many drops its compiled programs.
+MAX_MAPPINGS = 16_000
+
+
+def _mappings() -> int:
+    """This process's memory mappings (0 where /proc is not there to count them)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+@pytest.hookimpl(trylast=True)  # after the module's fixtures are torn down: theirs go too
+def pytest_runtest_teardown(item, nextitem):
+    """At the end of a module, a worker holding MAX_MAPPINGS or more drops jax's caches."""
+    if (nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None)) \
+            and _mappings() >= MAX_MAPPINGS:
+        jax.clear_caches()
+        gc.collect()  # executables in reference cycles (traced closures) are freed only by a collection
 
 
 def pytest_collection_modifyitems(config, items):
