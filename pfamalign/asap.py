@@ -52,8 +52,9 @@ from flax import nnx
 
 from pfamalign import jsonio
 from pfamalign.inference import pad_batch  # the one zero-padding of feature pairs (bucketed lengths)
-from pfamalign.kernels import DustbinTokens, transport
+from pfamalign.kernels import DustbinTokens, scaling_transport_plan, transport
 from pfamalign.kernels.reference import dense_problem, masked_neg_lse, reference_solve
+from pfamalign.kernels.scaling import scaling_applies
 from pfamalign.outputs import check_output_directory, inside, staged_directory
 
 ENGINES = ("sinkhorn", "steps", "asap")
@@ -381,10 +382,14 @@ def predict_dual(x, z, rows, omega, omega_dustbin):
     return jnp.concatenate([jnp.where(rows, u_real, 0.0), u_db[..., None]], -1)
 
 
-# The `steps` engine's most steps: its solve (the reference's, a step per traced operation,
-# every step's potentials kept) grows with them: 200 steps of a 64 x 63 pair took 24 s and
-# 1.3 GB, 1000 took 9.5 min and 7.4 GB (2026-11-30).
-MAX_ENGINE_STEPS = 200
+# The `steps` engine's most steps. It solves in the scaling domain (``scaling_transport_plan``:
+# a loop, so its program does not grow with the steps; 1000 steps of a 64 x 63 pair took 0.9 s)
+# and falls back on the reference where float32's range was left or the scaling domain does
+# not apply. The reference's program holds every step (200 steps of a 64 x 63 pair took 24 s and
+# 1.3 GB, 1000 took 9.5 min and 7.4 GB, 2026-11-30): more steps than MAX_REFERENCE_STEPS on it
+# are refused, not run.
+MAX_ENGINE_STEPS = 10_000
+MAX_REFERENCE_STEPS = 200
 
 
 def teacher_of(cfg, q, k, tokens, q_len, k_len, *, steps: int | None = None):
@@ -625,32 +630,47 @@ def ceta_solvers(ceta_arrays, ceta_settings):
 
 # ---- engines ---------------------------------------------------------------------------------
 
+def steps_config(cfg, steps: int):
+    """The `steps` engine's transport: ``steps`` plain Sinkhorn steps at the model's eps."""
+    return dataclasses.replace(cfg, base_steps=steps, tail_steps=0, eps_schedule=None, tol=None)
+
+
 def transport_of(cfg, op_arrays, q, k, tokens, q_len, k_len, *, engine: str, steps: int | None = None,
-                 settings: AsapSettings | None = None):
-    """The per-head extended plan ``[B, H, Lq + 1, Lk + 1]`` of one engine from projections."""
+                 settings: AsapSettings | None = None, solver: str = "scaling"):
+    """``(plan, safe)``: the per-head extended plan ``[B, H, Lq + 1, Lk + 1]`` of one engine
+    from projections, and whether it holds. ``solver``, for the Sinkhorn engines (``sinkhorn``:
+    the config's own steps; ``steps``: ``steps_config``): ``"scaling"`` (``safe`` False where
+    float32's range was left: solve again with ``"reference"``) or ``"reference"`` (the dense
+    log-domain reference, always safe). A compiled plan (``asap``) is always safe."""
     if engine == "asap":
-        return asap_of(cfg, op_arrays, settings, q, k, tokens, q_len, k_len)[0]
-    return teacher_of(cfg, q, k, tokens, q_len, k_len, steps=steps if engine == "steps" else None)[0]
+        return asap_of(cfg, op_arrays, settings, q, k, tokens, q_len, k_len)[0], jnp.array(True)
+    if engine == "steps":
+        cfg = steps_config(cfg, steps)
+    if solver == "scaling":
+        return scaling_transport_plan(q, k, q_len, k_len, tokens, config=cfg)
+    return teacher_of(cfg, q, k, tokens, q_len, k_len)[0], jnp.array(True)
 
 
 def plan_of(model, op_arrays, q_feat, k_feat, q_len, k_len, *, engine: str, steps: int | None = None,
             settings: AsapSettings | None = None, heads_mean: bool = True, ceta_arrays=None,
-            ceta_settings=None):
-    """The plan of one engine: the head-mean ``[B, Lq + 1, Lk + 1]`` (real rows, then the
-    dustbin row) that ``Aligner.plan`` gives (``heads_mean``), else the per-head plan
-    ``[B, H, Lq + 1, Lk + 1]``; with ``ceta_arrays`` / ``ceta_settings`` (``Operator.ceta``)
-    the encoder's CETA layers run their compiled operators. Not compiled (``engine_plan`` is)."""
+            ceta_settings=None, solver: str = "scaling"):
+    """``(plan, safe)``: the plan of one engine (``transport_of``), the head-mean ``[B, Lq + 1,
+    Lk + 1]`` (real rows, then the dustbin row) that ``Aligner.plan`` gives (``heads_mean``),
+    else the per-head plan ``[B, H, Lq + 1, Lk + 1]``; with ``ceta_arrays`` / ``ceta_settings``
+    (``Operator.ceta``) the encoder's CETA layers run their compiled operators. Not compiled
+    (``engine_plan`` is)."""
     proj = projections(model, q_feat, k_feat, q_len, k_len, ceta_solvers(ceta_arrays, ceta_settings))
-    plan = transport_of(model.cfg.transport, op_arrays, *proj, engine=engine, steps=steps, settings=settings)
-    return plan.mean(axis=1) if heads_mean else plan
+    plan, safe = transport_of(model.cfg.transport, op_arrays, *proj, engine=engine, steps=steps,
+                              settings=settings, solver=solver)
+    return (plan.mean(axis=1) if heads_mean else plan), safe
 
 
 def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine: str,
                        steps: int | None = None, settings: AsapSettings | None = None, ceta_arrays=None,
-                       ceta_settings=None):
-    """``plan_of`` of A against B and of B against A (head means ``[B, La + 1, Lb + 1]``,
-    ``[B, Lb + 1, La + 1]``), each sequence encoded once (as ``Aligner.plans_both_ways``); the
-    engine's transport runs once per direction."""
+                       ceta_settings=None, solver: str = "scaling"):
+    """``((ab, ba), safe)``: ``plan_of`` of A against B and of B against A (head means ``[B,
+    La + 1, Lb + 1]``, ``[B, Lb + 1, La + 1]``), each sequence encoded once (as
+    ``Aligner.plans_both_ways``); the engine's transport runs once per direction."""
     ceta = ceta_solvers(ceta_arrays, ceta_settings)
     ha, hb = model.encode(a_feat, a_len, ceta=ceta), model.encode(b_feat, b_len, ceta=ceta)
 
@@ -658,15 +678,19 @@ def plans_both_ways_of(model, op_arrays, a_feat, b_feat, a_len, b_len, *, engine
         q, k, _, tokens = model.project(q_feat, k_feat, q_len, k_len, encoded=encoded)
         if tokens is not None:  # the plan needs no values
             tokens = DustbinTokens(tokens.q, tokens.k, jnp.zeros((k.shape[1], 1), k.dtype))
-        return transport_of(model.cfg.transport, op_arrays, q, k, tokens, q_len, k_len, engine=engine,
-                            steps=steps, settings=settings).mean(axis=1)
+        plan, safe = transport_of(model.cfg.transport, op_arrays, q, k, tokens, q_len, k_len, engine=engine,
+                                  steps=steps, settings=settings, solver=solver)
+        return plan.mean(axis=1), safe
 
-    return one_way(a_feat, b_feat, a_len, b_len, (ha, hb)), one_way(b_feat, a_feat, b_len, a_len, (hb, ha))
+    (ab, safe_ab), (ba, safe_ba) = (one_way(a_feat, b_feat, a_len, b_len, (ha, hb)),
+                                    one_way(b_feat, a_feat, b_len, a_len, (hb, ha)))
+    return (ab, ba), safe_ab & safe_ba
 
 
-engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean", "ceta_settings"))
+engine_plan = nnx.jit(plan_of, static_argnames=("engine", "steps", "settings", "heads_mean", "ceta_settings",
+                                                "solver"))
 engine_plans_both_ways = nnx.jit(plans_both_ways_of, static_argnames=("engine", "steps", "settings",
-                                                                      "ceta_settings"))
+                                                                      "ceta_settings", "solver"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -699,7 +723,11 @@ class Engine:
         """The engine ``name`` for ``model`` loaded from ``model_dir``; for ``asap``, its
         operator (checked against the model's parameters; ``passes`` overrides its own)."""
         if name != "asap":
-            return cls(name, steps)
+            engine = cls(name, steps)
+            if name == "steps" and not scaling_applies(steps_config(model.cfg.transport, steps)):
+                engine.check_reference(why=f"the scaling solve does not cover the model's "
+                                                  f"{model.cfg.transport.marginals} marginals")
+            return engine
         check_model(model)  # before looking for an operator `compile` would refuse to write
         op = load_operator(model_dir)
         op.check(model)
@@ -727,9 +755,24 @@ class Engine:
                      **(op.ceta() if op else {})))
 
     def _call(self, fn, model, x, y, x_len, y_len, **kw):
+        """``fn``'s plans by the scaling solve, or by the reference where that left float32's
+        range (two programs, as ``Aligner.plan``'s)."""
         arrays, static = self.args()
-        return fn(model, arrays, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
-                  jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32), **static, **kw)
+        args = (model, arrays, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
+                jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32))
+        plans, safe = fn(*args, **static, **kw, solver="scaling")
+        if bool(safe):
+            return plans
+        self.check_reference(why="its scaling solve left float32's range")
+        return fn(*args, **static, **kw, solver="reference")[0]
+
+    def check_reference(self, *, why: str) -> None:
+        """Refuses (ValueError) a `steps` engine the reference would have to solve (``why``)
+        past MAX_REFERENCE_STEPS: its program holds every step (minutes and gigabytes)."""
+        if self.name == "steps" and self.steps > MAX_REFERENCE_STEPS:
+            raise ValueError(f"--steps {self.steps} needs the reference solve here ({why}), which takes "
+                             f"minutes and gigabytes past {MAX_REFERENCE_STEPS} steps: give --steps "
+                             f"{MAX_REFERENCE_STEPS} or fewer")
 
     def plan(self, model, q_feat, k_feat, q_len, k_len):
         """Head-mean plans ``[B, Lq + 1, Lk + 1]``, last row the dustbin's (as ``Aligner.plan``)."""

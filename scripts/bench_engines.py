@@ -91,7 +91,7 @@ def speed(predictor, table, lengths, batch, repeats):
             _, mem[name] = _common.compile_with_memory(
                 lambda *p, a=arrays, kw=kw: asap.transport_of(cfg, a, *p, **kw), *proj)
         best = _common.time_interleaved(cases, repeats=repeats)
-        plans = {name: np.asarray(cases[name][0](*args)) for name in table}
+        plans = {name: np.asarray(cases[name][0](*args)[0]) for name in table}  # (plan, safe)
         for name in table:
             decode_s = np.inf  # the model's decoder, min over the batch's pairs
             for n, pair in enumerate(seqs):
@@ -181,10 +181,10 @@ def accuracy(predictor, table, data, split, n_pairs, seed, n_boot, batch):
         pairs = [(np.asarray(r["q_feat"], np.float32), np.asarray(r["k_feat"], np.float32)) for r in recs]
         longest = max(max(len(a), len(b)) for a, b in pairs)
         args = asap.pad_batch(pairs, pad=-(-longest // 256) * 256)  # few shapes: few compilations
-        teacher = np.asarray(asap.engine_plan(predictor.model, None, *args, engine="sinkhorn", heads_mean=False))
+        teacher = np.asarray(asap.engine_plan(predictor.model, None, *args, engine="sinkhorn", heads_mean=False)[0])
         for name, (arrays, kw) in table.items():
             t0 = time.perf_counter()
-            full = np.asarray(asap.engine_plan(predictor.model, arrays, *args, **kw, heads_mean=False))
+            full = np.asarray(asap.engine_plan(predictor.model, arrays, *args, **kw, heads_mean=False)[0])
             errs[name]["s"] += time.perf_counter() - t0
             err = errs[name]
             err["num"] += float(np.sum((full - teacher) ** 2))

@@ -171,8 +171,8 @@ def test_fit_learns_the_dual_and_reports_held_out_statistics():
     assert s["col_marginal_err_passes1"] < 1e-5  # the key-side transform is last
     # the compiled plans are closer to the teacher than one plain Sinkhorn step's
     args = asap.pad_batch(_pairs(1, 4))
-    teacher = np.asarray(asap.engine_plan(model, None, *args, engine="sinkhorn"))
-    one = np.asarray(asap.engine_plan(model, None, *args, engine="steps", steps=1))
+    teacher = np.asarray(asap.engine_plan(model, None, *args, engine="sinkhorn")[0])
+    one = np.asarray(asap.engine_plan(model, None, *args, engine="steps", steps=1)[0])
     got = np.asarray(asap.Engine("asap", operator=op).plan(model, *args))
     rel = lambda p: np.linalg.norm(p - teacher) / np.linalg.norm(teacher)
     assert rel(got) < rel(one)
@@ -191,6 +191,64 @@ def test_steps_engine_is_plain_sinkhorn_with_that_many_steps():
     np.testing.assert_allclose(got, want, atol=1e-6)
     with pytest.raises(ValueError, match="--steps"):
         asap.Engine("steps")
+
+
+def test_steps_engine_runs_past_the_references_limit_to_the_converged_plan():
+    """More steps than the reference's program may hold (MAX_REFERENCE_STEPS) run in the
+    scaling solve's loop: 1,000 steps of balanced problems (equal lengths) meet the row
+    targets that 200 steps still miss by 7.5e-5 (the last step is a column step: columns
+    hold at any number)."""
+    from pfamalign.kernels.reference import dense_constraints
+
+    model = _model()
+    xq, xk, lq, lk = _inputs(3, q_len=(16, 11), k_len=(16, 11))
+    _, log_a, _ = dense_constraints(lq, lk, 16, 16, model.cfg.transport)
+    real_rows = np.arange(17) < np.append(np.asarray(lq), 16)[:2, None]  # the dustbin row is last
+    real_rows[:, -1] = True
+
+    def row_error(steps):
+        plan = np.asarray(asap.Engine("steps", steps).plan(model, xq, xk, lq, lk))  # head mean
+        return np.max(np.abs(plan.sum(-1) - np.exp(np.asarray(log_a))[:, 0]) * real_rows)
+
+    assert asap.MAX_REFERENCE_STEPS < 1000 <= asap.MAX_ENGINE_STEPS
+    assert row_error(asap.MAX_REFERENCE_STEPS) > 1e-5 > 1e-6 > row_error(1000)
+
+
+def test_steps_engine_solves_by_the_reference_where_float32s_range_is_left():
+    """At eps 0.001 the scaling solve leaves float32's range (``safe`` False; its plan is NaN):
+    the engine's plan is then the reference's; past MAX_REFERENCE_STEPS it is refused by name,
+    not run for minutes."""
+    import jax
+
+    from pfamalign.kernels import transport_plan
+
+    cfg = _model().cfg
+    model = build_model(dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, eps=0.001)))
+    xq, xk, lq, lk = _inputs(3)
+    scaled, safe = asap.engine_plan(model, None, xq, xk, lq, lk, engine="steps", steps=3)
+    assert not bool(safe) and np.isnan(np.asarray(scaled)).any()
+    got = np.asarray(asap.Engine("steps", 3).plan(model, xq, xk, lq, lk))
+    q, k, _, tokens = model.project(xq, xk, lq, lk)
+    step3 = asap.steps_config(model.cfg.transport, 3)
+    # compiled as the engine's program is: at eps 0.001 an op-by-op run differs by 2e-4
+    want = np.asarray(jax.jit(lambda *a: transport_plan(*a, config=step3))(q, k, lq, lk, tokens))
+    np.testing.assert_allclose(got, want.mean(1), atol=1e-6)
+    limit = asap.MAX_REFERENCE_STEPS
+    with pytest.raises(ValueError, match=rf"--steps {limit + 1} .*float32's range.*--steps {limit} or fewer"):
+        asap.Engine("steps", limit + 1).plan(model, xq, xk, lq, lk)
+
+
+def test_steps_engine_on_relaxed_marginals_is_held_to_the_references_limit():
+    """The scaling solve covers balanced marginals only: on a model with a free side the
+    `steps` engine past MAX_REFERENCE_STEPS is refused when it is made, naming why."""
+    model = _model()
+    cfg = model.cfg
+    rows = build_model(dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, marginals="rows")))
+    limit = asap.MAX_REFERENCE_STEPS
+    assert asap.Engine.load("steps", "/nonexistent-model-dir", rows, steps=limit).steps == limit
+    with pytest.raises(ValueError, match=rf"--steps {limit + 1} .*rows marginals.*--steps {limit} or fewer"):
+        asap.Engine.load("steps", "/nonexistent-model-dir", rows, steps=limit + 1)
+    assert asap.Engine.load("steps", "/nonexistent-model-dir", model, steps=limit + 1).steps == limit + 1
 
 
 def test_engines_give_both_directions_as_the_model_does():
@@ -563,7 +621,7 @@ def test_fit_compiles_each_ceta_layer_and_the_compiled_encoder_is_close():
     # the engine runs the compiled layers: its plan differs from the Sinkhorn layers' plan
     args = asap.pad_batch(_pairs(11, 3))
     with_layers = np.asarray(asap.Engine("asap", operator=op).plan(model, *args))
-    without = np.asarray(asap.engine_plan(model, op.arrays(), *args, engine="asap", settings=op.settings))
+    without = np.asarray(asap.engine_plan(model, op.arrays(), *args, engine="asap", settings=op.settings)[0])
     assert 0 < np.max(np.abs(with_layers - without)) < 0.05
 
 
