@@ -415,6 +415,12 @@ def _fmt(cell: dict) -> str:
     return f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{v:.3f}"
 
 
+def _fmt_value(cell: dict) -> str:
+    """The value alone; "—" where it is undefined (NaN, or null read back from JSON)."""
+    v = _numbers(cell)[0]
+    return f"{v:.3f}" if np.isfinite(v) else "—"
+
+
 def _fmt_signed(cell: dict, value: bool = True) -> str:
     v, lo, hi = _numbers(cell)
     if not np.isfinite(v):
@@ -448,8 +454,7 @@ def render(summary: dict, console=None) -> None:
     for m, entry in summary["methods"].items():
         prf = entry["prf"]
         tab.add_row(entry["label"], *[_fmt(prf[b]["micro"]["f1"]) for b in bins],
-                    f"{prf['all']['micro']['precision']['value']:.3f}",
-                    f"{prf['all']['micro']['recall']['value']:.3f}")
+                    _fmt_value(prf["all"]["micro"]["precision"]), _fmt_value(prf["all"]["micro"]["recall"]))
     console.print(tab)
     for m, why in summary.get("skipped_baselines", {}).items():
         console.print(f"[bold]{LABELS.get(m, m)} not scored[/bold]: {why}")

@@ -363,3 +363,65 @@ def test_paired_difference_needs_one_identity_per_pair():
     for pid in (40.0, [40.0]):
         with pytest.raises(ValueError, match="percent_identity must have shape"):
             paired_f1_difference(counts, counts, pid)
+
+
+# --- boundaries and guards (a mutation sweep's survivors) ----------------------------------------
+
+def test_pair_counts_tell_transposed_pairs_apart():
+    # (0, 1) and (1, 0) are different pairs: a key without the row stride, or with a stride of
+    # the largest column rather than one more, made them the same key
+    assert pair_counts([[0, 1]], [[1, 0]]) == (0, 1, 1)
+    assert pair_counts([[0, 1], [1, 0]], [[1, 0]]) == (1, 2, 1)
+
+
+def test_alignment_counts_refuse_a_query_index_equal_to_the_target_length():
+    with pytest.raises(ValueError, match="out of range"):
+        alignment_counts([[2, 0]], [0, 1])
+
+
+def test_counts_refuse_more_true_positives_than_reference_pairs():
+    with pytest.raises(ValueError, match="tp <= n_reference"):
+        prf_summary([[3, 5, 2]], n_boot=0)
+    with pytest.raises(ValueError, match="tp <= n_predicted"):
+        prf_summary([[3, 2, 5]], n_boot=0)
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0, 1.5])
+def test_interval_level_must_be_inside_the_open_unit_interval(level):
+    with pytest.raises(ValueError, match="level"):
+        prf_summary([[1, 2, 2], [2, 2, 2]], n_boot=10, level=level)
+
+
+def test_pairs_in_reference_refuses_negative_indices():
+    with pytest.raises(ValueError, match="out of range"):
+        pairs_in_reference([[-1, 1]], [0, 1])  # would read target[-1] == 1: "correct"
+    with pytest.raises(ValueError, match="out of range"):
+        pairs_in_reference([[0, -1]], [-1, 1])  # would match the unaligned marker -1
+
+
+def test_pool_weights_each_metric_by_its_count_and_skips_empty_ones():
+    a = PlanMetrics(1.0, 1.0, float("nan"), float("nan"), float("nan"), 1, 1, 0, 0)
+    b = PlanMetrics(3.0, 3.0, 3.0, 0.0, 1.0, 3, 3, 3, 3)
+    pooled = PlanMetrics.pool([a, b])
+    assert pooled.reconstruction == pytest.approx((1 * 1.0 + 3 * 3.0) / 4)  # not (1 + 3) / 2
+    assert pooled.sparse_ce == pytest.approx(2.5)
+    assert pooled.barycenter_mae == 3.0 and pooled.within5 == 0.0  # count 0: NaN skipped
+    assert pooled.monotonicity_violation == 1.0
+    assert (pooled.n_annotated, pooled.n_barycenter, pooled.n_consecutive) == (4, 3, 3)
+
+
+def test_within5_counts_exactly_5_and_a_tie_is_no_monotonicity_violation():
+    plan = np.zeros((2, 8))
+    plan[:, 5] = 1.0  # both rows' barycenter at key 5: rows annotated to keys 0 and 1
+    m = plan_metrics(plan, [0, 1])
+    assert m.barycenter_mae == pytest.approx(4.5)
+    assert m.within5 == pytest.approx(1.0)  # |5 - 0| = 5 is within 5
+    assert m.monotonicity_violation == 0.0 and m.n_consecutive == 1  # b_1 == b_0: not a decrease
+
+
+def test_n_annotated_counts_rows_times_heads_without_values():
+    plan = np.zeros((3, 2, 8))
+    plan[..., 0, 0] = plan[..., 1, 1] = 1.0
+    m = plan_metrics(plan, [0, 1])
+    assert np.isnan(m.reconstruction) and m.n_annotated == 6  # 2 rows x 3 heads, as n_ce
+    assert m.n_ce == 6

@@ -2,14 +2,17 @@
 `pfamalign eval` score the same pairs alike, with and without a dustbin."""
 
 import dataclasses
+import io
+import json
 import pathlib
 
 import numpy as np
 
 import pytest
+from rich.console import Console
 
 from pfamalign import checkpoint, evaluation
-from pfamalign.alignment.metrics import PlanMetrics
+from pfamalign.alignment.metrics import PlanMetrics, prf_by_identity
 from pfamalign.inference import Predictor
 from pfamalign.model import build_model
 from pfamalign.pipelines import reader
@@ -373,3 +376,93 @@ def test_validation_compiles_its_batch_program_once(dataset, monkeypatch):
     finally:
         counter.close()
     assert len(after) == 2 and after[0] >= 1 and after[1] == after[0]
+
+
+# --- summary and rendering from counts (a mutation sweep's survivors) -------------------------
+
+RENDER_PID = [20.0, 40.0, 60.0, 20.0, 40.0, 60.0]
+
+
+def _evaluation(methods=("model", "nw"), families=3):
+    rng = np.random.default_rng(0)
+    counts = {m: [[int(t), 10, 10] for t in rng.integers(2, 10, len(RENDER_PID))] for m in methods}
+    return evaluation.Evaluation(list(methods), counts, {}, pid=list(RENDER_PID),
+                                 families=[f"PF{i % families}" for i in range(len(RENDER_PID))])
+
+
+def _rendered(summary) -> str:
+    out = io.StringIO()
+    evaluation.render(summary, console=Console(file=out, width=300))
+    return out.getvalue()
+
+
+def _rows(text, label, after=None):
+    text = text[text.index(after):] if after else text
+    return [line for line in text.splitlines() if label in line]
+
+
+def test_summary_intervals_follow_the_seed():
+    ev = _evaluation(("nw",))
+    cells = {seed: ev.summary(n_boot=30, seed=seed)["methods"]["nw"]["prf"] for seed in (0, 7)}
+    want = prf_by_identity(np.asarray(ev.counts["nw"]), RENDER_PID, n_boot=30, seed=7)
+    assert cells[7] == want
+    assert cells[0]["all"]["micro"]["f1"]["low"] != cells[7]["all"]["micro"]["f1"]["low"]
+
+
+def test_a_method_without_plan_metrics_is_summarised_without_them():
+    ev = evaluation.Evaluation(["diagonal"], {"diagonal": []}, {"diagonal": []})
+    assert "plan_metrics" not in ev.summary(n_boot=0)["methods"]["diagonal"]
+
+
+def test_the_f1_table_marks_a_bin_without_pairs_and_signs_the_differences():
+    text = _rendered(_evaluation(families=3).summary(n_boot=20))
+    diff = _rows(text, "NW-BLOSUM62", after="minus baseline")[0]
+    bounds = diff.split("[")[1].split("]")[0].split(", ")
+    assert all(b[0] in "+-" for b in bounds), diff  # "+0.322", not "0.322"
+    two = evaluation.Evaluation(["nw"], {"nw": [[2, 3, 3], [1, 3, 3]]}, {}, pid=[20.0, 40.0],
+                                families=["PF1", "PF2"])
+    row = _rows(_rendered(two.summary(n_boot=0)), "NW-BLOSUM62")[0]
+    assert "—" in row and "nan" not in row  # the >=50 bin holds no pair
+
+
+def test_a_by_family_row_of_one_family_says_it_has_no_interval():
+    row = _rows(_rendered(_evaluation(families=1).summary(n_boot=20)), "by family")[0]
+    assert row.count("—") == 4, row
+
+
+def test_the_paired_table_without_bootstrap_says_so():
+    text = _rendered(_evaluation().summary(n_boot=0))
+    title = text[text.index("minus baseline"):]
+    title = title[:title.index("┏")]  # (the title wraps)
+    assert "--bootstrap 0" in title and "95%" not in title
+
+
+def test_a_summary_from_before_n_boot_was_recorded_has_intervals():
+    summary = json.loads(evaluation.to_json(_evaluation(("nw",)).summary(n_boot=20)))
+    del summary["n_boot"]
+    assert "95% bootstrap CI" in _rows(_rendered(summary), "aligned-pair F1")[0]
+
+
+def test_a_plan_metric_one_of_two_methods_has_keeps_its_column():
+    ev = _evaluation(("model", "diagonal"))
+    ev.plan = {"model": [PlanMetrics(0.25, 1.0, 1.0, 1.0, 0.0, 1, 1, 1, 1)],
+               "diagonal": [PlanMetrics(float("nan"), 1.0, 1.0, 1.0, 0.0, 1, 1, 1, 1)]}
+    text = _rendered(ev.summary(n_boot=0))
+    assert "reconstruction" in text[text.index("plan metrics"):] and "0.2500" in text
+
+
+def test_the_table_names_the_baselines_it_could_not_score():
+    summary = _evaluation(("nw",)).summary(n_boot=0)
+    summary["skipped_baselines"] = {"probcons": "probcons not found on PATH"}
+    assert "ProbCons not scored: probcons not found on PATH" in _rendered(summary)
+
+
+def test_a_summary_read_back_from_json_renders_an_undefined_precision_as_a_dash():
+    """A method that predicted no pair has NaN micro precision; its JSON holds null, which
+    the table formatted with :.3f (a TypeError) while in memory it printed "nan"."""
+    ev = evaluation.Evaluation(["nw"], {"nw": [[0, 0, 5], [0, 0, 4]]}, {}, pid=[20.0, 60.0],
+                               families=["PF1", "PF2"])
+    summary = ev.summary(n_boot=0)
+    for s in (summary, json.loads(evaluation.to_json(summary))):
+        cells = [c.strip() for c in _rows(_rendered(s), "NW-BLOSUM62")[0].split("│")[1:-1]]
+        assert cells[-2:] == ["—", "0.000"], cells  # precision undefined, recall 0
