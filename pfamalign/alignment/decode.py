@@ -439,8 +439,11 @@ def hybrid_decode(plan, seq_a: str, seq_b: str, *, plan_weight: float, gap_open:
         raise ValueError(f"plan_weight must be finite and >= 0, got {plan_weight}")
     if not np.isfinite(min_mass) or min_mass < 0:
         raise ValueError(f"min_mass must be finite and >= 0, got {min_mass}")
-    score = substitution_scores(seq_a, seq_b) + plan_weight * plan
-    return _gotoh_alignment(plan, np.where(plan >= min_mass, score, -np.inf), gap_open, gap_extend, mode)
+    score = np.where(plan >= min_mass, substitution_scores(seq_a, seq_b) + plan_weight * plan, -np.inf)
+    if _decoded_transposed(score):  # one orientation of two, by the scores (a zero plan is symmetric)
+        return transposed(_gotoh_alignment(np.ascontiguousarray(plan.T), np.ascontiguousarray(score.T),
+                                           gap_open, gap_extend, mode))
+    return _gotoh_alignment(plan, score, gap_open, gap_extend, mode)
 
 
 def _gotoh_alignment(plan: np.ndarray, score: np.ndarray, gap_open, gap_extend, mode: str) -> PairAlignment:
