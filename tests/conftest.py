@@ -80,8 +80,9 @@ def pytest_xdist_auto_num_workers(config):
 # XLA's CPU backend maps each compiled executable's code and data as a few memory mappings of
 # its own, held while jax's caches hold the executable. Linux refuses a process more than
 # vm.max_map_count (65,530 by default) mappings, and a compile that then cannot map its code
-# segfaults or aborts the worker: it did so at 99 % of two CI runs (a worker peaked at 31,000
-# mappings in 10 minutes). Between modules, a worker past this many drops its compiled programs.
+# segfaults or aborts the worker: it did so at 99 % of two CI runs (a worker peaked at 59,000
+# mappings by the suite's end). Between modules, a worker past this many drops its compiled
+# programs (peak 25,400 since).
 MAX_MAPPINGS = 16_000
 
 
