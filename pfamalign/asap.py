@@ -753,15 +753,17 @@ class Engine:
 
     def _call(self, fn, model, x, y, x_len, y_len, **kw):
         """``fn``'s plans by the scaling solve, or by the reference where that left float32's
-        range (two programs, as ``Aligner.plan``'s)."""
+        range (``model.fast_or_reference``, as ``Aligner.plan``'s)."""
+        from pfamalign.model import fast_or_reference
+
         arrays, static = self.args()
-        args = (model, arrays, jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32),
-                jnp.asarray(x_len, jnp.int32), jnp.asarray(y_len, jnp.int32))
-        plans, safe = fn(*args, **static, **kw, solver="scaling")
-        if bool(safe):
-            return plans
-        self.check_reference(why="its scaling solve left float32's range")
-        return fn(*args, **static, **kw, solver="reference")[0]
+
+        def program(*args, solver: str):
+            if solver == "reference":
+                self.check_reference(why="its scaling solve left float32's range")
+            return fn(*args, **static, **kw, solver=solver)
+
+        return fast_or_reference(program, (model, arrays), x, y, x_len, y_len)
 
     def check_reference(self, *, why: str) -> None:
         """Refuses (ValueError) a `steps` engine whose balanced plan the reference would have to

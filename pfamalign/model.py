@@ -357,7 +357,7 @@ class Aligner(nnx.Module):
         keys beyond ``k_len`` are zero. For decoding, evaluation and certificates (no
         gradient; memory Lq x Lk per pair and head). Solved in the scaling domain, by the
         reference where that leaves float32's range (``dense_scores``, ``scaling_plan_of_scores``)."""
-        return _fast_or_reference(_plan_jit, (self,), q_feat, k_feat, q_len, k_len)
+        return fast_or_reference(_plan_jit, (self,), q_feat, k_feat, q_len, k_len)
 
     def head_plans(self, q_feat, k_feat, q_len, k_len, *, encoded=None):
         """Per-head dense plans ``[B, H, Lq + 1, Lk + 1]`` (last row / column: the dustbin)
@@ -382,7 +382,7 @@ class Aligner(nnx.Module):
         return _encodings_jit(self, jnp.asarray(feat, jnp.float32), jnp.asarray(lens, jnp.int32))
 
 
-def _fast_or_reference(program, lead: tuple, q_feat, k_feat, q_len, k_len, *more):
+def fast_or_reference(program, lead: tuple, q_feat, k_feat, q_len, k_len, *more):
     """``program``'s plans by the scaling solve, or by the reference where it was not safe
     (two separate programs: one holding both would trace and load twice the code per call).
     ``lead``: the program's arguments before the features (the model, or its split halves);
@@ -395,11 +395,11 @@ def _fast_or_reference(program, lead: tuple, q_feat, k_feat, q_len, k_len, *more
 
 def _both_ways(programs, lead: tuple, a_feat, b_feat, a_len, b_len, encoded):
     """``plans_both_ways`` by one of ``programs`` (from the features, from the ``encoded``
-    sides), the model reached through ``lead`` (``_fast_or_reference``)."""
+    sides), the model reached through ``lead`` (``fast_or_reference``)."""
     from_features, from_encodings = programs
     if encoded is None:
-        return _fast_or_reference(from_features, lead, a_feat, b_feat, a_len, b_len)
-    return _fast_or_reference(from_encodings, lead, a_feat, b_feat, a_len, b_len,
+        return fast_or_reference(from_features, lead, a_feat, b_feat, a_len, b_len)
+    return fast_or_reference(from_encodings, lead, a_feat, b_feat, a_len, b_len,
                               *(jnp.asarray(h, jnp.float32) for h in encoded))
 
 
