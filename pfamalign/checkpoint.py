@@ -47,7 +47,8 @@ from flax import nnx
 
 from pfamalign import jsonio
 from pfamalign.pipelines import records
-from pfamalign.runs import (CHECKSUMS, MODEL_RECORDS, TRAINING_RECORD, CheckpointError, add_checksums,  # noqa: F401
+from pfamalign.runs import (CHECKSUMS, MODEL_RECORDS, TRAINING_RECORD, CheckpointError, DamagedParameters,  # noqa: F401
+                            add_checksums,
                             finished_steps, read_checksums, read_training_record, verify_checksums,
                             write_checksums)
 from pfamalign.model import Aligner, AlignerConfig
@@ -383,7 +384,10 @@ def restore_model(config: AlignerConfig, config_path: pathlib.Path, params_path:
 def _restore_params(abstract: dict, config_path: pathlib.Path, params_path: pathlib.Path, then: str = "") -> dict:
     """The parameters of ``params_path`` (orbax) in the shapes ``abstract`` gives; a
     CheckpointError naming the mismatch or the failure (followed by ``then``, what to do)."""
-    mismatches = param_mismatches(abstract, params_path)
+    try:
+        mismatches = param_mismatches(abstract, params_path)
+    except DamagedParameters as err:
+        raise DamagedParameters(f"{err}{then}") from None
     if mismatches:  # checked first: a failed orbax restore also prints tracebacks at exit
         raise CheckpointError(f"{config_path} does not match the parameters in {params_path} "
                               f"({'; '.join(mismatches[:3])}); restore the config.json saved "
@@ -432,16 +436,24 @@ def _warn_unverifiable(directory: pathlib.Path) -> None:
 
 def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
     """How the saved parameters (their orbax metadata: names, shapes, dtypes) differ from the
-    tree a config asks for (``abstract_params``); empty when they fit. Reads no array."""
+    tree a config asks for (``abstract_params``); empty when they fit. Reads no array.
+    DamagedParameters where that metadata cannot be read, or lacks names the directory's own
+    tree listing (``_METADATA``) records: a damaged store, not a config to blame."""
     jax.devices()  # orbax needs a backend: one that cannot start raises its own error, not a mismatch
+    params_path = pathlib.Path(params_path).absolute()
+    _silence_orphaned_reads()  # damaged files fail reads in TensorStore's threads, printed as they fail
     try:
         with _quiet_absl():  # a checkpoint step's params/ has no metadata file of its own: a warning
-            meta = _local_checkpointer(_ocp()).metadata(pathlib.Path(params_path).absolute())
+            meta = _local_checkpointer(_ocp()).metadata(params_path)
     except ImportError:  # orbax's own libraries failed to load (a ulimit -v too low): not the data
         raise
     except Exception as err:  # orbax raises several types on foreign / truncated data
-        return [f"no readable parameter metadata ({err})"]
+        raise _damaged(params_path, f"no readable parameter metadata ({_orbax_failure(err)})") from None
     saved = dict(_flat_names(getattr(meta, "item_metadata", meta)))
+    unreadable = sorted(_listed_names(params_path) - set(saved))
+    if unreadable:  # a damaged OCDBT tree drops these names from the metadata without an error
+        more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
+        raise _damaged(params_path, f"{', '.join(unreadable[:3])}{more} listed in its _METADATA but unreadable")
     wanted = dict(_flat_names(abstract))
     out = [f"{name} is missing from the parameters" for name in sorted(set(wanted) - set(saved))]
     out += [f"{name} is in the parameters but not in the model" for name in sorted(set(saved) - set(wanted))]
@@ -451,6 +463,20 @@ def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
             out.append(f"{name} is {tuple(have.shape)} {np.dtype(have.dtype)} in the parameters, "
                        f"the config asks for {tuple(want.shape)} {np.dtype(want.dtype)}")
     return out
+
+
+def _damaged(params_path: pathlib.Path, why: str) -> DamagedParameters:
+    return DamagedParameters(f"{params_path} is damaged: {why}")
+
+
+def _listed_names(params_path: pathlib.Path) -> set[str]:
+    """The parameter names ``params_path/_METADATA`` (orbax's JSON listing of the tree) holds,
+    as ``_flat_names`` spells them; empty when it is missing or not that listing."""
+    try:
+        tree = json.loads((params_path / "_METADATA").read_text(encoding="utf-8"))["tree_metadata"]
+        return {"/".join(str(k["key"]) for k in entry["key_metadata"]) for entry in tree.values()}
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        return set()
 
 
 def _flat_names(tree) -> list[tuple[str, Any]]:
@@ -559,7 +585,13 @@ class TrainCheckpoints:
                                   + "; ".join(problems[:5]) + "; remove that step directory to "
                                   "resume from the one before")
         where = self.directory / str(step)
-        mismatches = param_mismatches(params, where / "params")
+        damaged = lambda why: CheckpointError(  # noqa: E731
+            f"cannot restore checkpoint {where}: {why}; `pfamalign verify {self.directory.parent}` checks "
+            "the run; remove that step directory to resume from the one before")
+        try:
+            mismatches = param_mismatches(params, where / "params")
+        except DamagedParameters as err:
+            raise damaged(err) from None
         if mismatches:  # checked first: orbax's own error names neither file nor fix
             raise CheckpointError(f"checkpoint {where} does not match the run's config.json "
                                   f"({'; '.join(mismatches[:3])}): config.json was edited or is another "
@@ -570,9 +602,7 @@ class TrainCheckpoints:
                     params=ocp.args.StandardRestore(params), opt_state=ocp.args.StandardRestore(opt_state),
                     data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
         except Exception as err:  # orbax raises several types on damaged data (no checksums to catch it)
-            raise CheckpointError(f"cannot restore checkpoint {where}: {_orbax_failure(err)}; `pfamalign verify "
-                                  f"{self.directory.parent}` checks the run; remove that step directory "
-                                  "to resume from the one before") from None
+            raise damaged(_orbax_failure(err)) from None
         return r.params, r.opt_state, r.data, r.meta
 
     def close(self) -> None:

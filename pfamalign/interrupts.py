@@ -80,11 +80,15 @@ def handled() -> Iterator[None]:
                             *((s, signal.SIG_DFL) for s in UNWINDING_SIGNALS)):
         if in_main and signal.getsignal(signum) is default:
             previous[signum] = signal.signal(signum, _handle)
-    hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
+    ours = _unraisable(sys.unraisablehook)
+    hook, sys.unraisablehook = sys.unraisablehook, ours
     try:
         yield
     finally:
         _active = False
-        sys.unraisablehook = hook
+        # a hook chained on ours meanwhile stays (checkpoint's silencer of orphaned reads,
+        # installed once per process: restoring ``hook`` dropped it before the exit it is for)
+        if sys.unraisablehook is ours:
+            sys.unraisablehook = hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)

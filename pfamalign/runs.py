@@ -21,6 +21,11 @@ class CheckpointError(ValueError):
     """A path that is not a loadable model or checkpoint."""
 
 
+class DamagedParameters(CheckpointError):
+    """A parameter directory whose own listing orbax cannot read back: damaged files, which
+    no config.json fixes (not a mismatch between the parameters and a config)."""
+
+
 def read_training_record(directory: str | os.PathLike) -> dict | None:
     """``MODEL/training.json``, or None for a model directory without one; CheckpointError
     naming the file when it is unreadable or a part its readers use has another shape

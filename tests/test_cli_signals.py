@@ -211,3 +211,21 @@ def test_a_command_run_in_process_from_a_worker_thread_runs():
         there = pool.submit(CliRunner().invoke, main, args).result()
     assert here.exit_code == 0 and there.exit_code == 0, there.exception
     assert there.output == here.output and signals.getsignal(signals.SIGINT) is before
+
+
+def test_a_hook_chained_on_during_a_command_outlives_it(monkeypatch):
+    """``handled`` puts back the ``sys.unraisablehook`` it found only where its own is still
+    the one in place: a hook chained on meanwhile (checkpoint's silencer of orphaned
+    TensorStore reads, installed once per process) was dropped before the exit it is for."""
+    from pfamalign import interrupts
+
+    base = lambda unraisable: None  # noqa: E731
+    monkeypatch.setattr(sys, "unraisablehook", base)
+    with interrupts.handled():
+        assert sys.unraisablehook is not base
+    assert sys.unraisablehook is base
+    with interrupts.handled():
+        ours = sys.unraisablehook
+        chained = lambda unraisable: ours(unraisable)  # noqa: E731
+        sys.unraisablehook = chained
+    assert sys.unraisablehook is chained

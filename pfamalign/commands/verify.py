@@ -147,7 +147,7 @@ def _run_config_problems(run: pathlib.Path, newest: pathlib.Path, newest_intact:
     """A run's ``config.json`` (what a resume reads, and rewrites, so no checksum can vouch
     for it): present, readable, and asking for the parameters its newest checkpoint holds
     (compared when that checkpoint is ``newest_intact``: its own damage is reported with it)."""
-    from pfamalign.checkpoint import abstract_params, param_mismatches
+    from pfamalign.checkpoint import DamagedParameters, abstract_params, param_mismatches
     from pfamalign.configs import RunConfig
     from pfamalign.training.errors import TrainingError
     from pfamalign.training.rundir import read_saved
@@ -164,7 +164,10 @@ def _run_config_problems(run: pathlib.Path, newest: pathlib.Path, newest_intact:
         return [f"{path}: not a run config ({err}); restore it from a copy"]
     if not newest_intact:
         return []
-    mismatches = param_mismatches(abstract_params(config)[1], newest / "params")
+    try:
+        mismatches = param_mismatches(abstract_params(config)[1], newest / "params")
+    except DamagedParameters as err:  # no checksums to have caught it
+        return [str(err)]
     return [f"{path} does not match the parameters of checkpoint {newest.name}: {m}" for m in mismatches[:5]]
 
 
@@ -183,7 +186,7 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
     threads (tracebacks) and would blame config.json for the damage."""
     intact = lambda part: not any(p.startswith(str(model / part)) for p in damaged)
     from pfamalign.asap import OPERATOR_FILE, CompileError, load_operator
-    from pfamalign.checkpoint import (TRAINING_RECORD, CheckpointError, abstract_params,
+    from pfamalign.checkpoint import (TRAINING_RECORD, CheckpointError, DamagedParameters, abstract_params,
                                       param_mismatches, read_model_config)
     from pfamalign.decoding import DecoderSettings
 
@@ -195,8 +198,12 @@ def _model_problems(model: pathlib.Path, *, damaged: list[str] = ()) -> list[str
             problems.append(str(err))
         else:
             if intact("params") and (model / "params").is_dir():
-                mismatches = param_mismatches(abstract_params(config)[1], model / "params")
-                problems += [f"{model}: config.json does not match the parameters: {m}" for m in mismatches[:5]]
+                try:
+                    mismatches = param_mismatches(abstract_params(config)[1], model / "params")
+                except DamagedParameters as err:  # no checksums to have caught it
+                    problems.append(str(err))
+                else:
+                    problems += [f"{model}: config.json does not match the parameters: {m}" for m in mismatches[:5]]
     if (model / "decoding.json").is_file():
         try:
             DecoderSettings.load(model)
