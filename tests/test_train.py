@@ -652,6 +652,20 @@ def test_verify_names_a_damaged_parameter_tree_that_no_checksum_covers(reference
     assert "Traceback" not in res.stderr, res.stderr
 
 
+def test_saves_add_one_log_filter_however_many(tmp_path):
+    """Each checkpoint save silences its orphaned writes' asyncio messages with a log filter:
+    one for the process, not one more per save (a long run's logger collected thousands)."""
+    import logging
+
+    from pfamalign import checkpoint
+
+    before = list(logging.getLogger("asyncio").filters)
+    for step in range(3):
+        with checkpoint._orbax_writing(tmp_path / str(step)):
+            pass
+    assert len([f for f in logging.getLogger("asyncio").filters if f not in before]) <= 1
+
+
 def test_only_the_orphaned_reads_messages_are_dropped(monkeypatch):
     """What a failed orbax read leaves behind prints nothing (its pending reads' failures, and
     one collected at shutdown failing on a lazy import: that line came after the error in CI);
