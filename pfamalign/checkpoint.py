@@ -48,7 +48,7 @@ from flax import nnx
 from pfamalign import jsonio
 from pfamalign.pipelines import records
 from pfamalign.runs import (CHECKSUMS, MODEL_RECORDS, TRAINING_RECORD, CheckpointError, DamagedParameters,  # noqa: F401
-                            add_checksums,
+                            add_checksums, check_parameter_files, incomplete_steps, params_unrecorded,
                             finished_steps, read_checksums, read_training_record, verify_checksums,
                             write_checksums)
 from pfamalign.model import Aligner, AlignerConfig
@@ -235,9 +235,11 @@ def _orbax_failure(err: BaseException) -> str:
 
 
 def _innermost(err: BaseException) -> BaseException:
-    """The exception at the bottom of ``err``'s chain of causes."""
-    while (err.__cause__ or err.__context__) is not None:
-        err = err.__cause__ or err.__context__
+    """The exception at the bottom of ``err``'s chain of causes, as a traceback shows it: a
+    context its raise suppressed (``from None``: json's decode error hides the StopIteration
+    holding a bare offset, shown as "...: 0") ends the chain."""
+    while (nxt := err.__cause__ or (None if err.__suppress_context__ else err.__context__)) is not None:
+        err = nxt
     return err
 
 
@@ -357,10 +359,7 @@ def load_model(path: str | os.PathLike, *, impl: str | None = "auto"
         config = dataclasses.replace(
             config, transport=dataclasses.replace(config.transport, impl=impl))
     # restore onto this process's first device, whatever topology saved it
-    problems = verify_checksums(params_path.parent, params_path.name)
-    if problems:
-        raise CheckpointError(f"{params_path} fails its checksums: " + "; ".join(problems[:5]))
-    _warn_unverifiable(params_path.parent)
+    check_parameter_files(params_path)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, abstract = abstract_params(config, sharding=device)
     cached = _params_cache_file(params_path)
@@ -395,9 +394,17 @@ def _restore_params(abstract: dict, config_path: pathlib.Path, params_path: path
                               "with these parameters")
     try:
         with _quiet_absl():
-            return _local_checkpointer(_ocp()).restore(params_path, abstract)
+            params = _local_checkpointer(_ocp()).restore(params_path, abstract)
     except Exception as err:  # orbax raises several types on foreign / truncated data
         raise CheckpointError(f"cannot restore parameters from {params_path}: {_orbax_failure(err)}{then}") from None
+    # flipped bits in a value orbax reads without complaint (no checksums to catch them) read
+    # as inf or NaN, which the solve then reported as an overflow blamed on eps and the pair
+    bad = [name for name, x in _flat_names(params) if not np.isfinite(np.asarray(x)).all()]
+    if bad:
+        raise DamagedParameters(f"{params_path} is damaged: {', '.join(bad[:3])}"
+                                f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''} hold non-finite "
+                                f"values (inf or NaN){then}")
+    return params
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,34 +422,26 @@ def _params_cache_file(params_path: pathlib.Path) -> pathlib.Path | None:
     from pfamalign.compile_cache import cache_dir
 
     directory, sums = cache_dir(), params_path.parent / CHECKSUMS
-    if directory is None or not sums.is_file():
+    if directory is None or params_unrecorded(params_path.parent):
         return None
     digest = hashlib.sha256(params_path.name.encode() + b"\0" + sums.read_bytes()).hexdigest()
     return directory / "params" / f"{digest}.npz"
 
 
-_WARNED_UNVERIFIABLE: set[pathlib.Path] = set()
-
-
-def _warn_unverifiable(directory: pathlib.Path) -> None:
-    """A warning, once per directory, that its parameters load with nothing to check them
-    against (no checksums file: saved by an older pfamalign, or killed before writing it)."""
-    directory = directory.absolute()
-    if not (directory / CHECKSUMS).is_file() and directory not in _WARNED_UNVERIFIABLE:
-        _WARNED_UNVERIFIABLE.add(directory)
-        print(f"Warning: {directory} has no {CHECKSUMS}: its parameters load unverified (saved by an older "
-              "pfamalign, or killed before it was written); a damaged file shows only as an error or a wrong "
-              "result", file=sys.stderr, flush=True)
-
-
 def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
     """How the saved parameters (their orbax metadata: names, shapes, dtypes) differ from the
     tree a config asks for (``abstract_params``); empty when they fit. Reads no array.
-    DamagedParameters where that metadata cannot be read, or lacks names the directory's own
-    tree listing (``_METADATA``) records: a damaged store, not a config to blame."""
+    DamagedParameters where the directory's own tree listing (``_METADATA``) is missing or
+    unreadable, or the metadata cannot be read or lacks names that listing records: a damaged
+    store, not a config to blame."""
     jax.devices()  # orbax needs a backend: one that cannot start raises its own error, not a mismatch
     params_path = pathlib.Path(params_path).absolute()
+    listed = _listed_names(params_path)
+    if not listed:  # orbax then reads an empty tree, and every name would be "missing"
+        raise _damaged(params_path, "its _METADATA (orbax's listing of the parameters) is missing, "
+                                    "unreadable or empty")
     _silence_orphaned_reads()  # damaged files fail reads in TensorStore's threads, printed as they fail
+    _silence_orphaned_writes()  # and their unawaited tasks, logged by asyncio as they are collected
     try:
         with _quiet_absl():  # a checkpoint step's params/ has no metadata file of its own: a warning
             meta = _local_checkpointer(_ocp()).metadata(params_path)
@@ -451,7 +450,7 @@ def param_mismatches(abstract: dict, params_path: pathlib.Path) -> list[str]:
     except Exception as err:  # orbax raises several types on foreign / truncated data
         raise _damaged(params_path, f"no readable parameter metadata ({_orbax_failure(err)})") from None
     saved = dict(_flat_names(getattr(meta, "item_metadata", meta)))
-    unreadable = sorted(_listed_names(params_path) - set(saved))
+    unreadable = sorted(listed - set(saved))
     if unreadable:  # a damaged OCDBT tree drops these names from the metadata without an error
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
         raise _damaged(params_path, f"{', '.join(unreadable[:3])}{more} listed in its _METADATA but unreadable")
@@ -544,6 +543,38 @@ def _local_checkpointer(ocp):
 # Training checkpoints
 # ---------------------------------------------------------------------------------------------
 
+STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's, of a checkpoint step: its parts and commit time
+
+
+def _json_object_or_unreadable(path: pathlib.Path) -> bool:
+    """Whether ``path`` holds a JSON object or no JSON at all (orbax passes over the latter)."""
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError, RecursionError):
+        return True
+
+
+def _bookkeeping_problem(step: int, data, meta) -> str | None:
+    """What is wrong with a checkpoint's data-iterator state (``data/metadata``: grain's, an
+    object) and bookkeeping (``meta/metadata``: its step, examples seen and pending log
+    lines), as ``loop`` reads them; None when they fit."""
+    whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0  # noqa: E731
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    if not isinstance(data, dict):
+        return "data/metadata is not a data-iterator state (a JSON object)"
+    if not (isinstance(meta, dict) and whole(meta.get("step"))):
+        return "meta/metadata is not a checkpoint's bookkeeping (a JSON object with a whole step)"
+    if meta["step"] != step:
+        return f"meta/metadata records step {meta['step']} in the directory of step {step}"
+    if not whole(meta.get("examples_seen", 0)):
+        return "meta/metadata's examples_seen is not a whole number"
+    window = meta.get("log_window", [])
+    if not (isinstance(window, list) and all(isinstance(r, dict) and all(number(v) for v in r.values())
+                                             for r in window)):
+        return "meta/metadata's log_window is not a list of metric lines"
+    return None
+
+
 class TrainCheckpoints:
     """orbax ``CheckpointManager`` over ``RUN/checkpoints``: parameters, optimizer state, the
     data-iterator state and bookkeeping, saved together at one step."""
@@ -556,7 +587,17 @@ class TrainCheckpoints:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=False,
                                                cleanup_tmp_directories=True)
-        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        for meta in sorted(self.directory.glob(f"*/{STEP_METADATA}")) if self.directory.is_dir() else ():
+            if meta.parent.name.isdigit() and not _json_object_or_unreadable(meta):
+                # orbax reads every step's at once and fails on the first ("Metadata dict must be
+                # a dictionary"), naming neither file nor step (unreadable JSON it passes over)
+                raise CheckpointError(f"{meta}: not a checkpoint's metadata (a JSON object); remove that step "
+                                      "directory to resume from the one before")
+        try:
+            self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise CheckpointError(f"cannot open the checkpoints in {self.directory}: {_orbax_failure(err)}; "
+                                  f"`pfamalign verify {self.directory.parent}` checks them") from None
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
@@ -574,7 +615,7 @@ class TrainCheckpoints:
         if jax.process_index() == 0:
             # the data-iterator state and bookkeeping too: a changed position would resume
             # on other batches without a word
-            write_checksums(self.directory / str(step), ("params", "opt_state", "data", "meta"))
+            write_checksums(self.directory / str(step), ("params", "opt_state", "data", "meta", STEP_METADATA))
 
     def restore(self, step: int, *, params, opt_state) -> tuple[Any, Any, dict, dict]:
         """``(params, opt_state, data_state, meta)``; ``params`` / ``opt_state`` are abstract
@@ -604,6 +645,9 @@ class TrainCheckpoints:
                     data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
         except Exception as err:  # orbax raises several types on damaged data (no checksums to catch it)
             raise damaged(_orbax_failure(err)) from None
+        problem = _bookkeeping_problem(step, r.data, r.meta)
+        if problem:  # JSON orbax returns as read: a wrong shape was a KeyError traceback mid-resume
+            raise damaged(problem)
         return r.params, r.opt_state, r.data, r.meta
 
     def close(self) -> None:

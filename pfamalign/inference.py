@@ -31,6 +31,7 @@ from pfamalign.compile_cache import standard_rules
 from pfamalign.decoding import DecoderSettings
 from pfamalign.plans import PairPlan, unpad, unpad_symmetric
 from pfamalign.resources import check_align_memory, check_budget_usable, padded_length, pairs_at_once
+from pfamalign.runs import check_parameter_files
 
 DEFAULT_MODEL = "default_model"
 # a batch is padded up to the next of these: few shapes. Larger batches brought no more
@@ -106,14 +107,7 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
     """``sha256:`` + 16 hex digits over a model's files (its config and every parameter file,
     names and bytes) and the parameters of its pair-HMM: whatever computes an alignment
     changes it; the decoder settings are recorded beside it (``Predictor.provenance``)."""
-    model_dir = pathlib.Path(model_dir)
-    if (model_dir / "config.json").is_file() and (model_dir / "params").is_dir():
-        # a model directory, as ``resolve_model_path`` reads it first (without importing flax)
-        config_path, params_path = model_dir / "config.json", model_dir / "params"
-    else:
-        from pfamalign.checkpoint import resolve_model_path
-
-        config_path, params_path = resolve_model_path(model_dir)
+    config_path, params_path = _model_files(model_dir)
     named = [("config.json", config_path)] + sorted(
         (f"params/{f.relative_to(params_path).as_posix()}", f)
         for f in pathlib.Path(params_path).rglob("*") if f.is_file())
@@ -125,6 +119,17 @@ def model_content_hash(model_dir: pathlib.Path, hmm: AnyPairHMM) -> str:
                 digest.update(block)
     digest.update(hmm.to_json().encode())
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _model_files(model_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """``(config.json, params/)`` of a model, run or checkpoint directory
+    (``checkpoint.resolve_model_path``; a model directory's without importing flax)."""
+    model_dir = pathlib.Path(model_dir)
+    if (model_dir / "config.json").is_file() and (model_dir / "params").is_dir():
+        return model_dir / "config.json", model_dir / "params"  # as resolve_model_path reads it first
+    from pfamalign.checkpoint import resolve_model_path
+
+    return resolve_model_path(model_dir)
 
 
 class Predictor:
@@ -171,6 +176,8 @@ class Predictor:
             self.programs = PlanPrograms.of(self)
         if self.programs is None or not self.programs.any():
             _ = self.model  # restore now: a broken model is an error here, not mid-run
+        else:  # programs named by the parameters' own bytes: their checksums are checked as on restore
+            check_parameter_files(_model_files(path)[1])
         model_fields = (self.config.to_dict() if "_restored" in vars(self)
                         else json.loads((path / "config.json").read_text(encoding="utf-8"))["model"])
         self._transport_fields = model_fields.get("transport", {})

@@ -54,11 +54,20 @@ def read_training_record(directory: str | os.PathLike) -> dict | None:
 
 def finished_steps(directory: pathlib.Path) -> list[int]:
     """The steps of ``RUN/checkpoints`` whose parameters were written, oldest first."""
-    steps = []
-    for child in directory.iterdir():
-        if child.is_dir() and child.name.isdigit() and (child / "params").is_dir():
-            steps.append(int(child.name))
-    return sorted(steps)
+    return sorted(int(child.name) for child in _step_dirs(directory) if (child / "params").is_dir())
+
+
+def incomplete_steps(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The step directories of ``RUN/checkpoints`` without ``params/``, oldest first: never
+    left by a save (orbax writes a step beside it and renames it whole), so a partial copy or
+    one emptied by hand. A resume skipped one, trained its step again and then could not save
+    over it, on every retry."""
+    return sorted((child for child in _step_dirs(directory) if not (child / "params").is_dir()),
+                  key=lambda child: int(child.name))
+
+
+def _step_dirs(directory: pathlib.Path) -> list[pathlib.Path]:
+    return [child for child in directory.iterdir() if child.is_dir() and child.name.isdigit()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +117,40 @@ def read_checksums(directory: pathlib.Path) -> dict[str, str]:
     if outside:  # read and hashed, "params/../../../etc/passwd" would be checked outside the model
         raise ValueError(f"{path}: unreadable (names a file outside its directory: {outside[0]!r})")
     return sums
+
+
+def params_unrecorded(directory: pathlib.Path) -> bool:
+    """Whether nothing vouches for ``directory/params``: no checksums file, or one whose table
+    records no file under ``params/`` (emptied by hand: it passed as "nothing recorded" with
+    no warning, and named the parameter cache of every such model alike). An unreadable
+    checksums file is not this: checking it reports it."""
+    try:
+        sums = read_checksums(directory)
+    except ValueError:
+        return False
+    return not any(name.startswith("params/") for name in sums)
+
+
+_WARNED_UNVERIFIABLE: set[pathlib.Path] = set()
+
+
+def check_parameter_files(params_path: pathlib.Path) -> None:
+    """CheckpointError when the files of ``params_path`` (a model's or a checkpoint step's
+    ``params/``) fail the checksums its directory records; a warning, once per directory,
+    when nothing records them (saved by an older pfamalign, or killed before it was written):
+    they load with nothing to check them against."""
+    params_path = pathlib.Path(params_path)
+    problems = verify_checksums(params_path.parent, params_path.name)
+    if problems:
+        raise CheckpointError(f"{params_path} fails its checksums: " + "; ".join(problems[:5]))
+    directory = params_path.parent.absolute()
+    if params_unrecorded(directory) and directory not in _WARNED_UNVERIFIABLE:
+        _WARNED_UNVERIFIABLE.add(directory)
+        import sys
+
+        print(f"Warning: {directory} has no {CHECKSUMS} recording its parameters: they load unverified (saved "
+              "by an older pfamalign, or killed before it was written); a damaged file shows only as an error "
+              "or a wrong result", file=sys.stderr, flush=True)
 
 
 def verify_checksums(directory: pathlib.Path, part: str | None = None) -> list[str]:

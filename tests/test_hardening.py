@@ -791,10 +791,111 @@ def test_a_model_saved_before_checksums_loads_unverified_and_verify_says_so(save
     checkpoint.load_model(model)  # nothing recorded: nothing to fail, as the design says ...
     checkpoint.load_model(model)
     warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith("Warning:")]
-    assert warned == [f"Warning: {model} has no checksums.json: its parameters load unverified (saved by an "
-                      "older pfamalign, or killed before it was written); a damaged file shows only as an "
-                      "error or a wrong result"]  # ... but not silently, and once
+    assert warned == [f"Warning: {model} has no checksums.json recording its parameters: they load unverified "
+                      "(saved by an older pfamalign, or killed before it was written); a damaged file shows only "
+                      "as an error or a wrong result"]  # ... but not silently, and once
     assert_clear_error(run(["verify", model]), "no checksums.json", "cannot be verified")
+
+
+def test_a_checksums_table_recording_no_parameter_file_vouches_for_nothing(saved_model, tmp_path, monkeypatch,
+                                                                            capfd):
+    """``{"sha256": {}}``: it passed as "nothing recorded" without the warning a missing file
+    gives, verify said ok, and the parameter cache, named by the file's bytes, was the same
+    for every model holding it (a second model aligned with the first one's parameters)."""
+    import shutil
+
+    from pfamalign import checkpoint
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    (model / "checksums.json").write_text('{"sha256": {}}')
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    assert checkpoint._params_cache_file(model / "params") is None
+    capfd.readouterr()
+    checkpoint.load_model(model)
+    assert "load unverified" in capfd.readouterr().err
+    assert not (tmp_path / "cache" / "params").exists()
+    assert_clear_error(run(["verify", model]), "records no parameter file", "cannot be verified")
+
+
+def _unrecorded_copy(saved_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    (model / "checksums.json").unlink()
+    return model
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "half", "other JSON"])
+def test_a_damaged_parameter_listing_is_damage_not_a_config_mismatch(damage, saved_model, tmp_path):
+    """``params/_METADATA`` (orbax's listing of the tree) missing or unreadable, with no
+    checksums to catch it: orbax then reads an empty tree, and every name was "missing from
+    the parameters", blamed on config.json."""
+    from pfamalign import checkpoint
+
+    model = _unrecorded_copy(saved_model, tmp_path)
+    listing = model / "params" / "_METADATA"
+    text = listing.read_text()
+    {"missing": listing.unlink, "empty": lambda: listing.write_text(""),
+     "half": lambda: listing.write_text(text[:len(text) // 2]),
+     "other JSON": lambda: listing.write_text('{"tree_metadata": {}}')}[damage]()
+    says = f"{model / 'params'} is damaged: its _METADATA (orbax's listing of the parameters) is missing"
+    with pytest.raises(checkpoint.DamagedParameters, match=re.escape(says)):
+        checkpoint.load_model(model)
+    res = run(["verify", model])
+    assert_clear_error(res, says)
+    assert "config.json does not match" not in res.output, res.output
+
+
+def test_parameters_holding_non_finite_values_are_damaged(saved_model, tmp_path):
+    """Flipped bits orbax reads without complaint (no checksums): inf / NaN parameters loaded,
+    and the solve's overflow error then blamed eps and the pair."""
+    from pfamalign import checkpoint
+
+    model = _unrecorded_copy(saved_model, tmp_path)
+    aligner, _ = checkpoint.load_model(model)
+    aligner.log_temp[...] = aligner.log_temp[...] * np.nan
+    checkpoint.save_model(model, aligner)
+    (model / "checksums.json").unlink()
+    with pytest.raises(checkpoint.DamagedParameters, match=f"{re.escape(str(model / 'params'))} is damaged: "
+                                                           "log_temp hold non-finite values"):
+        checkpoint.load_model(model)
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "log_temp hold non-finite values")
+
+
+def test_a_warm_align_checks_the_checksums_its_cached_programs_skip_restoring(saved_model, tmp_path, monkeypatch):
+    """With the model's plan programs cached, align restores no parameters: it never read
+    checksums.json, so a damaged one aligned with a warm cache and failed with a cold one."""
+    import shutil
+
+    monkeypatch.setenv("PFAMALIGN_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    shutil.copytree(saved_model, model)
+    assert run(["align", PDZ_A, PDZ_B, "--checkpoint", model]).exit_code == 0
+    assert list((tmp_path / "cache").rglob("plans_both_ways-*"))  # the programs the next call uses
+    sums = model / "checksums.json"
+    sums.write_text(sums.read_text()[:100])
+    assert_clear_error(run(["align", PDZ_A, PDZ_B, "--checkpoint", model]), "checksums.json: unreadable")
+
+
+def test_the_innermost_failure_stops_at_a_suppressed_context():
+    """json's decode error is raised ``from None`` over a StopIteration holding a bare offset:
+    shown as the cause of a failed restore, it read "cannot restore ...: 0"."""
+    from pfamalign import checkpoint
+
+    try:
+        json.loads("")
+    except ValueError as err:
+        assert isinstance(err.__context__, StopIteration) and err.__suppress_context__
+        assert checkpoint._innermost(err) is err
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise RuntimeError("outer") from inner
+    except RuntimeError as err:
+        assert isinstance(checkpoint._innermost(err), KeyError)
 
 
 def test_a_config_that_does_not_fit_its_parameters_is_named_on_load_and_in_verify(saved_model, tmp_path):

@@ -209,7 +209,7 @@ def test_verify_checks_each_checkpoints_data_state_and_the_model_settings(refere
     checked, problems = verify_directory(out)
     assert problems == [] and any(line.startswith(f"{out}/checkpoints/6:") for line in checked)
     recorded = json.loads((out / "checkpoints/6/checksums.json").read_text())["sha256"]
-    assert {name.split("/")[0] for name in recorded} == {"params", "opt_state", "data", "meta"}
+    assert {name.split("/")[0] for name in recorded} == {"params", "opt_state", "data", "meta", "_CHECKPOINT_METADATA"}
     # the finished model records its settings files too: an edited decoder is noticed
     model_sums = json.loads((out / "model/checksums.json").read_text())["sha256"]
     assert {"config.json", "decoding.json", "training.json"} <= set(model_sums)
@@ -650,6 +650,69 @@ def test_verify_names_a_damaged_parameter_tree_that_no_checksum_covers(reference
                in p for p in problems), res.stderr
     assert not any("config.json" in p for p in problems), problems
     assert "Traceback" not in res.stderr, res.stderr
+
+
+# A checkpoint's JSON parts with no checksums to vouch for them (killed before they were
+# written), each of the wrong shape: (file under the step, text, what the error says)
+BOOKKEEPING_DAMAGE = [
+    ("data/metadata", "[]", "data/metadata is not a data-iterator state"),
+    ("data/metadata", "{}", r"its data/metadata is not a state of this data iterator \(KeyError"),
+    ("data/metadata", '{"next_index": "x"}', "its data/metadata is not a state of this data iterator"),
+    ("meta/metadata", "{}", "meta/metadata is not a checkpoint's bookkeeping"),
+    ("meta/metadata", '{"step": "seven"}', "meta/metadata is not a checkpoint's bookkeeping"),
+    ("meta/metadata", '{"step": 4}', "meta/metadata records step 4 in the directory of step 6"),
+    ("meta/metadata", '{"step": 6, "examples_seen": -1}', "examples_seen is not a whole number"),
+    ("meta/metadata", '{"step": 6, "log_window": [1]}', "log_window is not a list of metric lines"),
+    ("_CHECKPOINT_METADATA", "[]", "_CHECKPOINT_METADATA: not a checkpoint's metadata"),
+]
+
+
+@pytest.mark.parametrize("part,text,says", BOOKKEEPING_DAMAGE, ids=[f"{p}={t}" for p, t, _ in BOOKKEEPING_DAMAGE])
+def test_a_checkpoints_bookkeeping_of_the_wrong_shape_is_named_on_resume(reference, dataset, tmp_path, part, text,
+                                                                         says):
+    """JSON orbax hands back as read: a wrong shape was a KeyError / TypeError traceback mid-
+    resume, orbax's "Metadata dict must be a dictionary" naming no file, or (a step 4 in the
+    directory of step 6) taken as it was. Each is a CheckpointError saying to remove the step."""
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    shutil.rmtree(out / "model")
+    newest = out / "checkpoints" / str(STEPS)
+    (newest / "checksums.json").unlink()
+    (newest / part).write_text(text)
+    with pytest.raises(checkpoint.CheckpointError, match=says) as err:
+        train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert "remove that step directory to resume from the one before" in str(err.value)
+
+
+def test_a_checkpoints_own_metadata_is_in_its_checksums(reference, tmp_path):
+    """orbax's step metadata (``_CHECKPOINT_METADATA``), which every resume reads, is
+    recorded with the parts: an edit to it is damage that ``verify`` names (it said ok)."""
+    from pfamalign.commands.verify import verify_directory
+
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    meta = out / "checkpoints" / str(STEPS) / "_CHECKPOINT_METADATA"
+    assert "_CHECKPOINT_METADATA" in json.loads(meta.with_name("checksums.json").read_text())["sha256"]
+    meta.write_text("{}")
+    assert f"{meta}: checksum mismatch (corrupt or modified)" in verify_directory(out)[1]
+
+
+def test_a_step_directory_without_parameters_is_refused_before_training(reference, dataset, tmp_path):
+    """A step directory without params/ (a partial copy): the resume went back to the step
+    before, trained the step again, then could not save over it ("Checkpoint for step 6
+    already exists"), on every retry. It is refused first, and verify names it."""
+    from pfamalign.commands.verify import verify_directory
+
+    out = tmp_path / "run"
+    shutil.copytree(reference.out_dir, out)
+    shutil.rmtree(out / "model")
+    newest = out / "checkpoints" / str(STEPS)
+    shutil.rmtree(newest / "params")
+    with pytest.raises(train.TrainingError, match=f"{newest} is an incomplete checkpoint .*remove that step"):
+        train.run(dataset, out, _cfg(dataset), quiet=True)
+    assert any(p.startswith(f"{newest}: an incomplete checkpoint (no params/") for p in verify_directory(out)[1])
+    (newest / "checksums.json").unlink()  # nothing to list the missing files: still named
+    assert any(p.startswith(f"{newest}: an incomplete checkpoint (no params/") for p in verify_directory(out)[1])
 
 
 def test_saves_add_one_log_filter_however_many(tmp_path):

@@ -16,7 +16,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     manifest), a model directory, an ensemble (each member model), or a run directory (its
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
-    from pfamalign.runs import CHECKSUMS, MODEL_RECORDS, read_checksums, verify_checksums
+    from pfamalign.runs import CHECKSUMS, MODEL_RECORDS, params_unrecorded, read_checksums, verify_checksums
     from pfamalign.inference import ENSEMBLE_FILE
     from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import EmbeddingSource, dataset_files, dataset_problems, manifest_problems
@@ -74,11 +74,14 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
         checked.append(f"{NOTE}{directory}: an unfinished run (newest checkpoint: step {saved[-1].name}; no "
                        "model/ yet); re-run the same `pfamalign train` command to finish it")
     intact = {}  # model or checkpoint -> whether its files match their checksums
+    problems += [f"{d}: an incomplete checkpoint (no params/: a partial copy, or emptied by hand); remove that "
+                 "step directory to resume from the one before" for d in saved if not (d / "params").is_dir()]
     for d in models:
-        if not (d / CHECKSUMS).is_file():
+        if params_unrecorded(d):
             problems += _model_problems(d)
-            problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed "
-                            "before it was written): cannot be verified")
+            problems.append(f"{d}: no {CHECKSUMS} (saved by an older pfamalign, or killed before it was "
+                            "written): cannot be verified" if not (d / CHECKSUMS).is_file() else
+                            f"{d}: its {CHECKSUMS} records no parameter file (edited): cannot be verified")
             continue
         damaged = verify_checksums(d)  # first: the damage is what to report of a damaged file
         intact[d] = not damaged

@@ -200,7 +200,13 @@ def _run(data_dir: str | os.PathLike, out_dir: pathlib.Path, cfg: RunConfig, *,
         abs_params, abs_opt = abstract_state(state)
         state.params, state.opt_state, data_state, meta = checkpoints.restore(
             resume_step, params=abs_params, opt_state=abs_opt)
-        it.set_state(data_state)
+        try:
+            it.set_state(data_state)
+        except (KeyError, TypeError, ValueError, IndexError) as err:  # grain's own checks of its state
+            raise ckpt.CheckpointError(
+                f"cannot restore checkpoint {manager_dir / str(resume_step)}: its data/metadata is not a state of "
+                f"this data iterator ({type(err).__name__}: {err}); remove that step directory to resume from "
+                "the one before") from None
         step = int(meta["step"])
         window = list(meta.get("log_window", []))  # older checkpoints: none kept
         # counted, not step x batch_size: --allow-changes may have changed the batch size

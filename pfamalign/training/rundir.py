@@ -155,6 +155,10 @@ def open_run(out_dir: pathlib.Path, data_dir, cfg: RunConfig, mesh, *,
     resume_step, changed = None, []
     manager_dir = out_dir / "checkpoints"
     steps = ckpt.finished_steps(manager_dir) if manager_dir.is_dir() else []
+    incomplete = ckpt.incomplete_steps(manager_dir) if manager_dir.is_dir() else []
+    if incomplete:
+        raise TrainingError(f"{incomplete[-1]} is an incomplete checkpoint (no params/: a partial copy, or "
+                            "emptied by hand); remove that step directory and run again")
     if saved is not None and steps:
         changed = check_resumable(cfg, saved, data, allow_changes=allow_changes)
         resume_step = steps[-1]
