@@ -198,9 +198,8 @@ def plan_only_settings(fold_dir: pathlib.Path, *, ensemble: bool = False) -> Dec
 def evaluate_fold(records: list[dict], predictor, baselines,
                   plan_only: DecoderSettings = PLAN_HMM) -> evaluation.Evaluation:
     """The model with its own (tuned) decoder and with the two plan-only decoders (MEA on the
-    plan, and ``plan_only``), and the baselines, on the same pairs;
-    families grouped by accession (seed and hmmalign versions of one family are one cluster)."""
-    records = [{**r, "family": accession_base(r["family"])} for r in records]
+    plan, and ``plan_only``), and the baselines, on the same pairs (families grouped by
+    version-free accession, as ``evaluation.evaluate`` groups them)."""
     ev = evaluation.evaluate(records, predictor=predictor, baselines=baselines)
     if predictor is not None:
         for n, (name, settings) in enumerate((("model_mea", MEA), ("model_plan", plan_only))):

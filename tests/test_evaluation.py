@@ -466,3 +466,14 @@ def test_a_summary_read_back_from_json_renders_an_undefined_precision_as_a_dash(
     for s in (summary, json.loads(evaluation.to_json(summary))):
         cells = [c.strip() for c in _rows(_rendered(s), "NW-BLOSUM62")[0].split("│")[1:-1]]
         assert cells[-2:] == ["—", "0.000"], cells  # precision undefined, recall 0
+
+
+def test_two_pfam_versions_of_one_family_are_one_bootstrap_cluster():
+    """The bundled data holds RRM_1 twice (seed PF00076.13, hmmalign PF00076.25; the splits
+    keep them together by version-free accession): the family bootstrap resampled them as two
+    independent families, and the table counted 12 test families for 11."""
+    records = [{"q_seq": "ACDEFGH", "k_seq": "ACDEFGH", "target": np.arange(7), "pid": 100.0, "family": f}
+               for f in ("PF00076.13", "PF00076.25", "PF00001.3", "PF00076")]
+    ev = evaluation.evaluate(records, baselines=("diagonal",))
+    assert ev.families == ["PF00076", "PF00076", "PF00001", "PF00076"]
+    assert ev.summary(n_boot=0)["n_families"] == 2
