@@ -309,7 +309,6 @@ def _remove_until_gone(paths, settle: float = 0.2, limit: float = 10.0) -> None:
 
 
 @functools.cache  # one filter for the process
-@functools.cache  # one filter for the process: a run saves thousands of checkpoints
 def _silence_orphaned_writes() -> None:
     """A failed orbax save leaves its other write tasks failed and unawaited; asyncio logs
     each as "Task (or _GatheringFuture) exception was never retrieved" with its traceback when

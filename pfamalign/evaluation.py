@@ -132,9 +132,9 @@ def validate(model: Aligner, batches: Iterable[dict]) -> dict[str, float]:
 @dataclasses.dataclass
 class Evaluation:
     """Per-method aligned-pair counts ``[N, 3]``, plan metrics and seconds, plus per-pair
-    identity and family (version-free accession: the family bootstrap's clusters); ``reliability``: per-bin sums ``[bins, 4]`` (``metrics.reliability_sums``) of the
-    methods with confidences; ``skipped``: requested baselines that could not run, with the
-    reason."""
+    identity and family (version-free accession: the family bootstrap's clusters);
+    ``reliability``: per-bin sums ``[bins, 4]`` (``metrics.reliability_sums``) of the methods
+    with confidences; ``skipped``: requested baselines that could not run, with the reason."""
 
     methods: list[str]
     counts: dict[str, list] = dataclasses.field(default_factory=dict)
