@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import sys
 
 from pfamalign.pipelines import records
 
@@ -146,8 +147,6 @@ def check_parameter_files(params_path: pathlib.Path) -> None:
     directory = params_path.parent.absolute()
     if params_unrecorded(directory) and directory not in _WARNED_UNVERIFIABLE:
         _WARNED_UNVERIFIABLE.add(directory)
-        import sys
-
         print(f"Warning: {directory} has no {CHECKSUMS} recording its parameters: they load unverified (saved "
               "by an older pfamalign, or killed before it was written); a damaged file shows only as an error "
               "or a wrong result", file=sys.stderr, flush=True)

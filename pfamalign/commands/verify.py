@@ -16,7 +16,8 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
     manifest), a model directory, an ensemble (each member model), or a run directory (its
     model and every checkpoint), plus temporary files a killed run left behind."""
     from pfamalign import ensemble
-    from pfamalign.runs import CHECKSUMS, MODEL_RECORDS, params_unrecorded, read_checksums, verify_checksums
+    from pfamalign.runs import (CHECKSUMS, MODEL_RECORDS, incomplete_steps, params_unrecorded, read_checksums,
+                                verify_checksums)
     from pfamalign.inference import ENSEMBLE_FILE
     from pfamalign.pipelines.prepare import REPLACEMENT
     from pfamalign.pipelines.reader import EmbeddingSource, dataset_files, dataset_problems, manifest_problems
@@ -75,7 +76,7 @@ def verify_directory(directory: pathlib.Path) -> tuple[list[str], list[str]]:
                        "model/ yet); re-run the same `pfamalign train` command to finish it")
     intact = {}  # model or checkpoint -> whether its files match their checksums
     problems += [f"{d}: an incomplete checkpoint (no params/: a partial copy, or emptied by hand); remove that "
-                 "step directory to resume from the one before" for d in saved if not (d / "params").is_dir()]
+                 "step directory to resume from the one before" for d in (incomplete_steps(steps) if saved else [])]
     for d in models:
         if params_unrecorded(d):
             problems += _model_problems(d)
